@@ -1,0 +1,102 @@
+"""Collective algorithms, one module per family, and the table that picks one.
+
+Algorithms are coroutines over a :class:`~netcoll.transport.base.Channel`
+(one operation's ``send``/``recv`` to group ranks); they know nothing of
+sockets, the coordinator or the wire. They work in place on caller buffers
+(C-contiguous numpy arrays), fold with :func:`netcoll.ops.reduce_into`, and
+never call :func:`netcoll.ops.finalize` — ``avg`` comes back as a sum and the
+caller divides once. Every rank of one operation must run the same algorithm
+with the same sizes and the same ``segment_bytes``.
+
+Uniform signatures, per collective (``ALGORITHMS[collective][name]``); every
+one also takes ``segment_bytes: int = DEFAULT_SEGMENT_BYTES`` as a keyword:
+
+==================  =========================  ==============================================
+collective          algorithms                 call
+==================  =========================  ==============================================
+``all_reduce``      ring, tree, doubling       ``fn(ch, buf, op) -> None``  (buf in place,
+                                               bit-identical on every rank)
+``broadcast``       tree, ring                 ``fn(ch, buf_or_None, root, meta=None)
+                                               -> (buf, meta)``
+``reduce``          tree                       ``fn(ch, buf, op, root) -> None``  (result in
+                                               the root's buf; others' buf clobbered)
+``all_gather``      ring, doubling             ``fn(ch, buf) -> None``  (P equal blocks, own
+                                               block filled; the rest are filled)
+``reduce_scatter``  ring                       ``fn(ch, buf, op, out) -> None``  (buf: P
+                                               blocks, read-only; out: one block)
+``all_to_all``      pairwise                   ``fn(ch, send, recv) -> None``  (P blocks each)
+``gather``          direct                     ``fn(ch, send, recv_or_None, root) -> None``
+``scatter``         direct                     ``fn(ch, send_or_None, recv, root) -> None``
+``barrier``         doubling                   ``fn(ch) -> None``
+==================  =========================  ==============================================
+
+Block buffers (all_gather, all_to_all, gather, scatter) are handled as raw
+bytes; reduction buffers keep their dtype. :func:`choose` maps
+``algorithm="auto"`` to a name. Point-to-point messages of any size use
+:func:`netcoll.algorithms.direct.send_message` / ``recv_message``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from . import direct, doubling, pairwise, ring, tree
+from ._common import DEFAULT_SEGMENT_BYTES
+
+__all__ = ["ALGORITHMS", "DEFAULT_SEGMENT_BYTES", "choose", "direct", "doubling", "pairwise", "ring", "tree"]
+
+#: all_reduce below this many bytes uses recursive doubling (latency-bound),
+#: at or above it the ring (bandwidth-optimal).
+ALL_REDUCE_DOUBLING_MAX_BYTES: Final = 64 * 1024
+#: all_gather with an output (all P blocks) below this uses Bruck, else the ring.
+ALL_GATHER_DOUBLING_MAX_BYTES: Final = 64 * 1024
+#: broadcast of at least this many bytes uses the pipelined chain (every rank
+#: sends N once) instead of the binomial tree (the root sends N*log2 P), when
+#: there are enough ranks for that to matter. Only usable when every rank
+#: knows N (not when non-roots receive into ``None``).
+BROADCAST_CHAIN_MIN_BYTES: Final = 16 * 1024 * 1024
+BROADCAST_CHAIN_MIN_RANKS: Final = 4
+
+ALGORITHMS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
+    "all_reduce": {"ring": ring.all_reduce, "tree": tree.all_reduce, "doubling": doubling.all_reduce},
+    "broadcast": {"tree": tree.broadcast, "ring": ring.broadcast},
+    "reduce": {"tree": tree.reduce},
+    "all_gather": {"ring": ring.all_gather, "doubling": doubling.all_gather},
+    "reduce_scatter": {"ring": ring.reduce_scatter},
+    "all_to_all": {"pairwise": pairwise.all_to_all},
+    "gather": {"direct": direct.gather},
+    "scatter": {"direct": direct.scatter},
+    "barrier": {"doubling": doubling.barrier},
+}
+
+
+def choose(collective: str, nbytes: int, world_size: int) -> str:
+    """The algorithm ``algorithm="auto"`` runs.
+
+    Args:
+        collective: a key of :data:`ALGORITHMS`.
+        nbytes: the byte size of the collective's buffer: the array reduced
+            (all_reduce, reduce), the whole ``P``-block array (all_gather's
+            output, gather's output, reduce_scatter's and all_to_all's
+            input). EVERY RANK MUST PASS THE SAME VALUE, or ranks would pick
+            different algorithms: for broadcast and scatter only the root
+            knows the size, so pass ``0`` there.
+        world_size: ``P``.
+
+    Raises:
+        ValueError: unknown collective.
+    """
+    if collective not in ALGORITHMS:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(ALGORITHMS)}")
+    if collective == "all_reduce":
+        if nbytes < ALL_REDUCE_DOUBLING_MAX_BYTES or world_size == 1:
+            return "doubling"
+        return "ring"
+    if collective == "all_gather":
+        return "doubling" if nbytes < ALL_GATHER_DOUBLING_MAX_BYTES else "ring"
+    if collective == "broadcast":
+        if nbytes >= BROADCAST_CHAIN_MIN_BYTES and world_size >= BROADCAST_CHAIN_MIN_RANKS:
+            return "ring"
+        return "tree"
+    return next(iter(ALGORITHMS[collective]))

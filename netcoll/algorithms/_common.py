@@ -1,0 +1,263 @@
+"""Shared plumbing for the algorithm modules (no networking of its own).
+
+Vocabulary, as in Gloo's ``allreduce.cc``: a buffer is cut into *chunks*
+(one per rank, for the ring algorithms) or *blocks* (the P equal parts of a
+gather-style buffer), and every message is cut into *segments* of at most
+``segment_bytes``. A segment is one :meth:`Channel.send`; its identity inside
+the operation is ``(step, chunk)`` where ``chunk`` is the segment index.
+
+Pieces:
+
+* :func:`flat` / :func:`as_u8` — checked 1-D views of caller buffers.
+* :func:`split` / :func:`num_segments` — how every rank cuts the same buffer
+  the same way (a pure function of sizes, so senders and receivers agree
+  without talking).
+* :class:`RecvWindow` — receives a fixed sequence of messages in order while
+  keeping the next ones *posted* (their destination buffers handed to the
+  mailbox ahead of time, so payloads land in place). Its context manager
+  cancels and drains whatever is still posted when the algorithm fails.
+* :func:`relay` — the segmented, pipelined "receive from one, forward to some"
+  used by both broadcasts and by point-to-point messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from ..errors import MismatchError
+
+if TYPE_CHECKING:
+    from ..transport.base import Channel
+
+#: Largest payload of one message, unless a call says otherwise (Gloo's
+#: ``kMaxSegmentSize``). Every rank of one operation must use the same value.
+DEFAULT_SEGMENT_BYTES: Final = 1 << 20
+
+#: Receives kept posted ahead of the one being consumed, for streams whose
+#: destinations are distinct slices of the user buffer (no scratch reuse).
+#: A payload only lands in place if its receive was posted before it
+#: arrived, and senders run ahead of receivers, so this is generous.
+RELAY_WINDOW: Final = 64
+
+#: Reducing algorithms receive into scratch segment buffers used round-robin;
+#: at least this many, so two receives stay posted while one is reduced.
+MIN_SCRATCH_SEGMENTS: Final = 3
+#: ... and at most this many bytes of them, however many they would want.
+SCRATCH_BUDGET_BYTES: Final = 32 << 20
+
+Plan = Callable[[int], tuple[int, int, int, "np.ndarray | None"]]
+
+
+def check_segment_bytes(segment_bytes: int) -> int:
+    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
+        raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
+    return segment_bytes
+
+
+def flat(buf: Any, name: str = "buf", *, writeable: bool = True) -> np.ndarray:
+    """A 1-D view (never a copy) of the C-contiguous ndarray ``buf``."""
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, not {type(buf).__name__}")
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if writeable and not buf.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    return buf.reshape(-1)
+
+
+def as_u8(buf: Any, name: str = "buf", *, writeable: bool = True) -> np.ndarray:
+    """A flat ``uint8`` view (never a copy) of the C-contiguous ndarray ``buf``."""
+    return flat(buf, name, writeable=writeable).view(np.uint8)
+
+
+def split(n: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` bounds of ``parts`` nearly equal pieces of ``range(n)``
+    (the first ``n % parts`` pieces are one longer, like ``np.array_split``)."""
+    q, rem = divmod(n, parts)
+    bounds = []
+    start = 0
+    for i in range(parts):
+        stop = start + q + (1 if i < rem else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def num_segments(nbytes: int, segment_bytes: int) -> int:
+    """Segments needed to move ``nbytes`` in pieces of at most ``segment_bytes``
+    (at least one, so that even an empty message is a message)."""
+    return max(1, -(-nbytes // segment_bytes))
+
+
+def scratch_depth(want: int, segment_nbytes: int) -> int:
+    """How many scratch segments (= receives posted ahead) to use: ``want``,
+    clamped to ``[MIN_SCRATCH_SEGMENTS, SCRATCH_BUDGET_BYTES / segment]``."""
+    cap = max(MIN_SCRATCH_SEGMENTS, SCRATCH_BUDGET_BYTES // max(1, segment_nbytes))
+    return max(MIN_SCRATCH_SEGMENTS, min(want, cap))
+
+
+def where(ch: Channel) -> dict[str, Any]:
+    """``op``/``seq`` keywords for errors raised by an algorithm on ``ch``."""
+    op = getattr(ch, "op", None)
+    return {"op": getattr(op, "name", None), "seq": getattr(op, "seq", None)}
+
+
+def check_root(ch: Channel, root: int) -> int:
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < ch.size:
+        raise ValueError(f"root must be a rank in 0..{ch.size - 1}, got {root!r}")
+    return root
+
+
+class RecvWindow:
+    """Receive messages ``0..count-1`` in order, keeping up to ``depth`` posted.
+
+    ``plan(i)`` gives ``(peer, step, chunk, out)`` for message ``i``; ``out``
+    (or ``None`` for a fresh buffer) is where its payload lands. When
+    :meth:`get` is called for ``i`` the caller is done with message ``i-1``,
+    so message ``i-1+depth`` is posted then: ``depth`` scratch buffers used
+    round-robin (``scratch[i % depth]``) are therefore safe, and while the
+    caller works on message ``i``, ``depth-1`` receives are on the wire.
+
+    Receives are posted as tasks (the Channel has no synchronous "post"), so
+    a receive is in place from the next event-loop turn on (:meth:`start`
+    waits for that turn); a payload that arrives before is buffered by the
+    mailbox and copied once.
+    """
+
+    __slots__ = ("ch", "plan", "count", "depth", "tasks", "posted")
+
+    def __init__(self, ch: Channel, plan: Plan, count: int, depth: int) -> None:
+        self.ch, self.plan, self.count, self.depth = ch, plan, count, max(1, depth)
+        self.tasks: dict[int, asyncio.Task[tuple[memoryview, dict[str, Any] | None]]] = {}
+        self.posted = 0  # messages 0..posted-1 have been posted
+
+    def _post_until(self, stop: int) -> None:
+        stop = min(stop, self.count)
+        while self.posted < stop:
+            peer, step, chunk, out = self.plan(self.posted)
+            self.tasks[self.posted] = asyncio.ensure_future(
+                self.ch.recv_meta(peer, step=step, chunk=chunk, out=out))
+            self.posted += 1
+
+    async def start(self) -> None:
+        """Post the first ``depth`` receives and let them reach the mailbox
+        (one event-loop turn) before the caller starts sending."""
+        self._post_until(self.depth)
+        await asyncio.sleep(0)
+
+    async def get(self, i: int) -> tuple[memoryview, dict[str, Any] | None]:
+        """Wait for message ``i`` (``(payload, meta)``); calls must go 0, 1, 2, ..."""
+        self._post_until(i + self.depth)
+        return await self.tasks.pop(i)
+
+    async def __aenter__(self) -> RecvWindow:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await drain(self.tasks.values())
+        self.tasks.clear()
+
+
+async def drain(tasks: Any) -> None:
+    """Cancel and await ``tasks`` (their outcomes are dropped: the operation
+    has already failed, or they are done)."""
+    tasks = [t for t in tasks]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def gather_all(tasks: Sequence[asyncio.Future[Any]]) -> list[Any]:
+    """Await every task; on the first failure cancel the rest and re-raise it."""
+    try:
+        return [await t for t in tasks]
+    except BaseException:
+        await drain(tasks)
+        raise
+
+
+async def relay(ch: Channel, src: int | None, dsts: Sequence[int], buf: np.ndarray | None,
+                meta: dict[str, Any] | None, *, step: int, segment_bytes: int,
+                what: str = "broadcast") -> tuple[np.ndarray, dict[str, Any]]:
+    """Receive one segmented message from ``src`` and forward every segment to
+    each of ``dsts`` as soon as it has arrived (the pipelined core of the chain
+    and tree broadcasts and of point-to-point messages).
+
+    ``src is None`` means this rank originates the message: ``buf`` is sent,
+    with ``meta`` (plus ``"nbytes"``) in the header of segment 0. Otherwise
+    ``buf`` is the destination — its byte size must equal the sender's, else
+    :class:`MismatchError` — or ``None``, and a ``uint8`` buffer of
+    ``meta["nbytes"]`` bytes is allocated once segment 0 has told us the size.
+    Segment boundaries depend only on the byte size and ``segment_bytes``.
+
+    Returns ``(buf, meta)``: the (possibly new) buffer and the origin's meta.
+    """
+    check_segment_bytes(segment_bytes)
+    if src is None:
+        if buf is None:
+            raise ValueError(f"{what}: the sending rank must pass a buffer")
+        data = as_u8(buf, writeable=False)
+        meta = dict(meta or {})
+        if meta.setdefault("nbytes", data.nbytes) != data.nbytes:
+            raise ValueError(f"{what}: meta['nbytes'] = {meta['nbytes']} but the buffer has {data.nbytes} bytes")
+        segs = split(data.nbytes, num_segments(data.nbytes, segment_bytes))
+        for j, (a, b) in enumerate(segs):
+            for d in dsts:
+                await ch.send(d, data[a:b], step=step, chunk=j, meta=meta if j == 0 else None)
+        return buf, meta
+
+    first = 0
+    got_meta: dict[str, Any] | None = None
+    if buf is None:
+        # The size is unknown until segment 0 arrives: take it unposted (one
+        # copy of at most one segment), then post the rest in place.
+        payload, got_meta = await ch.recv_meta(src, step=step, chunk=0)
+        nbytes = _nbytes_of(ch, got_meta, what)
+        data = np.empty(nbytes, dtype=np.uint8)
+        segs = split(nbytes, num_segments(nbytes, segment_bytes))
+        a, b = segs[0]
+        if payload.nbytes != b - a:
+            raise MismatchError(f"{what}: segment 0 has {payload.nbytes} bytes, expected {b - a} "
+                                f"(ranks disagree on segment_bytes?)", ranks=(src,), **where(ch))
+        data[a:b] = np.frombuffer(payload, dtype=np.uint8)
+        buf = data
+        first = 1
+        for d in dsts:
+            await ch.send(d, data[a:b], step=step, chunk=0, meta=got_meta)
+    else:
+        data = as_u8(buf)
+        segs = split(data.nbytes, num_segments(data.nbytes, segment_bytes))
+
+    def plan(i: int) -> tuple[int, int, int, np.ndarray]:
+        a, b = segs[i + first]
+        return src, step, i + first, data[a:b]
+
+    async with RecvWindow(ch, plan, len(segs) - first, RELAY_WINDOW) as window:
+        await window.start()
+        for i in range(len(segs) - first):
+            j = i + first
+            _, m = await window.get(i)
+            if j == 0:
+                got_meta = m
+                nbytes = _nbytes_of(ch, got_meta, what)
+                if nbytes != data.nbytes:
+                    raise MismatchError(f"{what}: rank {src} sends {nbytes} bytes but this rank's buffer "
+                                        f"has {data.nbytes}", ranks=(src, ch.rank), **where(ch))
+            a, b = segs[j]
+            for d in dsts:
+                await ch.send(d, data[a:b], step=step, chunk=j, meta=got_meta if j == 0 else None)
+    assert got_meta is not None
+    return buf, got_meta
+
+
+def _nbytes_of(ch: Channel, meta: dict[str, Any] | None, what: str) -> int:
+    n = None if meta is None else meta.get("nbytes")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise MismatchError(f"{what}: the first segment carries no valid meta['nbytes'] ({meta!r})",
+                            **where(ch))
+    return n

@@ -1,0 +1,158 @@
+"""Direct (flat, one-to-all / all-to-one) algorithms: gather, scatter, and
+segmented point-to-point messages.
+
+* **gather**: every non-root sends its block to the root, which has posted
+  receives straight into ``recv`` (segment-major, up to ``RELAY_WINDOW``
+  segments per rank ahead, so every rank's stream lands in place).
+* **scatter**: the root sends block ``k`` to rank ``k``, segment-major across
+  ranks so every rank's stream starts at once; the others receive in place.
+* **send_message / recv_message**: one message of any size from one rank to
+  another, cut into segments of at most ``segment_bytes``, with the sender's
+  ``meta`` (plus ``"nbytes"``) in the header of segment 0 so the receiver can
+  pass ``out=None`` and have a buffer allocated.
+
+Flat trees are latency-optimal (one step) and move each byte once, but the
+root's link carries everything, so they suit moderate sizes and P.
+
+Cost, ``P`` ranks, blocks of ``B`` bytes, a message of ``N`` bytes:
+
+* ``gather``: 1 step; each non-root sends ``B``, the root receives ``(P-1) B``.
+* ``scatter``: 1 step; the root sends ``(P-1) B``, each non-root receives ``B``.
+* ``send_message``: 1 step; ``N`` bytes in ``max(1, ceil(N/segment_bytes))``
+  messages.
+
+Bits: pure data movement.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._common import (
+    DEFAULT_SEGMENT_BYTES,
+    RELAY_WINDOW,
+    RecvWindow,
+    as_u8,
+    check_root,
+    check_segment_bytes,
+    num_segments,
+    relay,
+    split,
+)
+
+if TYPE_CHECKING:
+    from ..transport.base import Channel
+
+__all__ = ["gather", "scatter", "send_message", "recv_message"]
+
+
+def _blocks(ch: Channel, block: int, whole: np.ndarray, name: str) -> None:
+    if whole.nbytes != ch.size * block:
+        raise ValueError(f"{name} has {whole.nbytes} bytes, not {ch.size} blocks of {block}")
+
+
+async def gather(ch: Channel, send: np.ndarray, recv: np.ndarray | None, root: int, *,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Direct gather: the root's ``recv`` block ``k`` = rank ``k``'s ``send``.
+
+    Args:
+        send: this rank's block (C-contiguous, handled as bytes), same byte
+            size on every rank.
+        recv: root: writeable C-contiguous array of ``P`` such blocks. Others:
+            ``None`` (ignored).
+        root: the gathering rank.
+    """
+    check_root(ch, root)
+    check_segment_bytes(segment_bytes)
+    mine = as_u8(send, "send", writeable=False)
+    P, r = ch.size, ch.rank
+    block = mine.nbytes
+    segs = split(block, num_segments(block, segment_bytes))
+    if r != root:
+        for j, (a, b) in enumerate(segs):
+            await ch.send(root, mine[a:b], step=0, chunk=j)
+        return
+    if recv is None:
+        raise ValueError("gather: the root must pass a recv buffer")
+    whole = as_u8(recv, "recv")
+    _blocks(ch, block, whole, "gather recv")
+    whole[root * block:(root + 1) * block] = mine
+    peers = [(root + k) % P for k in range(1, P)]
+    n = len(peers)
+
+    def plan(i: int) -> tuple[int, int, int, np.ndarray]:
+        j, k = divmod(i, n)
+        a, b = segs[j]
+        return peers[k], 0, j, whole[peers[k] * block + a:peers[k] * block + b]
+
+    async with RecvWindow(ch, plan, n * len(segs), RELAY_WINDOW * n) as window:
+        await window.start()
+        for i in range(n * len(segs)):
+            await window.get(i)
+
+
+async def scatter(ch: Channel, send: np.ndarray | None, recv: np.ndarray, root: int, *,
+                  segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Direct scatter: ``recv`` = block ``ch.rank`` of the root's ``send``.
+
+    Args:
+        send: root: C-contiguous array of ``P`` equal blocks. Others: ``None``.
+        recv: writeable C-contiguous array of one block's byte size.
+        root: the scattering rank.
+    """
+    check_root(ch, root)
+    check_segment_bytes(segment_bytes)
+    mine = as_u8(recv, "recv")
+    P, r = ch.size, ch.rank
+    block = mine.nbytes
+    segs = split(block, num_segments(block, segment_bytes))
+    if r == root:
+        if send is None:
+            raise ValueError("scatter: the root must pass a send buffer")
+        whole = as_u8(send, "send", writeable=False)
+        _blocks(ch, block, whole, "scatter send")
+        mine[:] = whole[root * block:(root + 1) * block]
+        for j, (a, b) in enumerate(segs):
+            for k in range(1, P):
+                peer = (root + k) % P
+                await ch.send(peer, whole[peer * block + a:peer * block + b], step=0, chunk=j)
+        return
+
+    def plan(j: int) -> tuple[int, int, int, np.ndarray]:
+        a, b = segs[j]
+        return root, 0, j, mine[a:b]
+
+    async with RecvWindow(ch, plan, len(segs), RELAY_WINDOW) as window:
+        await window.start()
+        for j in range(len(segs)):
+            await window.get(j)
+
+
+async def send_message(ch: Channel, peer: int, data: np.ndarray, *, meta: dict[str, Any] | None = None,
+                       step: int = 0, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> dict[str, Any]:
+    """Send ``data`` (any C-contiguous array) to ``peer`` in segments.
+
+    Returns:
+        The meta actually sent (``meta`` plus ``"nbytes"``).
+    """
+    check_root(ch, peer)
+    _, sent = await relay(ch, None, [peer], data, meta, step=step, segment_bytes=segment_bytes, what="send")
+    return sent
+
+
+async def recv_message(ch: Channel, peer: int, out: np.ndarray | None = None, *, step: int = 0,
+                       segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
+    """Receive one :func:`send_message` from ``peer``.
+
+    Args:
+        out: ``None`` (a flat ``uint8`` buffer of the sender's size is
+            allocated) or a writeable C-contiguous array of exactly the
+            sender's byte size (else :class:`~netcoll.errors.MismatchError`).
+
+    Returns:
+        ``(buffer, meta)``.
+    """
+    check_root(ch, peer)
+    return await relay(ch, peer, [], out, None, step=step, segment_bytes=segment_bytes, what="recv")

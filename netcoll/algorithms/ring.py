@@ -1,0 +1,244 @@
+"""Ring algorithms: all_reduce, reduce_scatter, all_gather, and the chain broadcast.
+
+The ring all_reduce works as follows (Gloo's ``allreduce.cc``). The ranks form
+a ring, rank ``r`` sending to ``r+1`` and receiving from ``r-1``. The buffer of
+``N`` bytes is cut into ``P`` nearly equal *chunks* (element boundaries; sizes
+need not divide), and every chunk into ``S`` *segments* of at most
+``segment_bytes``. There are ``2(P-1)`` steps; at step ``t`` rank ``r`` sends
+chunk ``r-t`` and receives chunk ``r-t-1`` (mod P):
+
+* steps ``0..P-2`` are the reduce-scatter: the incoming segment is received
+  into a scratch buffer and folded into ``buf`` (``buf = buf op incoming``);
+  after them rank ``r`` holds the fully reduced chunk ``r+1``;
+* steps ``P-1..2P-3`` are the all-gather: the incoming segment is received
+  straight into ``buf`` (the reduced chunk it replaces is final elsewhere).
+
+It is pipelined per segment: a segment is sent on to the next step the moment
+it has been reduced (or received), so the sends of step ``t+1`` overlap the
+receives of step ``t``. Receives are *posted* (their destination handed to the
+mailbox, so the payload lands in place) ahead of use: the reduce-scatter half
+receives into ``D`` scratch segment buffers used round-robin, and ``D-1``
+receives stay posted while one segment is reduced. A left neighbour runs about
+one step (``S`` segments) ahead of us, so ``D = S+2``, at least 3 and within
+``SCRATCH_BUDGET_BYTES`` (32 MiB) — Gloo's "two segments in flight" at the
+minimum, a per-chunk scratch when it fits.
+
+The message ``(step, chunk)`` of every segment is ``(t, j)``, unique per link.
+All ranks must pass the same ``segment_bytes``.
+
+Cost, for ``P`` ranks and ``N`` bytes (``S`` segments per chunk):
+
+* ``all_reduce``: ``2(P-1)`` steps (``2(P-1)S`` messages per rank); bytes sent
+  per rank ``2(P-1)/P * N``.
+* ``reduce_scatter``: ``P-1`` steps (``(P-1)S`` messages); ``(P-1)/P * N``
+  bytes sent per rank, ``N`` the input (all P blocks).
+* ``all_gather``: ``P-1`` steps (``(P-1)S`` messages); ``(P-1)/P * N`` bytes
+  sent per rank, ``N`` the output (all P blocks).
+* ``broadcast`` (chain): ``P-1`` hops, ``P+S-2`` segment times pipelined;
+  ``N`` bytes sent by every rank but the last in the chain.
+
+Every rank also reduces ``(P-1)/P * N`` bytes (all_reduce, reduce_scatter).
+
+Bits: each chunk of the all_reduce is reduced along the ring on one path and
+then copied to everyone, so **all ranks end with bit-identical results**
+(whatever the op, NaN payloads and signed zeros included). The reduction order
+of chunk ``c`` is ``x[c+P-1] op (... op (x[c+1] op x[c]))`` (ranks mod P),
+fixed for a given P, so repeated runs are bit-identical too. reduce_scatter's
+block ``r`` is reduced in the fixed order ``((x[r+1] op x[r+2]) op ...) op x[r]``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
+from ._common import (
+    DEFAULT_SEGMENT_BYTES,
+    RELAY_WINDOW,
+    RecvWindow,
+    as_u8,
+    check_root,
+    check_segment_bytes,
+    flat,
+    num_segments,
+    relay,
+    scratch_depth,
+    split,
+)
+
+if TYPE_CHECKING:
+    from ..transport.base import Channel
+
+__all__ = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
+
+
+def _segments(bounds: list[tuple[int, int]], itemsize: int, segment_bytes: int) -> list[list[tuple[int, int]]]:
+    """Cut each ``[start, stop)`` piece into the same number ``S`` of nearly
+    equal segments, ``S`` set by the largest piece (element bounds)."""
+    longest = max(b - a for a, b in bounds)
+    nseg = num_segments(longest * itemsize, segment_bytes)
+    return [[(a + s, a + e) for s, e in split(b - a, nseg)] for a, b in bounds]
+
+
+async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
+                     segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Ring all_reduce of ``buf`` in place (``op`` folded with :func:`reduce_into`;
+    ``avg`` is left as a sum for the caller to :func:`~netcoll.ops.finalize`).
+
+    Args:
+        ch: the operation's channel.
+        buf: C-contiguous, writeable array, same shape and dtype on every rank.
+        op: the reduction.
+        segment_bytes: largest message payload (same on every rank).
+    """
+    op = parse_op(op)
+    check_segment_bytes(segment_bytes)
+    data = flat(buf)
+    check_op_dtype(op, data.dtype)
+    P, r = ch.size, ch.rank
+    if P == 1:
+        return
+    segs = _segments(split(data.size, P), data.itemsize, segment_bytes)
+    await _ring(ch, data, op, segs, first=r, reduce_steps=P - 1, total_steps=2 * (P - 1))
+
+
+async def all_gather(ch: Channel, buf: np.ndarray, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Ring all_gather in place.
+
+    Args:
+        buf: flat (any C-contiguous array; handled as bytes) of ``P`` equal
+            blocks, block ``ch.rank`` already filled; the others are filled.
+    """
+    check_segment_bytes(segment_bytes)
+    data = as_u8(buf)
+    P, r = ch.size, ch.rank
+    if data.nbytes % P:
+        raise ValueError(f"all_gather buffer of {data.nbytes} bytes is not {P} equal blocks")
+    if P == 1:
+        return
+    block = data.nbytes // P
+    segs = _segments([(c * block, (c + 1) * block) for c in range(P)], 1, segment_bytes)
+    # Step t sends block r-t (own block first) and receives block r-t-1.
+    await _ring(ch, data, None, segs, first=r, reduce_steps=0, total_steps=P - 1)
+
+
+async def reduce_scatter(ch: Channel, buf: np.ndarray, op: ReduceOp | str, out: np.ndarray, *,
+                         segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Ring reduce_scatter: ``out = op over ranks of block ch.rank of buf``.
+
+    Args:
+        buf: flat (any C-contiguous array) of ``P`` equal blocks; block ``k``
+            is this rank's contribution to rank ``k``. Not modified.
+        out: C-contiguous writeable array with one block's elements, same
+            dtype, not overlapping ``buf``; receives the reduced block
+            (``avg`` left as a sum).
+    """
+    op = parse_op(op)
+    check_segment_bytes(segment_bytes)
+    data = flat(buf, writeable=False)
+    dst = flat(out, "out")
+    check_op_dtype(op, dst.dtype)
+    P, r = ch.size, ch.rank
+    if data.size % P or dst.size != data.size // P:
+        raise ValueError(f"reduce_scatter: buf has {data.size} elements, not {P} blocks of "
+                         f"out's {dst.size}")
+    if dst.dtype != data.dtype:
+        raise TypeError(f"reduce_scatter: out is {dst.dtype} but buf is {data.dtype}")
+    if dst.size and np.may_share_memory(dst, data):
+        raise ValueError("reduce_scatter: out must not overlap buf")
+    B = dst.size
+    if P == 1:
+        dst[...] = data
+        return
+    segs = split(B, num_segments(B * data.itemsize, segment_bytes))
+    S = len(segs)
+    right, left = (r + 1) % P, (r - 1) % P
+    longest = max(b - a for a, b in segs)
+    depth = scratch_depth(S + 2, longest * data.itemsize)
+    scratch = [np.empty(longest, dtype=data.dtype) for _ in range(depth)]
+    # Step t (0..P-2) sends block r-1-t and receives block r-2-t; the last
+    # step brings block r, which is received straight into ``out``. The
+    # partial sums live in scratch (``incoming op own``), so buf is read-only.
+
+    def plan(i: int) -> tuple[int, int, int, np.ndarray]:
+        t, j = divmod(i, S)
+        a, b = segs[j]
+        dest = dst[a:b] if t == P - 2 else scratch[i % depth][:b - a]
+        return left, t, j, dest
+
+    async with RecvWindow(ch, plan, (P - 1) * S, depth) as window:
+        await window.start()
+        for i in range((P - 1) * S):
+            t, j = divmod(i, S)
+            a, b = segs[j]
+            if t == 0:
+                c0 = (r - 1) % P
+                await ch.send(right, data[c0 * B + a:c0 * B + b], step=0, chunk=j)
+            await window.get(i)
+            c = (r - 2 - t) % P
+            acc = plan(i)[3]
+            reduce_into(op, acc, data[c * B + a:c * B + b])
+            if t < P - 2:
+                await ch.send(right, acc, step=t + 1, chunk=j)
+
+
+async def _ring(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: list[list[tuple[int, int]]], *,
+                first: int, reduce_steps: int, total_steps: int) -> None:
+    """The pipelined ring core: at step ``t`` send chunk ``first-t`` and
+    receive chunk ``first-t-1``; steps below ``reduce_steps`` reduce the
+    incoming segment into ``data`` (via scratch), later ones receive in place."""
+    P, r = ch.size, ch.rank
+    right, left = (r + 1) % P, (r - 1) % P
+    S = len(segs[0])
+    count = total_steps * S
+    longest = max(b - a for chunk in segs for a, b in chunk)
+    if reduce_steps:
+        depth = scratch_depth(S + 2, longest * data.itemsize)
+    else:  # all destinations are distinct places in ``data``: no scratch to bound
+        depth = max(S + 2, RELAY_WINDOW)
+    scratch = [np.empty(longest, dtype=data.dtype) for _ in range(depth if reduce_steps else 0)]
+
+    def plan(i: int) -> tuple[int, int, int, np.ndarray]:
+        t, j = divmod(i, S)
+        a, b = segs[(first - t - 1) % P][j]
+        dest = scratch[i % depth][:b - a] if t < reduce_steps else data[a:b]
+        return left, t, j, dest
+
+    async with RecvWindow(ch, plan, count, depth) as window:
+        # Posting before the first send is safe even for all-gather slots that
+        # still hold data to send: their payload cannot exist before ours left.
+        await window.start()
+        for i in range(count):
+            t, j = divmod(i, S)
+            if t == 0:  # the first step sends straight from the caller's buffer
+                a, b = segs[first % P][j]
+                await ch.send(right, data[a:b], step=0, chunk=j)
+            await window.get(i)
+            a, b = segs[(first - t - 1) % P][j]
+            if t < reduce_steps:
+                assert op is not None
+                reduce_into(op, data[a:b], scratch[i % depth][:b - a])
+            if t + 1 < total_steps:
+                await ch.send(right, data[a:b], step=t + 1, chunk=j)
+
+
+async def broadcast(ch: Channel, buf: np.ndarray | None, root: int, meta: dict[str, Any] | None = None, *,
+                    segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
+    """Pipelined chain broadcast ``root -> root+1 -> ... -> root+P-1``.
+
+    Same contract as :func:`netcoll.algorithms.tree.broadcast`: the root's
+    ``meta`` (plus ``"nbytes"``) travels in segment 0; a non-root passing
+    ``None`` gets a new ``uint8`` buffer, one passing a buffer must match the
+    root's byte size (:class:`~netcoll.errors.MismatchError`).
+
+    Returns:
+        ``(buf, meta)`` on every rank.
+    """
+    check_root(ch, root)
+    P, r = ch.size, ch.rank
+    v = (r - root) % P
+    src = None if v == 0 else (r - 1) % P
+    dsts = [(r + 1) % P] if v < P - 1 else []
+    return await relay(ch, src, dsts, buf, meta, step=0, segment_bytes=segment_bytes)

@@ -1,0 +1,165 @@
+"""Binomial-tree algorithms: broadcast, reduce, and all_reduce = reduce + broadcast.
+
+The tree works as follows. Ranks are renumbered relative to the root,
+``v = (rank - root) mod P``. The parent of ``v > 0`` is ``v`` with its lowest
+set bit cleared; its children are ``v + 2^k`` for every ``2^k`` below that bit
+(for the root: below P). So the root has ``ceil(log2 P)`` children, the tree is
+``ceil(log2 P)`` levels deep, and half the ranks are leaves.
+
+* **broadcast** sends the buffer down the tree, cut into ``S`` segments of at
+  most ``segment_bytes``: a rank forwards segment ``j`` to its children
+  (largest subtree first) as soon as it has arrived, while the next segments'
+  receives are already posted into the destination buffer. The root's ``meta``
+  (plus ``"nbytes"``) rides in the header of segment 0, so a rank can join
+  with ``buf=None`` and have the buffer allocated for it.
+* **reduce** sends partial results up the tree, segment by segment: a rank
+  receives segment ``j`` from each child into rotating scratch buffers (as
+  many as fit ``SCRATCH_BUDGET_BYTES``, so children's streams land in place), folds
+  them into its own ``buf`` in a FIXED order (own value first, then children
+  from the smallest subtree to the largest), and forwards the segment to its
+  parent. ``buf`` is used as the accumulator on every rank (clobbered off the
+  root).
+* **all_reduce** is a reduce to rank 0 followed by a broadcast from it.
+
+Cost, for ``P`` ranks and ``N`` bytes, ``L = ceil(log2 P)``, ``S`` segments:
+
+* ``broadcast``: ``L`` levels, ``L+S-1`` segment times when pipelined. Bytes
+  sent: root ``L*N``, an inner rank ``children*N``, a leaf ``0``.
+* ``reduce``: ``L`` levels, ``L+S-1`` segment times. Bytes sent: ``N`` by
+  every non-root; a rank reduces ``children*N`` bytes.
+* ``all_reduce``: ``2L`` levels. Bytes sent: ``N`` up (non-roots) plus
+  ``children*N`` down.
+
+Bits: the reduction order is a pure function of ``(P, root)``, so reduce is
+deterministic run to run; all_reduce's result is computed once, on rank 0, and
+copied to everyone, so **all ranks end with bit-identical results**.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
+from ._common import (
+    DEFAULT_SEGMENT_BYTES,
+    RecvWindow,
+    check_root,
+    check_segment_bytes,
+    flat,
+    num_segments,
+    relay,
+    scratch_depth,
+    split,
+)
+
+if TYPE_CHECKING:
+    from ..transport.base import Channel
+
+__all__ = ["broadcast", "reduce", "all_reduce", "binomial_tree"]
+
+
+def binomial_tree(size: int, v: int) -> tuple[int | None, list[int]]:
+    """Parent and children (largest subtree first) of relative rank ``v``."""
+    parent = None
+    mask = 1
+    while mask < size:
+        if v & mask:
+            parent = v - mask
+            break
+        mask <<= 1
+    children = []
+    mask >>= 1
+    while mask:
+        if v + mask < size:
+            children.append(v + mask)
+        mask >>= 1
+    return parent, children
+
+
+def _links(ch: Channel, root: int) -> tuple[int | None, list[int]]:
+    """Parent and children of this rank as group ranks."""
+    P = ch.size
+    parent, children = binomial_tree(P, (ch.rank - root) % P)
+    return (None if parent is None else (parent + root) % P), [(c + root) % P for c in children]
+
+
+async def broadcast(ch: Channel, buf: np.ndarray | None, root: int, meta: dict[str, Any] | None = None, *,
+                    segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
+    """Pipelined binomial-tree broadcast of the root's ``buf``.
+
+    Args:
+        buf: root: the C-contiguous array to send. Others: ``None`` (a new
+            flat ``uint8`` buffer of the root's size is allocated) or a
+            writeable C-contiguous array of exactly the root's byte size
+            (else :class:`~netcoll.errors.MismatchError`), filled in place.
+        root: the sending rank.
+        meta: root only: a small msgpack-able dict (e.g. dtype and shape)
+            delivered to every rank; ``"nbytes"`` is added (or checked).
+
+    Returns:
+        ``(buf, meta)``: the filled buffer and the root's meta, on every rank.
+    """
+    check_root(ch, root)
+    parent, children = _links(ch, root)
+    return await relay(ch, parent, children, buf, meta, step=0, segment_bytes=segment_bytes)
+
+
+async def reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, root: int, *,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Binomial-tree reduce in place: the root's ``buf`` ends as the reduction
+    (``avg`` left as a sum); other ranks' ``buf`` are used as scratch."""
+    op = parse_op(op)
+    check_root(ch, root)
+    await _reduce(ch, flat(buf), op, root, step=0, segment_bytes=segment_bytes)
+
+
+async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
+                     segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Tree all_reduce in place: reduce to rank 0, then broadcast from it."""
+    op = parse_op(op)
+    data = flat(buf)
+    check_op_dtype(op, data.dtype)
+    check_segment_bytes(segment_bytes)
+    if ch.size == 1:
+        return
+    await _reduce(ch, data, op, 0, step=0, segment_bytes=segment_bytes)
+    parent, children = _links(ch, 0)
+    await relay(ch, parent, children, data, None, step=1, segment_bytes=segment_bytes, what="all_reduce")
+
+
+async def _reduce(ch: Channel, data: np.ndarray, op: ReduceOp, root: int, *, step: int, segment_bytes: int) -> None:
+    check_segment_bytes(segment_bytes)
+    check_op_dtype(op, data.dtype)
+    if ch.size == 1:
+        return
+    parent, children = _links(ch, root)
+    kids = children[::-1]  # fold order: smallest subtree (earliest to arrive) first
+    segs = split(data.size, num_segments(data.nbytes, segment_bytes))
+    S, K = len(segs), len(kids)
+    if K == 0:  # a leaf: just stream the buffer up
+        assert parent is not None
+        for j, (a, b) in enumerate(segs):
+            await ch.send(parent, data[a:b], step=step, chunk=j)
+        return
+    longest = max(b - a for a, b in segs)
+    # Children stream their segments without waiting for us: post them all
+    # if the scratch budget allows (the fold order below stays fixed).
+    depth = scratch_depth(S * K, longest * data.itemsize)
+    scratch = [np.empty(longest, dtype=data.dtype) for _ in range(depth)]
+
+    def plan(i: int) -> tuple[int, int, int, np.ndarray]:
+        j, k = divmod(i, K)
+        a, b = segs[j]
+        return kids[k], step, j, scratch[i % depth][:b - a]
+
+    async with RecvWindow(ch, plan, S * K, depth) as window:
+        await window.start()
+        for i in range(S * K):
+            j, k = divmod(i, K)
+            a, b = segs[j]
+            await window.get(i)
+            reduce_into(op, data[a:b], scratch[i % depth][:b - a])
+            if k == K - 1 and parent is not None:
+                await ch.send(parent, data[a:b], step=step, chunk=j)

@@ -1,0 +1,430 @@
+"""The public :class:`Communicator`: argument checks, algorithm choice,
+sequencing, deadlines and typed errors around the algorithms.
+
+Every collective call on a group takes the next sequence number; ranks must
+issue the same collectives in the same order (concurrent calls are fine, as in
+NCCL). Each call sends a fingerprint of itself (name, dtype, shape, op, root,
+algorithm) with every frame, so ranks that disagree fail with a
+:class:`MismatchError` naming both calls. One deadline covers a whole call;
+when it passes, the error names the ranks that never delivered, and every
+other rank is told to abort (no one waits for its own timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import numbers
+from typing import Any, Awaitable, Callable, TypeVar
+
+import numpy as np
+
+from . import algorithms
+from .arrays import (array_from_meta, as_array, check_out, contiguous_copy, describe, leading_ranks,
+                     meta_of)
+from .errors import (CollectiveError, CollectiveTimeout, CommunicatorClosed, MismatchError, PeerLost)
+from .ops import ReduceOp, check_op_dtype, finalize, parse_op
+from .transport.base import Channel, Transport, as_bytes
+from .transport.mailbox import Operation
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT = 300.0
+TIMEOUT_GRACE = 0.2  # after a deadline, how long to listen for peers' own timeout reports
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(f"rank {r}" for r in ranks)
+
+
+def _flat_bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+class Communicator:
+    """A group of ranks that run collectives together.
+
+    Attributes:
+        rank: this process's rank in the group (0..world_size-1).
+        world_size: the number of ranks in the group.
+        group: the group's name (sub-groups from :meth:`split` get derived names).
+    """
+
+    def __init__(self, transport: Transport, *, group: str = "default", members: tuple[int, ...] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, segment_bytes: int | None = None) -> None:
+        self.transport = transport
+        self.group = group
+        self.members = tuple(members) if members is not None else tuple(range(transport.size))
+        self.rank = self.members.index(transport.rank)
+        self.world_size = len(self.members)
+        self.timeout = _check_timeout(timeout)
+        self.segment_bytes = segment_bytes or algorithms.DEFAULT_SEGMENT_BYTES
+        self.closed = False
+        self._seq = 0
+        self._p2p_seq: dict[str, int] = {}
+        self._splits = 0
+        self._on_close: list[Callable[[], Awaitable[None]]] = []
+
+    def __repr__(self) -> str:
+        return f"<Communicator group={self.group!r} rank={self.rank} world_size={self.world_size}>"
+
+    # -- engine -------------------------------------------------------------------
+    def _pick(self, name: str, algorithm: str, nbytes: int) -> str:
+        table = algorithms.ALGORITHMS[name]
+        if algorithm == "auto":
+            return algorithms.choose(name, nbytes, self.world_size)
+        if algorithm not in table:
+            raise ValueError(f"{name} has no algorithm {algorithm!r}; choose one of "
+                             f"{', '.join(['auto', *sorted(table)])}")
+        return algorithm
+
+    def _check_root(self, root: Any) -> int:
+        if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < self.world_size:
+            raise ValueError(f"root must be a rank in 0..{self.world_size - 1}, got {root!r}")
+        return int(root)
+
+    async def _run(self, name: str, fp: str, body: Callable[[Channel], Awaitable[T]], timeout: float | None, *,
+                   group: str | None = None, seq: int | None = None,
+                   members: tuple[int, ...] | None = None) -> T:
+        """Run ``body`` as operation (group, seq) under one deadline, turning
+        every failure into a typed error here and an ABORT on the other ranks."""
+        if self.closed:
+            raise CommunicatorClosed(f"{self!r} is closed")
+        limit = self.timeout if timeout is None else _check_timeout(timeout)
+        if seq is None:
+            seq = self._seq
+            self._seq += 1
+        mailbox = self.transport.mailbox
+        op = mailbox.open(group or self.group, seq, fp, members or self.members, name)
+        try:
+            if op.error is not None:  # failed at open: a dead peer, an early abort or mismatch
+                await self._abort(op, _cause(op.error))
+                raise op.error
+            task = asyncio.ensure_future(body(Channel(self.transport, op)))
+            try:
+                done, _ = await asyncio.wait((task, op.failed), timeout=limit,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                await _cancel(task)
+                op.fail(CollectiveError(f"{op.where()} was cancelled on rank {self._op_rank(op)}",
+                                        op=name, seq=seq))
+                await self._abort(op, "cancelled")
+                raise
+            if task in done and op.error is None:
+                exc = task.exception()
+                if exc is None:
+                    return task.result()
+                if not isinstance(exc, (CollectiveError, ValueError, TypeError)):
+                    exc = CollectiveError(f"{op.where()} failed on rank {self._op_rank(op)}: "
+                                          f"{type(exc).__name__}: {exc}", op=name, seq=seq)
+                op.fail(exc)  # type: ignore[arg-type]
+            elif op.error is None:
+                await self._time_out(op, task, limit)
+            await _cancel(task)
+            await self._abort(op, _cause(op.error))
+            raise op.error  # type: ignore[misc]
+        finally:
+            mailbox.close(op)
+
+    async def _time_out(self, op: Operation, task: asyncio.Future[Any], limit: float) -> None:
+        """Fail ``op`` on its deadline, tell the peers (with what we waited for),
+        and listen briefly for theirs, so the error names the rank at the end
+        of the wait chain rather than just our neighbour."""
+        me, waiting = self._op_rank(op), op.waiting_for()
+        op.fail(CollectiveTimeout(f"{op.where()} timed out after {limit:g}s on rank {me}: waiting for "
+                                  f"{_ranks(waiting) or 'peers to read (send blocked)'}",
+                                  op=op.name, seq=op.seq, ranks=waiting))
+        await _cancel(task)
+        await self._abort(op, "timeout")
+        op.error.peers_told = True  # type: ignore[union-attr]
+        await asyncio.sleep(min(TIMEOUT_GRACE, limit / 10))  # peers' own timeouts arrive as reports
+        chain, root, todo, seen = [], [], list(waiting), {me}
+        while todo:
+            w = todo.pop(0)
+            if w in seen:
+                continue
+            seen.add(w)
+            if w in op.reports:
+                chain.append(f"rank {w} was waiting for {_ranks(op.reports[w])}")
+                todo.extend(op.reports[w])
+            else:
+                root.append(w)
+        if chain:
+            explained = CollectiveTimeout(
+                f"{op.error}; {'; '.join(chain)}; so {_ranks(sorted(root)) or 'no rank'} never delivered "
+                "(not called yet, stuck, or too slow)", op=op.name, seq=op.seq, ranks=sorted(root) or waiting)
+            explained.peers_told = True  # type: ignore[attr-defined]  # peers were told already
+            op.error = explained
+
+    def _op_rank(self, op: Operation) -> int:
+        return op.rank_of[self.transport.rank]
+
+    async def _abort(self, op: Operation, cause: str) -> None:
+        err = op.error
+        waiting = getattr(err, "waiting", None)
+        if waiting and op.error is not None:  # a peer timed out; tell everyone whom *we* were waiting for
+            me = self._op_rank(op)
+            await self.transport.abort(op, "timeout", f"rank {me} was waiting for {_ranks(waiting)}",
+                                       tuple(waiting))
+        if getattr(err, "peers_told", False):
+            return
+        ranks = tuple(getattr(err, "ranks", ()) or ())
+        await self.transport.abort(op, cause, str(err), ranks)
+
+    def _fp(self, name: str, **parts: Any) -> str:
+        return f"{name}({', '.join(f'{k}={v}' for k, v in parts.items())})"
+
+    # -- collectives ----------------------------------------------------------------
+    async def all_reduce(self, x: Any, op: str | ReduceOp = "sum", *, out: np.ndarray | None = None,
+                         timeout: float | None = None, algorithm: str = "auto") -> np.ndarray:
+        """Reduce ``x`` over all ranks; every rank gets the bit-identical result."""
+        x = as_array(x)
+        rop = parse_op(op)
+        check_op_dtype(rop, x.dtype)
+        algo = self._pick("all_reduce", algorithm, x.nbytes)
+        buf = contiguous_copy(x, out)
+        if self.world_size > 1:
+            fn = algorithms.ALGORITHMS["all_reduce"][algo]
+            fp = self._fp("all_reduce", x=describe(x.dtype, x.shape), op=rop.value, algorithm=algo)
+            await self._run("all_reduce", fp, lambda ch: fn(ch, buf.reshape(-1), rop,
+                                                            segment_bytes=self.segment_bytes), timeout)
+        finalize(rop, buf, self.world_size)
+        return buf
+
+    async def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None,
+                        algorithm: str = "auto") -> np.ndarray:
+        """Root's ``x`` to every rank. Non-roots pass ``None`` (shape and dtype
+        travel with the data) or a buffer to receive into."""
+        root = self._check_root(root)
+        algo = self._pick("broadcast", algorithm, 0)
+        meta: dict[str, Any] | None = None
+        if self.rank == root:
+            arr = contiguous_copy(as_array(x))
+            meta = meta_of(arr)
+        elif x is not None:
+            arr = check_out(x, x.shape, as_array(x).dtype, "broadcast buffer")
+        else:
+            arr = None
+        if self.world_size == 1:
+            return arr  # type: ignore[return-value]
+        fn = algorithms.ALGORITHMS["broadcast"][algo]
+        fp = self._fp("broadcast", root=root, algorithm=algo)
+        data, meta = await self._run("broadcast", fp, lambda ch: fn(
+            ch, None if arr is None else _flat_bytes(arr), root, meta=meta,
+            segment_bytes=self.segment_bytes), timeout)
+        if self.rank == root:
+            return arr  # type: ignore[return-value]
+        got = array_from_meta(meta)
+        if arr is not None:
+            if arr.shape != got.shape or arr.dtype != got.dtype:
+                raise MismatchError(f"broadcast from rank {root} sent {describe(got.dtype, got.shape)} but "
+                                    f"rank {self.rank} passed a {describe(arr.dtype, arr.shape)} buffer",
+                                    op="broadcast", ranks=(self.rank, root))
+            return arr
+        return np.frombuffer(data, dtype=got.dtype).reshape(got.shape) if got.size else got
+
+    async def reduce(self, x: Any, op: str | ReduceOp = "sum", root: int = 0, *, timeout: float | None = None,
+                     algorithm: str = "auto") -> np.ndarray | None:
+        """Reduce ``x`` over all ranks into ``root``; others get ``None``."""
+        x = as_array(x)
+        rop = parse_op(op)
+        check_op_dtype(rop, x.dtype)
+        root = self._check_root(root)
+        algo = self._pick("reduce", algorithm, x.nbytes)
+        buf = contiguous_copy(x)
+        if self.world_size > 1:
+            fn = algorithms.ALGORITHMS["reduce"][algo]
+            fp = self._fp("reduce", x=describe(x.dtype, x.shape), op=rop.value, root=root, algorithm=algo)
+            await self._run("reduce", fp, lambda ch: fn(ch, buf.reshape(-1), rop, root,
+                                                        segment_bytes=self.segment_bytes), timeout)
+        if self.rank != root:
+            return None
+        finalize(rop, buf, self.world_size)
+        return buf
+
+    async def all_gather(self, x: Any, *, timeout: float | None = None, algorithm: str = "auto") -> np.ndarray:
+        """Every rank's ``x`` stacked: row ``r`` comes from rank ``r``."""
+        x = as_array(x)
+        out = np.empty((self.world_size, *x.shape), dtype=x.dtype)
+        out[self.rank] = x
+        algo = self._pick("all_gather", algorithm, out.nbytes)
+        if self.world_size > 1:
+            fn = algorithms.ALGORITHMS["all_gather"][algo]
+            fp = self._fp("all_gather", x=describe(x.dtype, x.shape), algorithm=algo)
+            await self._run("all_gather", fp, lambda ch: fn(ch, _flat_bytes(out),
+                                                            segment_bytes=self.segment_bytes), timeout)
+        return out
+
+    async def gather(self, x: Any, root: int = 0, *, timeout: float | None = None,
+                     algorithm: str = "auto") -> np.ndarray | None:
+        """Every rank's ``x`` stacked at ``root``; others get ``None``."""
+        x = as_array(x)
+        root = self._check_root(root)
+        algo = self._pick("gather", algorithm, x.nbytes * self.world_size)
+        send = contiguous_copy(x)
+        out = np.empty((self.world_size, *x.shape), dtype=x.dtype) if self.rank == root else None
+        if out is not None:
+            out[self.rank] = x
+        if self.world_size > 1:
+            fn = algorithms.ALGORITHMS["gather"][algo]
+            fp = self._fp("gather", x=describe(x.dtype, x.shape), root=root, algorithm=algo)
+            await self._run("gather", fp, lambda ch: fn(ch, _flat_bytes(send), None if out is None else
+                                                        _flat_bytes(out), root,
+                                                        segment_bytes=self.segment_bytes), timeout)
+        return out
+
+    async def scatter(self, x: Any = None, root: int = 0, *, timeout: float | None = None,
+                      algorithm: str = "auto") -> np.ndarray:
+        """Row ``rank`` of the root's ``x`` (shape ``(world_size, *s)``) to each rank."""
+        root = self._check_root(root)
+        algo = self._pick("scatter", algorithm, 0)
+        send = None
+        if self.rank == root:
+            send = contiguous_copy(as_array(x))
+            leading_ranks(send, self.world_size, "scatter")
+        if self.world_size == 1:
+            return send[0].copy()  # type: ignore[index]
+        seg = self.segment_bytes
+
+        async def body(ch: Channel) -> np.ndarray:
+            # direct scatter; each row carries its dtype/shape so non-roots need no buffer
+            if ch.rank == root:
+                for k in range(1, ch.size):
+                    peer = (root + k) % ch.size
+                    await algorithms.direct.send_message(ch, peer, send[peer], meta=meta_of(send[peer]),
+                                                         segment_bytes=seg)
+                return send[root].copy()  # type: ignore[index]
+            buf, meta = await algorithms.direct.recv_message(ch, root, segment_bytes=seg)
+            return array_from_meta(meta, memoryview(buf))
+
+        return await self._run("scatter", self._fp("scatter", root=root, algorithm=algo), body, timeout)
+
+    async def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", *, timeout: float | None = None,
+                             algorithm: str = "auto") -> np.ndarray:
+        """Reduce ``x`` (shape ``(world_size, *s)``) over ranks; rank ``r`` gets reduced row ``r``."""
+        x = as_array(x)
+        leading_ranks(x, self.world_size, "reduce_scatter")
+        rop = parse_op(op)
+        check_op_dtype(rop, x.dtype)
+        algo = self._pick("reduce_scatter", algorithm, x.nbytes)
+        buf = contiguous_copy(x)
+        out = np.empty(x.shape[1:], dtype=x.dtype)
+        if self.world_size == 1:
+            out[...] = buf[0]
+        else:
+            fn = algorithms.ALGORITHMS["reduce_scatter"][algo]
+            fp = self._fp("reduce_scatter", x=describe(x.dtype, x.shape), op=rop.value, algorithm=algo)
+            await self._run("reduce_scatter", fp, lambda ch: fn(ch, buf.reshape(-1), rop, out.reshape(-1),
+                                                                segment_bytes=self.segment_bytes), timeout)
+        finalize(rop, out, self.world_size)
+        return out
+
+    async def all_to_all(self, x: Any, *, timeout: float | None = None, algorithm: str = "auto") -> np.ndarray:
+        """``y[j]`` = rank ``j``'s ``x[rank]``, for ``x`` of shape ``(world_size, *s)``."""
+        x = as_array(x)
+        leading_ranks(x, self.world_size, "all_to_all")
+        algo = self._pick("all_to_all", algorithm, x.nbytes)
+        send = contiguous_copy(x)
+        out = np.empty_like(send)
+        if self.world_size == 1:
+            out[...] = send
+            return out
+        fn = algorithms.ALGORITHMS["all_to_all"][algo]
+        fp = self._fp("all_to_all", x=describe(x.dtype, x.shape), algorithm=algo)
+        await self._run("all_to_all", fp, lambda ch: fn(ch, _flat_bytes(send), _flat_bytes(out),
+                                                        segment_bytes=self.segment_bytes), timeout)
+        return out
+
+    async def barrier(self, *, timeout: float | None = None, algorithm: str = "auto") -> None:
+        """Return once every rank has entered the barrier."""
+        algo = self._pick("barrier", algorithm, 0)
+        if self.world_size > 1:
+            fn = algorithms.ALGORITHMS["barrier"][algo]
+            await self._run("barrier", self._fp("barrier", algorithm=algo), fn, timeout)
+
+    # -- point to point -------------------------------------------------------------
+    def _p2p(self, src: int, dst: int, tag: int) -> tuple[str, int, tuple[int, ...]]:
+        if isinstance(tag, bool) or not isinstance(tag, numbers.Integral) or tag < 0:
+            raise ValueError(f"tag must be a non-negative int, got {tag!r}")
+        for what, r in (("dst", dst), ("src", src)):
+            if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r < self.world_size:
+                raise ValueError(f"{what} must be a rank in 0..{self.world_size - 1}, got {r!r}")
+        if src == dst:
+            raise ValueError(f"rank {src} cannot send to itself")
+        group = f"{self.group}/p2p/{tag}/{src}>{dst}"
+        seq = self._p2p_seq.get(group, 0)
+        self._p2p_seq[group] = seq + 1
+        return group, seq, (self.members[src], self.members[dst])
+
+    async def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send ``x`` to rank ``dst``; matched by the ``dst``'s ``recv(src, tag)`` calls in order."""
+        arr = as_array(x)
+        data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+        group, seq, members = self._p2p(self.rank, dst, tag)
+        await self._run("send", "p2p", lambda ch: algorithms.direct.send_message(
+            ch, 1, data, meta=meta_of(data), segment_bytes=self.segment_bytes), timeout,
+            group=group, seq=seq, members=members)
+
+    async def recv(self, src: int, tag: int = 0, *, timeout: float | None = None) -> np.ndarray:
+        """Receive the next array rank ``src`` sent with ``tag``."""
+        group, seq, members = self._p2p(src, self.rank, tag)
+
+        async def body(ch: Channel) -> np.ndarray:
+            buf, meta = await algorithms.direct.recv_message(ch, 0, segment_bytes=self.segment_bytes)
+            return array_from_meta(meta, memoryview(buf))
+
+        return await self._run("recv", "p2p", body, timeout, group=group, seq=seq, members=members)
+
+    # -- groups ----------------------------------------------------------------------
+    async def split(self, color: int | None, key: int = 0, *, timeout: float | None = None) -> Communicator | None:
+        """Collective: ranks passing the same ``color`` form a sub-group over the
+        same links, ordered by (``key``, rank). ``color=None`` joins none (returns None)."""
+        for what, v in (("color", color), ("key", key)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0):
+                raise ValueError(f"{what} must be a non-negative int{' or None' if what == 'color' else ''}, "
+                                 f"got {v!r}")
+        table = await self.all_gather(np.array([-1 if color is None else color, key, self.rank], np.int64),
+                                      timeout=timeout)
+        index = self._splits
+        self._splits += 1
+        if color is None:
+            return None
+        mine = sorted((int(k), int(r)) for c, k, r in table if c == color)
+        sub = Communicator(self.transport, group=f"{self.group}/split{index}:{color}",
+                           members=tuple(self.members[r] for _, r in mine), timeout=self.timeout,
+                           segment_bytes=self.segment_bytes)
+        return sub
+
+    async def close(self) -> None:
+        """Close the communicator (and, for the one :func:`connect` made, its links)."""
+        if self.closed:
+            return
+        self.closed = True
+        for hook in reversed(self._on_close):
+            await hook()
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    if not task.done():
+        task.cancel()
+    try:
+        await task
+    except BaseException:  # noqa: BLE001 - the op's error is what we report
+        pass
+
+
+def _cause(err: BaseException | None) -> str:
+    if isinstance(err, CollectiveTimeout):
+        return "timeout"
+    if isinstance(err, PeerLost):
+        return "lost"
+    if isinstance(err, MismatchError):
+        return "mismatch"
+    return "error"
+
+
+def _check_timeout(timeout: Any) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+__all__ = ["Communicator", "DEFAULT_TIMEOUT", "as_bytes"]

@@ -1,0 +1,261 @@
+"""Reduction ops and dtype rules (pure numpy, no networking).
+
+Every layer that combines or validates tensor data goes through this module, so
+the rules live in one place:
+
+* **Ops.** ``sum prod min max avg band bor bxor``, given as a :class:`ReduceOp`
+  or a case-insensitive string (:func:`parse_op`).
+* **Dtypes.** ``bool``, ``int8..int64``, ``uint8..uint64``, ``float16``,
+  ``bfloat16`` (``ml_dtypes``), ``float32``, ``float64``, ``complex64`` and
+  ``complex128``, in native byte order (:data:`SUPPORTED_DTYPES`,
+  :func:`check_dtype`). ``longdouble``/``clongdouble`` are refused because their
+  byte layout differs between platforms; object, string, datetime, void and
+  structured dtypes are refused because they are not numbers. Anything refused
+  is a ``TypeError``, raised before any byte is sent.
+* **Op × dtype** (:func:`check_op_dtype`). ``avg`` needs a floating (incl.
+  float16/bfloat16) or complex dtype; ``band bor bxor`` need an integer or bool
+  dtype; ``min``/``max`` are undefined for complex. For bool, ``sum``/``max``
+  are logical or and ``prod``/``min`` are logical and.
+* **Semantics.** :func:`reduce_into` folds one contribution into an accumulator
+  in place with a numpy ufunc (``out=acc``, no temporary array). Integers wrap
+  on overflow and floats overflow to inf silently (no numpy warnings); ``min``
+  and ``max`` propagate NaN. ``avg`` is reduced as ``sum`` and divided once by
+  the world size in :func:`finalize`: float16/bfloat16 are divided in float32
+  and rounded back (correctly rounded), complex values have their real and
+  imaginary parts divided separately (numpy's complex-by-real division
+  multiplies by a reciprocal and is off by an ulp about half the time).
+* **Determinism.** Every function is a pure elementwise function of its inputs,
+  so the same fold order gives bit-identical results on every rank. Float
+  results (and the sign of zero / the NaN payload chosen by min/max) depend on
+  the fold order, which is the algorithms' business.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import numbers
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "BFLOAT16",
+    "ReduceOp",
+    "SUPPORTED_DTYPES",
+    "check_dtype",
+    "check_op_dtype",
+    "finalize",
+    "identity",
+    "parse_op",
+    "reduce_into",
+    "reduce_reference",
+]
+
+
+class ReduceOp(str, enum.Enum):
+    """A reduction operator. The value is the wire / user-facing name."""
+
+    SUM = "sum"
+    PROD = "prod"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_OP_NAMES = ", ".join(op.value for op in ReduceOp)
+
+
+def parse_op(op: str | ReduceOp) -> ReduceOp:
+    """Return the :class:`ReduceOp` for *op* (enum member or case-insensitive name)."""
+    if isinstance(op, ReduceOp):
+        return op
+    if not isinstance(op, str):
+        raise TypeError(f"op must be a str or ReduceOp, not {type(op).__name__}")
+    try:
+        return ReduceOp(op.strip().lower())
+    except ValueError:
+        raise ValueError(f"unknown reduction op {op!r}; valid ops: {_OP_NAMES}") from None
+
+
+BFLOAT16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+
+#: Every dtype a collective accepts, in native byte order.
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
+    np.bool_,
+    np.int8, np.int16, np.int32, np.int64,
+    np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, BFLOAT16, np.float32, np.float64,
+    np.complex64, np.complex128,
+))
+_SUPPORTED_NAMES = ", ".join(str(dt) for dt in SUPPORTED_DTYPES)
+
+
+def check_dtype(dtype: Any) -> np.dtype:
+    """Return ``np.dtype(dtype)`` if it is supported, else raise ``TypeError``."""
+    if dtype is None:  # np.dtype(None) would silently mean float64
+        raise TypeError(f"dtype must not be None; supported dtypes: {_SUPPORTED_NAMES}")
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{dtype!r} is not a dtype ({exc}); "
+                        f"supported dtypes: {_SUPPORTED_NAMES}") from None
+    if dt in SUPPORTED_DTYPES:  # dtype equality: e.g. longlong == int64 where equivalent
+        return dt
+    if not dt.isnative and dt.newbyteorder("=") in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype {dt.str!r} ({dt}) is not in native byte order; convert with "
+                        f".astype(dtype.newbyteorder('='))")
+    why = ""
+    if dt.kind in "fc":  # only longdouble / clongdouble can get here
+        why = " (longdouble/clongdouble have a platform-specific byte layout)"
+    raise TypeError(f"unsupported dtype {dt}{why}; supported dtypes: {_SUPPORTED_NAMES}")
+
+
+def _category(dt: np.dtype) -> str:
+    if dt.kind == "b":
+        return "bool"
+    if dt.kind in "iu":
+        return "int"
+    if dt.kind == "c":
+        return "complex"
+    return "float"  # kind "f", or bfloat16 (kind "V")
+
+
+def check_op_dtype(op: str | ReduceOp, dtype: Any) -> None:
+    """Raise ``TypeError`` unless *op* is defined for *dtype* (see module docstring)."""
+    op = parse_op(op)
+    dt = check_dtype(dtype)
+    cat = _category(dt)
+    if op is ReduceOp.AVG and cat not in ("float", "complex"):
+        raise TypeError(f"op 'avg' needs a floating or complex dtype, got {dt}; "
+                        f"use 'sum' and divide, or cast to a float dtype first")
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and cat not in ("int", "bool"):
+        raise TypeError(f"op {op.value!r} needs an integer or bool dtype, got {dt}")
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and cat == "complex":
+        raise TypeError(f"op {op.value!r} is not defined for complex dtype {dt} "
+                        f"(complex numbers are unordered)")
+
+
+_UFUNCS: dict[ReduceOp, np.ufunc] = {
+    ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
+    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
+}
+_BOOL_UFUNCS: dict[ReduceOp, np.ufunc] = {
+    ReduceOp.SUM: np.logical_or, ReduceOp.PROD: np.logical_and,
+    ReduceOp.MIN: np.logical_and, ReduceOp.MAX: np.logical_or,
+}
+
+
+@functools.lru_cache(maxsize=256)
+def _ufunc(op: ReduceOp, dt: np.dtype) -> np.ufunc:
+    check_op_dtype(op, dt)
+    if dt.kind == "b":
+        return _BOOL_UFUNCS.get(op, _UFUNCS[op])
+    return _UFUNCS[op]
+
+
+def _check_pair(acc: Any, other: Any) -> None:
+    if not isinstance(acc, np.ndarray) or not isinstance(other, np.ndarray):
+        raise TypeError(f"acc and other must be numpy arrays, not "
+                        f"{type(acc).__name__} and {type(other).__name__}")
+    if acc.dtype != other.dtype:
+        raise TypeError(f"dtype mismatch: acc is {acc.dtype}, other is {other.dtype}")
+    if acc.shape != other.shape:
+        raise ValueError(f"shape mismatch: acc is {acc.shape}, other is {other.shape}")
+    if not acc.flags.writeable:
+        raise ValueError("acc is read-only")
+
+
+def reduce_into(op: str | ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
+    """In place: ``acc = acc (op) other`` elementwise. ``avg`` accumulates as ``sum``."""
+    op = parse_op(op)
+    _check_pair(acc, other)
+    ufunc = _ufunc(op, acc.dtype)
+    with np.errstate(all="ignore"):  # integer wrap-around, float overflow, NaN compares
+        ufunc(acc, other, out=acc)
+
+
+def finalize(op: str | ReduceOp, acc: np.ndarray, world_size: int) -> None:
+    """In place: finish a reduction over *world_size* contributions (``avg`` divides)."""
+    op = parse_op(op)
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+        raise TypeError(f"world_size must be an int, not {type(world_size).__name__}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not isinstance(acc, np.ndarray):
+        raise TypeError(f"acc must be a numpy array, not {type(acc).__name__}")
+    _ufunc(op, acc.dtype)  # validates op x dtype
+    if op is not ReduceOp.AVG or world_size == 1:
+        return
+    if not acc.flags.writeable:
+        raise ValueError("acc is read-only")
+    n = int(world_size)
+    with np.errstate(all="ignore"):
+        if acc.dtype in (np.dtype(np.float16), BFLOAT16):
+            # Divide in float32 (n exact, x/n rounded once to 24 bits) and round back;
+            # 24 >= 2*11+2 so the double rounding is innocuous: correctly rounded.
+            # The ufunc buffers the casts in small blocks: no full-size temporary.
+            np.divide(acc, np.float32(n), out=acc, dtype=np.float32, casting="unsafe")
+        elif acc.dtype.kind == "c":
+            np.divide(acc.real, n, out=acc.real)
+            np.divide(acc.imag, n, out=acc.imag)
+        else:
+            np.divide(acc, n, out=acc)
+
+
+_REFERENCE_BINARY = {
+    ReduceOp.SUM: lambda a, b: a + b, ReduceOp.AVG: lambda a, b: a + b,
+    ReduceOp.PROD: lambda a, b: a * b,
+    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: lambda a, b: a & b, ReduceOp.BOR: lambda a, b: a | b,
+    ReduceOp.BXOR: lambda a, b: a ^ b,
+}
+
+
+def reduce_reference(op: str | ReduceOp, arrays: list[np.ndarray]) -> np.ndarray:
+    """Plain out-of-place reference: left fold in list order, then :func:`finalize`."""
+    op = parse_op(op)
+    arrays = [np.asarray(a) for a in arrays]
+    if not arrays:
+        raise ValueError("reduce_reference needs at least one array")
+    dt = arrays[0].dtype
+    check_op_dtype(op, dt)
+    for a in arrays[1:]:
+        if a.dtype != dt or a.shape != arrays[0].shape:
+            raise ValueError(f"arrays disagree: {arrays[0].shape}/{dt} vs {a.shape}/{a.dtype}")
+    acc = arrays[0].copy()
+    with np.errstate(all="ignore"):
+        for a in arrays[1:]:
+            acc = np.asarray(_REFERENCE_BINARY[op](acc, a))  # 0-d ops return scalars
+            assert acc.dtype == dt, (op, dt, acc.dtype)
+    acc = np.array(acc, copy=True)
+    finalize(op, acc, len(arrays))
+    return acc
+
+
+def identity(op: str | ReduceOp, dtype: Any) -> Any:
+    """The identity element of *op* for *dtype*, as a numpy scalar (for padding)."""
+    op = parse_op(op)
+    dt = check_dtype(dtype)
+    check_op_dtype(op, dt)
+    cat = _category(dt)
+    value: Any
+    if op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.BOR, ReduceOp.BXOR):
+        value = 0
+    elif op is ReduceOp.PROD:
+        value = 1
+    elif op is ReduceOp.BAND:
+        value = True if cat == "bool" else np.iinfo(dt).max if dt.kind == "u" else -1
+    elif op is ReduceOp.MIN:
+        value = True if cat == "bool" else np.iinfo(dt).max if cat == "int" else np.inf
+    else:  # MAX
+        value = False if cat == "bool" else np.iinfo(dt).min if cat == "int" else -np.inf
+    return np.array(value, dtype=dt)[()]

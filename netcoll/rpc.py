@@ -1,0 +1,286 @@
+"""Request/response RPC over netcoll frames (REQUEST / RESPONSE / EVENT).
+
+Used by the rendezvous coordinator and by the job service. Every request runs
+in its own task on the server, so long-polling calls (``join``, ``wait``)
+never block other requests on the same connection. Requests and responses may
+carry one raw binary payload (array bodies); parameters are msgpack maps.
+
+Errors travel as ``{"type": name, "message": text}`` and are raised on the
+client as the netcoll error type of that name (``RendezvousError``...) or the
+builtin ``TypeError``/``ValueError``/``KeyError``/``TimeoutError``, else
+:class:`RpcError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import itertools
+import logging
+from typing import Any, Awaitable, Callable
+
+from . import errors
+from .errors import NetcollError, ProtocolError
+from .transport.connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
+from .wire import Frame, Kind
+
+log = logging.getLogger("netcoll.rpc")
+
+_BUILTIN_ERRORS = {"TypeError", "ValueError", "KeyError", "TimeoutError", "LookupError"}
+
+
+class RpcError(NetcollError):
+    """The server failed a request with an error of a type the client does not map."""
+
+
+class Reply:
+    """A handler's answer with a binary payload attached."""
+
+    __slots__ = ("result", "payload")
+
+    def __init__(self, result: Any, payload: bytes | memoryview | None = None) -> None:
+        self.result, self.payload = result, payload
+
+
+Handler = Callable[["Session", dict[str, Any], memoryview], Awaitable[Any]]
+
+
+def error_to_wire(exc: BaseException) -> dict[str, str]:
+    known = isinstance(exc, NetcollError) or type(exc).__name__ in _BUILTIN_ERRORS
+    name = type(exc).__name__ if known else "RpcError"
+    text = str(exc) if known else f"internal error: {type(exc).__name__}: {exc}"
+    return {"type": name, "message": text}
+
+
+def error_from_wire(err: Any) -> BaseException:
+    if not isinstance(err, dict):
+        return RpcError(f"malformed error from server: {err!r}")
+    name, message = str(err.get("type", "")), str(err.get("message", ""))
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, NetcollError):
+        return cls(message)
+    if name in _BUILTIN_ERRORS:
+        return getattr(builtins, name)(message)  # type: ignore[no-any-return]
+    return RpcError(message)
+
+
+class Session:
+    """The server's side of one client connection."""
+
+    def __init__(self, proto: FramedProtocol, hello: dict[str, Any]) -> None:
+        self.proto = proto
+        self.hello = hello
+        self.peer = proto.peername
+        self.data: dict[str, Any] = {}
+        #: loop time of the last frame received from the client (liveness checks)
+        self.last_seen = asyncio.get_running_loop().time()
+
+    async def push(self, topic: str, fields: dict[str, Any] | None = None,
+                   payload: bytes | memoryview | None = None) -> None:
+        await self.proto.send(Kind.EVENT, dict(fields or {}, topic=topic),
+                              None if payload is None else memoryview(payload).cast("B"))
+
+
+class RpcServer:
+    """Serves ``methods`` to authenticated clients.
+
+    Args:
+        methods: name -> ``async handler(session, params, payload)``; returns a
+            msgpack-able result or a :class:`Reply`.
+        token: shared secret every client must prove (None: no auth).
+        role: announced in the CHALLENGE (``"coordinator"``...).
+        on_open / on_close: called with each session (``on_open`` may raise to refuse).
+    """
+
+    def __init__(self, methods: dict[str, Handler], *, token: str | None = None, role: str = "rpc",
+                 on_open: Callable[[Session], Awaitable[None]] | None = None,
+                 on_close: Callable[[Session], Awaitable[None]] | None = None) -> None:
+        self.methods = methods
+        self.token = token
+        self.role = role
+        self.on_open = on_open
+        self.on_close = on_close
+        self.sessions: set[Session] = set()
+        self._server = Server(self._serve)
+        self.address: tuple[str, int] = ("", 0)
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self.address = await self._server.start(host, port)
+        return self.address
+
+    async def close(self) -> None:
+        await self._server.close()
+
+    async def _serve(self, proto: FramedProtocol) -> None:
+        hello = await server_handshake(proto, token=self.token, role=self.role)
+        session = Session(proto, hello)
+        tasks: set[asyncio.Task[None]] = set()
+        if self.on_open is not None:
+            try:
+                await self.on_open(session)
+            except (NetcollError, ValueError, TypeError) as exc:
+                proto.fail(exc, tell_peer=True)
+                return
+        self.sessions.add(session)
+        try:
+            while True:
+                try:
+                    frame = await proto.next_frame()
+                except (ConnectionError, NetcollError):
+                    return
+                session.last_seen = asyncio.get_running_loop().time()
+                if frame.kind == Kind.PING:
+                    await proto.send(Kind.PONG, {})
+                elif frame.kind != Kind.REQUEST:
+                    proto.fail(ProtocolError(f"expected REQUEST, got {frame.kind.name}"), tell_peer=True)
+                    return
+                else:
+                    task = asyncio.create_task(self._handle(session, frame))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+        finally:
+            self.sessions.discard(session)
+            for task in tasks:
+                task.cancel()
+            if self.on_close is not None:
+                await self.on_close(session)
+
+    async def _handle(self, session: Session, frame: Frame) -> None:
+        rid, method = frame.header["id"], frame.header["method"]
+        params = frame.header.get("params") or {}
+        handler = self.methods.get(method)
+        payload: bytes | memoryview | None = None
+        try:
+            if handler is None:
+                raise ValueError(f"unknown method {method!r}; known: {', '.join(sorted(self.methods))}")
+            if not isinstance(params, dict):
+                raise TypeError(f"params of {method!r} must be a map")
+            result = await handler(session, params, frame.payload)
+            if isinstance(result, Reply):
+                result, payload = result.result, result.payload
+            header: dict[str, Any] = {"id": rid, "ok": True, "result": result}
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply
+            if not isinstance(exc, (NetcollError, ValueError, TypeError, KeyError, TimeoutError)):
+                log.exception("RPC %s failed", method)
+            header = {"id": rid, "ok": False, "error": error_to_wire(exc)}
+        try:
+            await session.proto.send(Kind.RESPONSE, header,
+                                     None if payload is None else memoryview(payload).cast("B"))
+        except (ConnectionError, NetcollError):
+            pass
+
+
+class RpcClient:
+    """Client side: ``await RpcClient.connect("host:port")``, then ``call``."""
+
+    def __init__(self, proto: FramedProtocol, welcome: dict[str, Any]) -> None:
+        self.proto = proto
+        self.welcome = welcome
+        self.events: asyncio.Queue[tuple[dict[str, Any], memoryview]] = asyncio.Queue()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[tuple[Any, memoryview]]] = {}
+        proto.on_frame = self._on_frame
+        proto.on_lost = self._on_lost
+
+    @classmethod
+    async def connect(cls, address: str, *, token: str | None = None, role: str = "client",
+                      hello: dict[str, Any] | None = None, timeout: float = 10.0,
+                      local_host: str | None = None) -> RpcClient:
+        host, port = split_address(address)
+        try:
+            async with asyncio.timeout(timeout):
+                proto = await open_connection(host, port, local_host=local_host)
+        except TimeoutError:
+            raise TimeoutError(f"could not connect to {address} within {timeout:g}s") from None
+        except OSError as exc:
+            raise ConnectionRefusedError(f"could not connect to {address}: {exc.strerror or exc}") from None
+        try:
+            welcome = await client_handshake(proto, token=token, role=role, hello=hello, timeout=timeout)
+        except BaseException:
+            proto.close()
+            raise
+        pushed = list(proto.queue)  # anything the server sent right after WELCOME
+        proto.queue.clear()
+        client = cls(proto, welcome)
+        for frame in pushed:
+            client._on_frame(frame)
+        return client
+
+    def _on_frame(self, frame: Frame) -> None:
+        if frame.kind == Kind.RESPONSE:
+            fut = self._pending.pop(frame.header["id"], None)
+            if fut is None or fut.done():
+                return
+            if frame.header["ok"]:
+                fut.set_result((frame.header.get("result"), frame.payload))
+            else:
+                fut.set_exception(error_from_wire(frame.header.get("error")))
+        elif frame.kind == Kind.EVENT:
+            self.events.put_nowait((frame.header, frame.payload))
+        elif frame.kind != Kind.PONG:
+            self.proto.fail(ProtocolError(f"unexpected {frame.kind.name} frame from server"), tell_peer=True)
+
+    def _on_lost(self, exc: BaseException | None) -> None:
+        err = exc if isinstance(exc, (ConnectionError, NetcollError)) else ConnectionResetError(
+            f"connection to the server lost: {exc}")
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._pending.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self.proto.lost is not None
+
+    async def call_payload(self, method: str, params: dict[str, Any] | None = None,
+                           payload: bytes | memoryview | None = None,
+                           timeout: float | None = None) -> tuple[Any, memoryview]:
+        """Call ``method``; return (result, response payload)."""
+        if self.proto.lost is not None:
+            raise ConnectionResetError(f"connection to the server is closed ({self.proto.lost})")
+        rid = next(self._ids)
+        fut: asyncio.Future[tuple[Any, memoryview]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            await self.proto.send(Kind.REQUEST, {"id": rid, "method": method, "params": params or {}},
+                                  None if payload is None else memoryview(payload).cast("B"))
+            if timeout is None:
+                return await fut
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            if not fut.cancelled():  # the server's own error (RendezvousTimeout...): keep it
+                raise
+            raise TimeoutError(f"{method} got no answer within {timeout:g}s") from None
+        finally:
+            self._pending.pop(rid, None)
+
+    async def call(self, method: str, params: dict[str, Any] | None = None,
+                   payload: bytes | memoryview | None = None, timeout: float | None = None) -> Any:
+        result, _ = await self.call_payload(method, params, payload, timeout)
+        return result
+
+    async def close(self) -> None:
+        self.proto.close()
+        if self.proto.transport is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.proto.closed), 2.0)
+            except (TimeoutError, asyncio.CancelledError):
+                self.proto.abort()
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) -> (host, port); ValueError when malformed."""
+    if not isinstance(address, str) or ":" not in address:
+        raise ValueError(f"address must be 'host:port', got {address!r}")
+    host, _, port_s = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"address must be 'host:port' with a numeric port, got {address!r}") from None
+    if not host or not 0 < port < 65536:
+        raise ValueError(f"address must be 'host:port' with 0 < port < 65536, got {address!r}")
+    return host, port

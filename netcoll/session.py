@@ -1,0 +1,73 @@
+"""``netcoll.connect``: join a group at a coordinator and get a Communicator.
+
+Steps: dial the coordinator (authenticated), open this rank's peer port on the
+address the coordinator connection went out from (so what we advertise is
+routable by construction), join the group (the coordinator assigns ``rank``
+when it is None), link to every peer (:class:`TcpTransport`), and hand out a
+:class:`Communicator`. Leaving the ``async with`` closes links in order (peers
+see an orderly BYE, not a crash) and leaves the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+import os
+from typing import AsyncIterator
+
+from .comm import DEFAULT_TIMEOUT, Communicator
+from .rendezvous import RendezvousClient
+from .transport.tcp import Listener, TcpTransport
+
+
+def _check_args(world_size: object, rank: object, group: object, timeout: object) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, numbers.Integral)
+                             or not 0 <= rank < world_size):  # type: ignore[operator]
+        raise ValueError(f"rank must be None or an int in 0..{world_size - 1}, got {rank!r}")  # type: ignore[operator]
+    if not isinstance(group, str) or not group or "/" in group:
+        raise ValueError(f"group must be a non-empty name without '/', got {group!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+
+
+@contextlib.asynccontextmanager
+async def connect(address: str, *, world_size: int, rank: int | None = None, group: str = "default",
+                  token: str | None = None, timeout: float = 60.0,
+                  collective_timeout: float = DEFAULT_TIMEOUT, listen_host: str | None = None,
+                  listen_port: int = 0, advertise_host: str | None = None, local_host: str | None = None,
+                  member_id: str | None = None, segment_bytes: int | None = None) -> AsyncIterator[Communicator]:
+    """Join ``group`` at the coordinator at ``address`` as one of ``world_size`` ranks.
+
+    Args:
+        address: the coordinator, ``"host:port"``.
+        world_size: ranks in the group (every member must agree).
+        rank: this member's rank, or None to have the coordinator assign one.
+        group: the group's name; several groups can meet at one coordinator.
+        token: shared secret (default: ``$NETCOLL_TOKEN``); every link is authenticated.
+        timeout: seconds for the whole rendezvous (joining and linking to peers).
+        collective_timeout: default deadline of each collective (each call may pass ``timeout=``).
+        listen_host / listen_port: where to open this rank's peer port (default: the
+            local address of the coordinator connection, an ephemeral port).
+        advertise_host: the host peers should dial (default: as the coordinator saw us).
+        local_host: source address for the coordinator connection (e.g. ``127.0.0.3``).
+    """
+    _check_args(world_size, rank, group, timeout)
+    if token is None:
+        token = os.environ.get("NETCOLL_TOKEN") or None
+    async with contextlib.AsyncExitStack() as stack:
+        rdv = await RendezvousClient.connect(address, token=token, timeout=timeout, local_host=local_host)
+        stack.push_async_callback(rdv.close)
+        listener = Listener(token=token)
+        await listener.start(listen_host or rdv.local_address[0], listen_port)
+        stack.push_async_callback(listener.close)
+        joined = await rdv.join(group=group, world_size=world_size, rank=rank, member_id=member_id,
+                                listen_port=listener.address[1], advertise_host=advertise_host, timeout=timeout)
+        transport = TcpTransport(listener, rank=joined.rank, size=joined.world_size, session=joined.session,
+                                 peers=[(p.host, p.port) for p in joined.peers], token=token)
+        stack.push_async_callback(transport.close)
+        await transport.connect(timeout)
+        comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
+        stack.push_async_callback(comm.close)
+        yield comm

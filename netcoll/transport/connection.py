@@ -1,0 +1,314 @@
+"""A framed, authenticated TCP connection: the only place that touches sockets.
+
+:class:`FramedProtocol` is an ``asyncio.BufferedProtocol``: the event loop
+reads straight into buffers we hand out. Small frames are read many at a time
+into a scratch buffer and parsed by :class:`~netcoll.wire.FrameDecoder`; once
+a large payload has started, reads go directly into its destination (a posted
+receive buffer when there is one), so the payload is never copied.
+
+Writes use the transport's buffer with drain-aware backpressure: ``send``
+awaits while more than ``high_water`` bytes are queued.
+
+:func:`client_handshake` / :func:`server_handshake` run the CHALLENGE / HELLO
+/ WELCOME exchange of ``docs/protocol.md`` (token proofs from :mod:`.auth`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import socket
+from typing import Any, Awaitable, Callable
+
+from .. import errors, wire
+from ..errors import AuthenticationError, NetcollError, ProtocolError
+from ..wire import Frame, Kind
+from . import auth
+
+SCRATCH_BYTES = 256 * 1024
+DIRECT_MIN = 64 * 1024  # a payload remainder at least this big is read straight into place
+HIGH_WATER = 4 * 1024 * 1024
+HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_LIMITS = wire.Limits(max_header=4096, max_payload=0)
+
+
+class FramedProtocol(asyncio.BufferedProtocol):
+    """Feeds received bytes to a decoder and frames to ``on_frame``."""
+
+    def __init__(self, limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+        # Until the handshake is done only small header-only frames are accepted,
+        # so an unauthenticated peer cannot make us allocate anything large.
+        self.limits = limits
+        self.decoder = wire.FrameDecoder(HANDSHAKE_LIMITS, unlock=(Kind.WELCOME, limits))
+        self.transport: asyncio.Transport | None = None
+        self.on_frame: Callable[[Frame], None] | None = None
+        self.on_lost: Callable[[BaseException | None], None] | None = None
+        self.queue: collections.deque[Frame] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._scratch = memoryview(bytearray(SCRATCH_BYTES))
+        self._direct = False
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self.lost: BaseException | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+
+    # -- asyncio callbacks ----------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport.set_write_buffer_limits(high=HIGH_WATER)  # type: ignore[union-attr]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        target = self.decoder.payload_target()
+        self._direct = target is not None and len(target) >= DIRECT_MIN
+        return target if self._direct else self._scratch  # type: ignore[return-value]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            if self._direct:
+                frame = self.decoder.payload_written(nbytes)
+                if frame is not None:
+                    self._dispatch(frame)
+            else:
+                for frame in self.decoder.feed(self._scratch[:nbytes]):
+                    self._dispatch(frame)
+        except ProtocolError as exc:
+            self.fail(exc, tell_peer=True)
+        except Exception as exc:  # noqa: BLE001 - a handler bug must not kill the loop's reader
+            self.fail(ProtocolError(f"error handling a frame: {exc!r}"), tell_peer=True)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.lost is None:
+            self.lost = exc or ConnectionResetError("connection closed by peer")
+        self._can_write.set()
+        self._wake()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        if self.on_lost is not None:
+            self.on_lost(self.lost)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # -- our API ----------------------------------------------------------------
+    def _dispatch(self, frame: Frame) -> None:
+        if frame.kind == Kind.ERROR:
+            self.fail(remote_error(frame.header))
+            return
+        if self.on_frame is not None:
+            self.on_frame(frame)
+        else:
+            self.queue.append(frame)
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def next_frame(self) -> Frame:
+        """Next queued frame (only while no ``on_frame`` handler is set)."""
+        while not self.queue:
+            if self.lost is not None:
+                raise _as_connection_error(self.lost)
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self.queue.popleft()
+
+    def write(self, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
+        """Queue one frame without waiting (the payload is copied only if the
+        socket cannot take it at once)."""
+        if self.lost is not None or self.transport is None:
+            raise _as_connection_error(self.lost)
+        n = 0 if payload is None else payload.nbytes
+        self.transport.write(wire.encode_header(kind, header, n))
+        if n:
+            self.transport.write(payload)  # type: ignore[arg-type]
+
+    async def send(self, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
+        """Write one frame, then wait while the outgoing buffer is above its high-water mark."""
+        self.write(kind, header, payload)
+        if not self._can_write.is_set():
+            await self._can_write.wait()
+            if self.lost is not None:
+                raise _as_connection_error(self.lost)
+
+    def fail(self, exc: BaseException, tell_peer: bool = False) -> None:
+        """Close the connection because of ``exc`` (optionally telling the peer why)."""
+        if self.lost is None:
+            self.lost = exc
+        if self.transport is not None and not self.transport.is_closing():
+            if tell_peer:
+                try:
+                    self.transport.write(wire.encode_header(
+                        Kind.ERROR, {"message": str(exc), "type": type(exc).__name__}))
+                except Exception:  # noqa: BLE001
+                    pass
+            self.transport.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def peername(self) -> tuple[str, int]:
+        info = self.transport.get_extra_info("peername") if self.transport else None
+        return (info[0], info[1]) if info else ("?", 0)
+
+    @property
+    def sockname(self) -> tuple[str, int]:
+        info = self.transport.get_extra_info("sockname") if self.transport else None
+        return (info[0], info[1]) if info else ("?", 0)
+
+
+def remote_error(header: dict[str, Any]) -> BaseException:
+    """The exception a peer's ERROR frame stands for: the netcoll error type it
+    names (if it names one), else ConnectionAbortedError."""
+    cls = getattr(errors, str(header.get("type", "")), None)
+    if not (isinstance(cls, type) and issubclass(cls, NetcollError)):
+        cls = ConnectionAbortedError
+    return cls(f"peer reported: {header['message']}")
+
+
+def _as_connection_error(exc: BaseException | None) -> BaseException:
+    if isinstance(exc, (ConnectionError, NetcollError)):
+        return exc
+    return ConnectionResetError(f"connection lost: {exc}" if exc else "connection closed")
+
+
+async def open_connection(host: str, port: int, *, local_host: str | None = None,
+                          limits: wire.Limits = wire.DEFAULT_LIMITS) -> FramedProtocol:
+    loop = asyncio.get_running_loop()
+    local = (local_host, 0) if local_host else None
+    _, proto = await loop.create_connection(lambda: FramedProtocol(limits), host, port, local_addr=local)
+    return proto
+
+
+async def client_handshake(proto: FramedProtocol, *, token: str | None, role: str,
+                           hello: dict[str, Any] | None = None,
+                           timeout: float = HANDSHAKE_TIMEOUT) -> dict[str, Any]:
+    """Answer the server's CHALLENGE; return the WELCOME header (raises on refusal)."""
+    async with asyncio.timeout(timeout):
+        challenge = await proto.next_frame()
+        if challenge.kind != Kind.CHALLENGE:
+            raise ProtocolError(f"expected CHALLENGE from the server, got {challenge.kind.name}")
+        mine = auth.new_nonce()
+        header = dict(hello or {}, role=role, nonce=mine)
+        if token is not None:
+            header["proof"] = auth.proof(token, "hello", challenge.header["nonce"], mine)
+        await proto.send(Kind.HELLO, header)
+        welcome = await proto.next_frame()
+    if welcome.kind != Kind.WELCOME:
+        raise ProtocolError(f"expected WELCOME from the server, got {welcome.kind.name}")
+    auth.check(token, "welcome", mine, challenge.header["nonce"], welcome.header.get("proof"),
+               f"server {proto.peername[0]}:{proto.peername[1]}")
+    return welcome.header
+
+
+async def server_handshake(proto: FramedProtocol, *, token: str | None, role: str,
+                           accept: Callable[[dict[str, Any]], Any] | None = None,
+                           timeout: float = HANDSHAKE_TIMEOUT) -> dict[str, Any]:
+    """Challenge a new client, check its HELLO (``accept`` may raise to refuse it
+    or return extra WELCOME fields), and return the HELLO header. On failure the
+    client gets an ERROR frame with the reason and the connection is closed."""
+    mine = auth.new_nonce()
+    try:
+        await proto.send(Kind.CHALLENGE, {"nonce": mine, "role": role, "auth": token is not None})
+        async with asyncio.timeout(timeout):
+            hello = await proto.next_frame()
+        if hello.kind != Kind.HELLO:
+            raise ProtocolError(f"expected HELLO, got {hello.kind.name}")
+        who = f"client {proto.peername[0]}:{proto.peername[1]}"
+        auth.check(token, "hello", mine, hello.header["nonce"], hello.header.get("proof"), who)
+        extra = accept(hello.header) if accept else None
+        if inspect.isawaitable(extra):
+            extra = await extra
+        extra = extra or {}
+        proto.decoder.limits, proto.decoder.unlock = proto.limits, None  # authenticated: full frames now
+        welcome = dict(extra)
+        if token is not None:
+            welcome["proof"] = auth.proof(token, "welcome", hello.header["nonce"], mine)
+        await proto.send(Kind.WELCOME, welcome)
+        return hello.header
+    except TimeoutError:
+        proto.fail(ProtocolError("handshake timed out"), tell_peer=True)
+        raise ProtocolError(f"handshake with {proto.peername} timed out") from None
+    except (ProtocolError, AuthenticationError, NetcollError, ValueError) as exc:
+        proto.fail(exc, tell_peer=True)
+        raise
+
+
+class Server:
+    """A listening socket whose every accepted connection runs ``handler(proto)``
+    in its own task; closing the server cancels those tasks and closes the links."""
+
+    def __init__(self, handler: Callable[[FramedProtocol], Awaitable[None]],
+                 limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.protos: set[FramedProtocol] = set()
+
+    def _factory(self) -> FramedProtocol:
+        proto = _AcceptedProtocol(self, self.limits)
+        return proto
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(self._factory, host, port, reuse_address=True)
+        sock = self.server.sockets[0].getsockname()
+        return sock[0], sock[1]
+
+    def _spawn(self, proto: FramedProtocol) -> None:
+        self.protos.add(proto)
+        task = asyncio.get_running_loop().create_task(self._run(proto))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, proto: FramedProtocol) -> None:
+        try:
+            await self.handler(proto)
+        except (ConnectionError, NetcollError, TimeoutError):
+            proto.close()
+        except asyncio.CancelledError:
+            proto.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad connection never takes the server down
+            proto.fail(ProtocolError(f"internal error: {exc!r}"), tell_peer=True)
+        finally:
+            self.protos.discard(proto)
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for proto in list(self.protos):
+            proto.abort()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.server is not None:
+            await self.server.wait_closed()
+
+
+class _AcceptedProtocol(FramedProtocol):
+    def __init__(self, server: Server, limits: wire.Limits) -> None:
+        super().__init__(limits)
+        self._server = server
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._server._spawn(self)

@@ -1,0 +1,278 @@
+"""The wire format, sans-IO: pure functions and a byte-fed decoder, no sockets,
+no asyncio (in the style of h11). ``docs/protocol.md`` describes the bytes.
+
+A frame is::
+
+    +--------+---------+------+-------+------------+-------------+
+    | magic  | version | kind | flags | header_len | payload_len |   20-byte prefix,
+    | 4s     | u8      | u8   | u16   | u32        | u64         |   network byte order
+    +--------+---------+------+-------+------------+-------------+
+    | msgpack header (a map with str keys), header_len bytes       |
+    +--------------------------------------------------------------+
+    | raw payload bytes (tensor body), payload_len bytes           |
+    +--------------------------------------------------------------+
+
+Payloads are never msgpack-encoded or pickled. Every length is checked against
+:class:`Limits` before anything is allocated. The decoder can hand the payload
+of a frame straight to a caller-supplied buffer (``sink``) and exposes the
+unfilled part of that buffer (:meth:`FrameDecoder.payload_target`) so an I/O
+layer can ``recv_into`` it directly: the payload is then copied zero times.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, Final
+
+import msgpack
+
+from .errors import ProtocolError
+
+MAGIC: Final = b"NCOL"
+VERSION: Final = 1
+PREFIX: Final = struct.Struct("!4sBBHIQ")
+PREFIX_SIZE: Final = PREFIX.size  # 20
+
+
+class Kind(enum.IntEnum):
+    """Frame kinds. Values are part of the protocol; never renumber."""
+
+    CHALLENGE = 1   # server -> client, first frame on every connection: {nonce, role}
+    HELLO = 2       # client -> server: who I am (+ HMAC proof when a token is set)
+    WELCOME = 3     # server -> client: accepted (+ server's HMAC proof)
+    DATA = 4        # collective payload chunk
+    ABORT = 5       # a collective failed on the sender; fail it here too
+    REQUEST = 6     # RPC request {id, method, params}
+    RESPONSE = 7    # RPC response {id, ok, result | error}
+    EVENT = 8       # server push {topic, ...}
+    ERROR = 9       # fatal: {message}; the sender closes the connection next
+    PING = 10
+    PONG = 11
+    BYE = 12        # orderly close: the sender will send nothing more on this link
+
+
+#: Required header keys and their accepted types, per kind. Extra keys are
+#: allowed (forward compatibility) but ignored by this version.
+_INT = (int,)
+_STR = (str,)
+SCHEMA: Final[dict[Kind, dict[str, tuple[type, ...]]]] = {
+    Kind.CHALLENGE: {"nonce": (bytes,), "role": _STR},
+    Kind.HELLO: {"role": _STR, "nonce": (bytes,)},
+    Kind.WELCOME: {},
+    Kind.DATA: {"g": _STR, "q": _INT, "s": _INT, "c": _INT, "f": _STR},
+    Kind.ABORT: {"g": _STR, "q": _INT, "reason": _STR, "origin": _INT, "cause": _STR},
+    Kind.REQUEST: {"id": _INT, "method": _STR},
+    Kind.RESPONSE: {"id": _INT, "ok": (bool,)},
+    Kind.EVENT: {"topic": _STR},
+    Kind.ERROR: {"message": _STR},
+    Kind.PING: {},
+    Kind.PONG: {},
+    Kind.BYE: {},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Upper bounds checked before any allocation."""
+
+    max_header: int = 64 * 1024
+    max_payload: int = 1 << 40  # 1 TiB: 64-bit lengths, > 4 GiB frames work
+
+    def check(self, header_len: int, payload_len: int) -> None:
+        if header_len > self.max_header:
+            raise ProtocolError(f"frame header of {header_len} bytes exceeds the limit of {self.max_header}")
+        if payload_len > self.max_payload:
+            raise ProtocolError(f"frame payload of {payload_len} bytes exceeds the limit of {self.max_payload}")
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    kind: Kind
+    header: dict[str, Any]
+    payload: memoryview
+    flags: int = 0
+
+
+def encode_header(kind: Kind, header: dict[str, Any], payload_len: int = 0, flags: int = 0,
+                  limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """Return prefix + msgpack header for a frame whose payload (``payload_len``
+    bytes) the caller sends right after, unchanged."""
+    body = msgpack.packb(header, use_bin_type=True)
+    limits.check(len(body), payload_len)
+    return PREFIX.pack(MAGIC, VERSION, int(kind), flags, len(body), payload_len) + body
+
+
+def encode(kind: Kind, header: dict[str, Any], payload: bytes | memoryview = b"",
+           flags: int = 0, limits: Limits = DEFAULT_LIMITS) -> list[bytes | memoryview]:
+    """Return the pieces of a whole frame, ready for ``writelines``; the payload
+    is passed through without a copy."""
+    mv = memoryview(payload)
+    if mv.ndim != 1 or mv.itemsize != 1:
+        mv = mv.cast("B")
+    head = encode_header(kind, header, mv.nbytes, flags, limits)
+    return [head, mv] if mv.nbytes else [head]
+
+
+def decode_prefix(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> tuple[Kind, int, int, int]:
+    """Parse and check a 20-byte prefix; return (kind, flags, header_len, payload_len)."""
+    magic, version, kind, flags, header_len, payload_len = PREFIX.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {bytes(magic)!r} (not a netcoll peer, or a corrupted stream)")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version} (this side speaks {VERSION})")
+    try:
+        k = Kind(kind)
+    except ValueError:
+        raise ProtocolError(f"unknown frame kind {kind}") from None
+    limits.check(header_len, payload_len)
+    return k, flags, header_len, payload_len
+
+
+def decode_header(kind: Kind, data: bytes | memoryview) -> dict[str, Any]:
+    """Unpack and validate a msgpack header against :data:`SCHEMA`."""
+    try:
+        header = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"malformed {kind.name} header: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"{kind.name} header must be a map, got {type(header).__name__}")
+    for key, types in SCHEMA[kind].items():
+        value = header.get(key)
+        if not isinstance(value, types) or (types is _INT and isinstance(value, bool)):
+            raise ProtocolError(f"{kind.name} header field {key!r} missing or of wrong type ({value!r})")
+    return header
+
+
+#: ``sink(kind, header, payload_len)`` returns a writable buffer of exactly
+#: ``payload_len`` bytes for the payload, or ``None`` to let the decoder allocate.
+Sink = Callable[[Kind, dict[str, Any], int], "memoryview | bytearray | None"]
+
+_PREFIX, _HEADER, _PAYLOAD, _BROKEN = range(4)
+
+
+class FrameDecoder:
+    """Incremental decoder: ``feed`` bytes in any pieces, get whole frames out.
+
+    Between frames the decoder buffers at most one prefix and one header
+    (bounded by ``limits.max_header``). While a payload is incomplete,
+    :meth:`payload_target` is the unfilled rest of its destination; an I/O
+    layer may write into it directly and report with :meth:`payload_written`.
+    After a :class:`ProtocolError` the decoder is broken and keeps raising.
+    """
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, sink: Sink | None = None,
+                 unlock: tuple[Kind, Limits] | None = None) -> None:
+        self.limits = limits
+        self.sink = sink
+        #: (kind, limits): once a frame of ``kind`` is decoded, later frames are
+        #: checked against these limits, even later frames of the same ``feed``
+        #: (a client raises its handshake limits at the server's WELCOME).
+        self.unlock = unlock
+        self._state = _PREFIX
+        self._buf = bytearray()
+        self._kind = Kind.PING
+        self._flags = 0
+        self._header_len = 0
+        self._payload_len = 0
+        self._header: dict[str, Any] = {}
+        self._target: memoryview = memoryview(b"")
+        self._filled = 0
+
+    @property
+    def at_boundary(self) -> bool:
+        """True when no partial frame is buffered."""
+        return self._state == _PREFIX and not self._buf
+
+    def payload_target(self) -> memoryview | None:
+        if self._state != _PAYLOAD:
+            return None
+        return self._target[self._filled:]
+
+    def payload_written(self, n: int) -> Frame | None:
+        """``n`` bytes were written into :meth:`payload_target`; return the frame if complete."""
+        if self._state != _PAYLOAD or n < 0 or self._filled + n > len(self._target):
+            raise ProtocolError("payload_written outside a payload or past its end")
+        self._filled += n
+        return self._finish() if self._filled == len(self._target) else None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        if self._state == _BROKEN:
+            raise ProtocolError("decoder is broken by an earlier protocol error")
+        mv = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+        try:
+            return self._feed(mv)
+        except BaseException:  # the stream position is now unknown (a sink may raise too)
+            self._state = _BROKEN
+            raise
+
+    def _feed(self, mv: memoryview) -> list[Frame]:
+        out: list[Frame] = []
+        pos, n = 0, len(mv)
+        while pos < n:
+            if self._state == _PAYLOAD:
+                take = min(len(self._target) - self._filled, n - pos)
+                self._target[self._filled:self._filled + take] = mv[pos:pos + take]
+                self._filled += take
+                pos += take
+                if self._filled == len(self._target):
+                    out.append(self._finish())
+                continue
+            want = PREFIX_SIZE if self._state == _PREFIX else self._header_len
+            if not self._buf and n - pos >= want:  # fast path: whole piece in this chunk
+                piece: bytes | memoryview = mv[pos:pos + want]
+                pos += want
+            else:
+                take = min(want - len(self._buf), n - pos)
+                self._buf += mv[pos:pos + take]
+                pos += take
+                if len(self._buf) < want:
+                    break
+                piece, self._buf = bytes(self._buf), bytearray()
+            frame = self._on_prefix(piece) if self._state == _PREFIX else self._on_header(piece)
+            if frame is not None:
+                out.append(frame)
+        return out
+
+    def _on_prefix(self, piece: bytes | memoryview) -> Frame | None:
+        self._kind, self._flags, self._header_len, self._payload_len = decode_prefix(piece, self.limits)
+        self._state = _HEADER
+        if self._header_len == 0:
+            return self._on_header(b"")
+        return None
+
+    def _on_header(self, piece: bytes | memoryview) -> Frame | None:
+        self._header = decode_header(self._kind, piece) if piece else self._empty_header()
+        size = self._payload_len
+        target = self.sink(self._kind, self._header, size) if (self.sink and size) else None
+        if target is None:
+            target = bytearray(size)
+        try:  # always a flat byte view, so slicing and len() count bytes, not items
+            tmv = memoryview(target).cast("B")
+        except (TypeError, ValueError) as exc:  # not a buffer, not C-contiguous, or e.g. bfloat16
+            raise ProtocolError(f"the posted payload buffer is unusable ({exc}); post a C-contiguous "
+                                "writable byte view such as arr.view(numpy.uint8)") from None
+        if tmv.readonly or tmv.nbytes != size:
+            raise ProtocolError(f"payload of {size} bytes does not fit the posted buffer of {tmv.nbytes}")
+        self._target, self._filled, self._state = tmv, 0, _PAYLOAD
+        return self._finish() if size == 0 else None
+
+    def _empty_header(self) -> dict[str, Any]:
+        if SCHEMA[self._kind]:
+            raise ProtocolError(f"{self._kind.name} frame without a header")
+        return {}
+
+    def _finish(self) -> Frame:
+        frame = Frame(self._kind, self._header, self._target, self._flags)
+        if self.unlock is not None and self._kind == self.unlock[0]:
+            self.limits, self.unlock = self.unlock[1], None
+        self._state, self._target, self._filled, self._header = _PREFIX, memoryview(b""), 0, {}
+        return frame
+
+
+__all__ = ["MAGIC", "VERSION", "PREFIX_SIZE", "Kind", "SCHEMA", "Limits", "DEFAULT_LIMITS", "Frame",
+           "encode_header", "encode", "decode_prefix", "decode_header", "FrameDecoder", "Sink"]

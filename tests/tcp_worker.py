@@ -1,0 +1,116 @@
+"""One rank as its own OS process, for the TCP tests (tests/test_tcp_processes.py).
+
+    python tests/tcp_worker.py ADDRESS WORLD_SIZE SCENARIO INDEX
+
+Joins at ADDRESS from source address 127.0.0.(INDEX+2) (standing in for a
+separate host), runs SCENARIO, and prints one JSON line: {"ok": true, ...} or
+{"ok": false, "error": type, "message": text, "ranks": [...]}. Exit code 0
+either way (a crash is a test failure in the parent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import netcoll  # noqa: E402
+from netcoll.ops import BFLOAT16, reduce_reference  # noqa: E402
+
+
+def data(rank: int, count: int, dtype: object) -> np.ndarray:
+    rng = np.random.default_rng(rank)
+    return rng.integers(-8, 9, size=count).astype(dtype)
+
+
+async def grid(comm: netcoll.Communicator) -> dict[str, object]:
+    n, r = comm.world_size, comm.rank
+    checked = 0
+    for count in (0, 1, 7, 1000, 2**20 + 3):
+        for dtype in ((np.float32, np.int64, BFLOAT16) if count < 2**20 else (np.float32,)):
+            xs = [data(k, count, dtype) for k in range(n)]
+            for algorithm in ("auto", "ring", "tree"):
+                y = await comm.all_reduce(xs[r], algorithm=algorithm)
+                assert np.array_equal(y, reduce_reference("sum", xs)), ("all_reduce", count, dtype, algorithm)
+                checked += 1
+            ymax = await comm.all_reduce(xs[r], op="max")
+            assert np.array_equal(ymax, reduce_reference("max", xs))
+            b = await comm.broadcast(xs[1 % n] if r == 1 % n else None, root=1 % n)
+            assert np.array_equal(b, xs[1 % n]) and b.dtype == xs[0].dtype
+            red = await comm.reduce(xs[r], root=n - 1)
+            assert (red is None) == (r != n - 1)
+            if red is not None:
+                assert np.array_equal(red, reduce_reference("sum", xs))
+            ag = await comm.all_gather(xs[r])
+            assert np.array_equal(ag, np.stack(xs))
+            g = await comm.gather(xs[r], root=0)
+            assert (g is None) == (r != 0) and (g is None or np.array_equal(g, np.stack(xs)))
+            full = np.stack([data(k + 10, count, dtype) for k in range(n)])
+            s = await comm.scatter(full if r == 0 else None, root=0)
+            assert np.array_equal(s, full[r])
+            mats = [np.stack([data(k * n + j, count, dtype) for j in range(n)]) for k in range(n)]
+            rs = await comm.reduce_scatter(mats[r])
+            assert np.array_equal(rs, reduce_reference("sum", mats)[r])
+            a2a = await comm.all_to_all(mats[r])
+            assert np.array_equal(a2a, np.stack([mats[j][r] for j in range(n)]))
+            checked += 8
+    await comm.barrier()
+    if n > 1:
+        await comm.send(np.arange(r * 10, r * 10 + 5), (r + 1) % n, tag=3)
+        got = await comm.recv((r - 1) % n, tag=3)
+        assert list(got) == list(range(((r - 1) % n) * 10, ((r - 1) % n) * 10 + 5))
+    return {"checked": checked}
+
+
+async def die(comm: netcoll.Communicator) -> dict[str, object]:
+    """The last rank dies in the middle of a large all_reduce; others must fail fast."""
+    x = np.ones(8 * 2**20, np.float32)
+    await comm.all_reduce(x[:10])
+    if comm.rank == comm.world_size - 1:
+        asyncio.get_running_loop().call_later(0.05, os._exit, 3)
+    t0 = time.monotonic()
+    for _ in range(1000):
+        await comm.all_reduce(x, timeout=60)
+    return {"elapsed": time.monotonic() - t0}
+
+
+async def timeout(comm: netcoll.Communicator) -> dict[str, object]:
+    """The last rank never calls; the others time out naming it."""
+    if comm.rank != comm.world_size - 1:
+        await comm.all_reduce(np.ones(10), timeout=1.0)
+    else:
+        await asyncio.sleep(3.0)
+    return {}
+
+
+async def mismatch(comm: netcoll.Communicator) -> dict[str, object]:
+    shape = 10 if comm.rank != 1 else 11
+    await comm.all_reduce(np.ones(shape), timeout=20)
+    return {}
+
+
+SCENARIOS = {"grid": grid, "die": die, "timeout": timeout, "mismatch": mismatch}
+
+
+async def main() -> None:
+    address, world_size, scenario, index = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    token = os.environ.get("NETCOLL_TEST_TOKEN")
+    result: dict[str, object]
+    try:
+        async with netcoll.connect(address, world_size=world_size, local_host=f"127.0.0.{index + 2}",
+                                   token=token, timeout=30) as comm:
+            result = {"ok": True, "rank": comm.rank, **(await SCENARIOS[scenario](comm))}
+    except netcoll.NetcollError as exc:
+        result = {"ok": False, "error": type(exc).__name__, "message": str(exc),
+                  "ranks": list(getattr(exc, "ranks", ()))}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,785 @@
+"""Tests for netcoll.algorithms over the in-memory transport.
+
+Gloo-style grid (``gloo/test/allreduce_test.cc``): world size x element count x
+dtype x op x algorithm, against numpy references, plus pipelining with tiny
+segments, lost peers, posted receive buffers and the registry.
+"""
+# Rank bodies are closures over loop variables, always awaited within the
+# iteration that defines them:
+# ruff: noqa: B023
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from netcoll.algorithms import ALGORITHMS, DEFAULT_SEGMENT_BYTES, choose, direct, doubling, ring, tree
+from netcoll.errors import CommunicatorClosed, MismatchError, PeerLost
+from netcoll.ops import ReduceOp, finalize, reduce_reference
+from netcoll.transport.base import Channel
+from netcoll.transport.memory import MemoryHub
+
+SIZES = [1, 2, 3, 4, 5, 8]
+COUNTS = [0, 1, 7, 1000]
+BIG = 2**20 + 3
+MAIN_DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int64)]
+EXTRA_DTYPES = [np.dtype(np.bool_), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+FLOAT_OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG]
+INT_OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
+BOOL_OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
+RTOL = {np.dtype(np.float16): 2e-2, np.dtype(ml_dtypes.bfloat16): 8e-2,
+        np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.complex64): 1e-5}
+
+
+# -- harness ------------------------------------------------------------------
+
+class World:
+    """``P`` in-memory ranks; :meth:`run` opens one operation on each and runs
+    ``fn(ch)`` on all of them concurrently (like gloo's ``spawn``)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.hub = MemoryHub(size)
+        self.seq = 0
+
+    async def run(self, fn: Callable[[Channel], Awaitable[Any]], *, ranks: list[int] | None = None,
+                  timeout: float = 20.0) -> list[Any]:
+        seq, self.seq = self.seq, self.seq + 1
+        members = tuple(range(self.size))
+
+        async def one(r: int) -> Any:
+            t = self.hub.transports[r]
+            op = t.mailbox.open("g", seq, "fp", members, "test")
+            try:
+                return await fn(Channel(t, op))
+            finally:
+                t.mailbox.close(op)
+
+        tasks = [asyncio.ensure_future(one(r)) for r in (range(self.size) if ranks is None else ranks)]
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.fixture(autouse=True)
+async def no_lost_task_errors():
+    """Fail on 'Task exception was never retrieved' and friends: algorithms
+    must clean up the receives they posted, also when they fail."""
+    seen: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    yield
+    gc.collect()
+    await asyncio.sleep(0)
+    loop.set_exception_handler(None)
+    assert not seen, [c.get("message") for c in seen]
+
+
+def rng_for(*key: Any) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(key)) % (2**32))
+
+
+def make_inputs(dt: np.dtype, op: ReduceOp, P: int, count: int, seed: Any = 0) -> list[np.ndarray]:
+    rng = rng_for(str(dt), op.value, P, count, seed)
+    if dt == np.bool_:
+        return [rng.random(count) < 0.5 for _ in range(P)]
+    if dt.kind in "iu":
+        return [rng.integers(-50, 50, size=count).astype(dt) for _ in range(P)]
+    # positive values near 1: no cancellation (tolerances stay meaningful), no overflow
+    return [(0.5 + rng.random(count)).astype(dt) for _ in range(P)]
+
+
+def ops_for(dt: np.dtype) -> list[ReduceOp]:
+    if dt == np.bool_:
+        return BOOL_OPS
+    return INT_OPS if dt.kind in "iu" else FLOAT_OPS
+
+
+def check_reduced(got: np.ndarray, op: ReduceOp, inputs: list[np.ndarray], what: str) -> None:
+    """``got`` is an un-finalized reduction of ``inputs``."""
+    got = got.copy()
+    finalize(op, got, len(inputs))
+    want = reduce_reference(op, inputs)
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    if got.dtype in RTOL and op not in (ReduceOp.MIN, ReduceOp.MAX):
+        wide = np.complex128 if got.dtype.kind == "c" else np.float64
+        np.testing.assert_allclose(got.astype(wide), want.astype(wide), rtol=RTOL[got.dtype], err_msg=what)
+    else:
+        assert got.tobytes() == want.tobytes(), what
+
+
+async def check_all_reduce(world: World, algo: str, dt: np.dtype, op: ReduceOp, count: int,
+                           segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    P = world.size
+    inputs = make_inputs(dt, op, P, count)
+    fn = ALGORITHMS["all_reduce"][algo]
+
+    async def body(ch: Channel) -> np.ndarray:
+        buf = inputs[ch.rank].copy()
+        await fn(ch, buf, op, segment_bytes=segment_bytes)
+        return buf
+
+    results = await world.run(body)
+    what = f"all_reduce/{algo} P={P} n={count} {dt} {op.value} seg={segment_bytes}"
+    assert len({r.tobytes() for r in results}) == 1, f"{what}: ranks differ bitwise"
+    check_reduced(results[0], op, inputs, what)
+
+
+# -- all_reduce ------------------------------------------------------------------
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("P", SIZES)
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["all_reduce"]))
+async def test_all_reduce_grid(algo: str, P: int, count: int) -> None:
+    world = World(P)
+    for dt in MAIN_DTYPES:
+        for op in ops_for(dt):
+            await check_all_reduce(world, algo, dt, op, count)
+
+
+@pytest.mark.parametrize("P", [2, 3, 5, 8])
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["all_reduce"]))
+async def test_all_reduce_extra_dtypes(algo: str, P: int) -> None:
+    world = World(P)
+    for count in (1, 7, 1000):
+        for dt in EXTRA_DTYPES:
+            for op in ops_for(dt):
+                await check_all_reduce(world, algo, dt, op, count)
+
+
+@pytest.mark.parametrize(("algo", "P", "dt", "op"), [
+    ("ring", 5, np.dtype(np.float32), ReduceOp.SUM),
+    ("ring", 8, np.dtype(np.int64), ReduceOp.BXOR),
+    ("tree", 3, np.dtype(np.float64), ReduceOp.AVG),
+    ("doubling", 3, np.dtype(np.float32), ReduceOp.MAX),
+])
+async def test_all_reduce_big(algo: str, P: int, dt: np.dtype, op: ReduceOp) -> None:
+    await check_all_reduce(World(P), algo, dt, op, BIG)
+
+
+@pytest.mark.parametrize("P", [2, 3, 5, 6, 8])
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["all_reduce"]))
+async def test_all_reduce_bit_identical_with_nans_and_signed_zeros(algo: str, P: int) -> None:
+    """Operand order decides which NaN payload survives and min/max of -0/+0:
+    every rank must still end with the same bits."""
+    world = World(P)
+    nan1 = np.array([0x7FC00001], dtype=np.uint32).view(np.float32)[0]
+    nan2 = np.array([0xFFC00002], dtype=np.uint32).view(np.float32)[0]
+    pool = np.array([-0.0, 0.0, nan1, nan2, 1.0, -1.0], dtype=np.float32)
+    rng = rng_for("nan", algo, P)
+    inputs = [pool[rng.integers(0, len(pool), size=257)] for _ in range(P)]
+    for op in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX):
+        async def body(ch: Channel) -> bytes:
+            buf = inputs[ch.rank].copy()
+            await ALGORITHMS["all_reduce"][algo](ch, buf, op, segment_bytes=128)
+            return buf.tobytes()
+        assert len(set(await world.run(body))) == 1, (algo, P, op)
+
+
+async def test_all_reduce_keeps_shape_and_works_in_place() -> None:
+    world = World(3)
+    inputs = [np.arange(24, dtype=np.int32).reshape(2, 3, 4) * (r + 1) for r in range(3)]
+    for algo, fn in ALGORITHMS["all_reduce"].items():
+        async def body(ch: Channel) -> np.ndarray:
+            buf = inputs[ch.rank].copy()
+            await fn(ch, buf, "sum")
+            return buf
+        for got in await world.run(body):
+            assert got.shape == (2, 3, 4)
+            np.testing.assert_array_equal(got, sum(inputs), err_msg=algo)
+
+
+# -- reduce / reduce_scatter ----------------------------------------------------------
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("P", SIZES)
+async def test_reduce_tree(P: int, count: int) -> None:
+    world = World(P)
+    for dt, op in [(np.dtype(np.float32), ReduceOp.SUM), (np.dtype(np.float64), ReduceOp.AVG),
+                   (np.dtype(np.int32), ReduceOp.BXOR), (np.dtype(np.int64), ReduceOp.MIN),
+                   (np.dtype(np.int64), ReduceOp.PROD)]:
+        inputs = make_inputs(dt, op, P, count)
+        for root in range(P):
+            async def body(ch: Channel) -> np.ndarray:
+                buf = inputs[ch.rank].copy()
+                await tree.reduce(ch, buf, op, root)
+                return buf
+            results = await world.run(body)
+            check_reduced(results[root], op, inputs, f"reduce P={P} n={count} {dt} {op} root={root}")
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("P", SIZES)
+async def test_reduce_scatter_ring(P: int, count: int) -> None:
+    world = World(P)
+    for dt in MAIN_DTYPES:
+        for op in ops_for(dt):
+            inputs = make_inputs(dt, op, P, P * count)
+
+            async def body(ch: Channel) -> np.ndarray:
+                buf = inputs[ch.rank].copy()
+                out = np.empty(count, dtype=dt)
+                await ring.reduce_scatter(ch, buf, op, out)
+                assert buf.tobytes() == inputs[ch.rank].tobytes(), "reduce_scatter modified its input"
+                return out
+
+            results = await world.run(body)
+            for r, got in enumerate(results):
+                check_reduced(got, op, [x[r * count:(r + 1) * count] for x in inputs],
+                              f"reduce_scatter P={P} n={count} {dt} {op} rank {r}")
+
+
+@pytest.mark.parametrize("P", [3, 5])
+async def test_reduce_and_reduce_scatter_extra_dtypes(P: int) -> None:
+    world = World(P)
+    count = 7
+    for dt in EXTRA_DTYPES + [np.dtype(np.uint8), np.dtype(np.complex64)]:
+        for op in (ops_for(dt) if dt.kind != "c" else [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.AVG]):
+            inputs = make_inputs(dt, op, P, P * count)
+
+            async def red(ch: Channel) -> np.ndarray:
+                buf = inputs[ch.rank].copy()
+                await tree.reduce(ch, buf, op, 1)
+                return buf
+
+            check_reduced((await world.run(red))[1], op, inputs, f"reduce {dt} {op}")
+
+            async def rs(ch: Channel) -> np.ndarray:
+                out = np.empty(count, dtype=dt)
+                await ring.reduce_scatter(ch, inputs[ch.rank], op, out, segment_bytes=8)
+                return out
+
+            for r, got in enumerate(await world.run(rs)):
+                check_reduced(got, op, [x[r * count:(r + 1) * count] for x in inputs], f"reduce_scatter {dt} {op}")
+
+
+@pytest.mark.parametrize("dt", EXTRA_DTYPES + MAIN_DTYPES, ids=str)
+async def test_data_movement_dtypes(dt: np.dtype) -> None:
+    """Block collectives move any dtype's bytes (views as uint8 inside)."""
+    P, count = 3, 7
+    world = World(P)
+    parts = [make_inputs(dt, ReduceOp.MAX, P, count, seed=r)[0] for r in range(P)]
+    whole = np.stack(parts)
+    for algo, fn in ALGORITHMS["all_gather"].items():
+        async def ag(ch: Channel) -> np.ndarray:
+            buf = np.zeros((P, count), dt)
+            buf[ch.rank] = parts[ch.rank]
+            await fn(ch, buf, segment_bytes=3)
+            return buf
+        assert all(g.tobytes() == whole.tobytes() for g in await world.run(ag)), algo
+    for algo, fn in ALGORITHMS["broadcast"].items():
+        async def bc(ch: Channel) -> np.ndarray:
+            buf = parts[2] if ch.rank == 2 else np.zeros(count, dt)
+            return (await fn(ch, buf, 2, segment_bytes=5))[0]
+        assert all(g.tobytes() == parts[2].tobytes() for g in await world.run(bc)), algo
+
+    async def a2a(ch: Channel) -> np.ndarray:
+        recv = np.zeros((P, count), dt)
+        await ALGORITHMS["all_to_all"]["pairwise"](ch, whole, recv, segment_bytes=3)
+        return recv
+    assert all(g.tobytes() == np.stack([parts[r]] * P).tobytes() for r, g in enumerate(await world.run(a2a)))
+
+
+@pytest.mark.parametrize("name", ["broadcast/tree", "broadcast/ring", "reduce/tree", "all_gather/ring",
+                                  "all_gather/doubling", "reduce_scatter/ring", "all_to_all/pairwise",
+                                  "gather/direct", "scatter/direct"])
+async def test_big_buffers(name: str) -> None:
+    """2**20+3 elements (about 4 MiB), default 1 MiB segments."""
+    P = 3
+    world = World(P)
+    coll, algo = name.split("/")
+    fn = ALGORITHMS[coll][algo]
+    x = [np.arange(BIG, dtype=np.float32) + r for r in range(P)]
+    if coll == "broadcast":
+        async def body(ch: Channel) -> Any:
+            return (await fn(ch, x[0] if ch.rank == 0 else None, 0))[0]
+        assert all(g.tobytes() == x[0].tobytes() for g in await world.run(body))
+    elif coll == "reduce":
+        async def body(ch: Channel) -> Any:
+            buf = x[ch.rank].copy()
+            await fn(ch, buf, "max", 0)
+            return buf
+        assert (await world.run(body))[0].tobytes() == x[2].tobytes()
+    elif coll == "all_gather":
+        async def body(ch: Channel) -> Any:
+            buf = np.zeros((P, BIG), np.float32)
+            buf[ch.rank] = x[ch.rank]
+            await fn(ch, buf)
+            return buf
+        assert all(g.tobytes() == np.stack(x).tobytes() for g in await world.run(body))
+    elif coll == "reduce_scatter":
+        async def body(ch: Channel) -> Any:
+            out = np.empty(BIG // P, np.float32)
+            await fn(ch, x[ch.rank][:BIG // P * P], "min", out)
+            return out
+        for r, got in enumerate(await world.run(body)):
+            assert got.tobytes() == x[0][r * (BIG // P):(r + 1) * (BIG // P)].tobytes()
+    elif coll == "all_to_all":
+        async def body(ch: Channel) -> Any:
+            recv = np.empty(BIG // P * P, np.float32)
+            await fn(ch, x[ch.rank][:BIG // P * P], recv)
+            return recv.reshape(P, -1)
+        for r, got in enumerate(await world.run(body)):
+            assert got.tobytes() == np.stack([x[j].reshape(-1)[:BIG // P * P].reshape(P, -1)[r]
+                                              for j in range(P)]).tobytes()
+    elif coll == "gather":
+        async def body(ch: Channel) -> Any:
+            recv = np.empty((P, BIG), np.float32) if ch.rank == 1 else None
+            await fn(ch, x[ch.rank], recv, 1)
+            return recv
+        assert (await world.run(body))[1].tobytes() == np.stack(x).tobytes()
+    else:
+        async def body(ch: Channel) -> Any:
+            recv = np.empty(BIG, np.float32)
+            await fn(ch, np.stack(x) if ch.rank == 1 else None, recv, 1)
+            return recv
+        assert all(g.tobytes() == x[r].tobytes() for r, g in enumerate(await world.run(body)))
+
+
+# -- data movement ------------------------------------------------------------------------
+
+def blocks(P: int, count: int, seed: Any = 0) -> list[np.ndarray]:
+    rng = rng_for("blocks", P, count, seed)
+    return [rng.standard_normal(count).astype(np.float32) for _ in range(P)]
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("P", SIZES)
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["broadcast"]))
+async def test_broadcast(algo: str, P: int, count: int) -> None:
+    world = World(P)
+    fn = ALGORITHMS["broadcast"][algo]
+    for root in range(P):
+        data = blocks(1, count, root)[0]
+        meta = {"dtype": "float32", "shape": [count]}
+        for preallocated in (False, True):
+            async def body(ch: Channel) -> tuple[np.ndarray, dict[str, Any]]:
+                if ch.rank == root:
+                    return await fn(ch, data, root, dict(meta))
+                buf = np.zeros(count, np.float32) if preallocated else None
+                got, m = await fn(ch, buf, root)
+                if preallocated:
+                    assert got is buf
+                return got, m
+
+            for r, (got, m) in enumerate(await world.run(body)):
+                assert m == dict(meta, nbytes=data.nbytes), (r, m)
+                if r != root and not preallocated:
+                    assert got.dtype == np.uint8
+                assert got.tobytes() == data.tobytes(), (algo, P, count, root, r)
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["broadcast"]))
+@pytest.mark.parametrize(("root_bytes", "mine", "segment_bytes"), [(10, 12, 1 << 20), (10, 12, 4), (12, 10, 4)])
+async def test_broadcast_size_mismatch(algo: str, root_bytes: int, mine: int, segment_bytes: int) -> None:
+    world = World(2)
+    fn = ALGORITHMS["broadcast"][algo]
+
+    async def body(ch: Channel) -> Any:
+        if ch.rank == 0:
+            return await fn(ch, np.zeros(root_bytes, np.uint8), 0, segment_bytes=segment_bytes)
+        with pytest.raises(MismatchError):
+            await fn(ch, np.zeros(mine, np.uint8), 0, segment_bytes=segment_bytes)
+        return None
+
+    await world.run(body)
+
+
+async def test_broadcast_root_meta_nbytes_checked() -> None:
+    world = World(1)
+    for fn in ALGORITHMS["broadcast"].values():
+        async def body(ch: Channel) -> Any:
+            with pytest.raises(ValueError):
+                await fn(ch, np.zeros(4, np.uint8), 0, {"nbytes": 5})
+            return await fn(ch, np.zeros(4, np.uint8), 0, {"nbytes": 4})
+        (buf, meta), = await world.run(body)
+        assert meta == {"nbytes": 4}
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("P", SIZES)
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["all_gather"]))
+async def test_all_gather(algo: str, P: int, count: int) -> None:
+    world = World(P)
+    parts = blocks(P, count)
+
+    async def body(ch: Channel) -> np.ndarray:
+        buf = np.full((P, count), np.nan, dtype=np.float32)
+        buf[ch.rank] = parts[ch.rank]
+        await ALGORITHMS["all_gather"][algo](ch, buf)
+        return buf
+
+    for got in await world.run(body):
+        assert got.tobytes() == np.stack(parts).tobytes(), (algo, P, count)
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("P", SIZES)
+async def test_all_to_all(P: int, count: int) -> None:
+    world = World(P)
+    sends = [np.stack(blocks(P, count, seed=r)) for r in range(P)]
+
+    async def body(ch: Channel) -> np.ndarray:
+        recv = np.full((P, count), np.nan, dtype=np.float32)
+        await ALGORITHMS["all_to_all"]["pairwise"](ch, sends[ch.rank].copy(), recv)
+        return recv
+
+    for r, got in enumerate(await world.run(body)):
+        assert got.tobytes() == np.stack([sends[j][r] for j in range(P)]).tobytes(), (P, count, r)
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("P", SIZES)
+async def test_gather_and_scatter(P: int, count: int) -> None:
+    world = World(P)
+    parts = blocks(P, count)
+    for root in range(P):
+        async def gather_body(ch: Channel) -> np.ndarray | None:
+            recv = np.full((P, count), np.nan, np.float32) if ch.rank == root else None
+            await ALGORITHMS["gather"]["direct"](ch, parts[ch.rank], recv, root)
+            return recv
+
+        got = (await world.run(gather_body))[root]
+        assert got.tobytes() == np.stack(parts).tobytes(), ("gather", P, count, root)
+
+        async def scatter_body(ch: Channel) -> np.ndarray:
+            recv = np.full(count, np.nan, np.float32)
+            await ALGORITHMS["scatter"]["direct"](ch, np.stack(parts) if ch.rank == root else None, recv, root)
+            return recv
+
+        for r, got in enumerate(await world.run(scatter_body)):
+            assert got.tobytes() == parts[r].tobytes(), ("scatter", P, count, root, r)
+
+
+@pytest.mark.parametrize("P", SIZES)
+async def test_barrier(P: int) -> None:
+    """Nobody leaves before the last one (rank P-1, late) has entered."""
+    world = World(P)
+    log: list[tuple[str, int]] = []
+
+    async def body(ch: Channel) -> None:
+        if ch.rank == P - 1:
+            await asyncio.sleep(0.02)
+        log.append(("enter", ch.rank))
+        await ALGORITHMS["barrier"]["doubling"](ch)
+        log.append(("exit", ch.rank))
+
+    before = [t.frames_sent for t in world.hub.transports]
+    await world.run(body)
+    kinds = [k for k, _ in log]
+    assert kinds == ["enter"] * P + ["exit"] * P
+    rounds = math.ceil(math.log2(P)) if P > 1 else 0
+    assert [t.frames_sent - b for t, b in zip(world.hub.transports, before, strict=True)] == [rounds] * P
+
+
+@pytest.mark.parametrize("count", [0, 1, 1000])
+async def test_send_recv_message(count: int) -> None:
+    world = World(3)
+    data = blocks(1, count)[0]
+    for segment_bytes in (1, 64, DEFAULT_SEGMENT_BYTES):
+        for preallocated in (False, True):
+            async def body(ch: Channel) -> Any:
+                if ch.rank == 2:
+                    return await direct.send_message(ch, 0, data, meta={"tag": 7}, step=3,
+                                                     segment_bytes=segment_bytes)
+                if ch.rank == 0:
+                    out = np.empty(count, np.float32) if preallocated else None
+                    return await direct.recv_message(ch, 2, out, step=3, segment_bytes=segment_bytes)
+                return None
+
+            sent, _, (got, meta) = (await world.run(body))[::-1]
+            assert meta == sent == {"tag": 7, "nbytes": data.nbytes}
+            assert got.tobytes() == data.tobytes()
+
+
+# -- pipelining, failures, posted buffers ------------------------------------------------------
+
+@pytest.mark.parametrize("P", [3, 4, 5])
+async def test_deep_pipelining_small_segments(P: int) -> None:
+    """64-byte segments: dozens of segments per chunk, all families."""
+    world = World(P)
+    count, seg = 1000, 64
+    for algo in ALGORITHMS["all_reduce"]:
+        for dt, op in [(np.dtype(np.float32), ReduceOp.SUM), (np.dtype(np.int64), ReduceOp.BXOR),
+                       (np.dtype(np.float64), ReduceOp.MIN)]:
+            await check_all_reduce(world, algo, dt, op, count, segment_bytes=seg)
+            await check_all_reduce(world, algo, dt, op, 7, segment_bytes=1)
+    parts = blocks(P, count)
+    whole = np.stack(parts)
+    for algo, fn in ALGORITHMS["all_gather"].items():
+        async def ag(ch: Channel) -> np.ndarray:
+            buf = np.zeros((P, count), np.float32)
+            buf[ch.rank] = parts[ch.rank]
+            await fn(ch, buf, segment_bytes=seg)
+            return buf
+        assert all(g.tobytes() == whole.tobytes() for g in await world.run(ag)), algo
+    for algo, fn in ALGORITHMS["broadcast"].items():
+        async def bc(ch: Channel) -> np.ndarray:
+            return (await fn(ch, parts[1] if ch.rank == 1 else None, 1, segment_bytes=seg))[0]
+        assert all(g.tobytes() == parts[1].tobytes() for g in await world.run(bc)), algo
+
+    async def red(ch: Channel) -> np.ndarray:
+        buf = parts[ch.rank].copy()
+        await tree.reduce(ch, buf, "max", 2, segment_bytes=seg)
+        return buf
+    assert (await world.run(red))[2].tobytes() == np.max(whole, axis=0).tobytes()
+
+    async def rs(ch: Channel) -> np.ndarray:
+        out = np.empty(count // 10, np.float32)
+        await ring.reduce_scatter(ch, whole[:, :count // 10 * P].reshape(P, P, -1)[ch.rank].copy(),
+                                  "max", out, segment_bytes=seg)
+        return out
+    expect = np.max(whole[:, :count // 10 * P].reshape(P, P, -1), axis=0)
+    for r, got in enumerate(await world.run(rs)):
+        assert got.tobytes() == expect[r].tobytes()
+
+    async def a2a(ch: Channel) -> np.ndarray:
+        recv = np.empty((P, count), np.float32)
+        await ALGORITHMS["all_to_all"]["pairwise"](ch, np.stack(blocks(P, count, ch.rank)), recv, segment_bytes=seg)
+        return recv
+    for r, got in enumerate(await world.run(a2a)):
+        assert got.tobytes() == np.stack([blocks(P, count, j)[r] for j in range(P)]).tobytes()
+
+    async def ga(ch: Channel) -> np.ndarray | None:
+        recv = np.empty((P, count), np.float32) if ch.rank == 0 else None
+        await direct.gather(ch, parts[ch.rank], recv, 0, segment_bytes=seg)
+        return recv
+    assert (await world.run(ga))[0].tobytes() == whole.tobytes()
+
+    async def sc(ch: Channel) -> np.ndarray:
+        recv = np.empty(count, np.float32)
+        await direct.scatter(ch, whole if ch.rank == 0 else None, recv, 0, segment_bytes=seg)
+        return recv
+    assert all(g.tobytes() == parts[r].tobytes() for r, g in enumerate(await world.run(sc)))
+
+
+def _collective_calls(P: int, count: int) -> dict[str, Callable[[Channel], Awaitable[Any]]]:
+    """One call per (collective, algorithm) for every rank, 4 bytes per element."""
+    calls: dict[str, Callable[[Channel], Awaitable[Any]]] = {}
+    for algo, fn in ALGORITHMS["all_reduce"].items():
+        calls[f"all_reduce/{algo}"] = lambda ch, fn=fn: fn(ch, np.ones(count, np.float32), "sum", segment_bytes=256)
+    for algo, fn in ALGORITHMS["broadcast"].items():
+        calls[f"broadcast/{algo}"] = lambda ch, fn=fn: fn(ch, np.ones(count, np.float32), 0, segment_bytes=256)
+    calls["reduce/tree"] = lambda ch: tree.reduce(ch, np.ones(count, np.float32), "sum", 0, segment_bytes=256)
+    for algo, fn in ALGORITHMS["all_gather"].items():
+        calls[f"all_gather/{algo}"] = lambda ch, fn=fn: fn(ch, np.ones(P * count, np.float32), segment_bytes=256)
+    calls["reduce_scatter/ring"] = lambda ch: ring.reduce_scatter(
+        ch, np.ones(P * count, np.float32), "sum", np.empty(count, np.float32), segment_bytes=256)
+    calls["all_to_all/pairwise"] = lambda ch: ALGORITHMS["all_to_all"]["pairwise"](
+        ch, np.ones(P * count, np.float32), np.empty(P * count, np.float32), segment_bytes=256)
+    calls["gather/direct"] = lambda ch: direct.gather(
+        ch, np.ones(count, np.float32), np.empty(P * count, np.float32) if ch.rank == 0 else None, 0,
+        segment_bytes=256)
+    calls["scatter/direct"] = lambda ch: direct.scatter(
+        ch, np.ones(P * count, np.float32) if ch.rank == 0 else None, np.empty(count, np.float32), 0,
+        segment_bytes=256)
+    calls["barrier/doubling"] = lambda ch: doubling.barrier(ch)
+    return calls
+
+
+def test_every_algorithm_is_exercised_by_the_failure_tests() -> None:
+    names = set(_collective_calls(2, 1))
+    assert names == {f"{c}/{a}" for c, algos in ALGORITHMS.items() for a in algos}
+
+
+@pytest.mark.parametrize("name", sorted(_collective_calls(4, 1)))
+async def test_killed_rank_raises_peer_lost(name: str) -> None:
+    """One rank (the root 0, or 3) never shows up and then dies: every other
+    rank either finishes (it did not need that rank) or raises PeerLost
+    naming it; none hangs."""
+    P, count = 4, 5000
+    call = _collective_calls(P, count)[name]
+    lost = 0
+    for missing in (0, 3):
+        world = World(P)
+
+        async def body(ch: Channel) -> Any:
+            try:
+                await call(ch)
+            except PeerLost as exc:
+                assert missing in exc.ranks
+                return "lost"
+            return "done"
+
+        async def killer() -> None:
+            await asyncio.sleep(0.02)
+            world.hub.kill(missing)
+
+        async with asyncio.timeout(5):
+            outcomes, _ = await asyncio.gather(
+                world.run(body, ranks=[r for r in range(P) if r != missing]), killer())
+        lost += outcomes.count("lost")
+    assert lost, f"{name}: no rank noticed the lost peer"
+
+
+async def test_killed_rank_mid_stream() -> None:
+    """A rank dies part-way through a deeply pipelined ring: survivors fail fast."""
+    P = 4
+    world = World(P)
+    progressed = asyncio.Event()
+    t3 = world.hub.transports[3]
+    original = t3.send
+
+    async def send_then_stall(peer: int, kind: Any, header: dict[str, Any], payload: Any = None) -> None:
+        if header.get("s", 0) >= 2:  # rank 3 stalls after its first two ring steps, then dies
+            progressed.set()
+            while not t3.closed:
+                await asyncio.sleep(0.001)
+        await original(peer, kind, header, payload)
+
+    t3.send = send_then_stall  # type: ignore[method-assign]
+
+    async def body(ch: Channel) -> Any:
+        try:
+            await ring.all_reduce(ch, np.ones(20000, np.float32), "sum", segment_bytes=512)
+        except PeerLost as exc:
+            return exc.ranks
+        except CommunicatorClosed:
+            return "closed"
+        return "done"
+
+    async def killer() -> None:
+        await progressed.wait()
+        world.hub.kill(3)
+
+    async with asyncio.timeout(5):
+        outcomes, _ = await asyncio.gather(world.run(body), killer())
+    assert outcomes[:3] == [(3,)] * 3
+    assert outcomes[3] in ("closed", (3,))
+
+
+def _count_sinks(world: World) -> dict[str, int]:
+    """Count DATA payloads written straight into a posted buffer ('hit') vs
+    buffered and copied later ('miss')."""
+    stats = {"hit": 0, "miss": 0}
+    for t in world.hub.transports:
+        def sink(src: int, header: dict[str, Any], nbytes: int, orig: Any = t.mailbox.sink) -> Any:
+            out = orig(src, header, nbytes)
+            stats["hit" if out is not None else "miss"] += 1
+            return out
+        t.mailbox.sink = sink  # type: ignore[method-assign]
+    return stats
+
+
+@pytest.mark.parametrize(("name", "min_hit_ratio"), [
+    # The in-memory transport delivers synchronously and ranks run in bursts,
+    # so a ring neighbour can run far ahead of the posted window; the other
+    # families post (nearly) everything ahead.
+    ("all_reduce/ring", 0.2), ("all_gather/ring", 0.2), ("reduce_scatter/ring", 0.2),
+    ("all_reduce/doubling", 0.5), ("all_gather/doubling", 0.8), ("all_reduce/tree", 0.9),
+    ("broadcast/tree", 0.9), ("broadcast/ring", 0.9), ("reduce/tree", 0.9),
+    ("all_to_all/pairwise", 0.9), ("gather/direct", 0.9), ("scatter/direct", 0.9),
+])
+async def test_posted_buffers_and_message_counts(name: str, min_hit_ratio: float) -> None:
+    """Receives are posted ahead so payloads land in place, and segmenting
+    sends exactly the expected number of messages."""
+    P, count = 5, 10000
+    world = World(P)
+    stats = _count_sinks(world)
+    await world.run(_collective_calls(P, count)[name])
+    frames = [t.frames_sent for t in world.hub.transports]
+    total = stats["hit"] + stats["miss"]
+    assert total == sum(frames)
+    assert stats["hit"] >= min_hit_ratio * total, (name, stats)
+    if name == "all_reduce/ring":
+        S = math.ceil(count // P * 4 / 256)
+        assert frames == [2 * (P - 1) * S] * P
+    if name == "broadcast/ring":
+        S = math.ceil(count * 4 / 256)
+        assert frames == [S] * (P - 1) + [0]
+    if name == "broadcast/tree":  # root 0 of 5: children 4, 2, 1; rank 2 forwards to 3
+        S = math.ceil(count * 4 / 256)
+        assert frames == [3 * S, 0, S, 0, 0]
+
+
+async def test_ring_all_reduce_lands_in_place_when_receivers_are_ready() -> None:
+    """With the receiver already waiting, every ring segment is received in
+    place (into scratch or buf), never buffered and copied."""
+    world = World(2)
+    stats = _count_sinks(world)
+
+    async def body(ch: Channel) -> np.ndarray:
+        buf = np.full(4096, ch.rank + 1, np.int32)
+        if ch.rank == 0:
+            await asyncio.sleep(0.01)  # rank 1 posts its first receives meanwhile
+        await ring.all_reduce(ch, buf, "sum", segment_bytes=4096)
+        return buf
+
+    for got in await world.run(body):
+        assert (got == 3).all()
+    assert stats["hit"] >= 2, stats
+
+
+# -- registry ---------------------------------------------------------------------------------
+
+SIGNATURES = {
+    "all_reduce": ["ch", "buf", "op"],
+    "broadcast": ["ch", "buf", "root", "meta"],
+    "reduce": ["ch", "buf", "op", "root"],
+    "all_gather": ["ch", "buf"],
+    "reduce_scatter": ["ch", "buf", "op", "out"],
+    "all_to_all": ["ch", "send", "recv"],
+    "gather": ["ch", "send", "recv", "root"],
+    "scatter": ["ch", "send", "recv", "root"],
+    "barrier": ["ch"],
+}
+
+
+def test_registry_signatures() -> None:
+    assert set(ALGORITHMS) == set(SIGNATURES)
+    for coll, algos in ALGORITHMS.items():
+        assert algos
+        for name, fn in algos.items():
+            assert inspect.iscoroutinefunction(fn), (coll, name)
+            params = inspect.signature(fn).parameters
+            positional = [p for p, v in params.items() if v.kind is not inspect.Parameter.KEYWORD_ONLY]
+            assert positional == SIGNATURES[coll], (coll, name, positional)
+            seg = params["segment_bytes"]
+            assert seg.kind is inspect.Parameter.KEYWORD_ONLY and seg.default == DEFAULT_SEGMENT_BYTES
+    assert DEFAULT_SEGMENT_BYTES == 1 << 20
+
+
+def test_choose() -> None:
+    for coll in ALGORITHMS:
+        for nbytes in (0, 1, 1 << 10, 1 << 16, 1 << 20, 1 << 26):
+            for P in (1, 2, 3, 8, 64):
+                assert choose(coll, nbytes, P) in ALGORITHMS[coll]
+    assert choose("all_reduce", 1024, 8) == "doubling"
+    assert choose("all_reduce", 1 << 24, 8) == "ring"
+    assert choose("broadcast", 1024, 8) == "tree"
+    assert choose("reduce", 1 << 24, 8) == "tree"
+    with pytest.raises(ValueError):
+        choose("all_reduce_typo", 1, 1)
+
+
+async def test_bad_arguments_raise_before_sending() -> None:
+    world = World(2)
+
+    async def body(ch: Channel) -> None:
+        with pytest.raises(ValueError):
+            await ring.all_reduce(ch, np.ones((4, 4), np.float32)[:, :2], "sum")
+        with pytest.raises(ValueError):
+            await ring.all_gather(ch, np.ones(3, np.uint8))
+        with pytest.raises(ValueError):
+            await ring.reduce_scatter(ch, np.ones(4, np.float32), "sum", np.empty(3, np.float32))
+        with pytest.raises(ValueError):
+            await tree.broadcast(ch, None, 2)
+        with pytest.raises(ValueError):
+            await ring.all_reduce(ch, np.ones(4, np.float32), "sum", segment_bytes=0)
+        with pytest.raises(TypeError):
+            await doubling.all_reduce(ch, np.ones(4, np.float32), "bxor")
+
+    await world.run(body)
+    assert [t.frames_sent for t in world.hub.transports] == [0, 0]

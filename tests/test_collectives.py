@@ -1,0 +1,227 @@
+"""Every collective of the public Communicator against a numpy reference, over
+the in-memory transport: a Gloo-style grid of world sizes x counts x dtypes x
+ops x algorithms. (The same calls over real TCP: test_tcp*.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from netcoll import algorithms
+from netcoll.ops import BFLOAT16, ReduceOp, check_op_dtype, reduce_reference
+
+from .conftest import rank_data, run_world
+
+WORLD_SIZES = [1, 2, 3, 4, 5, 8]
+COUNTS = [0, 1, 7, 1000]
+BIG = 2**20 + 3
+DTYPES = [np.float32, np.float64, np.int32, np.int64]
+EXTRA_DTYPES = [np.bool_, np.float16, BFLOAT16, np.complex64, np.uint8, np.int8]
+
+
+def valid_ops(dtype: object) -> list[ReduceOp]:
+    out = []
+    for op in ReduceOp:
+        try:
+            check_op_dtype(op, dtype)
+            out.append(op)
+        except TypeError:
+            pass
+    return out
+
+
+def inputs(n: int, shape: tuple[int, ...], dtype: object, op: ReduceOp | None = None) -> list[np.ndarray]:
+    xs = [rank_data(r, shape, dtype) for r in range(n)]
+    if op is ReduceOp.PROD and np.dtype(dtype).kind not in "b":  # keep products exact in every dtype
+        xs = [np.clip(x.real if np.dtype(dtype).kind == "c" else x, -2, 2).astype(dtype) for x in xs]
+    return xs
+
+
+def assert_close(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    if got.dtype.kind in "fc" or got.dtype == BFLOAT16:
+        np.testing.assert_allclose(got.astype(np.complex128 if got.dtype.kind == "c" else np.float64),
+                                   want.astype(np.complex128 if want.dtype.kind == "c" else np.float64),
+                                   rtol=1e-2, atol=1e-2)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def algos(name: str) -> list[str]:
+    return ["auto", *sorted(algorithms.ALGORITHMS[name])]
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("dtype", DTYPES + EXTRA_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("algorithm", algos("all_reduce"))
+async def test_all_reduce_grid(n: int, dtype: object, algorithm: str) -> None:
+    counts = COUNTS if dtype in DTYPES else [0, 7, 1000]
+    for count in counts:
+        for op in valid_ops(dtype):
+            xs = inputs(n, (count,), dtype, op)
+            keep = [x.copy() for x in xs]
+            res = await run_world(n, lambda c: c.all_reduce(xs[c.rank], op=op, algorithm=algorithm))
+            want = reduce_reference(op, keep)
+            for r in range(n):
+                assert_close(res[r], want)
+                assert res[r].tobytes() == res[0].tobytes(), "all_reduce results must be bit-identical"
+                np.testing.assert_array_equal(xs[r], keep[r])  # the input is never modified
+
+
+@pytest.mark.parametrize("n", [3, 4, 8])
+@pytest.mark.parametrize("algorithm", algos("all_reduce"))
+async def test_all_reduce_big(n: int, algorithm: str) -> None:
+    xs = [np.random.default_rng(r).standard_normal(BIG).astype(np.float32) for r in range(n)]
+    res = await run_world(n, lambda c: c.all_reduce(xs[c.rank], op="sum", algorithm=algorithm),
+                          segment_bytes=256 * 1024)
+    np.testing.assert_allclose(res[0], np.sum(xs, axis=0, dtype=np.float64), rtol=1e-4, atol=1e-4)
+    assert all(r.tobytes() == res[0].tobytes() for r in res)
+
+
+async def test_all_reduce_shapes_and_out() -> None:
+    x = [np.arange(24, dtype=np.float64).reshape(2, 3, 4)[:, ::2, :] * (r + 1) for r in range(3)]  # non-contiguous
+    res = await run_world(3, lambda c: c.all_reduce(x[c.rank]))
+    np.testing.assert_array_equal(res[0], x[0] * 6)
+    zero_d = await run_world(2, lambda c: c.all_reduce(np.float32(c.rank + 1)))
+    assert zero_d[0].shape == () and zero_d[0] == 3
+    bufs = [np.ones(5, np.int64) * (r + 1) for r in range(2)]
+    out = await run_world(2, lambda c: c.all_reduce(bufs[c.rank], out=bufs[c.rank]))
+    assert out[0] is bufs[0] and (bufs[1] == 3).all()
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("algorithm", algos("reduce"))
+async def test_reduce_grid(n: int, algorithm: str) -> None:
+    for dtype in (np.float32, np.int64, BFLOAT16, np.bool_):
+        for count in COUNTS:
+            for op in valid_ops(dtype):
+                for root in {0, n - 1}:
+                    xs = inputs(n, (count, 2), dtype, op)
+                    res = await run_world(n, lambda c: c.reduce(xs[c.rank], op=op, root=root, algorithm=algorithm))
+                    assert_close(res[root], reduce_reference(op, xs))
+                    assert all(res[r] is None for r in range(n) if r != root)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("algorithm", algos("broadcast"))
+async def test_broadcast_grid(n: int, algorithm: str) -> None:
+    for dtype in (np.float32, np.int8, BFLOAT16, np.complex128, np.bool_):
+        for count in COUNTS:
+            for root in {0, n // 2, n - 1}:
+                x = rank_data(99, (count, 3), dtype)
+                res = await run_world(n, lambda c: c.broadcast(x if c.rank == root else None, root=root,
+                                                               algorithm=algorithm))
+                for r in range(n):
+                    np.testing.assert_array_equal(res[r], x)
+                    assert res[r].dtype == x.dtype and res[r].shape == x.shape
+
+
+async def test_broadcast_into_buffer_and_big() -> None:
+    x = np.random.default_rng(0).standard_normal(BIG).astype(np.float32)
+    bufs = [x if r == 1 else np.zeros_like(x) for r in range(4)]
+    res = await run_world(4, lambda c: c.broadcast(bufs[c.rank], root=1), segment_bytes=128 * 1024)
+    for r in range(4):
+        np.testing.assert_array_equal(res[r], x)
+    assert res[2] is bufs[2]
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("algorithm", algos("all_gather"))
+async def test_all_gather_grid(n: int, algorithm: str) -> None:
+    for dtype in (np.float64, np.int32, BFLOAT16, np.bool_):
+        for count in COUNTS:
+            xs = inputs(n, (count,), dtype)
+            res = await run_world(n, lambda c: c.all_gather(xs[c.rank], algorithm=algorithm))
+            for r in range(n):
+                np.testing.assert_array_equal(res[r], np.stack(xs))
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("algorithm", algos("gather"))
+async def test_gather_scatter_grid(n: int, algorithm: str) -> None:
+    for dtype in (np.float32, np.uint16, BFLOAT16):
+        for count in COUNTS:
+            for root in {0, n - 1}:
+                xs = inputs(n, (count,), dtype)
+                res = await run_world(n, lambda c: c.gather(xs[c.rank], root=root, algorithm=algorithm))
+                np.testing.assert_array_equal(res[root], np.stack(xs))
+                assert all(res[r] is None for r in range(n) if r != root)
+                full = np.stack(xs)
+                sc = await run_world(n, lambda c: c.scatter(full if c.rank == root else None, root=root))
+                for r in range(n):
+                    np.testing.assert_array_equal(sc[r], full[r])
+                    assert sc[r].dtype == full.dtype
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("algorithm", algos("reduce_scatter"))
+async def test_reduce_scatter_grid(n: int, algorithm: str) -> None:
+    for dtype in (np.float32, np.int64, np.float16):
+        for count in COUNTS:
+            for op in valid_ops(dtype):
+                xs = inputs(n, (n, count), dtype, op)
+                res = await run_world(n, lambda c: c.reduce_scatter(xs[c.rank], op=op, algorithm=algorithm))
+                want = reduce_reference(op, xs)
+                for r in range(n):
+                    assert_close(res[r], want[r])
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("algorithm", algos("all_to_all"))
+async def test_all_to_all_grid(n: int, algorithm: str) -> None:
+    for dtype in (np.float32, np.int16, np.complex64):
+        for count in COUNTS:
+            xs = inputs(n, (n, count, 2), dtype)
+            res = await run_world(n, lambda c: c.all_to_all(xs[c.rank], algorithm=algorithm))
+            for r in range(n):
+                np.testing.assert_array_equal(res[r], np.stack([xs[j][r] for j in range(n)]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+async def test_barrier_and_p2p(n: int) -> None:
+    async def body(c):  # type: ignore[no-untyped-def]
+        await c.barrier()
+        if c.world_size == 1:
+            return None
+        nxt, prv = (c.rank + 1) % c.world_size, (c.rank - 1) % c.world_size
+        send = [c.send(np.full((3, c.rank + 1), c.rank, np.int32), nxt, tag=t) for t in (0, 7)]
+        for s in send:
+            await s
+        big = np.arange(BIG, dtype=np.uint8)
+        await c.send(big, nxt, tag=1)
+        got7 = await c.recv(prv, tag=7)
+        got0 = await c.recv(prv, tag=0)
+        gotbig = await c.recv(prv, tag=1)
+        assert gotbig.shape == big.shape and (gotbig == big).all()
+        return got0, got7
+
+    res = await run_world(n, body, segment_bytes=64 * 1024)
+    for r in range(1, n):
+        for got in res[r]:
+            assert got.shape == (3, r) and (got == r - 1).all()
+
+
+async def test_split_subgroups() -> None:
+    async def body(c):  # type: ignore[no-untyped-def]
+        sub = await c.split(c.rank % 2, key=-c.rank + 10)
+        y = await sub.all_reduce(np.array([c.rank], np.int64))
+        none = await c.split(None if c.rank == 0 else 1)
+        return sub.rank, sub.world_size, int(y[0]), none is None
+
+    res = await run_world(5, body)
+    assert [r[2] for r in res] == [0 + 2 + 4, 1 + 3, 6, 4, 6]
+    assert res[4][0] == 0 and res[0][0] == 2  # ordered by key (descending rank here)
+    assert res[0][3] and not res[1][3]
+
+
+async def test_concurrent_collectives_share_links() -> None:
+    import asyncio
+
+    async def body(c):  # type: ignore[no-untyped-def]
+        xs = [np.full(1000 + i, c.rank + i, np.float64) for i in range(6)]
+        return await asyncio.gather(*(c.all_reduce(x) for x in xs), c.all_gather(np.array([c.rank])))
+
+    res = await run_world(4, body, segment_bytes=1024)
+    for i in range(6):
+        assert (res[0][i] == sum(r + i for r in range(4))).all()
+    assert (res[3][6].ravel() == [0, 1, 2, 3]).all()
