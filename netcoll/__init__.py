@@ -15,12 +15,13 @@ from .errors import (AuthenticationError, CollectiveAborted, CollectiveError, Co
                      RendezvousError, RendezvousTimeout)
 from .ops import ReduceOp
 from .rendezvous import Coordinator
+from .service import Client, JobSpec
 from .session import connect
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Coordinator", "connect", "Communicator", "ReduceOp", "NetcollError", "ProtocolError",
+    "Coordinator", "connect", "Communicator", "Client", "JobSpec", "ReduceOp", "NetcollError", "ProtocolError",
     "AuthenticationError", "RendezvousError", "RendezvousTimeout", "CommunicatorClosed",
     "CollectiveError", "CollectiveTimeout", "PeerLost", "MismatchError", "CollectiveAborted",
     "__version__",

@@ -122,7 +122,10 @@ class RendezvousClient:
     def _on_frame(self, frame: Frame) -> None:
         self._unanswered_since = None
         if frame.kind == Kind.EVENT:
-            self._emit(dict(frame.header))
+            event = dict(frame.header)
+            if frame.payload.nbytes:
+                event["payload"] = frame.payload
+            self._emit(event)
         elif self._inner_frame is not None:
             self._inner_frame(frame)
 

@@ -41,7 +41,7 @@ import asyncio
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import msgpack
 
@@ -115,6 +115,8 @@ class Coordinator:
         self._stopped: asyncio.Event | None = None
         self._closing = False
         self._wake_reaper: asyncio.Event | None = None
+        #: ``async hook(session)`` run when any client connection closes (the job service uses it)
+        self.close_hooks: list[Callable[[Session], Awaitable[None]]] = []
 
     # -- lifecycle -------------------------------------------------------------
     @property
@@ -301,6 +303,8 @@ class Coordinator:
             self._wake_reaper.set()  # it may need to check more often now
 
     async def _on_close(self, session: Session) -> None:
+        for hook in self.close_hooks:
+            await hook(session)
         if self._closing:
             return  # close() deletes every group itself
         reason = session.data.get("drop_reason", "connection closed")

@@ -1,0 +1,264 @@
+"""The rank daemon: a long-lived process that runs collective jobs.
+
+It opens one port for all peer traffic, connects to the coordinator (retrying
+until it is up, and again if it restarts), registers with a member id of its
+own, and runs the jobs it is sent one at a time. A job names an epoch; when
+the epoch changes the daemon drops its old links and links up with the new
+peer table on the same port. SIGTERM drains: the running job finishes (or
+fails cleanly), the daemon deregisters and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from ..arrays import array_from_meta, meta_of
+from ..comm import Communicator
+from ..errors import CollectiveError, NetcollError, PeerLost
+from ..rendezvous.client import RendezvousClient, new_member_id
+from ..transport.tcp import Listener, TcpTransport
+from .jobs import JobSpec, generate_input, verify
+from .runner import run_collective
+
+log = logging.getLogger("netcoll.daemon")
+
+RETRY = 1.0
+
+
+class RankDaemon:
+    """Args:
+        coordinator: ``host:port`` of the coordinator.
+        host, port: where to listen for peers (one port for everything).
+        rank_hint: preferred rank (a pod index), honoured when free.
+        advertise_host: what peers should dial (default: as the coordinator sees us).
+    """
+
+    def __init__(self, coordinator: str, *, host: str = "0.0.0.0", port: int = 29500, token: str | None = None,
+                 rank_hint: int | None = None, advertise_host: str | None = None, member_id: str | None = None,
+                 local_host: str | None = None, heartbeat: float = 2.0) -> None:
+        self.coordinator = coordinator
+        self.host, self.port = host, port
+        self.token = token
+        self.rank_hint = rank_hint
+        self.advertise_host = advertise_host
+        self.local_host = local_host
+        self.heartbeat = heartbeat
+        self.member_id = member_id or new_member_id()
+        self.listener = Listener(token=token)
+        self.rdv: RendezvousClient | None = None
+        self.registered = False
+        self.epoch: int | None = None
+        self.rank: int | None = None
+        self.transport: TcpTransport | None = None
+        self.comm: Communicator | None = None
+        self.buffers: dict[str, np.ndarray] = {}
+        self.current_job: int | None = None
+        self.jobs_done = 0
+        self.jobs_failed = 0
+        self._jobs: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._job_task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {"member_id": self.member_id, "registered": self.registered, "epoch": self.epoch,
+                "rank": self.rank, "current_job": self.current_job, "jobs_done": self.jobs_done,
+                "jobs_failed": self.jobs_failed, "buffers": sorted(self.buffers),
+                "listen": f"{self.listener.address[0]}:{self.listener.address[1]}"}
+
+    def request_stop(self) -> None:
+        """Drain and stop (what SIGTERM does)."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        await self.listener.start(self.host, self.port)
+        log.info("rank daemon %s listening for peers on %s:%d", self.member_id, *self.listener.address)
+        worker = asyncio.create_task(self._work(), name="netcoll-daemon-jobs")
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self._session()
+                except (OSError, NetcollError, TimeoutError) as exc:
+                    log.warning("coordinator %s: %s; retrying in %gs", self.coordinator, exc, RETRY)
+                self.registered = False
+                if not self._stopping.is_set():
+                    try:
+                        await asyncio.wait_for(self._stopping.wait(), RETRY)
+                    except TimeoutError:
+                        pass
+        finally:
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+            await self._drop_links()
+            await self.listener.close()
+            if self.rdv is not None:
+                await self.rdv.close()
+
+    async def _session(self) -> None:
+        """One connection to the coordinator: register, then serve until it drops or we stop."""
+        rdv = await RendezvousClient.connect(self.coordinator, token=self.token, timeout=10.0,
+                                             local_host=self.local_host, heartbeat=self.heartbeat)
+        self.rdv = rdv
+        lost = asyncio.Event()
+
+        def on_event(event: dict[str, Any]) -> None:
+            topic = event.get("topic")
+            if topic == "job":
+                self._jobs.put_nowait(event)
+            elif topic == "cancel" and event.get("job_id") == self.current_job and self._job_task is not None:
+                self._job_task.cancel()
+            elif topic == "coordinator_lost":
+                lost.set()
+
+        rdv.on_event = on_event
+        try:
+            await rdv.rpc.call("daemon_register", {
+                "member_id": self.member_id, "listen_port": self.listener.address[1],
+                "rank_hint": self.rank_hint, "advertise_host": self.advertise_host}, timeout=10.0)
+            self.registered = True
+            log.info("registered with the coordinator at %s as %s", self.coordinator, self.member_id)
+            stop = asyncio.create_task(self._stopping.wait())
+            gone = asyncio.create_task(lost.wait())
+            await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            gone.cancel()
+            if self._stopping.is_set() and not lost.is_set():
+                await self._drain(rdv)
+        finally:
+            self.registered = False
+            await rdv.close()
+            self.rdv = None
+
+    async def _drain(self, rdv: RendezvousClient) -> None:
+        log.info("draining: no new jobs; finishing job %s", self.current_job)
+        try:
+            await rdv.rpc.call("daemon_drain", {}, timeout=5.0)
+        except (OSError, NetcollError, TimeoutError):
+            pass
+        while self.current_job is not None or not self._jobs.empty():
+            await asyncio.sleep(0.05)
+
+    async def _drop_links(self) -> None:
+        if self.transport is not None:
+            await self.transport.close()
+        self.transport = self.comm = None
+        self.epoch = self.rank = None
+
+    # -- jobs -------------------------------------------------------------------------------
+    async def _work(self) -> None:
+        while True:
+            event = await self._jobs.get()
+            self.current_job = event.get("job_id")
+            self._job_task = asyncio.create_task(self._job(event))
+            try:
+                await asyncio.shield(self._job_task)
+            except asyncio.CancelledError:
+                if not self._job_task.done():
+                    raise  # the daemon is stopping
+            finally:
+                self.current_job = None
+
+    async def _ensure_links(self, event: dict[str, Any]) -> Communicator:
+        if event["epoch"] != self.epoch or self.comm is None:
+            await self._drop_links()
+            peers = [(str(h), int(p)) for h, p in event["peers"]]
+            transport = TcpTransport(self.listener, rank=event["rank"], size=event["world_size"],
+                                     session=event["session"], peers=peers, token=self.token)
+            self.transport = transport
+            await transport.connect(timeout=min(30.0, float(event["deadline"])))
+            self.epoch, self.rank = event["epoch"], event["rank"]
+            self.comm = Communicator(transport, group=f"epoch{event['epoch']}")
+            log.info("epoch %d: rank %d of %d", self.epoch, self.rank, event["world_size"])
+        return self.comm
+
+    async def _job(self, event: dict[str, Any]) -> None:
+        job_id, rank, world = event["job_id"], event["rank"], event["world_size"]
+        report: dict[str, Any] = {"job_id": job_id, "rank": rank, "ok": False}
+        payload: bytes | None = None
+        try:
+            spec = JobSpec.model_validate(event["spec"])
+            async with asyncio.timeout(float(event["deadline"])):
+                comm = await self._ensure_links(event)
+                x = self._input(spec, event, rank, world)
+                y, timings, nbytes = await run_collective(comm, spec, x, self._progress(job_id, rank))
+            report.update(ok=True, timings=timings, nbytes=nbytes)
+            if spec.data == "generated" and spec.op not in ("barrier",):
+                report["verified"], report["wrong"] = verify(spec, rank, world, y)
+            payload = self._output(spec, rank, y, report)
+            self.jobs_done += 1
+        except asyncio.CancelledError:
+            report.update(error="cancelled", error_type="Cancelled")
+            self.jobs_failed += 1
+        except TimeoutError:
+            report.update(error=f"job deadline passed on rank {rank}", error_type="CollectiveTimeout")
+            self.jobs_failed += 1
+        except (NetcollError, ValueError, TypeError, KeyError, OSError) as exc:
+            report.update(error=str(exc), error_type=type(exc).__name__)
+            self.jobs_failed += 1
+            if isinstance(exc, (PeerLost, OSError)) or not isinstance(exc, CollectiveError):
+                await self._drop_links()
+        except Exception as exc:  # noqa: BLE001 - report, never crash the daemon
+            log.exception("job %s failed", job_id)
+            report.update(error=f"internal error: {exc!r}", error_type="RpcError")
+            self.jobs_failed += 1
+        rdv = self.rdv
+        if rdv is not None:
+            try:
+                await rdv.rpc.call("job_result", report, payload, timeout=30.0)
+            except (OSError, NetcollError, TimeoutError) as exc:
+                log.warning("could not report job %s: %s", job_id, exc)
+
+    def _progress(self, job_id: int, rank: int) -> Any:
+        last = [0.0]
+
+        async def progress(i: int, of: int) -> None:
+            now = time.monotonic()
+            if rank == 0 and self.rdv is not None and (now - last[0] > 0.5 or i == of):
+                last[0] = now
+                try:
+                    await self.rdv.rpc.call("job_progress", {"job_id": job_id, "rank": rank, "iteration": i,
+                                                             "of": of}, timeout=5.0)
+                except (OSError, NetcollError, TimeoutError):
+                    pass
+        return progress
+
+    def _input(self, spec: JobSpec, event: dict[str, Any], rank: int, world: int) -> np.ndarray | None:
+        if spec.op in ("get", "delete"):
+            return None
+        if spec.data == "generated":
+            return generate_input(spec, rank, world)
+        if spec.data == "buffer":
+            if spec.input not in self.buffers:
+                raise KeyError(f"rank {rank} holds no buffer {spec.input!r} (have: {sorted(self.buffers)})")
+            return self.buffers[spec.input]
+        meta, data = event.get("input"), event.get("payload")
+        if meta is None:
+            return None
+        return array_from_meta(meta, memoryview(data if data is not None else b"")).copy()
+
+    def _output(self, spec: JobSpec, rank: int, y: Any, report: dict[str, Any]) -> bytes | None:
+        if spec.op == "put" and y is not None:
+            self.buffers[spec.output or spec.input or ""] = y
+            return None
+        if spec.op == "delete":
+            report["deleted"] = self.buffers.pop(spec.input or spec.output or "", None) is not None
+            return None
+        if spec.op == "get":
+            name = spec.input or spec.output or ""
+            if name not in self.buffers:
+                raise KeyError(f"rank {rank} holds no buffer {name!r}")
+            y = self.buffers[name]
+        if spec.output and y is not None and spec.op != "get":
+            self.buffers[spec.output] = y
+        if not spec.return_result or spec.data == "generated" or y is None:
+            return None
+        if spec.op in ("all_reduce", "all_gather", "broadcast") and rank != 0:
+            return None  # identical on every rank: rank 0's copy is the result
+        arr = np.ascontiguousarray(y)
+        report["result"] = meta_of(arr)
+        return arr.reshape(-1).view(np.uint8).tobytes()

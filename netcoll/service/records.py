@@ -1,0 +1,171 @@
+"""Bookkeeping for the job service: members, jobs and their inputs (no I/O)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..arrays import array_from_meta
+from ..rpc import Session
+from .jobs import JobSpec, JobState
+
+
+@dataclass(eq=False)
+class Member:
+    """A registered rank daemon."""
+
+    member_id: str
+    session: Session
+    host: str
+    port: int
+    rank_hint: int | None = None
+    draining: bool = False
+    since: float = field(default_factory=time.time)
+
+    def describe(self) -> str:
+        return f"{self.member_id} at {self.host}:{self.port}"
+
+
+def assign_ranks(ready: list[Member], previous: tuple[str, ...] | None) -> list[Member]:
+    """Order members into ranks 0..n-1: unchanged membership keeps its order;
+    otherwise rank hints are honoured (when in range and unique) and the rest
+    fill the free ranks in member-id order."""
+    by_id = {m.member_id: m for m in ready}
+    if previous is not None and set(previous) == set(by_id):
+        return [by_id[mid] for mid in previous]
+    n = len(ready)
+    slots: list[Member | None] = [None] * n
+    rest = []
+    for m in sorted(ready, key=lambda m: m.member_id):
+        h = m.rank_hint
+        if h is not None and h < n and slots[h] is None:
+            slots[h] = m
+        else:
+            rest.append(m)
+    it = iter(rest)
+    return [s if s is not None else next(it) for s in slots]
+
+
+@dataclass
+class Inputs:
+    """Arrays a client sent with a job: ``same`` for every rank, one ``per_rank``,
+    or one for the ``root`` only."""
+
+    mode: str
+    metas: list[dict[str, Any]]
+    blobs: list[bytes]
+
+    @property
+    def per_rank(self) -> list[bytes] | None:
+        return self.blobs if self.mode == "per_rank" else None
+
+    def for_rank(self, rank: int, spec: JobSpec) -> tuple[dict[str, Any] | None, bytes | None]:
+        if self.mode == "per_rank":
+            if rank >= len(self.blobs):
+                return None, None
+            return self.metas[rank], self.blobs[rank]
+        if self.mode == "root" and rank != spec.root:
+            return None, None
+        return self.metas[0], self.blobs[0]
+
+
+def split_inputs(spec: JobSpec, inputs: Any, payload: memoryview) -> Inputs | None:
+    """Check the ``inputs`` description of a submit against its payload."""
+    if inputs is None:
+        if spec.data == "inline" or spec.op == "put":
+            raise ValueError(f"a {spec.op} job with data='inline' needs arrays")
+        if payload.nbytes:
+            raise ValueError("payload sent without an inputs description")
+        return None
+    if not isinstance(inputs, dict) or inputs.get("mode") not in ("same", "per_rank", "root"):
+        raise ValueError("inputs must be {mode: same|per_rank|root, arrays: [...]}")
+    metas = inputs.get("arrays")
+    if not isinstance(metas, list) or not metas or len(metas) > 4096:
+        raise ValueError("inputs.arrays must be a non-empty list of {dtype, shape, nbytes}")
+    if inputs["mode"] != "per_rank" and len(metas) != 1:
+        raise ValueError(f"inputs mode {inputs['mode']!r} takes exactly one array")
+    blobs, offset = [], 0
+    for meta in metas:
+        nbytes = meta.get("nbytes") if isinstance(meta, dict) else None
+        if not isinstance(nbytes, int) or nbytes < 0 or offset + nbytes > payload.nbytes:
+            raise ValueError("inputs.arrays do not match the payload sent")
+        array_from_meta(meta, payload[offset:offset + nbytes])  # validates dtype/shape/size
+        blobs.append(bytes(payload[offset:offset + nbytes]))
+        offset += nbytes
+    if offset != payload.nbytes:
+        raise ValueError(f"payload has {payload.nbytes - offset} bytes beyond the arrays described")
+    return Inputs(inputs["mode"], metas, blobs)
+
+
+class Job:
+    """One submitted job and everything known about it."""
+
+    def __init__(self, job_id: int, spec: JobSpec, inputs: Inputs | None) -> None:
+        self.id = job_id
+        self.spec = spec
+        self.inputs = inputs
+        self.state = JobState.QUEUED
+        self.error: str | None = None
+        self.submitted_at = time.time()
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self.epoch: int | None = None
+        self.members: dict[int, str] = {}
+        self.rank_of: dict[str, int] = {}
+        self.addresses: dict[int, str] = {}
+        self.reports: dict[int, dict[str, Any]] = {}
+        self.payloads: dict[int, bytes] = {}
+        self.lost: dict[int, str] = {}
+        self.changed = asyncio.Event()
+        self.done = asyncio.Event()
+        self.cancel_requested = False
+        self.watchers: set[Session] = set()
+        self.progress: dict[str, Any] = {}
+        self.time_s: float | None = None
+        self.algbw: float | None = None
+        self.busbw: float | None = None
+        self.verified: bool | None = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def start(self, epoch: int, members: list[Member]) -> None:
+        self.state, self.started_at, self.epoch = JobState.RUNNING, time.time(), epoch
+        self.members = {r: m.member_id for r, m in enumerate(members)}
+        self.rank_of = {m.member_id: r for r, m in enumerate(members)}
+        self.addresses = {r: f"{m.host}:{m.port}" for r, m in enumerate(members)}
+
+    def finish(self, state: JobState, error: str | None) -> None:
+        if self.state.done:
+            return
+        self.state, self.error, self.finished_at = state, error, time.time()
+        self.inputs = None  # free client arrays
+        self.done.set()
+        self.changed.set()
+
+    def record(self, with_results: bool = False) -> Any:
+        rec: dict[str, Any] = {
+            "id": self.id, "state": self.state.value, "op": self.spec.op, "error": self.error,
+            "spec": self.spec.model_dump(), "submitted_at": self.submitted_at, "started_at": self.started_at,
+            "finished_at": self.finished_at, "epoch": self.epoch, "world_size": self.world_size,
+            "ranks": [{"rank": r, "member_id": mid, "address": self.addresses.get(r)}
+                      for r, mid in sorted(self.members.items())],
+            "timings": {str(r): rep.get("timings", []) for r, rep in sorted(self.reports.items())},
+            "time_us": None if self.time_s is None else self.time_s * 1e6,
+            "algbw": self.algbw, "busbw": self.busbw, "verified": self.verified,
+            "progress": self.progress or None,
+        }
+        if not with_results:
+            return rec
+        results, blobs, offset = [], [], 0
+        for r in sorted(self.payloads):
+            meta = self.reports.get(r, {}).get("result")
+            data = self.payloads[r]
+            results.append({"rank": r, "meta": meta, "offset": offset, "nbytes": len(data)})
+            blobs.append(data)
+            offset += len(data)
+        rec["results"] = results
+        return rec, b"".join(blobs)

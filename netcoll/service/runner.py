@@ -1,0 +1,78 @@
+"""Run one job's collective on a rank: warm-up, timed iterations, progress.
+
+Kept apart from the daemon so it can be tested over the in-memory transport.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+from ..comm import Communicator
+from .jobs import JobSpec
+
+Progress = Callable[[int, int], Awaitable[None]]
+
+
+async def call(comm: Communicator, spec: JobSpec, x: np.ndarray | None) -> Any:
+    """One call of the job's collective with this rank's input ``x``."""
+    op, root, algo = spec.op, spec.root, spec.algorithm
+    if op in ("broadcast", "scatter", "reduce", "gather") and root >= comm.world_size:
+        raise ValueError(f"root {root} is out of range for {comm.world_size} ranks")
+    if op == "all_reduce":
+        return await comm.all_reduce(x, op=spec.reduce_op, algorithm=algo)
+    if op == "broadcast":
+        return await comm.broadcast(x if comm.rank == root else None, root=root, algorithm=algo)
+    if op == "reduce":
+        return await comm.reduce(x, op=spec.reduce_op, root=root, algorithm=algo)
+    if op == "all_gather":
+        return await comm.all_gather(x, algorithm=algo)
+    if op == "gather":
+        return await comm.gather(x, root=root, algorithm=algo)
+    if op == "scatter":
+        return await comm.scatter(x if comm.rank == root else None, root=root, algorithm=algo)
+    if op == "reduce_scatter":
+        return await comm.reduce_scatter(x, op=spec.reduce_op, algorithm=algo)
+    if op == "all_to_all":
+        return await comm.all_to_all(x, algorithm=algo)
+    if op == "barrier":
+        return await comm.barrier(algorithm=algo)
+    if op in ("put", "get", "delete"):
+        return x
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def moved_bytes(spec: JobSpec, x: np.ndarray | None, y: Any, world: int) -> int:
+    """The nccl-tests "size" of one iteration: output bytes for all_gather/gather,
+    the (whole) input otherwise."""
+    if spec.op in ("all_gather", "gather") and isinstance(y, np.ndarray):
+        return int(y.nbytes)
+    if spec.op in ("all_gather", "gather") and x is not None:
+        return int(x.nbytes) * world
+    if x is not None:
+        return int(x.nbytes)
+    return int(y.nbytes) if isinstance(y, np.ndarray) else 0
+
+
+async def run_collective(comm: Communicator, spec: JobSpec, x: np.ndarray | None,
+                         progress: Progress | None = None) -> tuple[Any, list[float], int]:
+    """Run the job: ``warmup`` untimed calls, then ``iters`` timed ones.
+
+    Returns:
+        (the last call's result, per-iteration seconds, bytes moved per iteration).
+    """
+    if spec.op in ("put", "get", "delete"):
+        return x, [], 0 if x is None else int(x.nbytes)
+    y: Any = None
+    for _ in range(spec.warmup):
+        y = await call(comm, spec, x)
+    timings = []
+    for i in range(spec.iters):
+        t0 = time.perf_counter()
+        y = await call(comm, spec, x)
+        timings.append(time.perf_counter() - t0)
+        if progress is not None:
+            await progress(i + 1, spec.iters)
+    return y, timings, moved_bytes(spec, x, y, comm.world_size)
