@@ -46,10 +46,13 @@ Handler = Callable[["Session", dict[str, Any], memoryview], Awaitable[Any]]
 
 
 def error_to_wire(exc: BaseException) -> dict[str, str]:
-    known = isinstance(exc, NetcollError) or type(exc).__name__ in _BUILTIN_ERRORS
-    name = type(exc).__name__ if known else "RpcError"
-    text = str(exc) if known else f"internal error: {type(exc).__name__}: {exc}"
-    return {"type": name, "message": text}
+    if isinstance(exc, NetcollError):
+        return {"type": type(exc).__name__, "message": str(exc)}
+    for base in (KeyError, TimeoutError, TypeError, ValueError):  # subclasses (pydantic's ValidationError...)
+        if isinstance(exc, base):
+            text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            return {"type": base.__name__, "message": str(text)}
+    return {"type": "RpcError", "message": f"internal error: {type(exc).__name__}: {exc}"}
 
 
 def error_from_wire(err: Any) -> BaseException:

@@ -186,10 +186,11 @@ class RankDaemon:
                 comm = await self._ensure_links(event)
                 x = self._input(spec, event, rank, world)
                 y, timings, nbytes = await run_collective(comm, spec, x, self._progress(job_id, rank))
-            report.update(ok=True, timings=timings, nbytes=nbytes)
+            report.update(timings=timings, nbytes=nbytes)
             if spec.data == "generated" and spec.op not in ("barrier",):
                 report["verified"], report["wrong"] = verify(spec, rank, world, y)
             payload = self._output(spec, rank, y, report)
+            report["ok"] = True
             self.jobs_done += 1
         except asyncio.CancelledError:
             report.update(error="cancelled", error_type="Cancelled")

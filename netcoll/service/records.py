@@ -127,6 +127,7 @@ class Job:
         self.algbw: float | None = None
         self.busbw: float | None = None
         self.verified: bool | None = None
+        self.results_expired = False
 
     @property
     def world_size(self) -> int:
@@ -168,4 +169,5 @@ class Job:
             blobs.append(data)
             offset += len(data)
         rec["results"] = results
+        rec["results_expired"] = self.results_expired
         return rec, b"".join(blobs)

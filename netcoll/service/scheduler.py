@@ -33,6 +33,8 @@ log = logging.getLogger("netcoll.service")
 
 REPORT_GRACE = 5.0   # after a job's deadline (or a lost rank), how long to wait for the others' reports
 HISTORY = 1000
+RESULT_JOBS = 32          # finished jobs whose result arrays are kept for `wait`
+RESULT_BYTES = 2 << 30    # ... within this many bytes in all
 
 
 class JobService:
@@ -225,6 +227,17 @@ class JobService:
         return rows
 
     def _trim(self) -> None:
+        """Bound the history: at most ``history`` jobs, and result arrays of the
+        last RESULT_JOBS finished jobs only (within RESULT_BYTES)."""
+        kept, total = 0, 0
+        for job in reversed(self.jobs.values()):
+            if job.payloads:
+                size = sum(len(p) for p in job.payloads.values())
+                if kept >= RESULT_JOBS or total + size > RESULT_BYTES:
+                    job.payloads.clear()
+                    job.results_expired = True
+                else:
+                    kept, total = kept + 1, total + size
         while len(self.jobs) > self.history:
             oldest = next(iter(self.jobs.values()))
             if not oldest.state.done:
@@ -321,6 +334,7 @@ class JobService:
         if len(job.reports) < job.world_size and not cancel_sent:
             await self._broadcast_cancel(job)
         self._conclude(job)
+        self._trim()
         if job.state != JobState.SUCCEEDED:
             self.epoch_members = None  # re-link before the next job: links may be broken
 
