@@ -122,44 +122,44 @@ class RecvWindow:
     round-robin (``scratch[i % depth]``) are therefore safe, and while the
     caller works on message ``i``, ``depth-1`` receives are on the wire.
 
-    Receives are posted as tasks (the Channel has no synchronous "post"), so
-    a receive is in place from the next event-loop turn on (:meth:`start`
-    waits for that turn); a payload that arrives before is buffered by the
-    mailbox and copied once.
+    Receives are posted synchronously (:meth:`Channel.post`), so a payload
+    that arrives after the post lands in place; one that arrived before is
+    buffered by the mailbox and copied once. Receives still posted when the
+    algorithm fails are failed with the operation by the mailbox.
     """
 
-    __slots__ = ("ch", "plan", "count", "depth", "tasks", "posted")
+    __slots__ = ("ch", "plan", "count", "depth", "futures", "posted")
 
     def __init__(self, ch: Channel, plan: Plan, count: int, depth: int) -> None:
         self.ch, self.plan, self.count, self.depth = ch, plan, count, max(1, depth)
-        self.tasks: dict[int, asyncio.Task[tuple[memoryview, dict[str, Any] | None]]] = {}
+        self.futures: dict[int, asyncio.Future[tuple[memoryview, dict[str, Any]]]] = {}
         self.posted = 0  # messages 0..posted-1 have been posted
 
     def _post_until(self, stop: int) -> None:
         stop = min(stop, self.count)
         while self.posted < stop:
             peer, step, chunk, out = self.plan(self.posted)
-            self.tasks[self.posted] = asyncio.ensure_future(
-                self.ch.recv_meta(peer, step=step, chunk=chunk, out=out))
+            self.futures[self.posted] = self.ch.post(peer, step=step, chunk=chunk, out=out)
             self.posted += 1
 
     async def start(self) -> None:
-        """Post the first ``depth`` receives and let them reach the mailbox
-        (one event-loop turn) before the caller starts sending."""
+        """Post the first ``depth`` receives (before the caller starts sending)."""
         self._post_until(self.depth)
-        await asyncio.sleep(0)
 
     async def get(self, i: int) -> tuple[memoryview, dict[str, Any] | None]:
         """Wait for message ``i`` (``(payload, meta)``); calls must go 0, 1, 2, ..."""
         self._post_until(i + self.depth)
-        return await self.tasks.pop(i)
+        payload, header = await self.futures.pop(i)
+        return payload, header.get("m")
 
     async def __aenter__(self) -> RecvWindow:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await drain(self.tasks.values())
-        self.tasks.clear()
+        for fut in self.futures.values():  # left over only when the algorithm failed
+            if fut.done() and not fut.cancelled():
+                fut.exception()
+        self.futures.clear()
 
 
 async def drain(tasks: Any) -> None:

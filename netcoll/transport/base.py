@@ -10,6 +10,7 @@ algorithm code runs over :mod:`.memory` and :mod:`.tcp`.
 from __future__ import annotations
 
 import abc
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,14 @@ class Channel:
         if meta is not None:
             header["m"] = meta
         await self.transport.send(self.members[peer], Kind.DATA, header, as_bytes(data))
+
+    def post(self, peer: int, *, step: int, chunk: int = 0,
+             out: np.ndarray | memoryview | None = None) -> asyncio.Future[tuple[memoryview, dict[str, Any]]]:
+        """Post a receive now (no await) and return its future of ``(payload,
+        header)``. A receive posted before its message arrives gets the bytes
+        written straight into ``out``. Awaiting the future is :meth:`recv_meta`."""
+        return self._mailbox.take(self.op, (self.members[peer], step, chunk),
+                                  None if out is None else as_bytes(out))
 
     async def recv(self, peer: int, *, step: int, chunk: int = 0,
                    out: np.ndarray | memoryview | None = None) -> memoryview:

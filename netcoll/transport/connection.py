@@ -29,6 +29,7 @@ from . import auth
 SCRATCH_BYTES = 256 * 1024
 DIRECT_MIN = 64 * 1024  # a payload remainder at least this big is read straight into place
 HIGH_WATER = 4 * 1024 * 1024
+COALESCE_MAX = 64 * 1024  # payloads up to this size are copied behind their header: one write
 HANDSHAKE_TIMEOUT = 10.0
 HANDSHAKE_LIMITS = wire.Limits(max_header=4096, max_payload=0)
 
@@ -129,8 +130,13 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if self.lost is not None or self.transport is None:
             raise _as_connection_error(self.lost)
         n = 0 if payload is None else payload.nbytes
-        self.transport.write(wire.encode_header(kind, header, n))
-        if n:
+        head = wire.encode_header(kind, header, n)
+        if n == 0:
+            self.transport.write(head)
+        elif n <= COALESCE_MAX:  # one syscall and one TCP segment for small frames
+            self.transport.write(b"".join((head, payload)))  # type: ignore[arg-type]
+        else:
+            self.transport.write(head)
             self.transport.write(payload)  # type: ignore[arg-type]
 
     async def send(self, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
