@@ -4,15 +4,31 @@ sequencing, deadlines and typed errors around the algorithms.
 Every collective call on a group takes the next sequence number; ranks must
 issue the same collectives in the same order (concurrent calls are fine, as in
 NCCL). Each call sends a fingerprint of itself (name, dtype, shape, op, root,
-algorithm) with every frame, so ranks that disagree fail with a
+algorithm, segment size) with every frame, so ranks that disagree fail with a
 :class:`MismatchError` naming both calls. One deadline covers a whole call;
 when it passes, the error names the ranks that never delivered, and every
 other rank is told to abort (no one waits for its own timeout).
+
+Uneven sizes ("v" collectives, as MPI's ``alltoallv``/``gatherv``/...):
+``all_to_all``, ``scatter`` and ``reduce_scatter`` also take a *list* (or
+tuple) of ``world_size`` arrays of one dtype and any shapes instead of one
+array with a leading rank axis, and ``gather``/``all_gather`` take
+``uneven=True`` for per-rank different shapes; these return lists. Shapes and
+dtypes travel with the data wherever the receiver cannot know them.
+
+Cancelling a task that is running a collective fails that collective on every
+rank (the others get :class:`CollectiveAborted`) and the communicator stays
+usable, because the call has already taken its sequence number. A task
+cancelled before its coroutine first ran never took one: then this rank is one
+collective behind the others, and the next calls pair up wrongly (mismatch
+errors at best) — cancel only calls that have started, or close the
+communicator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import numbers
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -22,7 +38,7 @@ from . import algorithms
 from .arrays import (array_from_meta, as_array, check_out, contiguous_copy, describe, leading_ranks,
                      meta_of)
 from .errors import (CollectiveError, CollectiveTimeout, CommunicatorClosed, MismatchError, PeerLost)
-from .ops import ReduceOp, check_op_dtype, finalize, parse_op
+from .ops import BFLOAT16, ReduceOp, check_op_dtype, finalize, parse_op
 from .transport.base import Channel, Transport, as_bytes
 from .transport.mailbox import Operation
 
@@ -37,6 +53,48 @@ def _ranks(ranks: list[int]) -> str:
 
 def _flat_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
+
+
+def _is_list(x: Any) -> bool:
+    """Uneven ("v") input: a list or tuple of per-rank arrays."""
+    return isinstance(x, (list, tuple))
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    return "bfloat16" if dt == BFLOAT16 else dt.name
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when C-contiguous (it is only read), else a C-contiguous copy."""
+    return a if a.flags.c_contiguous else np.array(a, order="C", copy=True)
+
+
+def _array_list(x: Any, world_size: int, what: str) -> list[np.ndarray]:
+    """Check an uneven ("v") argument: ``world_size`` arrays of one supported
+    dtype (any shapes). Raises before any byte is sent."""
+    arrs = [as_array(a, f"{what}[{k}]") for k, a in enumerate(x)]
+    if len(arrs) != world_size:
+        raise ValueError(f"{what} needs one array per rank: a list of world_size={world_size} arrays, "
+                         f"got {len(arrs)}")
+    dtypes = sorted({_dtype_name(a.dtype) for a in arrs})
+    if len(dtypes) > 1:
+        raise TypeError(f"{what}: every array of the list must have the same dtype, got {', '.join(dtypes)}")
+    return [_contiguous(a) for a in arrs]
+
+
+def _shapes(arrs: list[np.ndarray]) -> str:
+    """The shapes of a list for a fingerprint (a digest when long: the
+    fingerprint rides on every frame)."""
+    text = ";".join(f"[{','.join(map(str, a.shape))}]" for a in arrs)
+    if len(text) <= 200:
+        return text
+    return f"{len(arrs)} shapes sha1:{hashlib.sha1(text.encode()).hexdigest()[:16]}"
+
+
+def _check_uneven(uneven: Any) -> bool:
+    if not isinstance(uneven, bool):
+        raise TypeError(f"uneven must be True or False, got {uneven!r}")
+    return uneven
 
 
 class Communicator:
@@ -75,6 +133,13 @@ class Communicator:
             raise ValueError(f"{name} has no algorithm {algorithm!r}; choose one of "
                              f"{', '.join(['auto', *sorted(table)])}")
         return algorithm
+
+    def _pick_v(self, name: str, algorithm: str, only: str) -> str:
+        """The algorithm of an uneven ("v") collective: there is one, ``only``."""
+        if algorithm not in ("auto", only):
+            raise ValueError(f"{name} of uneven sizes (a list / uneven=True) has no algorithm {algorithm!r}; "
+                             f"choose 'auto' or {only!r}")
+        return only
 
     def _check_root(self, root: Any) -> int:
         if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < self.world_size:
@@ -169,7 +234,12 @@ class Communicator:
         ranks = tuple(getattr(err, "ranks", ()) or ())
         await self.transport.abort(op, cause, str(err), ranks)
 
-    def _fp(self, name: str, **parts: Any) -> str:
+    def _fp(self, name: str, *, segmented: bool = True, **parts: Any) -> str:
+        """The call's fingerprint, sent with every frame. ``segmented``: the
+        message pattern depends on ``segment_bytes``, so it is part of it (ranks
+        with different segment sizes would otherwise exchange mis-cut messages)."""
+        if segmented:
+            parts["segment_bytes"] = self.segment_bytes
         return f"{name}({', '.join(f'{k}={v}' for k, v in parts.items())})"
 
     # -- collectives ----------------------------------------------------------------
@@ -240,9 +310,31 @@ class Communicator:
         finalize(rop, buf, self.world_size)
         return buf
 
-    async def all_gather(self, x: Any, *, timeout: float | None = None, algorithm: str = "auto") -> np.ndarray:
-        """Every rank's ``x`` stacked: row ``r`` comes from rank ``r``."""
+    async def all_gather(self, x: Any, *, uneven: bool = False, timeout: float | None = None,
+                         algorithm: str = "auto") -> np.ndarray | list[np.ndarray]:
+        """Every rank's ``x`` stacked: row ``r`` comes from rank ``r``.
+
+        Args:
+            x: this rank's array; same shape and dtype on every rank.
+            uneven: ``True`` lets ranks pass arrays of *different* shapes (one
+                dtype): the result is then a list of ``world_size`` arrays,
+                ``y[r]`` = rank ``r``'s ``x`` (shapes travel with the data;
+                algorithm ``"pairwise"``). Every rank must pass the same value.
+
+        Returns:
+            An array of shape ``(world_size, *x.shape)``, or with ``uneven=True``
+            a list of ``world_size`` arrays.
+        """
         x = as_array(x)
+        if _check_uneven(uneven):
+            algo = self._pick_v("all_gather", algorithm, "pairwise")
+            if self.world_size == 1:
+                return [contiguous_copy(x)]
+            send = _contiguous(x)
+            fp = self._fp("all_gather", x=f"{_dtype_name(x.dtype)}[uneven]", uneven=True, algorithm=algo)
+            got = await self._run("all_gather", fp, lambda ch: algorithms.pairwise.all_gather_list(
+                ch, send, meta=meta_of(send), segment_bytes=self.segment_bytes), timeout)
+            return [array_from_meta(meta, memoryview(buf)) for buf, meta in got]
         out = np.empty((self.world_size, *x.shape), dtype=x.dtype)
         out[self.rank] = x
         algo = self._pick("all_gather", algorithm, out.nbytes)
@@ -253,11 +345,35 @@ class Communicator:
                                                             segment_bytes=self.segment_bytes), timeout)
         return out
 
-    async def gather(self, x: Any, root: int = 0, *, timeout: float | None = None,
-                     algorithm: str = "auto") -> np.ndarray | None:
-        """Every rank's ``x`` stacked at ``root``; others get ``None``."""
+    async def gather(self, x: Any, root: int = 0, *, uneven: bool = False, timeout: float | None = None,
+                     algorithm: str = "auto") -> np.ndarray | list[np.ndarray] | None:
+        """Every rank's ``x`` stacked at ``root``; others get ``None``.
+
+        Args:
+            x: this rank's array; same shape and dtype on every rank.
+            root: the gathering rank.
+            uneven: ``True`` lets ranks pass arrays of *different* shapes (one
+                dtype): the root then gets a list of ``world_size`` arrays,
+                ``y[r]`` = rank ``r``'s ``x`` (shapes travel with the data).
+                Every rank must pass the same value.
+
+        Returns:
+            Root: an array of shape ``(world_size, *x.shape)``, or with
+            ``uneven=True`` a list of ``world_size`` arrays. Others: ``None``.
+        """
         x = as_array(x)
         root = self._check_root(root)
+        if _check_uneven(uneven):
+            algo = self._pick_v("gather", algorithm, "direct")
+            if self.world_size == 1:
+                return [contiguous_copy(x)]
+            send = _contiguous(x)
+            fp = self._fp("gather", x=f"{_dtype_name(x.dtype)}[uneven]", root=root, uneven=True, algorithm=algo)
+            got = await self._run("gather", fp, lambda ch: algorithms.direct.gather_list(
+                ch, send, root, meta=meta_of(send), segment_bytes=self.segment_bytes), timeout)
+            if got is None:
+                return None
+            return [array_from_meta(meta, memoryview(buf)) for buf, meta in got]
         algo = self._pick("gather", algorithm, x.nbytes * self.world_size)
         send = contiguous_copy(x)
         out = np.empty((self.world_size, *x.shape), dtype=x.dtype) if self.rank == root else None
@@ -273,36 +389,81 @@ class Communicator:
 
     async def scatter(self, x: Any = None, root: int = 0, *, timeout: float | None = None,
                       algorithm: str = "auto") -> np.ndarray:
-        """Row ``rank`` of the root's ``x`` (shape ``(world_size, *s)``) to each rank."""
+        """Row ``rank`` of the root's ``x`` to each rank.
+
+        Args:
+            x: root: an array of shape ``(world_size, *s)``, or a list (or
+                tuple) of ``world_size`` arrays of one dtype and any shapes
+                (uneven sizes; rank ``k`` gets ``x[k]``). Others: ignored
+                (pass ``None``): shape and dtype travel with the data.
+            root: the scattering rank.
+
+        Returns:
+            ``x[rank]`` of the root's ``x`` (a new array).
+
+        Raises:
+            ValueError / TypeError (at the root, before any byte is sent): no
+            leading rank axis, a list of the wrong length, mixed dtypes.
+        """
         root = self._check_root(root)
         algo = self._pick("scatter", algorithm, 0)
-        send = None
+        blocks: list[np.ndarray] | None = None
         if self.rank == root:
-            send = contiguous_copy(as_array(x))
-            leading_ranks(send, self.world_size, "scatter")
+            if _is_list(x):
+                blocks = _array_list(x, self.world_size, "scatter")
+            else:
+                whole = contiguous_copy(as_array(x))
+                leading_ranks(whole, self.world_size, "scatter")
+                blocks = [whole[k, ...] for k in range(self.world_size)]  # 0-d rows stay arrays
         if self.world_size == 1:
-            return send[0].copy()  # type: ignore[index]
+            return contiguous_copy(blocks[0])  # type: ignore[index]
         seg = self.segment_bytes
+        metas = None if blocks is None else [meta_of(b) for b in blocks]
 
         async def body(ch: Channel) -> np.ndarray:
-            # direct scatter; each row carries its dtype/shape so non-roots need no buffer
-            if ch.rank == root:
-                for k in range(1, ch.size):
-                    peer = (root + k) % ch.size
-                    await algorithms.direct.send_message(ch, peer, send[peer], meta=meta_of(send[peer]),
-                                                         segment_bytes=seg)
-                return send[root].copy()  # type: ignore[index]
-            buf, meta = await algorithms.direct.recv_message(ch, root, segment_bytes=seg)
+            # direct scatter; each block carries its dtype/shape so non-roots need no buffer
+            buf, meta = await algorithms.direct.scatter_list(ch, blocks, root, metas=metas, segment_bytes=seg)
             return array_from_meta(meta, memoryview(buf))
 
         return await self._run("scatter", self._fp("scatter", root=root, algorithm=algo), body, timeout)
 
     async def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", *, timeout: float | None = None,
                              algorithm: str = "auto") -> np.ndarray:
-        """Reduce ``x`` (shape ``(world_size, *s)``) over ranks; rank ``r`` gets reduced row ``r``."""
+        """Reduce ``x`` over ranks; rank ``r`` gets reduced row ``r``.
+
+        Args:
+            x: an array of shape ``(world_size, *s)``, same on every rank; or
+                a list (or tuple) of ``world_size`` arrays of one dtype whose
+                ``x[j]`` has the same shape on every rank (shapes may differ
+                across ``j``): rank ``r`` gets ``x[r]`` reduced (uneven sizes;
+                algorithm ``"pairwise"``, reduced in the fixed order
+                ``((x[r+1] op x[r+2]) op ...) op x[r]`` over ranks mod P, so
+                deterministic run to run).
+            op: the reduction.
+
+        Returns:
+            The reduced row (shape ``s``), or the reduced ``x[rank]``.
+
+        Raises:
+            ValueError / TypeError before any byte is sent: no leading rank
+            axis, a list of the wrong length, mixed dtypes, an op the dtype
+            does not support.
+        """
+        rop = parse_op(op)
+        if _is_list(x):
+            blocks = _array_list(x, self.world_size, "reduce_scatter")
+            check_op_dtype(rop, blocks[0].dtype)
+            algo = self._pick_v("reduce_scatter", algorithm, "pairwise")
+            out = contiguous_copy(blocks[self.rank])
+            if self.world_size > 1:
+                fp = self._fp("reduce_scatter", x=f"list of {_dtype_name(out.dtype)}", shapes=_shapes(blocks),
+                              op=rop.value, algorithm=algo)
+                await self._run("reduce_scatter", fp, lambda ch: algorithms.pairwise.reduce_scatter_list(
+                    ch, blocks, rop, out, segment_bytes=self.segment_bytes), timeout)
+            finalize(rop, out, self.world_size)
+            return out
         x = as_array(x)
         leading_ranks(x, self.world_size, "reduce_scatter")
-        rop = parse_op(op)
         check_op_dtype(rop, x.dtype)
         algo = self._pick("reduce_scatter", algorithm, x.nbytes)
         buf = contiguous_copy(x)
@@ -317,8 +478,35 @@ class Communicator:
         finalize(rop, out, self.world_size)
         return out
 
-    async def all_to_all(self, x: Any, *, timeout: float | None = None, algorithm: str = "auto") -> np.ndarray:
-        """``y[j]`` = rank ``j``'s ``x[rank]``, for ``x`` of shape ``(world_size, *s)``."""
+    async def all_to_all(self, x: Any, *, timeout: float | None = None,
+                         algorithm: str = "auto") -> np.ndarray | list[np.ndarray]:
+        """``y[j]`` = rank ``j``'s ``x[rank]``.
+
+        Args:
+            x: an array of shape ``(world_size, *s)`` (same on every rank); or
+                a list (or tuple) of ``world_size`` arrays of one dtype and any
+                shapes — ``x[j]`` goes to rank ``j`` (uneven sizes, as MPI's
+                ``alltoallv``; shapes travel with the data, so ranks need not
+                know what they will receive; the dtype must be the same on
+                every rank).
+
+        Returns:
+            An array ``y`` of shape ``(world_size, *s)``, or for a list input a
+            list of ``world_size`` arrays, ``y[j]`` = rank ``j``'s ``x[rank]``.
+
+        Raises:
+            ValueError / TypeError before any byte is sent: no leading rank
+            axis, a list of the wrong length, mixed dtypes.
+        """
+        if _is_list(x):
+            blocks = _array_list(x, self.world_size, "all_to_all")
+            algo = self._pick_v("all_to_all", algorithm, "pairwise")
+            if self.world_size == 1:
+                return [contiguous_copy(blocks[0])]
+            fp = self._fp("all_to_all", x=f"list of {_dtype_name(blocks[0].dtype)}", algorithm=algo)
+            got = await self._run("all_to_all", fp, lambda ch: algorithms.pairwise.all_to_all_list(
+                ch, blocks, metas=[meta_of(b) for b in blocks], segment_bytes=self.segment_bytes), timeout)
+            return [array_from_meta(meta, memoryview(buf)) for buf, meta in got]
         x = as_array(x)
         leading_ranks(x, self.world_size, "all_to_all")
         algo = self._pick("all_to_all", algorithm, x.nbytes)
@@ -338,7 +526,7 @@ class Communicator:
         algo = self._pick("barrier", algorithm, 0)
         if self.world_size > 1:
             fn = algorithms.ALGORITHMS["barrier"][algo]
-            await self._run("barrier", self._fp("barrier", algorithm=algo), fn, timeout)
+            await self._run("barrier", self._fp("barrier", segmented=False, algorithm=algo), fn, timeout)
 
     # -- point to point -------------------------------------------------------------
     def _p2p(self, src: int, dst: int, tag: int) -> tuple[str, int, tuple[int, ...]]:
@@ -359,7 +547,7 @@ class Communicator:
         arr = as_array(x)
         data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
         group, seq, members = self._p2p(self.rank, dst, tag)
-        await self._run("send", "p2p", lambda ch: algorithms.direct.send_message(
+        await self._run("send", self._fp("p2p"), lambda ch: algorithms.direct.send_message(
             ch, 1, data, meta=meta_of(data), segment_bytes=self.segment_bytes), timeout,
             group=group, seq=seq, members=members)
 
@@ -371,7 +559,7 @@ class Communicator:
             buf, meta = await algorithms.direct.recv_message(ch, 0, segment_bytes=self.segment_bytes)
             return array_from_meta(meta, memoryview(buf))
 
-        return await self._run("recv", "p2p", body, timeout, group=group, seq=seq, members=members)
+        return await self._run("recv", self._fp("p2p"), body, timeout, group=group, seq=seq, members=members)
 
     # -- groups ----------------------------------------------------------------------
     async def split(self, color: int | None, key: int = 0, *, timeout: float | None = None) -> Communicator | None:

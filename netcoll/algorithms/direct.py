@@ -10,6 +10,11 @@ segmented point-to-point messages.
   another, cut into segments of at most ``segment_bytes``, with the sender's
   ``meta`` (plus ``"nbytes"``) in the header of segment 0 so the receiver can
   pass ``out=None`` and have a buffer allocated.
+* **gather_list / scatter_list** (the "v" variants, MPI's ``gatherv`` /
+  ``scatterv``): blocks of *different* sizes, each sent as one such message,
+  so its size and the sender's ``meta`` (dtype, shape) travel with it and the
+  receiver allocates. The root posts every peer's receive at once (gather) or
+  sends segment-major across ranks so every stream starts at once (scatter).
 
 Flat trees are latency-optimal (one step) and move each byte once, but the
 root's link carries everything, so they suit moderate sizes and P.
@@ -20,12 +25,18 @@ Cost, ``P`` ranks, blocks of ``B`` bytes, a message of ``N`` bytes:
 * ``scatter``: 1 step; the root sends ``(P-1) B``, each non-root receives ``B``.
 * ``send_message``: 1 step; ``N`` bytes in ``max(1, ceil(N/segment_bytes))``
   messages.
+* ``gather_list`` / ``scatter_list``: as gather/scatter with ``B_k`` the
+  block of rank ``k``: the root receives (sends) ``sum of B_k, k != root``;
+  the first segment of each block is copied once (its size is not known
+  before it arrives), the rest land in place.
 
 Bits: pure data movement.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +48,7 @@ from ._common import (
     as_u8,
     check_root,
     check_segment_bytes,
+    gather_all,
     num_segments,
     relay,
     split,
@@ -45,7 +57,7 @@ from ._common import (
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["gather", "scatter", "send_message", "recv_message"]
+__all__ = ["gather", "scatter", "send_message", "recv_message", "gather_list", "scatter_list"]
 
 
 def _blocks(ch: Channel, block: int, whole: np.ndarray, name: str) -> None:
@@ -156,3 +168,85 @@ async def recv_message(ch: Channel, peer: int, out: np.ndarray | None = None, *,
     """
     check_root(ch, peer)
     return await relay(ch, peer, [], out, None, step=step, segment_bytes=segment_bytes, what="recv")
+
+
+Message = tuple[np.ndarray, dict[str, Any]]
+
+
+def _own(block: np.ndarray, meta: dict[str, Any] | None, name: str) -> Message:
+    """This rank's own block, as a receiver would see it: a fresh flat
+    ``uint8`` copy and the meta (plus ``"nbytes"``)."""
+    data = as_u8(block, name, writeable=False)
+    return data.copy(), dict(meta or {}, nbytes=data.nbytes)
+
+
+async def gather_list(ch: Channel, block: np.ndarray, root: int, *, meta: dict[str, Any] | None = None,
+                      segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> list[Message] | None:
+    """Direct gather of blocks of any (per-rank different) byte size.
+
+    Args:
+        block: this rank's block (any C-contiguous array, handled as bytes).
+        root: the gathering rank.
+        meta: a small msgpack-able dict sent along (e.g. dtype and shape);
+            ``"nbytes"`` is added.
+
+    Returns:
+        Root: ``[(buffer, meta)]`` indexed by rank — ``buffer`` a new flat
+        ``uint8`` array with rank ``k``'s bytes, ``meta`` rank ``k``'s meta
+        (its own entry is a copy). Others: ``None``.
+    """
+    check_root(ch, root)
+    check_segment_bytes(segment_bytes)
+    P, r = ch.size, ch.rank
+    if r != root:
+        await send_message(ch, root, block, meta=meta, segment_bytes=segment_bytes)
+        return None
+    out: list[Message | None] = [None] * P
+    out[root] = _own(block, meta, "block")
+    peers = [(root + k) % P for k in range(1, P)]
+    tasks = [asyncio.ensure_future(recv_message(ch, p, segment_bytes=segment_bytes)) for p in peers]
+    for p, got in zip(peers, await gather_all(tasks)):
+        out[p] = got
+    return out  # type: ignore[return-value]
+
+
+async def scatter_list(ch: Channel, blocks: Sequence[np.ndarray] | None, root: int, *,
+                       metas: Sequence[dict[str, Any] | None] | None = None,
+                       segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Message:
+    """Direct scatter of blocks of any (per-rank different) byte size.
+
+    Args:
+        blocks: root: ``P`` C-contiguous arrays, block ``k`` for rank ``k``.
+            Others: ``None`` (ignored).
+        root: the scattering rank.
+        metas: root only: ``P`` small dicts (or ``None``), ``metas[k]``
+            delivered with block ``k``; ``"nbytes"`` is added.
+
+    Returns:
+        ``(buffer, meta)`` on every rank: a new flat ``uint8`` array with this
+        rank's block and the meta sent with it.
+    """
+    check_root(ch, root)
+    check_segment_bytes(segment_bytes)
+    P, r = ch.size, ch.rank
+    if r != root:
+        return await recv_message(ch, root, segment_bytes=segment_bytes)
+    if blocks is None or len(blocks) != P:
+        raise ValueError(f"scatter_list: the root must pass {P} blocks, got "
+                         f"{'None' if blocks is None else len(blocks)}")
+    if metas is None:
+        metas = [None] * P
+    if len(metas) != P:
+        raise ValueError(f"scatter_list: {len(metas)} metas for {P} blocks")
+    datas = [as_u8(b, f"blocks[{k}]", writeable=False) for k, b in enumerate(blocks)]
+    sent = [dict(m or {}, nbytes=d.nbytes) for m, d in zip(metas, datas)]
+    # The same cut recv_message expects; segment-major across ranks so every
+    # rank's stream starts at once.
+    segs = [split(d.nbytes, num_segments(d.nbytes, segment_bytes)) for d in datas]
+    peers = [(root + k) % P for k in range(1, P)]
+    for j in range(max((len(segs[p]) for p in peers), default=0)):
+        for p in peers:
+            if j < len(segs[p]):
+                a, b = segs[p][j]
+                await ch.send(p, datas[p][a:b], step=0, chunk=j, meta=sent[p] if j == 0 else None)
+    return datas[root].copy(), sent[root]
