@@ -200,6 +200,14 @@ class FrameDecoder:
         self._filled += n
         return self._finish() if self._filled == len(self._target) else None
 
+    def divert(self) -> None:
+        """Stop writing the current payload into its destination: the rest of
+        it goes to a throw-away buffer (the receive it was posted for is gone)."""
+        if self._state == _PAYLOAD:
+            spare = memoryview(bytearray(len(self._target)))
+            spare[:self._filled] = self._target[:self._filled]
+            self._target = spare
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         if self._state == _BROKEN:
             raise ProtocolError("decoder is broken by an earlier protocol error")

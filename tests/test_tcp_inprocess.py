@@ -19,7 +19,7 @@ import pytest
 import netcoll
 from netcoll import CollectiveAborted, CollectiveTimeout, Communicator, PeerLost
 from netcoll.ops import BFLOAT16, reduce_reference
-from netcoll.transport import auth
+from netcoll.transport import auth, tcp
 from netcoll.wire import FrameDecoder, Kind, encode_header
 
 pytestmark = pytest.mark.tcp
@@ -186,7 +186,8 @@ def error_frame(frames: list[tuple[Kind, dict[str, Any]]]) -> dict[str, Any]:
     return frames[kinds.index(Kind.ERROR)][1]
 
 
-async def test_bad_clients_on_the_peer_port() -> None:
+async def test_bad_clients_on_the_peer_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tcp, "SESSION_WAIT", 1.0)
     token = "s3cret"
     async with world(3, token=token) as comms:
         target = comms[1]
@@ -199,9 +200,9 @@ async def test_bad_clients_on_the_peer_port() -> None:
         bad_rank = raw_client(address, lambda ch: hello(ch, token=token, session=session, rank=0), limit=5)
         dup = raw_client(address, lambda ch: hello(ch, token=token, session=session, rank=2), limit=5)
         # an authenticated HELLO for a session this rank does not run: refused once the
-        # listener has waited (10 s) for that session to be registered
+        # listener has waited (SESSION_WAIT) for that session to be registered
         unknown = raw_client(address, lambda ch: hello(ch, token=token, session="no-such-session", rank=2),
-                             limit=15)
+                             limit=6)
         bad = asyncio.gather(garbage, wrong, no_proof, bad_rank, dup, unknown)
 
         async def keep_working(c: Communicator) -> int:  # the ranks keep running collectives meanwhile

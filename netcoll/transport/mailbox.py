@@ -25,7 +25,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import CollectiveAborted, CollectiveError, MismatchError, PeerLost
 
@@ -81,6 +81,10 @@ class Mailbox:
         self.dead: dict[int, BaseException] = {}
         self.departed: set[int] = set()  # the dead that said BYE: what they sent still counts
         self.early_bytes = 0
+        #: src -> the operation whose posted buffer src's current payload is being written into
+        self.filling: dict[int, Operation] = {}
+        #: set by a transport that writes payloads in place: stop src's current in-place write
+        self.divert: Callable[[int], None] | None = None
 
     # -- operation lifecycle ------------------------------------------------
     def open(self, group: str, seq: int, fp: str, members: tuple[int, ...], name: str) -> Operation:
@@ -103,6 +107,10 @@ class Mailbox:
 
     def close(self, op: Operation) -> None:
         self.ops.pop((op.group, op.seq), None)
+        for src in [s for s, o in self.filling.items() if o is op]:
+            del self.filling[src]  # the caller gets its buffer back: no more bytes into it
+            if self.divert is not None:
+                self.divert(src)
         op.arrived.clear()
         if op.error is None:
             op.fail(CollectiveError(f"{op.where()} was closed", op=op.name, seq=op.seq))
@@ -146,9 +154,11 @@ class Mailbox:
         slot = op.posted.get((src, header["s"], header["c"]))
         if slot is None or slot[1] is None or slot[1].nbytes != nbytes:
             return None
+        self.filling[src] = op
         return slot[1]
 
     def deliver(self, src: int, header: dict[str, Any], payload: memoryview) -> None:
+        self.filling.pop(src, None)
         key = (header["g"], header["q"])
         op = self.ops.get(key)
         if op is not None:

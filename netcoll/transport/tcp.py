@@ -26,6 +26,9 @@ from .base import Transport
 from .connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
 
 CONNECT_RETRY = 0.05
+#: how long an incoming peer link waits for its session to be set up here
+#: (the peer may have finished the rendezvous a moment before us)
+SESSION_WAIT = 10.0
 
 
 class Listener:
@@ -63,7 +66,7 @@ class Listener:
                 raise ProtocolError("peer HELLO must carry role='peer', session and rank")
             event = self._registered.setdefault(session, asyncio.Event())
             try:
-                await asyncio.wait_for(event.wait(), 10.0)
+                await asyncio.wait_for(event.wait(), SESSION_WAIT)
             except TimeoutError:
                 self._registered.pop(session, None)
                 raise RendezvousError(f"no group session {session!r} on this rank") from None
@@ -97,6 +100,7 @@ class TcpTransport(Transport):
         self.links: dict[int, FramedProtocol] = {}
         self._bye: set[int] = set()
         self._all_linked = asyncio.Event()
+        self.mailbox.divert = self._divert
         if size == 1:
             self._all_linked.set()
 
@@ -165,6 +169,11 @@ class TcpTransport(Transport):
             self._on_lost(peer, proto.lost)
         if len(self.links) == self.size - 1:
             self._all_linked.set()
+
+    def _divert(self, peer: int) -> None:
+        link = self.links.get(peer)
+        if link is not None:
+            link.decoder.divert()
 
     def _on_frame(self, peer: int, frame: Frame) -> None:
         kind = frame.kind
