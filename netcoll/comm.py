@@ -160,36 +160,32 @@ class Communicator:
         mailbox = self.transport.mailbox
         op = mailbox.open(group or self.group, seq, fp, members or self.members, name)
         try:
-            if op.error is not None:  # failed at open: a dead peer, an early abort or mismatch
-                await self._abort(op, _cause(op.error))
-                raise op.error
-            task = asyncio.ensure_future(body(Channel(self.transport, op)))
-            try:
-                done, _ = await asyncio.wait((task, op.failed), timeout=limit,
-                                             return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                await _cancel(task)
-                op.fail(CollectiveError(f"{op.where()} was cancelled on rank {self._op_rank(op)}",
-                                        op=name, seq=seq))
-                await self._abort(op, "cancelled")
-                raise
-            if task in done and op.error is None:
-                exc = task.exception()
-                if exc is None:
-                    return task.result()
-                if not isinstance(exc, (CollectiveError, ValueError, TypeError)):
-                    exc = CollectiveError(f"{op.where()} failed on rank {self._op_rank(op)}: "
-                                          f"{type(exc).__name__}: {exc}", op=name, seq=seq)
-                op.fail(exc)  # type: ignore[arg-type]
-            elif op.error is None:
-                await self._time_out(op, task, limit)
-            await _cancel(task)
+            if op.error is None:
+                # The body runs inline (no task per call): a failure of the op fails
+                # every posted receive, so the body raises it; the deadline cancels it.
+                try:
+                    async with asyncio.timeout(limit):
+                        return await body(Channel(self.transport, op))
+                except asyncio.CancelledError:
+                    op.fail(CollectiveError(f"{op.where()} was cancelled on rank {self._op_rank(op)}",
+                                            op=name, seq=seq))
+                    await self._abort(op, "cancelled")
+                    raise
+                except TimeoutError:
+                    if op.error is None:
+                        await self._time_out(op, limit)
+                except (CollectiveError, ValueError, TypeError) as exc:
+                    op.fail(exc)  # type: ignore[arg-type]  # no-op when the op failed first
+                except Exception as exc:  # noqa: BLE001 - a bug in an algorithm still fails cleanly
+                    op.fail(CollectiveError(f"{op.where()} failed on rank {self._op_rank(op)}: "
+                                            f"{type(exc).__name__}: {exc}", op=name, seq=seq))
+            # failed: at open (dead peer, early abort, mismatch), in the body, or on the deadline
             await self._abort(op, _cause(op.error))
             raise op.error  # type: ignore[misc]
         finally:
             mailbox.close(op)
 
-    async def _time_out(self, op: Operation, task: asyncio.Future[Any], limit: float) -> None:
+    async def _time_out(self, op: Operation, limit: float) -> None:
         """Fail ``op`` on its deadline, tell the peers (with what we waited for),
         and listen briefly for theirs, so the error names the rank at the end
         of the wait chain rather than just our neighbour."""
@@ -197,7 +193,6 @@ class Communicator:
         op.fail(CollectiveTimeout(f"{op.where()} timed out after {limit:g}s on rank {me}: waiting for "
                                   f"{_ranks(waiting) or 'peers to read (send blocked)'}",
                                   op=op.name, seq=op.seq, ranks=waiting))
-        await _cancel(task)
         await self._abort(op, "timeout")
         op.error.peers_told = True  # type: ignore[union-attr]
         await asyncio.sleep(min(TIMEOUT_GRACE, limit / 10))  # peers' own timeouts arrive as reports
@@ -588,15 +583,6 @@ class Communicator:
         self.closed = True
         for hook in reversed(self._on_close):
             await hook()
-
-
-async def _cancel(task: asyncio.Future[Any]) -> None:
-    if not task.done():
-        task.cancel()
-    try:
-        await task
-    except BaseException:  # noqa: BLE001 - the op's error is what we report
-        pass
 
 
 def _cause(err: BaseException | None) -> str:

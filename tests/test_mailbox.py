@@ -70,3 +70,19 @@ async def test_posted_buffer_is_diverted_when_its_op_closes() -> None:
     assert len(frames) == 1  # the stream stays in sync
     mb.deliver(1, frames[0].header, frames[0].payload)  # dropped quietly
     await asyncio.sleep(0)
+
+
+async def test_abort_for_an_op_that_succeeded_here_fails_the_next_one() -> None:
+    mb = Mailbox(rank=0)
+    op = mb.open("g", 0, "fp", (0, 1), "broadcast")
+    mb.close(op)  # succeeded here (a root that only sends)
+    mb.on_abort(1, {"g": "g", "q": 0, "reason": "mismatch x vs y", "origin": 1, "cause": "mismatch"})
+    nxt = mb.open("g", 1, "fp2", (0, 1), "barrier")
+    assert isinstance(nxt.error, CollectiveAborted)
+    assert "broadcast #0 failed on rank 1" in str(nxt.error) and "mismatch x vs y" in str(nxt.error)
+    mb.close(nxt)
+    failed = mb.open("g", 2, "fp", (0, 1), "x")  # an abort for an op that failed here too: nothing more
+    failed.fail(CollectiveAborted("boom"))
+    mb.close(failed)
+    mb.on_abort(1, {"g": "g", "q": 2, "reason": "r", "origin": 1, "cause": "error"})
+    assert mb.open("g", 3, "fp", (0, 1), "x").error is None

@@ -15,7 +15,10 @@ Rules:
    rank, so ``seq < next_seq[group]`` and not open means finished).
 3. Every frame carries the sender's call fingerprint; a difference from ours
    fails the operation with :class:`MismatchError` naming both calls.
-4. An ABORT frame fails the operation (or marks it, if not yet opened).
+4. An ABORT frame fails the operation (or marks it, if not yet opened). An
+   ABORT for an operation that already *succeeded* here (a broadcast root
+   finishes before its receivers notice a mismatch) fails the group's next
+   operation instead, so no rank carries on alone.
 5. A crashed peer fails every open operation it is a member of, and every
    later operation that includes it fails at open. A peer that closed in
    order (BYE) fails only receives from it that have not arrived: what it
@@ -25,11 +28,13 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any, Callable
 
 from ..errors import CollectiveAborted, CollectiveError, MismatchError, PeerLost
 
-SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
+SlotKey = tuple[int, int, int]
+SUCCEEDED_KEPT = 64  # (src world rank, step, chunk)
 
 
 class Operation:
@@ -81,6 +86,10 @@ class Mailbox:
         self.dead: dict[int, BaseException] = {}
         self.departed: set[int] = set()  # the dead that said BYE: what they sent still counts
         self.early_bytes = 0
+        #: recent operations that succeeded here, per group (seq -> name)
+        self.succeeded: dict[str, collections.OrderedDict[int, str]] = {}
+        #: group -> an ABORT that arrived for one of them
+        self.late_aborts: dict[str, dict[str, Any]] = {}
         #: src -> the operation whose posted buffer src's current payload is being written into
         self.filling: dict[int, Operation] = {}
         #: set by a transport that writes payloads in place: stop src's current in-place write
@@ -100,6 +109,14 @@ class Mailbox:
         abort = self.early_aborts.pop(key, None)
         if abort is not None:
             self._apply_abort(op, abort)
+        late = self.late_aborts.pop(group, None)
+        if late is not None and op.error is None:
+            r = op.rank_of.get(late["origin"], late["origin"])
+            earlier = self.succeeded.get(group, {}).get(late["q"], "collective")
+            exc = CollectiveAborted(
+                f"{op.where()} not started: {earlier} #{late['q']} failed on rank {r} after this rank had "
+                f"finished its part ({late['cause']}: {late['reason']})", op=op.name, seq=op.seq, ranks=(r,))
+            op.fail(exc)  # the comm aborts this op on the other ranks too
         for src, header, payload in self.early.pop(key, ()):
             self.early_bytes -= payload.nbytes
             self._deliver_to(op, src, header, payload)
@@ -113,6 +130,10 @@ class Mailbox:
                 self.divert(src)
         op.arrived.clear()
         if op.error is None:
+            done = self.succeeded.setdefault(op.group, collections.OrderedDict())
+            done[op.seq] = op.name
+            if len(done) > SUCCEEDED_KEPT:
+                done.popitem(last=False)
             op.fail(CollectiveError(f"{op.where()} was closed", op=op.name, seq=op.seq))
 
     # -- the receive side, called by collectives ----------------------------
@@ -175,6 +196,10 @@ class Mailbox:
             self._apply_abort(op, header)
         elif header["q"] >= self.next_seq.get(header["g"], 0):
             self.early_aborts.setdefault(key, header)
+        elif header["q"] in self.succeeded.get(header["g"], {}):
+            # We finished our part (a broadcast root, say) but it failed elsewhere:
+            # fail our next operation of the group, so no rank carries on alone.
+            self.late_aborts.setdefault(header["g"], header)
 
     def peer_lost(self, peer: int, cause: BaseException | None = None, graceful: bool = False) -> None:
         """``peer``'s link is gone. A crash fails every open operation that
