@@ -64,8 +64,12 @@ class Client:
                      **fields: Any) -> int:
         """Queue a job; return its id. ``inputs``: one array (every rank gets it;
         for broadcast/scatter only the root) or a list with one array per rank."""
-        spec = op if isinstance(op, JobSpec) else JobSpec(op=op, **({"data": "inline"} if inputs is not None
-                                                                     and "data" not in fields else {}), **fields)
+        if not isinstance(op, JobSpec) and inputs is not None:
+            fields.setdefault("data", "inline")
+            first = inputs[0] if isinstance(inputs, list) and inputs else inputs
+            if "dtype" not in fields and hasattr(first, "dtype"):
+                fields["dtype"] = str(first.dtype)  # so op/dtype rules (avg, bitwise) check the real arrays
+        spec = op if isinstance(op, JobSpec) else JobSpec(op=op, **fields)
         params: dict[str, Any] = {"spec": spec.model_dump()}
         payload = b""
         if inputs is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..arrays import array_from_meta
 from ..rpc import Session
@@ -127,6 +127,8 @@ class Job:
         self.algbw: float | None = None
         self.busbw: float | None = None
         self.verified: bool | None = None
+        #: called once when the job ends (the service counts jobs by final state)
+        self.on_finish: Callable[[Job], None] | None = None
         self.results_expired = False
 
     @property
@@ -146,6 +148,8 @@ class Job:
         self.inputs = None  # free client arrays
         self.done.set()
         self.changed.set()
+        if self.on_finish is not None:
+            self.on_finish(self)
 
     def record(self, with_results: bool = False) -> Any:
         rec: dict[str, Any] = {

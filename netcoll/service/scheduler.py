@@ -51,6 +51,9 @@ class JobService:
         self.session = ""
         self.epoch_members: tuple[str, ...] | None = None
         self._ids = itertools.count(1)
+        self.submitted = 0
+        #: jobs ended so far, by final state (for metrics; unlike ``jobs``, never trimmed)
+        self.finished: collections.Counter[str] = collections.Counter()
         self._members_changed = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
         for name in ("daemon_register", "daemon_drain", "job_result", "job_progress", "submit", "wait", "job",
@@ -118,7 +121,8 @@ class JobService:
             return
         del self.members[member_id]
         reason = session.data.get("drop_reason", "connection closed")
-        log.warning("daemon %s at %s:%d left: %s", member_id, member.host, member.port, reason)
+        log.log(logging.INFO if member.draining else logging.WARNING, "daemon %s at %s:%d left: %s",
+                member_id, member.host, member.port, "drained" if member.draining else reason)
         job = self.current
         if job is not None and member_id in job.rank_of:
             r = job.rank_of[member_id]
@@ -133,10 +137,15 @@ class JobService:
         if inputs is not None and inputs.per_rank is not None and spec.world_size is None:
             spec.world_size = len(inputs.per_rank)
         job = Job(next(self._ids), spec, inputs)
+        job.on_finish = self._count_finished
+        self.submitted += 1
         self.jobs[job.id] = job
         self._trim()
         self.queue.put_nowait(job)
         return {"id": job.id, "state": job.state.value}
+
+    def _count_finished(self, job: Job) -> None:
+        self.finished[job.state.value] += 1
 
     def _get(self, params: dict[str, Any]) -> Job:
         jid = params.get("id")

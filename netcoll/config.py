@@ -1,0 +1,353 @@
+"""Configuration of the ``netcoll`` commands: one pydantic model per command.
+
+Each model merges, in increasing priority: its defaults, ``NETCOLL_*``
+environment variables, then command-line flags (a flag always wins)::
+
+    cfg = RankConfig.load({"port": "29500"}, os.environ)
+
+======================== ========================================= ===================
+variable                 meaning                                   used by
+======================== ========================================= ===================
+NETCOLL_COORDINATOR      ``HOST:PORT`` of the coordinator          rank, submit, status
+                         (default ``127.0.0.1:29400``)
+NETCOLL_TOKEN            shared secret every listener checks       all but health
+NETCOLL_HOST             address to listen on                      coordinator, rank, up
+NETCOLL_PORT             port to listen on (RPC / peer traffic)    coordinator, rank, up
+NETCOLL_HTTP_PORT        HTTP ``/livez /readyz /metrics`` port     coordinator, rank
+                         (``off`` disables it, ``0`` = any free)
+NETCOLL_RANK_HINT        preferred rank (a pod index)              rank
+NETCOLL_ADVERTISE_HOST   address peers should dial (default: the   rank
+                         address the coordinator sees)
+NETCOLL_LOG_LEVEL        debug, info, warning, error               coordinator, rank, up
+======================== ========================================= ===================
+
+An empty variable counts as unset (compose passes ``NETCOLL_TOKEN:`` through
+empty when the caller has none). :meth:`Settings.load` raises
+:class:`ConfigError` with one line naming the flag or variable at fault.
+
+This module does not import numpy (``netcoll health`` stays cheap).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_COORDINATOR = "127.0.0.1:29400"
+COORDINATOR_PORT = 29400
+COORDINATOR_HTTP_PORT = 29401
+RANK_PORT = 29500
+RANK_HTTP_PORT = 29501
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+_OFF = ("off", "none", "no", "false", "disabled", "-1")
+_UNEXPANDED = re.compile(r"^\$\(?\{?[A-Za-z_][A-Za-z0-9_]*\}?\)?$")  # $(VAR) / ${VAR} / $VAR left as is
+_SERVICE_LINK = re.compile(r"^(tcp|udp)://", re.IGNORECASE)
+
+log = logging.getLogger("netcoll.config")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; ``str()`` is one line naming the flag or variable."""
+
+
+def check_address(value: str, default_port: int = COORDINATOR_PORT) -> str:
+    """``host:port``, ``[v6]:port`` or a bare ``host`` (default port) -> ``host:port``."""
+    text = value.strip()
+    if _SERVICE_LINK.match(text):
+        raise ValueError("looks like a Kubernetes/Docker service-link variable, not HOST:PORT "
+                         "(set enableServiceLinks: false, or pass the flag)")
+    if not text:
+        raise ValueError("address must be HOST:PORT, got an empty string")
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"address must be HOST:PORT or [IPv6]:PORT, got {value!r}")
+        port_s = rest[1:] if rest else str(default_port)
+        host_out = f"[{host}]"
+    elif text.count(":") == 1:
+        host, _, port_s = text.partition(":")
+        host_out = host
+    elif ":" not in text:
+        host, port_s, host_out = text, str(default_port), text
+    else:
+        raise ValueError(f"address must be HOST:PORT (write an IPv6 address as [ADDR]:PORT), got {value!r}")
+    if not host or any(c.isspace() for c in host):
+        raise ValueError(f"address must be HOST:PORT with a host name, got {value!r}")
+    if not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ValueError(f"address must be HOST:PORT with a port in 1..65535, got {value!r}")
+    return f"{host_out}:{int(port_s)}"
+
+
+def _port(value: Any, *, allow_off: bool) -> Any:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if _SERVICE_LINK.match(text):
+            raise ValueError("looks like a Kubernetes/Docker service-link variable, not a port "
+                             "(set enableServiceLinks: false, or pass the flag)")
+        if allow_off and text in _OFF:
+            return None
+    if isinstance(value, int) and allow_off and value == -1:
+        return None
+    return value
+
+
+class Settings(BaseModel):
+    """Base: defaults < ``NETCOLL_*`` environment < flags."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    #: field -> environment variable read for it
+    ENV: ClassVar[dict[str, str]] = {}
+    #: field -> the flag that sets it (for error messages)
+    FLAGS: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def load(cls, flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Any:
+        """Merge ``environ`` (only the variables in :attr:`ENV`) and ``flags``
+        (``None`` values mean "not given"); validate; raise :class:`ConfigError`."""
+        import os
+
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        source: dict[str, str] = {}
+        for name, var in cls.ENV.items():
+            raw = environ.get(var)
+            if raw is not None and raw.strip() != "":
+                values[name], source[name] = raw, var
+        for name, value in (flags or {}).items():
+            if value is not None and name in cls.model_fields:
+                values[name], source[name] = value, cls._flag(name)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise ConfigError(cls._explain(exc, values, source)) from None
+
+    @classmethod
+    def _flag(cls, name: str) -> str:
+        return cls.FLAGS.get(name, "--" + name.replace("_", "-"))
+
+    @classmethod
+    def _explain(cls, exc: ValidationError, values: Mapping[str, Any], source: Mapping[str, str]) -> str:
+        parts = []
+        for err in exc.errors(include_url=False):
+            field = str(err["loc"][0]) if err.get("loc") else ""
+            where = source.get(field) or cls._flag(field)
+            if field in values:
+                where = f"{where}={values[field]!r}"
+            msg = str(err.get("msg", "invalid value"))
+            msg = msg.removeprefix("Value error, ")
+            parts.append(f"{where}: {msg}")
+        return "invalid configuration: " + "; ".join(parts)
+
+    # -- shared validators ---------------------------------------------------------------
+    @field_validator("log_level", mode="before", check_fields=False)
+    @classmethod
+    def _log_level(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.strip().lower()
+            v = {"warn": "warning", "fatal": "critical"}.get(v, v)
+            if v not in LOG_LEVELS:
+                raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}")
+        return v
+
+    @field_validator("coordinator", mode="before", check_fields=False)
+    @classmethod
+    def _coordinator(cls, v: Any) -> Any:
+        return check_address(v) if isinstance(v, str) else v
+
+    @field_validator("token", mode="before", check_fields=False)
+    @classmethod
+    def _token(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip() == "":
+            return None
+        return v
+
+    @field_validator("port", mode="before", check_fields=False)
+    @classmethod
+    def _listen_port(cls, v: Any) -> Any:
+        return _port(v, allow_off=False)
+
+    @field_validator("http_port", mode="before", check_fields=False)
+    @classmethod
+    def _http_port(cls, v: Any) -> Any:
+        return _port(v, allow_off=True)
+
+    @field_validator("host", "http_host", "advertise_host", mode="before", check_fields=False)
+    @classmethod
+    def _host(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.strip()
+            if v.startswith("[") and v.endswith("]"):
+                v = v[1:-1]
+            if not v or any(c.isspace() for c in v) or "/" in v:
+                raise ValueError("must be a host name or IP address")
+        return v
+
+    @property
+    def level(self) -> int:
+        return int(getattr(logging, str(getattr(self, "log_level", "info")).upper()))
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings with the token hidden (for logs)."""
+        data = self.model_dump()
+        if data.get("token"):
+            data["token"] = "***"
+        return data
+
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+
+class CoordinatorConfig(Settings):
+    """``netcoll coordinator``."""
+
+    ENV: ClassVar[dict[str, str]] = {"host": "NETCOLL_HOST", "port": "NETCOLL_PORT",
+                                     "http_port": "NETCOLL_HTTP_PORT", "token": "NETCOLL_TOKEN",
+                                     "log_level": "NETCOLL_LOG_LEVEL"}
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=COORDINATOR_PORT, ge=0, le=65535)
+    http_port: int | None = Field(default=COORDINATOR_HTTP_PORT, ge=0, le=65535)
+    http_host: str | None = None
+    token: str | None = None
+    log_level: LogLevel = "info"
+    ready_file: str | None = None
+
+
+class RankConfig(Settings):
+    """``netcoll rank``."""
+
+    ENV: ClassVar[dict[str, str]] = {"coordinator": "NETCOLL_COORDINATOR", "host": "NETCOLL_HOST",
+                                     "port": "NETCOLL_PORT", "http_port": "NETCOLL_HTTP_PORT",
+                                     "rank_hint": "NETCOLL_RANK_HINT", "advertise_host": "NETCOLL_ADVERTISE_HOST",
+                                     "token": "NETCOLL_TOKEN", "log_level": "NETCOLL_LOG_LEVEL"}
+
+    coordinator: str = DEFAULT_COORDINATOR
+    host: str = "0.0.0.0"
+    port: int = Field(default=RANK_PORT, ge=0, le=65535)
+    http_port: int | None = Field(default=RANK_HTTP_PORT, ge=0, le=65535)
+    http_host: str | None = None
+    rank_hint: int | None = Field(default=None, ge=0, le=1_000_000)
+    advertise_host: str | None = None
+    member_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@-]+$")
+    heartbeat: float = Field(default=2.0, gt=0, le=60)
+    token: str | None = None
+    log_level: LogLevel = "info"
+    ready_file: str | None = None
+
+    @field_validator("rank_hint", mode="before")
+    @classmethod
+    def _hint(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            text = v.strip()
+            if text == "" or text.lower() in ("none", "auto"):
+                return None
+            if _UNEXPANDED.match(text):  # k8s leaves $(VAR) as is when VAR is not defined
+                log.warning("rank hint %r was not expanded by the orchestrator; ignoring it", text)
+                return None
+        return v
+
+    @property
+    def local_host(self) -> str | None:
+        """Connect to the coordinator from the listening address when it is a specific one."""
+        return None if self.host in ("", "0.0.0.0", "::") else self.host
+
+
+class ClientConfig(Settings):
+    """Common to the client commands (``submit``, ``status``)."""
+
+    ENV: ClassVar[dict[str, str]] = {"coordinator": "NETCOLL_COORDINATOR", "token": "NETCOLL_TOKEN"}
+
+    coordinator: str = DEFAULT_COORDINATOR
+    token: str | None = None
+    json_output: bool = False
+    connect_timeout: float = Field(default=10.0, gt=0, le=3600)
+
+    FLAGS: ClassVar[dict[str, str]] = {"json_output": "--json"}
+
+
+class StatusConfig(ClientConfig):
+    """``netcoll status``."""
+
+    jobs: int = Field(default=10, ge=0, le=1000)
+
+
+class SubmitConfig(ClientConfig):
+    """``netcoll submit``: where to send the job and the job itself (validated
+    again, fully, by :class:`netcoll.service.jobs.JobSpec`)."""
+
+    op: str
+    size: int = 1 << 20
+    dtype: str = "float32"
+    reduce_op: str = "sum"
+    root: int = Field(default=0, ge=0)
+    algorithm: str = "auto"
+    iters: int = Field(default=1, ge=1, le=100_000)
+    warmup: int = Field(default=0, ge=0, le=10_000)
+    world_size: int | None = Field(default=None, ge=1)
+    deadline: float = Field(default=300.0, gt=0, le=7 * 86400)
+    input: str | None = None
+    output: str | None = None
+
+    FLAGS: ClassVar[dict[str, str]] = {"json_output": "--json", "reduce_op": "--op", "op": "OP"}
+
+    @field_validator("size", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        from .service.jobs import parse_size
+
+        return parse_size(v)
+
+    def job_fields(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`~netcoll.service.jobs.JobSpec`."""
+        fields: dict[str, Any] = {"op": self.op, "dtype": self.dtype, "reduce_op": self.reduce_op,
+                                  "root": self.root, "algorithm": self.algorithm, "iters": self.iters,
+                                  "warmup": self.warmup, "world_size": self.world_size,
+                                  "deadline": self.deadline, "output": self.output}
+        if self.input:
+            fields.update(data="buffer", input=self.input)
+        elif self.op != "barrier":
+            fields["size"] = self.size
+        return fields
+
+
+class UpConfig(Settings):
+    """``netcoll up``: a coordinator and ``ranks`` daemons as local processes."""
+
+    ENV: ClassVar[dict[str, str]] = {"host": "NETCOLL_HOST", "port": "NETCOLL_PORT", "token": "NETCOLL_TOKEN",
+                                     "log_level": "NETCOLL_LOG_LEVEL"}
+
+    ranks: int = Field(default=4, ge=1, le=256)
+    host: str = "127.0.0.1"
+    port: int = Field(default=COORDINATOR_PORT, ge=0, le=65535)
+    http_port: int | None = Field(default=None, ge=0, le=65535)
+    token: str | None = None
+    log_level: LogLevel = "warning"
+    demo: bool = False
+    size: int = 1 << 20
+    iters: int = Field(default=3, ge=1, le=100_000)
+    ready_timeout: float = Field(default=60.0, gt=0, le=3600)
+
+    @field_validator("size", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        from .service.jobs import parse_size
+
+        return parse_size(v)
+
+    @property
+    def coordinator_http_port(self) -> int | None:
+        if "http_port" in self.model_fields_set:
+            return self.http_port
+        return self.port + 1 if 0 < self.port < 65535 else 0
+
+
+__all__ = [
+    "DEFAULT_COORDINATOR", "ClientConfig", "ConfigError", "CoordinatorConfig", "RankConfig", "Settings",
+    "StatusConfig", "SubmitConfig", "UpConfig", "check_address",
+]

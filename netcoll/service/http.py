@@ -1,0 +1,345 @@
+"""A tiny HTTP/1.1 server for health checks and metrics (no dependency).
+
+Every ``netcoll coordinator`` and ``netcoll rank`` process can serve:
+
+========== ==================================================================
+GET        answer
+========== ==================================================================
+/livez     ``200 ok`` while the event loop runs
+/readyz    ``200 ok`` when ready (coordinator: listening; rank: registered
+           with the coordinator), else ``503`` and the reason
+/metrics   Prometheus text exposition (format 0.0.4)
+========== ==================================================================
+
+``HEAD`` works too; anything else is ``404`` / ``405``. No token is needed:
+these are health endpoints and expose no data or control. Requests are
+bounded (8 KiB of request line and headers, 5 s to send them, 64 connections
+at once), every response closes the connection, and nothing a client sends
+can take the server down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..rendezvous.coordinator import Coordinator
+    from .daemon import RankDaemon
+    from .scheduler import JobService
+
+log = logging.getLogger("netcoll.http")
+
+MAX_REQUEST = 8192
+REQUEST_TIMEOUT = 5.0
+MAX_CONNECTIONS = 64
+LINGER = 1.0
+PATHS = ("/livez", "/readyz", "/metrics")
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+Ready = Callable[[], "tuple[bool, str]"]
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable",
+            505: "HTTP Version Not Supported"}
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class HttpServer:
+    """Serves ``/livez``, ``/readyz`` (``ready()`` -> (ok, reason)) and
+    ``/metrics`` (``metrics()`` -> exposition text)."""
+
+    def __init__(self, *, ready: Ready, metrics: Callable[[], str], name: str = "netcoll") -> None:
+        self.ready = ready
+        self.metrics = metrics
+        self.name = name
+        self.address: tuple[str, int] = ("", 0)
+        self.requests = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        host, port = self.address[:2]
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST)
+        sock = self._server.sockets[0].getsockname()
+        self.address = (str(sock[0]), int(sock[1]))
+        return self.address
+
+    async def close(self) -> None:
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        try:
+            await asyncio.wait_for(server.wait_closed(), 2.0)
+        except TimeoutError:
+            pass
+
+    # -- one connection ----------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._writers) >= MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
+        self._writers.add(writer)
+        try:
+            try:
+                async with asyncio.timeout(REQUEST_TIMEOUT):
+                    method, path = await self._read_request(reader)
+            except _BadRequest as exc:
+                await self._send(writer, exc.status, f"{exc}\n", head=False)
+                return
+            except TimeoutError:
+                await self._send(writer, 408, "request timed out\n", head=False)
+                return
+            self.requests += 1
+            status, body, ctype = self._route(method, path)
+            await self._send(writer, status, body, ctype=ctype, head=method == "HEAD",
+                             extra="Allow: GET, HEAD\r\n" if status == 405 else "")
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            log.debug("HTTP request failed", exc_info=True)
+        finally:
+            self._writers.discard(writer)
+            await self._linger(reader, writer)
+
+    @staticmethod
+    async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Half-close, then discard what the client still sends (briefly) before closing:
+        closing with unread input would reset the connection and could lose the answer."""
+        try:
+            if writer.can_write_eof() and not writer.is_closing():
+                writer.write_eof()
+            async with asyncio.timeout(LINGER):
+                budget = MAX_REQUEST * 8
+                while budget > 0:
+                    chunk = await reader.read(65536)
+                    if not chunk:
+                        break
+                    budget -= len(chunk)
+        except (TimeoutError, ConnectionError, OSError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
+        total = 0
+        lines: list[bytes] = []
+        while True:
+            try:
+                line = await reader.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                raise _BadRequest(431, "request line or headers too long") from None
+            total += len(line)
+            if total > MAX_REQUEST:
+                raise _BadRequest(431, "request line or headers too long")
+            if not line:  # EOF before the blank line: answer what we have, if anything
+                if not lines:
+                    raise ConnectionResetError("client closed before sending a request")
+                break
+            if line in (b"\r\n", b"\n"):
+                if lines:
+                    break
+                continue  # tolerate leading empty lines (RFC 9112 2.2)
+            lines.append(line)
+        try:
+            request_line = lines[0].decode("ascii").strip()
+        except UnicodeDecodeError:
+            raise _BadRequest(400, "request line is not ASCII") from None
+        parts = request_line.split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            raise _BadRequest(400, "malformed request line")
+        method, target, version = parts
+        if version not in ("HTTP/1.0", "HTTP/1.1"):
+            raise _BadRequest(505, f"unsupported version {version}")
+        if target.startswith(("http://", "https://")):  # absolute form
+            target = "/" + target.split("://", 1)[1].partition("/")[2]
+        path = target.split("?", 1)[0].split("#", 1)[0] or "/"
+        return method.upper(), path
+
+    def _route(self, method: str, path: str) -> tuple[int, str, str]:
+        text = "text/plain; charset=utf-8"
+        if path != "/" and path.endswith("/"):
+            path = path.rstrip("/")
+        if path not in PATHS and path != "/":
+            return 404, f"not found: {path} (try {', '.join(PATHS)})\n", text
+        if method not in ("GET", "HEAD"):
+            return 405, f"method {method} not allowed\n", text
+        if path == "/":
+            return 200, f"{self.name}: {' '.join(PATHS)}\n", text
+        if path == "/livez":
+            return 200, "ok\n", text
+        try:
+            if path == "/readyz":
+                ok, reason = self.ready()
+                return (200, "ok\n", text) if ok else (503, f"not ready: {reason}\n", text)
+            return 200, self.metrics(), METRICS_TYPE
+        except Exception as exc:  # noqa: BLE001
+            log.warning("HTTP %s failed: %r", path, exc)
+            return 500, f"internal error: {exc!r}\n", text
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, status: int, body: str, *, ctype: str = "text/plain; charset=utf-8",
+                    head: bool = False, extra: str = "") -> None:
+        data = body.encode("utf-8")
+        header = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
+                  f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
+                  f"Cache-Control: no-store\r\nConnection: close\r\n{extra}\r\n").encode("ascii")
+        writer.write(header if head else header + data)
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                await writer.drain()
+        except TimeoutError:
+            pass
+
+
+# -- Prometheus text exposition ----------------------------------------------------------------
+def _escape(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float | bool | None) -> str:
+    if value is None:
+        return "NaN"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+class Exposition:
+    """Builds Prometheus text format: ``add(name, type, help, value | [(labels, value)])``."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def add(self, name: str, kind: str, help_text: str,
+            samples: float | bool | None | Iterable[tuple[dict[str, Any], float | int | bool | None]]) -> None:
+        self._lines.append(f"# HELP {name} {help_text}")
+        self._lines.append(f"# TYPE {name} {kind}")
+        if samples is None or isinstance(samples, (int, float, bool)):
+            samples = [({}, samples)]
+        for labels, value in samples:
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            self._lines.append(f"{name}{{{label_text}}} {_number(value)}" if label_text
+                               else f"{name} {_number(value)}")
+
+    def render(self) -> str:
+        return "\n".join(self._lines) + "\n"
+
+
+def _version() -> str:
+    try:
+        from .. import __version__
+        return str(__version__)
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def coordinator_metrics(coord: Coordinator, svc: JobService, started: float | None = None) -> str:
+    """``/metrics`` of a coordinator with its job service."""
+    from .jobs import JobState
+
+    out = Exposition()
+    out.add("netcoll_info", "gauge", "Constant 1, labelled with the role and version.",
+            [({"role": "coordinator", "version": _version()}, 1)])
+    if started is not None:
+        out.add("netcoll_start_time_seconds", "gauge", "Unix time the process started serving.", started)
+    members = list(svc.members.values())
+    ready = svc.ready_members()
+    out.add("netcoll_members", "gauge", "Rank daemons registered with the coordinator.", len(members))
+    out.add("netcoll_members_ready", "gauge", "Registered rank daemons that take jobs (not draining).", len(ready))
+    out.add("netcoll_epoch", "gauge", "Current membership epoch (0 before the first job).", svc.epoch)
+    out.add("netcoll_groups", "gauge", "Rendezvous groups (embedded use) at this coordinator.", len(coord.groups))
+    totals = getattr(svc, "finished", None) or {}
+    out.add("netcoll_jobs_total", "counter", "Jobs that ended, by final state.",
+            [({"state": s.value}, int(totals.get(s.value, 0)))
+             for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)])
+    out.add("netcoll_jobs_submitted_total", "counter", "Jobs accepted by the coordinator.",
+            int(getattr(svc, "submitted", 0)))
+    jobs = list(svc.jobs.values())
+    out.add("netcoll_jobs_queued", "gauge", "Jobs waiting to run.", sum(j.state == JobState.QUEUED for j in jobs))
+    out.add("netcoll_jobs_running", "gauge", "Jobs running now (at most one at a time).", int(svc.current is not None))
+    last = next((j for j in reversed(jobs) if j.state == JobState.SUCCEEDED and j.busbw is not None), None)
+    if last is not None:
+        labels = {"op": last.spec.op, "dtype": last.spec.dtype}
+        out.add("netcoll_job_busbw_gbps", "gauge", "Bus bandwidth of the last succeeded job (GB/s, nccl-tests).",
+                [(labels, last.busbw)])
+        out.add("netcoll_job_algbw_gbps", "gauge", "Algorithm bandwidth of the last succeeded job (GB/s).",
+                [(labels, last.algbw)])
+        out.add("netcoll_job_time_seconds", "gauge", "Mean time per iteration of the last succeeded job.",
+                [(labels, last.time_s)])
+        out.add("netcoll_job_world_size", "gauge", "Ranks of the last succeeded job.", [(labels, last.world_size)])
+    return out.render()
+
+
+def rank_metrics(daemon: RankDaemon, started: float | None = None) -> str:
+    """``/metrics`` of a rank daemon."""
+    out = Exposition()
+    out.add("netcoll_info", "gauge", "Constant 1, labelled with the role, member id and version.",
+            [({"role": "rank", "member_id": daemon.member_id, "version": _version()}, 1)])
+    if started is not None:
+        out.add("netcoll_start_time_seconds", "gauge", "Unix time the process started serving.", started)
+    out.add("netcoll_rank_registered", "gauge", "Whether registered with the coordinator (1) or not (0).",
+            bool(daemon.registered))
+    out.add("netcoll_rank_epoch", "gauge", "Epoch of the current links (0: none yet).", daemon.epoch or 0)
+    out.add("netcoll_rank_rank", "gauge", "Rank in the current epoch (-1: none yet).",
+            -1 if daemon.rank is None else daemon.rank)
+    out.add("netcoll_rank_busy", "gauge", "Whether a job runs on this rank now (1) or not (0).",
+            daemon.current_job is not None)
+    out.add("netcoll_rank_jobs_total", "counter", "Jobs this daemon ran, by result.",
+            [({"result": "ok"}, daemon.jobs_done), ({"result": "failed"}, daemon.jobs_failed)])
+    buffers = list(daemon.buffers.values())
+    out.add("netcoll_rank_buffers", "gauge", "Named tensors kept on this rank.", len(buffers))
+    out.add("netcoll_rank_buffer_bytes", "gauge", "Bytes held by named tensors.",
+            sum(int(getattr(b, "nbytes", 0)) for b in buffers))
+    return out.render()
+
+
+def coordinator_ready(coord: Coordinator, stopping: Callable[[], bool] = lambda: False) -> Ready:
+    def ready() -> tuple[bool, str]:
+        if stopping():
+            return False, "shutting down"
+        try:
+            _ = coord.address  # raises while not listening
+        except RuntimeError:
+            return False, "not listening"
+        return True, "listening"
+    return ready
+
+
+def rank_ready(daemon: RankDaemon, stopping: Callable[[], bool] = lambda: False) -> Ready:
+    def ready() -> tuple[bool, str]:
+        if stopping():
+            return False, "draining"
+        if not daemon.registered:
+            return False, f"not registered with the coordinator at {daemon.coordinator}"
+        return True, "registered"
+    return ready
+
+
+__all__ = [
+    "PATHS", "Exposition", "HttpServer", "coordinator_metrics", "coordinator_ready", "rank_metrics",
+    "rank_ready",
+]

@@ -1,0 +1,303 @@
+"""Static checks of the deployment files against the real CLI (no Docker, no cluster).
+
+Every ``netcoll`` command that docker-compose.yml, deploy/Dockerfile,
+deploy/k8s/*.yaml, deploy/e2e.sh and the READMEs run must parse with the real
+argparse parser of :mod:`netcoll.cli` *and* validate through the command's
+configuration model (with the environment the file gives it); the scaled
+``rank`` service has no fixed name or host port; healthchecks and probes use
+the CLI or the HTTP paths it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netcoll import cli, config
+from netcoll.service.http import PATHS
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the compose and Kubernetes files")
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+K8S = ROOT / "deploy" / "k8s"
+E2E = ROOT / "deploy" / "e2e.sh"
+MODELS: dict[str, type[config.Settings]] = {
+    "coordinator": config.CoordinatorConfig, "rank": config.RankConfig, "submit": config.SubmitConfig,
+    "status": config.StatusConfig, "up": config.UpConfig,
+}
+
+
+def check_command(argv: list[str], env: dict[str, str] | None = None, where: str = "") -> argparse.Namespace:
+    """``argv`` (after ``netcoll``) parses and validates; returns the namespace."""
+    parser = cli.build_parser()
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as exc:
+        raise AssertionError(f"{where}: `netcoll {shlex.join(argv)}` does not parse (exit {exc.code})") from None
+    assert ns.command in cli.COMMANDS, (where, argv)
+    model = MODELS.get(ns.command)
+    if model is not None:
+        try:
+            model.load(cli._flags(ns), env or {})
+        except config.ConfigError as exc:
+            raise AssertionError(f"{where}: `netcoll {shlex.join(argv)}`: {exc}") from None
+    if ns.command == "health":
+        url = ns.url if "://" in ns.url else "http://" + ns.url
+        path = re.sub(r"^https?://[^/]+", "", url) or "/readyz"
+        assert path in PATHS, f"{where}: health URL {ns.url} is not one of {PATHS}"
+    return ns
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+# -- docker-compose.yml ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())  # type: ignore[no-any-return]
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
+    return {k: str(v) for k, v in env.items() if v is not None}
+
+
+def test_compose_commands_exist_in_the_cli(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert {"coordinator", "rank", "bench"} <= set(services)
+    for name, svc in services.items():
+        command = svc.get("command")
+        assert isinstance(command, list) and command, f"service {name}: command must be an exec-form list"
+        check_command([str(c) for c in command], compose_env(svc), f"compose service {name}")
+        health = svc.get("healthcheck")
+        if health is not None:
+            test = [str(t) for t in health["test"]]
+            assert test[:3] == ["CMD", "netcoll", "health"], f"{name}: healthcheck must use `netcoll health`"
+            ns = check_command(test[2:], where=f"compose {name} healthcheck")
+            http_port = flag([str(c) for c in command], "--http-port")
+            assert http_port and ns.url.startswith(f"http://127.0.0.1:{http_port}/"), \
+                f"{name}: healthcheck {ns.url} does not hit the service's --http-port {http_port}"
+
+
+def test_compose_rank_service_scales(compose: dict[str, Any]) -> None:
+    rank = compose["services"]["rank"]
+    for key in ("container_name", "ports", "hostname"):
+        assert key not in rank, f"the scaled rank service must not set {key}"
+    assert rank.get("init") is True, "rank needs init: true so SIGTERM reaches the daemon"
+    assert rank["depends_on"]["coordinator"]["condition"] == "service_healthy"
+    assert "healthcheck" in rank
+    command = [str(c) for c in rank["command"]]
+    assert command[0] == "rank"
+    assert flag(command, "--coordinator") == "coordinator:29400"
+    for opt in ("--host", "--advertise-host"):  # never pin a loopback address inside a container
+        assert not (flag(command, opt) or "").startswith("127."), f"rank {opt} must not be loopback"
+    assert "--rank-hint" not in command, "compose replicas have no index: the coordinator assigns ranks"
+
+
+def test_compose_coordinator_and_bench(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    coord = [str(c) for c in services["coordinator"]["command"]]
+    assert coord[0] == "coordinator" and flag(coord, "--host") == "0.0.0.0", "listen on the compose network"
+    assert services["coordinator"].get("init") is True
+    bench = services["bench"]
+    assert "bench" in bench.get("profiles", []), "bench must stay out of a plain `up`"
+    command = [str(c) for c in bench["command"]]
+    assert command[:2] == ["submit", "all_reduce"] and "--json" in command
+    assert bench["depends_on"]["rank"]["condition"] == "service_healthy"
+    # 1.29 needs a 2.x file format for depends_on conditions and init
+    assert str(compose.get("version", "")).startswith("2."), "keep version 2.x for docker-compose 1.29"
+
+
+# -- Dockerfile --------------------------------------------------------------------------------------
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_entrypoint_is_the_cli() -> None:
+    import json
+
+    ins = dockerfile_instructions()
+    first_from = next(i for i, (w, _) in enumerate(ins) if w == "FROM")
+    assert ("ARG", "BASE_IMAGE=python:3.11-slim") in ins[:first_from], "ARG BASE_IMAGE=python:3.11-slim before FROM"
+    entry = [json.loads(rest) for w, rest in ins if w == "ENTRYPOINT"][-1]
+    assert entry == ["netcoll"]
+    cmd = [json.loads(rest) for w, rest in ins if w == "CMD"][-1]
+    assert cli.main(cmd) == 0  # `docker run IMAGE` with no arguments prints the help
+    user = [rest for w, rest in ins if w == "USER"][-1]
+    assert user.split(":")[0].isdigit() and int(user.split(":")[0]) != 0, "numeric non-root USER"
+    exposed = {int(p) for w, rest in ins if w == "EXPOSE" for p in rest.split()}
+    assert {config.COORDINATOR_PORT, config.COORDINATOR_HTTP_PORT, config.RANK_PORT,
+            config.RANK_HTTP_PORT} <= exposed
+    assert not any(w == "RUN" and "--mount" in rest for w, rest in ins), "no RUN --mount (classic builder)"
+
+
+# -- Kubernetes ------------------------------------------------------------------------------------
+def k8s_docs() -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                yield path.name, doc
+
+
+def pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
+    if doc.get("kind") in ("Deployment", "StatefulSet", "Job"):
+        return doc["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+    return None
+
+
+def expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """Kubernetes $(VAR) expansion, with ``env``."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in args]
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    env = {}
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif "fieldRef" in (item.get("valueFrom") or {}):
+            env[item["name"]] = "3"  # e.g. the pod index
+        else:
+            env[item["name"]] = "secret"
+    return env
+
+
+def test_k8s_commands_and_probes_use_the_cli() -> None:
+    seen = set()
+    for name, doc in k8s_docs():
+        spec = pod_spec(doc)
+        if spec is None:
+            continue
+        assert spec.get("enableServiceLinks") is False, f"{name}: NETCOLL_* service-link variables would collide"
+        for c in spec["containers"]:
+            env = container_env(c)
+            assert "command" not in c, f"{name}: keep the image's `netcoll` entrypoint; use args"
+            args = expand([str(a) for a in c["args"]], env)
+            ns = check_command(args, env, f"{name} {c['name']}")
+            seen.add(ns.command)
+            ports = {p["name"]: p["containerPort"] for p in c.get("ports") or []}
+            if "http" in ports:
+                assert flag(args, "--http-port") == str(ports["http"]), f"{name}: http port != --http-port"
+            for probe_name in ("readinessProbe", "livenessProbe", "startupProbe"):
+                probe = c.get(probe_name)
+                if probe is None:
+                    continue
+                if "exec" in probe:
+                    command = [str(x) for x in probe["exec"]["command"]]
+                    assert command[:2] == ["netcoll", "health"], f"{name}: {probe_name} must use netcoll health"
+                    check_command(command[1:], where=f"{name} {probe_name}")
+                else:
+                    get = probe["httpGet"]
+                    assert get["path"] in PATHS, f"{name}: {probe_name} path {get['path']}"
+                    assert get["port"] in ports or get["port"] in ports.values(), f"{name}: {probe_name} port"
+            if ns.command == "rank":
+                assert c["readinessProbe"], "rank readiness = registered (/readyz)"
+    assert {"coordinator", "rank", "submit"} <= seen
+
+
+def test_k8s_ranks_statefulset() -> None:
+    docs = {(d.get("kind"), (d.get("metadata") or {}).get("name")): d for _, d in k8s_docs()}
+    sts = docs[("StatefulSet", "netcoll-rank")]
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    svc = docs[("Service", sts["spec"]["serviceName"])]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    args = [str(a) for a in container["args"]]
+    assert flag(args, "--rank-hint") == "$(NETCOLL_RANK_HINT)"
+    # unexpanded (the pod-index label is missing before Kubernetes 1.28): still starts, without a hint
+    assert config.RankConfig.load({"rank_hint": "$(NETCOLL_RANK_HINT)"}, {}).rank_hint is None
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    for resource in kustomization["resources"]:
+        assert (K8S / resource).exists(), resource
+
+
+# -- deploy/e2e.sh and the READMEs -------------------------------------------------------------------
+def e2e_commands() -> list[list[str]]:
+    """The netcoll commands deploy/e2e.sh runs, with its default settings substituted."""
+    text = E2E.read_text()
+    defaults = dict(re.findall(r"^([A-Z_]+)=\$\{E2E_[A-Z_]+:-([^}]*)\}$", text, re.MULTILINE))
+    ops = defaults["OPS"].split()
+
+    def subst(tokens: list[str]) -> list[list[str]]:
+        out: list[list[str]] = [[]]
+        for tok in tokens:
+            if tok in ("$op", "${op}"):
+                out = [o + [op] for o in out for op in ops]
+            elif tok == "$@":
+                continue
+            elif tok.startswith("$"):
+                var = tok.strip("${}")
+                assert var in defaults, f"e2e.sh passes ${var} to netcoll: add a default to this test"
+                out = [o + [defaults[var]] for o in out]
+            else:
+                out = [o + [tok] for o in out]
+        return out
+
+    commands: list[list[str]] = []
+    for line in text.splitlines():
+        code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
+        m = re.search(r"(?:\bnc_exec|\bcoordinator netcoll)\s+(.*)", code)
+        if m and not code.lstrip().startswith(("nc_exec()", "nc_exec ()")):
+            rest = re.split(r"\s(?:[12]?>|\||&|\\$)", m.group(1))[0]
+            commands += subst(shlex.split(rest))
+        m = re.match(r'\s*submit_check\s+(.*)', code)
+        if m and "()" not in code:
+            words = shlex.split(re.split(r"\s(?:\|\||&&)", m.group(1))[0])
+            commands += subst(["submit", words[3], *words[4:]])
+    return [c for c in commands if c and c[0] in cli.COMMANDS]
+
+
+def test_e2e_script_commands_exist_in_the_cli() -> None:
+    commands = e2e_commands()
+    assert any(c[0] == "submit" for c in commands) and any(c[0] == "status" for c in commands), commands
+    for argv in commands:
+        check_command(argv, {"NETCOLL_COORDINATOR": "coordinator:29400"}, "deploy/e2e.sh")
+
+
+def readme_commands(path: Path) -> list[list[str]]:
+    """``netcoll <command> ...`` inside fenced code blocks, shell variables replaced."""
+    out = []
+    lang: str | None = None  # the language of the fenced block we are in
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            lang = line.strip().strip("`").strip() if lang is None else None
+            continue
+        if lang not in ("sh", "bash", "shell", "console", "yaml", ""):
+            continue  # prose, and Python (where `netcoll ...` can only be a comment)
+        m = re.search(r"\bnetcoll\s+(" + "|".join(cli.COMMANDS) + r")\b([^#'`\]&|;]*)", line)
+        if m:
+            text = re.sub(r'"?\$\{?[A-Za-z_#*-]+\}?"?|"\$\{[^}]*\}"', "0", m.group(0))
+            out.append(shlex.split(text)[1:])
+    return out
+
+
+@pytest.mark.parametrize("readme", ["README.md", "deploy/README.md"])
+def test_readme_commands_exist_in_the_cli(readme: str) -> None:
+    for argv in readme_commands(ROOT / readme):
+        if argv[0] == "bench":
+            continue  # its flags belong to netcoll.bench (checked by its own tests)
+        check_command(argv, {}, readme)
+
+
+def test_submit_choices_match_the_job_model() -> None:
+    from netcoll.service.jobs import COLLECTIVES
+
+    assert set(cli.COLLECTIVES) == set(COLLECTIVES)
