@@ -17,6 +17,7 @@ import asyncio
 import builtins
 import itertools
 import logging
+import os
 from typing import Any, Awaitable, Callable
 
 from . import errors
@@ -198,7 +199,8 @@ class RpcClient:
         except TimeoutError:
             raise TimeoutError(f"could not connect to {address} within {timeout:g}s") from None
         except OSError as exc:
-            raise ConnectionRefusedError(f"could not connect to {address}: {exc.strerror or exc}") from None
+            why = os.strerror(exc.errno).lower() if exc.errno else (exc.strerror or str(exc))
+            raise ConnectionRefusedError(f"could not connect to {address}: {why}") from None
         try:
             welcome = await client_handshake(proto, token=token, role=role, hello=hello, timeout=timeout)
         except BaseException:

@@ -239,3 +239,29 @@ def test_job_spec_and_sizes() -> None:
     assert spec.count == 1 << 19
     with pytest.raises(TypeError):
         JobSpec(op="all_reduce", dtype="int8", reduce_op="avg")
+
+
+async def test_daemon_cancels_its_job_when_the_coordinator_goes() -> None:
+    coord = netcoll.Coordinator()
+    await coord.start()
+    svc = JobService(coord)
+    svc.start()
+    c = Cluster(coord, svc)
+    c.add(2)
+    try:
+        async with Client(coord.address) as client:
+            await c.ready(client, 2)
+            jid = await client.submit("all_reduce", size="1MiB", iters=100_000)
+            async with asyncio.timeout(20):
+                while (await client.job(jid))["state"] != "running":
+                    await asyncio.sleep(0.02)
+        await svc.close()
+        await coord.close()
+        async with asyncio.timeout(10):
+            while any(d.current_job is not None or d.registered for d in c.daemons):
+                await asyncio.sleep(0.05)
+        assert all(d.jobs_failed == 1 for d in c.daemons)
+    finally:
+        for d in c.daemons:
+            d.request_stop()
+        await asyncio.wait_for(asyncio.gather(*c.tasks, return_exceptions=True), 10)

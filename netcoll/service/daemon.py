@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
@@ -27,7 +28,14 @@ from .runner import run_collective
 
 log = logging.getLogger("netcoll.daemon")
 
-RETRY = 1.0
+RETRY = 1.0       # first reconnect delay; doubles up to RETRY_MAX
+RETRY_MAX = 10.0
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return os.strerror(exc.errno).lower()
+    return str(exc)
 
 
 class RankDaemon:
@@ -79,18 +87,24 @@ class RankDaemon:
         await self.listener.start(self.host, self.port)
         log.info("rank daemon %s listening for peers on %s:%d", self.member_id, *self.listener.address)
         worker = asyncio.create_task(self._work(), name="netcoll-daemon-jobs")
+        delay, failures = RETRY, 0
         try:
             while not self._stopping.is_set():
                 try:
                     await self._session()
+                    delay, failures = RETRY, 0  # we were registered: start over after a loss
                 except (OSError, NetcollError, TimeoutError) as exc:
-                    log.warning("coordinator %s: %s; retrying in %gs", self.coordinator, exc, RETRY)
+                    failures += 1
+                    level = logging.WARNING if failures in (1, 3) or failures % 30 == 0 else logging.DEBUG
+                    log.log(level, "coordinator %s unreachable (%s); retrying every %gs (attempt %d)",
+                            self.coordinator, _reason(exc), delay, failures)
                 self.registered = False
                 if not self._stopping.is_set():
                     try:
-                        await asyncio.wait_for(self._stopping.wait(), RETRY)
+                        await asyncio.wait_for(self._stopping.wait(), delay)
                     except TimeoutError:
                         pass
+                    delay = min(delay * 2, RETRY_MAX)
         finally:
             worker.cancel()
             await asyncio.gather(worker, return_exceptions=True)
@@ -114,6 +128,9 @@ class RankDaemon:
                 self._job_task.cancel()
             elif topic == "coordinator_lost":
                 lost.set()
+                if self._job_task is not None and not self._job_task.done():
+                    log.warning("lost the coordinator during job %s: cancelling it", self.current_job)
+                    self._job_task.cancel()  # nobody could receive its result
 
         rdv.on_event = on_event
         try:

@@ -91,7 +91,9 @@ def split_inputs(spec: JobSpec, inputs: Any, payload: memoryview) -> Inputs | No
         nbytes = meta.get("nbytes") if isinstance(meta, dict) else None
         if not isinstance(nbytes, int) or nbytes < 0 or offset + nbytes > payload.nbytes:
             raise ValueError("inputs.arrays do not match the payload sent")
-        array_from_meta(meta, payload[offset:offset + nbytes])  # validates dtype/shape/size
+        arr = array_from_meta(meta, payload[offset:offset + nbytes])  # validates dtype/shape/size
+        if spec.op != "put" and arr.dtype != spec.np_dtype:
+            raise ValueError(f"the job says dtype={spec.dtype} but the array sent is {arr.dtype}")
         blobs.append(bytes(payload[offset:offset + nbytes]))
         offset += nbytes
     if offset != payload.nbytes:
