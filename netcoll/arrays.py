@@ -6,6 +6,7 @@ is a ``TypeError``/``ValueError`` on the caller's rank only.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,7 @@ def dtype_from_wire(s: Any) -> np.dtype:
         raise MismatchError(f"peer sent an unusable dtype {s!r}: {exc}") from None
 
 
+@functools.lru_cache(maxsize=1024)
 def describe(dt: np.dtype, shape: tuple[int, ...]) -> str:
     """``float32[3,4]``: how a call's array shows in fingerprints and errors."""
     name = "bfloat16" if dt == BFLOAT16 else dt.name

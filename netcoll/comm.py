@@ -28,6 +28,7 @@ communicator.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import numbers
 from typing import Any, Awaitable, Callable, TypeVar
@@ -235,7 +236,7 @@ class Communicator:
         with different segment sizes would otherwise exchange mis-cut messages)."""
         if segmented:
             parts["segment_bytes"] = self.segment_bytes
-        return f"{name}({', '.join(f'{k}={v}' for k, v in parts.items())})"
+        return _format_fp(name, tuple(parts.items()))
 
     # -- collectives ----------------------------------------------------------------
     async def all_reduce(self, x: Any, op: str | ReduceOp = "sum", *, out: np.ndarray | None = None,
@@ -583,6 +584,11 @@ class Communicator:
         self.closed = True
         for hook in reversed(self._on_close):
             await hook()
+
+
+@functools.lru_cache(maxsize=1024)
+def _format_fp(name: str, parts: tuple[tuple[str, Any], ...]) -> str:
+    return f"{name}({', '.join(f'{k}={v}' for k, v in parts)})"
 
 
 def _cause(err: BaseException | None) -> str:

@@ -96,10 +96,14 @@ SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
     np.complex64, np.complex128,
 ))
 _SUPPORTED_NAMES = ", ".join(str(dt) for dt in SUPPORTED_DTYPES)
+_CHECKED: dict[np.dtype, np.dtype] = {}  # dtypes already accepted (the hot path's cache)
 
 
 def check_dtype(dtype: Any) -> np.dtype:
     """Return ``np.dtype(dtype)`` if it is supported, else raise ``TypeError``."""
+    hit = _CHECKED.get(dtype) if isinstance(dtype, np.dtype) else None
+    if hit is not None:
+        return hit
     if dtype is None:  # np.dtype(None) would silently mean float64
         raise TypeError(f"dtype must not be None; supported dtypes: {_SUPPORTED_NAMES}")
     try:
@@ -108,6 +112,7 @@ def check_dtype(dtype: Any) -> np.dtype:
         raise TypeError(f"{dtype!r} is not a dtype ({exc}); "
                         f"supported dtypes: {_SUPPORTED_NAMES}") from None
     if dt in SUPPORTED_DTYPES:  # dtype equality: e.g. longlong == int64 where equivalent
+        _CHECKED[dt] = dt
         return dt
     if not dt.isnative and dt.newbyteorder("=") in SUPPORTED_DTYPES:
         raise TypeError(f"dtype {dt.str!r} ({dt}) is not in native byte order; convert with "
