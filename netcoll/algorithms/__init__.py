@@ -14,8 +14,8 @@ one also takes ``segment_bytes: int = DEFAULT_SEGMENT_BYTES`` as a keyword:
 ==================  =========================  ==============================================
 collective          algorithms                 call
 ==================  =========================  ==============================================
-``all_reduce``      ring, tree, doubling       ``fn(ch, buf, op) -> None``  (buf in place,
-                                               bit-identical on every rank)
+``all_reduce``      ring, tree, doubling,      ``fn(ch, buf, op) -> None``  (buf in place,
+                    allpairs                   bit-identical on every rank)
 ``broadcast``       tree, ring                 ``fn(ch, buf_or_None, root, meta=None)
                                                -> (buf, meta)``
 ``reduce``          tree                       ``fn(ch, buf, op, root) -> None``  (result in
@@ -41,10 +41,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from . import direct, doubling, pairwise, ring, tree
+from . import allpairs, direct, doubling, pairwise, ring, tree
 from ._common import DEFAULT_SEGMENT_BYTES
 
-__all__ = ["ALGORITHMS", "DEFAULT_SEGMENT_BYTES", "choose", "direct", "doubling", "pairwise", "ring", "tree"]
+__all__ = ["ALGORITHMS", "DEFAULT_SEGMENT_BYTES", "choose", "allpairs", "direct", "doubling", "pairwise", "ring",
+           "tree"]
 
 #: all_reduce below this many bytes uses recursive doubling (latency-bound),
 #: at or above it the ring (bandwidth-optimal).
@@ -59,7 +60,8 @@ BROADCAST_CHAIN_MIN_BYTES: Final = 16 * 1024 * 1024
 BROADCAST_CHAIN_MIN_RANKS: Final = 4
 
 ALGORITHMS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
-    "all_reduce": {"ring": ring.all_reduce, "tree": tree.all_reduce, "doubling": doubling.all_reduce},
+    "all_reduce": {"ring": ring.all_reduce, "tree": tree.all_reduce, "doubling": doubling.all_reduce,
+                   "allpairs": allpairs.all_reduce},
     "broadcast": {"tree": tree.broadcast, "ring": ring.broadcast},
     "reduce": {"tree": tree.reduce},
     "all_gather": {"ring": ring.all_gather, "doubling": doubling.all_gather},
