@@ -23,7 +23,9 @@ Pieces:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -98,6 +100,46 @@ def scratch_depth(want: int, segment_nbytes: int) -> int:
     clamped to ``[MIN_SCRATCH_SEGMENTS, SCRATCH_BUDGET_BYTES / segment]``."""
     cap = max(MIN_SCRATCH_SEGMENTS, SCRATCH_BUDGET_BYTES // max(1, segment_nbytes))
     return max(MIN_SCRATCH_SEGMENTS, min(want, cap))
+
+
+class _ScratchPool:
+    """Reusable scratch memory for the algorithms of this process. Fresh large
+    arrays cost a page fault per 4 KiB on first touch, every call; pooled ones
+    are already mapped. Buffers are taken for one algorithm run and given back."""
+
+    def __init__(self, keep_bytes: int) -> None:
+        self.keep_bytes = keep_bytes
+        self.free: list[np.ndarray] = []
+        self.lock = threading.Lock()  # event loops in several threads may share the process
+
+    def take(self, nbytes: int) -> np.ndarray:
+        with self.lock:
+            fits = [i for i, b in enumerate(self.free) if b.nbytes >= nbytes]
+            if fits:
+                return self.free.pop(min(fits, key=lambda i: self.free[i].nbytes))
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def give(self, buf: np.ndarray) -> None:
+        with self.lock:
+            self.free.append(buf)
+            self.free.sort(key=lambda b: -b.nbytes)
+            while sum(b.nbytes for b in self.free) > self.keep_bytes:
+                self.free.pop(0)  # drop the largest first
+
+
+SCRATCH_POOL: Final = _ScratchPool(keep_bytes=2 * SCRATCH_BUDGET_BYTES)
+
+
+@contextlib.contextmanager
+def scratch(depth: int, count: int, dtype: Any) -> Iterator[list[np.ndarray]]:
+    """``depth`` scratch arrays of ``count`` elements of ``dtype``, from the pool."""
+    dt = np.dtype(dtype)
+    seg = count * dt.itemsize
+    raw = SCRATCH_POOL.take(depth * seg)
+    try:
+        yield [raw[i * seg:(i + 1) * seg].view(dt) for i in range(depth)]
+    finally:
+        SCRATCH_POOL.give(raw)
 
 
 def where(ch: Channel) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from ._common import (
     flat,
     num_segments,
     relay,
+    scratch,
     scratch_depth,
     split,
 )
@@ -140,7 +141,7 @@ async def reduce_scatter(ch: Channel, buf: np.ndarray, op: ReduceOp | str, out: 
     data = flat(buf, writeable=False)
     dst = flat(out, "out")
     check_op_dtype(op, dst.dtype)
-    P, r = ch.size, ch.rank
+    P = ch.size
     if data.size % P or dst.size != data.size // P:
         raise ValueError(f"reduce_scatter: buf has {data.size} elements, not {P} blocks of "
                          f"out's {dst.size}")
@@ -153,11 +154,16 @@ async def reduce_scatter(ch: Channel, buf: np.ndarray, op: ReduceOp | str, out: 
         dst[...] = data
         return
     segs = split(B, num_segments(B * data.itemsize, segment_bytes))
-    S = len(segs)
-    right, left = (r + 1) % P, (r - 1) % P
     longest = max(b - a for a, b in segs)
-    depth = scratch_depth(S + 2, longest * data.itemsize)
-    scratch = [np.empty(longest, dtype=data.dtype) for _ in range(depth)]
+    depth = scratch_depth(len(segs) + 2, longest * data.itemsize)
+    with scratch(depth, longest, data.dtype) as bufs:
+        await _reduce_scatter_steps(ch, data, dst, op, segs, bufs)
+
+
+async def _reduce_scatter_steps(ch: Channel, data: np.ndarray, dst: np.ndarray, op: ReduceOp,
+                                segs: list[tuple[int, int]], scratch: list[np.ndarray]) -> None:
+    P, r, S, depth, B = ch.size, ch.rank, len(segs), len(scratch), dst.size
+    right, left = (r + 1) % P, (r - 1) % P
     # Step t (0..P-2) sends block r-1-t and receives block r-2-t; the last
     # step brings block r, which is received straight into ``out``. The
     # partial sums live in scratch (``incoming op own``), so buf is read-only.
@@ -189,16 +195,22 @@ async def _ring(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: list[l
     """The pipelined ring core: at step ``t`` send chunk ``first-t`` and
     receive chunk ``first-t-1``; steps below ``reduce_steps`` reduce the
     incoming segment into ``data`` (via scratch), later ones receive in place."""
-    P, r = ch.size, ch.rank
-    right, left = (r + 1) % P, (r - 1) % P
     S = len(segs[0])
-    count = total_steps * S
     longest = max(b - a for chunk in segs for a, b in chunk)
     if reduce_steps:
         depth = scratch_depth(S + 2, longest * data.itemsize)
     else:  # all destinations are distinct places in ``data``: no scratch to bound
         depth = max(S + 2, RELAY_WINDOW)
-    scratch = [np.empty(longest, dtype=data.dtype) for _ in range(depth if reduce_steps else 0)]
+    with scratch(depth if reduce_steps else 0, longest, data.dtype) as bufs:
+        await _ring_steps(ch, data, op, segs, bufs, first, reduce_steps, total_steps, depth)
+
+
+async def _ring_steps(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: list[list[tuple[int, int]]],
+                      scratch: list[np.ndarray], first: int, reduce_steps: int, total_steps: int,
+                      depth: int) -> None:
+    P, r, S = ch.size, ch.rank, len(segs[0])
+    right, left = (r + 1) % P, (r - 1) % P
+    count = total_steps * S
 
     def plan(i: int) -> tuple[int, int, int, np.ndarray]:
         t, j = divmod(i, S)

@@ -50,6 +50,7 @@ from ._common import (
     flat,
     num_segments,
     relay,
+    scratch,
     scratch_depth,
     split,
 )
@@ -147,19 +148,19 @@ async def _reduce(ch: Channel, data: np.ndarray, op: ReduceOp, root: int, *, ste
     # Children stream their segments without waiting for us: post them all
     # if the scratch budget allows (the fold order below stays fixed).
     depth = scratch_depth(S * K, longest * data.itemsize)
-    scratch = [np.empty(longest, dtype=data.dtype) for _ in range(depth)]
+    with scratch(depth, longest, data.dtype) as bufs:
 
-    def plan(i: int) -> tuple[int, int, int, np.ndarray]:
-        j, k = divmod(i, K)
-        a, b = segs[j]
-        return kids[k], step, j, scratch[i % depth][:b - a]
-
-    async with RecvWindow(ch, plan, S * K, depth) as window:
-        await window.start()
-        for i in range(S * K):
+        def plan(i: int) -> tuple[int, int, int, np.ndarray]:
             j, k = divmod(i, K)
             a, b = segs[j]
-            await window.get(i)
-            reduce_into(op, data[a:b], scratch[i % depth][:b - a])
-            if k == K - 1 and parent is not None:
-                await ch.send(parent, data[a:b], step=step, chunk=j)
+            return kids[k], step, j, bufs[i % depth][:b - a]
+
+        async with RecvWindow(ch, plan, S * K, depth) as window:
+            await window.start()
+            for i in range(S * K):
+                j, k = divmod(i, K)
+                a, b = segs[j]
+                await window.get(i)
+                reduce_into(op, data[a:b], bufs[i % depth][:b - a])
+                if k == K - 1 and parent is not None:
+                    await ch.send(parent, data[a:b], step=step, chunk=j)
