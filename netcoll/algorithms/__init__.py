@@ -44,8 +44,17 @@ from typing import Any, Final
 from . import allpairs, direct, doubling, pairwise, ring, tree
 from ._common import DEFAULT_SEGMENT_BYTES
 
-__all__ = ["ALGORITHMS", "DEFAULT_SEGMENT_BYTES", "choose", "allpairs", "direct", "doubling", "pairwise", "ring",
-           "tree"]
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_SEGMENT_BYTES",
+    "allpairs",
+    "choose",
+    "direct",
+    "doubling",
+    "pairwise",
+    "ring",
+    "tree",
+]
 
 #: all_reduce below this many bytes uses recursive doubling (latency-bound),
 #: at or above it the ring (bandwidth-optimal).

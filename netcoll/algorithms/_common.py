@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from ..errors import MismatchError
+from ..ops import ReduceOp, check_op_dtype, parse_op
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -142,6 +143,24 @@ def scratch(depth: int, count: int, dtype: Any) -> Iterator[list[np.ndarray]]:
         SCRATCH_POOL.give(raw)
 
 
+def reduction_args(buf: Any, op: Any, segment_bytes: int) -> tuple[ReduceOp, np.ndarray]:
+    """The checks every reducing algorithm starts with: ``(op, flat view of buf)``."""
+    rop = parse_op(op)
+    check_segment_bytes(segment_bytes)
+    data = flat(buf)
+    check_op_dtype(rop, data.dtype)
+    return rop, data
+
+
+def gather_args(ch: Channel, buf: Any, segment_bytes: int, what: str) -> tuple[np.ndarray, int]:
+    """The checks every all-gather starts with: ``(uint8 view of buf, block bytes)``."""
+    check_segment_bytes(segment_bytes)
+    data = as_u8(buf)
+    if data.nbytes % ch.size:
+        raise ValueError(f"{what} buffer of {data.nbytes} bytes is not {ch.size} equal blocks")
+    return data, data.nbytes // ch.size
+
+
 def where(ch: Channel) -> dict[str, Any]:
     """``op``/``seq`` keywords for errors raised by an algorithm on ``ch``."""
     op = getattr(ch, "op", None)
@@ -170,7 +189,7 @@ class RecvWindow:
     algorithm fails are failed with the operation by the mailbox.
     """
 
-    __slots__ = ("ch", "plan", "count", "depth", "futures", "posted")
+    __slots__ = ("ch", "count", "depth", "futures", "plan", "posted")
 
     def __init__(self, ch: Channel, plan: Plan, count: int, depth: int) -> None:
         self.ch, self.plan, self.count, self.depth = ch, plan, count, max(1, depth)

@@ -20,8 +20,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
-from ._common import DEFAULT_SEGMENT_BYTES, check_segment_bytes, flat, num_segments, split
+from ..ops import ReduceOp, reduce_into
+from ._common import (
+    DEFAULT_SEGMENT_BYTES,
+    num_segments,
+    reduction_args,
+    split,
+)
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -38,10 +43,7 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
         op: the reduction.
         segment_bytes: largest message payload (same on every rank).
     """
-    op = parse_op(op)
-    check_segment_bytes(segment_bytes)
-    data = flat(buf)
-    check_op_dtype(op, data.dtype)
+    op, data = reduction_args(buf, op, segment_bytes)
     P, r = ch.size, ch.rank
     if P == 1:
         return

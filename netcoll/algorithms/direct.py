@@ -57,7 +57,7 @@ from ._common import (
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["gather", "scatter", "send_message", "recv_message", "gather_list", "scatter_list"]
+__all__ = ["gather", "gather_list", "recv_message", "scatter", "scatter_list", "send_message"]
 
 
 def _blocks(ch: Channel, block: int, whole: np.ndarray, name: str) -> None:

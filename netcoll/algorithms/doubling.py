@@ -46,22 +46,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
+from ..ops import ReduceOp, reduce_into
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RELAY_WINDOW,
     RecvWindow,
-    as_u8,
-    check_segment_bytes,
-    flat,
+    gather_args,
     num_segments,
+    reduction_args,
     split,
 )
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["all_reduce", "barrier", "all_gather"]
+__all__ = ["all_gather", "all_reduce", "barrier"]
 
 _EMPTY = np.empty(0, dtype=np.uint8)
 
@@ -75,10 +74,7 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
         op: the reduction.
         segment_bytes: largest message payload (same on every rank).
     """
-    op = parse_op(op)
-    check_segment_bytes(segment_bytes)
-    data = flat(buf)
-    check_op_dtype(op, data.dtype)
+    op, data = reduction_args(buf, op, segment_bytes)
     P, r = ch.size, ch.rank
     if P == 1:
         return
@@ -166,12 +162,8 @@ async def all_gather(ch: Channel, buf: np.ndarray, *, segment_bytes: int = DEFAU
         buf: flat (any C-contiguous array; handled as bytes) of ``P`` equal
             blocks, block ``ch.rank`` already filled; the others are filled.
     """
-    check_segment_bytes(segment_bytes)
-    data = as_u8(buf)
+    data, block = gather_args(ch, buf, segment_bytes, "all_gather")
     P, r = ch.size, ch.rank
-    if data.nbytes % P:
-        raise ValueError(f"all_gather buffer of {data.nbytes} bytes is not {P} equal blocks")
-    block = data.nbytes // P
 
     def pieces(first: int, count: int) -> list[tuple[int, int]]:
         out = []

@@ -70,7 +70,7 @@ from .direct import recv_message, send_message
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["all_to_all", "all_to_all_list", "all_gather_list", "reduce_scatter_list"]
+__all__ = ["all_gather_list", "all_to_all", "all_to_all_list", "reduce_scatter_list"]
 
 Message = tuple[np.ndarray, dict[str, Any]]
 

@@ -58,11 +58,12 @@ from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RELAY_WINDOW,
     RecvWindow,
-    as_u8,
     check_root,
     check_segment_bytes,
     flat,
+    gather_args,
     num_segments,
+    reduction_args,
     relay,
     scratch,
     scratch_depth,
@@ -72,7 +73,7 @@ from ._common import (
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
+__all__ = ["all_gather", "all_reduce", "broadcast", "reduce_scatter"]
 
 
 def _segments(bounds: list[tuple[int, int]], itemsize: int, segment_bytes: int) -> list[list[tuple[int, int]]]:
@@ -94,10 +95,7 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
         op: the reduction.
         segment_bytes: largest message payload (same on every rank).
     """
-    op = parse_op(op)
-    check_segment_bytes(segment_bytes)
-    data = flat(buf)
-    check_op_dtype(op, data.dtype)
+    op, data = reduction_args(buf, op, segment_bytes)
     P, r = ch.size, ch.rank
     if P == 1:
         return
@@ -112,14 +110,10 @@ async def all_gather(ch: Channel, buf: np.ndarray, *, segment_bytes: int = DEFAU
         buf: flat (any C-contiguous array; handled as bytes) of ``P`` equal
             blocks, block ``ch.rank`` already filled; the others are filled.
     """
-    check_segment_bytes(segment_bytes)
-    data = as_u8(buf)
+    data, block = gather_args(ch, buf, segment_bytes, "all_gather")
     P, r = ch.size, ch.rank
-    if data.nbytes % P:
-        raise ValueError(f"all_gather buffer of {data.nbytes} bytes is not {P} equal blocks")
     if P == 1:
         return
-    block = data.nbytes // P
     segs = _segments([(c * block, (c + 1) * block) for c in range(P)], 1, segment_bytes)
     # Step t sends block r-t (own block first) and receives block r-t-1.
     await _ring(ch, data, None, segs, first=r, reduce_steps=0, total_steps=P - 1)

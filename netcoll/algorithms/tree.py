@@ -58,7 +58,7 @@ from ._common import (
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["broadcast", "reduce", "all_reduce", "binomial_tree"]
+__all__ = ["all_reduce", "binomial_tree", "broadcast", "reduce"]
 
 
 def binomial_tree(size: int, v: int) -> tuple[int | None, list[int]]:
