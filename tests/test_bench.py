@@ -1,0 +1,409 @@
+"""netcoll.bench: size parsing, geometry, verification, the nccl-tests table and
+a quick real sweep over rank processes (correctness only, never timing)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from netcoll.bench import add_arguments, config_from_args, report
+from netcoll.bench.common import (
+    BUSBW_FACTOR,
+    OPS,
+    SweepConfig,
+    bandwidth,
+    format_size,
+    geometry,
+    parse_ops,
+    parse_size,
+    sweep_sizes,
+)
+from netcoll.bench.local import run_local
+from netcoll.bench.sweep import PERIOD, Data
+from netcoll.ops import BFLOAT16
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, n", [
+    ("4", 4), ("0", 0), ("4K", 4096), ("4k", 4096), ("4KiB", 4096), ("4KB", 4096), ("64M", 64 << 20),
+    ("64MiB", 64 << 20), ("1G", 1 << 30), ("1GiB", 1 << 30), ("16B", 16), (" 2 M ", 2 << 20), (8, 8),
+])
+def test_parse_size(text: str, n: int) -> None:
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "K", "4X", "-4", "1.5M", "4iB", "4Ki", "M4", "4 MB extra"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+def test_sweep_sizes_and_format() -> None:
+    assert sweep_sizes(4, 64 << 20, 4)[:3] == [4, 16, 64]
+    assert sweep_sizes(4, 64 << 20, 4)[-1] == 64 << 20 and len(sweep_sizes(4, 64 << 20, 4)) == 13
+    assert sweep_sizes(4, 65536, 16) == [4, 64, 1024, 16384]
+    assert sweep_sizes(1024, 1024, 2) == [1024]
+    with pytest.raises(ValueError):
+        sweep_sizes(8, 4, 2)
+    with pytest.raises(ValueError):
+        sweep_sizes(4, 8, 1)
+    assert format_size(4) == "4 B" and format_size(65536) == "64 KiB" and format_size(64 << 20) == "64 MiB"
+    assert format_size(1000) == "1000 B"
+
+
+def test_parse_ops() -> None:
+    assert parse_ops("all") == list(OPS)
+    assert parse_ops("all_reduce,broadcast") == ["all_reduce", "broadcast"]
+    assert parse_ops("all-gather") == ["all_gather"]
+    with pytest.raises(ValueError, match="unknown collective"):
+        parse_ops("allreduce2")
+
+
+def test_geometry_follows_nccl_tests() -> None:
+    # all_gather: size is the output (P blocks), count the per-rank block
+    g = geometry("all_gather", 1 << 20, np.float32, 4)
+    assert (g.size, g.count, g.input_shape) == (1 << 20, (1 << 20) // 16, ((1 << 20) // 16,))
+    # reduce_scatter: size is the input (P blocks)
+    g = geometry("reduce_scatter", 1024, np.float32, 4)
+    assert (g.size, g.count, g.input_shape) == (1024, 64, (4, 64))
+    # rounding down to whole blocks, even to zero
+    assert geometry("all_to_all", 64, np.float32, 3).size == 60
+    assert geometry("scatter", 4, np.float32, 4).size == 0
+    g = geometry("all_reduce", 4, np.float32, 4)
+    assert (g.size, g.count) == (4, 1)
+    assert geometry("broadcast", 2, np.float32, 4).size == 0
+
+
+def test_busbw_factors() -> None:
+    n = 4
+    assert BUSBW_FACTOR["all_reduce"](n) == pytest.approx(1.5)
+    for op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        assert BUSBW_FACTOR[op](n) == pytest.approx(0.75)
+    assert BUSBW_FACTOR["broadcast"](n) == BUSBW_FACTOR["reduce"](n) == 1.0
+    alg, bus = bandwidth(2_000_000, 0.001, 1.5)
+    assert alg == pytest.approx(2.0) and bus == pytest.approx(3.0)
+
+
+def _simulate(op: str, g, data: Data, n: int, root: int) -> list:
+    """What a correct collective returns on each rank, computed by plain numpy."""
+    xs = [data.input(g, k) for k in range(n)]
+    from netcoll.ops import reduce_reference
+
+    if op == "all_reduce":
+        return [reduce_reference(data.redop, xs)] * n
+    if op == "reduce":
+        return [reduce_reference(data.redop, xs) if k == root else None for k in range(n)]
+    if op == "broadcast":
+        return [xs[root].copy() for _ in range(n)]
+    if op == "all_gather":
+        return [np.stack(xs) for _ in range(n)]
+    if op == "gather":
+        return [np.stack(xs) if k == root else None for k in range(n)]
+    if op == "scatter":
+        return [xs[root][k].copy() for k in range(n)]
+    if op == "reduce_scatter":
+        red = reduce_reference(data.redop, xs)
+        return [red[k].copy() for k in range(n)]
+    if op == "all_to_all":
+        return [np.stack([xs[j][k] for j in range(n)]) for k in range(n)]
+    raise AssertionError(op)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("redop, dtype", [("sum", np.float32), ("max", np.int8), ("prod", BFLOAT16),
+                                          ("avg", np.float16), ("bxor", np.uint32)])
+def test_verification_counts_exactly_the_wrong_elements(op: str, redop: str, dtype) -> None:
+    n, root = 3, 1
+    data = Data(redop, np.dtype(dtype), n)
+    g = geometry(op, 3 * PERIOD * np.dtype(dtype).itemsize + 96, dtype, n)  # more than one period per block
+    outs = _simulate(op, g, data, n, root)
+    assert [data.count_wrong(g, k, root, outs[k]) for k in range(n)] == [0] * n
+    k = root if op in ("reduce", "gather") else n - 1
+    bad = outs[k].copy()
+    flat = bad.reshape(-1)
+    idx = [0, len(flat) // 2, len(flat) - 1]
+    flat[idx] = 77  # outside every value set the data uses
+    assert data.count_wrong(g, k, root, bad) == len(idx)
+    assert data.count_wrong(g, k, root, None) > 0
+    if op in ("all_gather", "all_to_all"):  # rows in the wrong order are caught
+        assert data.count_wrong(g, k, root, outs[k][::-1].copy()) > 0
+
+
+def test_sum_data_stays_exact_in_small_types() -> None:
+    # integer-valued data: sums over 8 ranks are exact even in bfloat16 / float16
+    data = Data("sum", BFLOAT16, 8)
+    red = data.reduced().ext[:PERIOD].astype(np.float64)
+    ref = sum(data.base(k).astype(np.float64) for k in range(8))
+    assert np.array_equal(red, ref)
+
+
+# -- the table -------------------------------------------------------------------------------------
+NCCL_HEADER = [  # verbatim from nccl-tests (src/common.cu), each line split in two
+    "#                                                              out-of-place"
+    "                       in-place          ",
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+    "     time   algbw   busbw #wrong",
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"
+    "            (us)  (GB/s)  (GB/s)       ",
+]
+
+
+def _row(**kw):
+    row = {"op": "all_reduce", "size": 1048576, "count": 262144, "type": "float", "redop": "sum", "root": -1,
+           "time_us": 1234.56, "algbw": 0.8493, "busbw": 1.27, "wrong": 0}
+    row.update(kw)
+    return row
+
+
+def test_table_header_is_nccl_tests_exactly() -> None:
+    assert report.header()[:3] == NCCL_HEADER
+
+
+def test_table_row_layout() -> None:
+    line = report.format_row(_row())
+    assert line == ("     1048576        262144     float     sum      -1   1234.6    0.85    1.27      0"
+                    "      N/A     N/A     N/A    N/A")
+    # nccl-tests' time precision steps: %7.2f < 100 us <= %7.1f < 10000 us <= %7.0f
+    assert report.format_row(_row(time_us=12.345)).split()[5] == "12.35"
+    assert report.format_row(_row(time_us=123456.7)).split()[5] == "123457"
+    assert report.format_row(_row(wrong=None)).split()[8] == "N/A"
+    # column positions: size ends at 12, count at 26, as nccl-tests' %12li  %12li
+    assert line[:12].strip() == "1048576" and line[14:26].strip() == "262144"
+
+
+def test_table_footer_and_json() -> None:
+    rows = [_row(), _row(size=4, count=1, busbw=0.0, wrong=0)]
+    foot = report.footer(rows)
+    assert foot[0] == "# Out of bounds values : 0 OK"
+    assert foot[1] == "# Avg bus bandwidth    : 0.635 "
+    assert report.footer([_row(wrong=3)])[0] == "# Out of bounds values : 3 FAILED"
+    doc = json.loads(report.to_json({"world_size": 4}, rows))
+    assert doc["rows"] == rows and doc["meta"]["avg_busbw"] == pytest.approx(0.635)
+
+
+def test_progress_only_on_a_tty(tmp_path) -> None:
+    with open(tmp_path / "f", "w") as f:
+        assert not report.Progress.wanted(f)
+
+
+# -- arguments ----------------------------------------------------------------------------------
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_arguments() -> None:
+    cfg = config_from_args(_parse("-b", "4K", "-e", "1MiB", "-f", "2", "-n", "3", "-w", "0", "--op", "all",
+                                  "-d", "half", "-o", "max"))
+    assert (cfg.minbytes, cfg.maxbytes, cfg.stepfactor, cfg.iters, cfg.warmup) == (4096, 1 << 20, 2, 3, 0)
+    assert cfg.ops == list(OPS) and cfg.dtype == "float16" and cfg.redop == "max"
+    assert config_from_args(_parse("broadcast")).ops == ["broadcast"]
+    assert config_from_args(_parse()).ops == ["all_reduce"]
+    with pytest.raises(ValueError):
+        config_from_args(_parse("-d", "int32", "-o", "avg"))
+    with pytest.raises(SystemExit):
+        _parse("-b", "4X")
+
+
+def _cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "netcoll.bench", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+
+
+def test_coordinator_mode_is_not_yet_supported() -> None:
+    r = _cli("--coordinator", "127.0.0.1:29400")
+    assert r.returncode == 2 and "not yet supported: use --ranks" in r.stderr
+
+
+def test_bad_arguments_exit_2() -> None:
+    r = _cli("--op", "nope")
+    assert r.returncode == 2 and "unknown collective" in r.stderr
+
+
+# -- real rank processes -------------------------------------------------------------------------
+@pytest.mark.tcp
+async def test_quick_sweep_over_processes_is_correct() -> None:
+    cfg = SweepConfig(ops=["all"], minbytes=4, maxbytes=64 << 10, stepfactor=16, iters=2, warmup=1)
+    res = await asyncio.wait_for(run_local(cfg, 2), 60)
+    rows = res["rows"]
+    assert len(rows) == len(OPS) * 4
+    assert [r["op"] for r in rows[::4]] == list(OPS)
+    for r in rows:
+        assert r["wrong"] == 0, r
+        assert r["time_us"] > 0 and r["busbw"] >= 0
+        assert r["redop"] == ("sum" if r["op"] in ("all_reduce", "reduce", "reduce_scatter") else "none")
+        assert r["root"] == (0 if r["op"] in ("broadcast", "reduce", "gather", "scatter") else -1)
+    assert res["meta"]["world_size"] == 2 and len(res["meta"]["ranks"]) == 2
+    ag = [r for r in rows if r["op"] == "all_gather"]
+    assert [r["size"] for r in ag] == [0, 64, 1024, 16384] and ag[-1]["count"] == 16384 // 4 // 2
+
+
+@pytest.mark.tcp
+def test_cli_table_and_json() -> None:
+    r = _cli("--ranks", "2", "-b", "4", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "--op", "all_reduce,scatter",
+             "-d", "int32", "-o", "bxor")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("# nThread 1 nGpus 1 minBytes 4 maxBytes 65536 step: 16(factor) warmup iters: 1 "
+                               "iters: 2 agg iters: 1 validation: 1 graph: 0")
+    for h in NCCL_HEADER:
+        assert h in lines
+    data = [ln for ln in lines if not ln.startswith("#")]
+    assert len(data) == 8
+    for ln in data:
+        cols = ln.split()
+        assert len(cols) == 13 and cols[2] == "int32" and cols[8] == "0", ln
+    assert sum(ln.startswith("# Avg bus bandwidth    : ") for ln in lines) == 2
+    assert "# Out of bounds values : 0 OK" in lines
+    assert r.stderr == ""  # no progress bar when stderr is not a terminal
+
+    r = _cli("--ranks", "2", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "-w", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [row["size"] for row in doc["rows"]] == [1024, 4096]
+    assert all(row["wrong"] == 0 and row["op"] == "all_reduce" for row in doc["rows"])
+    assert doc["meta"]["world_size"] == 2 and doc["meta"]["config"]["iters"] == 2
+
+
+def test_cli_refuses_a_root_outside_the_world() -> None:
+    r = _cli("--ranks", "2", "-r", "2", "--op", "broadcast")
+    assert r.returncode == 2 and "root" in r.stderr
+
+
+def test_cli_refuses_an_unknown_algorithm() -> None:
+    r = _cli("--ranks", "2", "--op", "all_reduce", "--algorithm", "nope")
+    assert r.returncode == 2 and "not an algorithm" in r.stderr
+    assert SweepConfig(ops=["all"], algorithm="ring").validate().algorithm_for("gather") == "auto"
+
+
+@pytest.mark.tcp
+def test_cli_reports_a_failing_rank() -> None:
+    r = _cli("--ranks", "2", "-b", "4", "-e", "4", "--timeout", "1e-9")
+    assert r.returncode == 1
+    assert "benchmark failed: rank" in r.stderr and "CollectiveTimeout" in r.stderr, r.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.tcp
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_kills_every_rank_process() -> None:
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-m", "netcoll.bench", "--ranks", "2", "-b", "16M", "-e", "16M",
+                          "-n", "100000", "-w", "0", "-c", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True, env=env,
+                         # a shell's background job ignores SIGINT, and the child would inherit that
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        pids = []
+        assert p.stdout is not None
+        for line in p.stdout:
+            if line.startswith("#  Rank "):
+                pids.append(int(line.split("Pid")[1].split()[0]))
+            if line.startswith("# Collective test") or (len(pids) == 2 and line.strip() == "#"):
+                break
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 130
+        assert p.stderr is not None
+        err = p.stderr.read()
+        assert "Traceback" not in err and "interrupted" in err, err
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.tcp
+def test_closed_stdout_stops_quietly() -> None:  # | head
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-m", "netcoll.bench", "--ranks", "2", "-b", "4", "-e", "16M", "-f", "4",
+                          "-n", "3", "-w", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, env=env)
+    try:
+        assert p.stdout is not None and p.stderr is not None
+        assert p.stdout.readline().startswith(b"# nThread 1")
+        p.stdout.close()
+        assert p.wait(60) == 141
+        err = p.stderr.read().decode()
+        assert "Traceback" not in err and "was lost" not in err, err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+# -- bench/compare.py's report (synthetic results; no peers are run) -------------------------------
+def _compare_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_compare", os.path.join(ROOT, "bench", "compare.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fake_rows(impl: str, speed: float) -> list[dict]:
+    from netcoll.bench.common import make_row
+
+    rows = []
+    for op in ("all_reduce", "all_gather"):
+        for req in (4, 64 << 10, 16 << 20):
+            g = geometry(op, req, np.float32, 4)
+            t = (20e-6 + g.size / 1e9) / speed
+            rows.append(make_row(g, redop="sum", root=0, seconds=t, median_seconds=t, min_seconds=t,
+                                 wrong=0 if impl == "netcoll" else None, requested=req, impl=impl))
+    return rows
+
+
+def test_compare_report_ratios_and_targets(tmp_path) -> None:
+    compare = _compare_module()
+    results = {
+        "meta": {"date": "today", "command": "python3 bench/compare.py", "commit": "abc", "nproc": 2, "cpu": "x",
+                 "python": "3", "numpy": "2", "platform": "linux", "loop": "asyncio", "skipped": {"mpi": "nope"},
+                 "config": SweepConfig().to_json(), "elapsed_s": 1},
+        "runs": {"4": {"world_size": 4, "notes": [],
+                       "impls": {"netcoll": _fake_rows("netcoll", 2.0), "gloo": _fake_rows("gloo", 1.0)}}},
+        "rss": {"world_size": 4, "message_bytes": 64 << 20, "peak_rss_bytes": 200 << 20,
+                "baseline_rss_bytes": 50 << 20, "growth_bytes": 150 << 20, "import_rss_bytes": 40 << 20,
+                "time_us": 1e5, "busbw": 1.0},
+    }
+    rt = compare.ratios(results["runs"]["4"])
+    assert rt[("all_reduce", 16 << 20)][0] == pytest.approx(2.0) and rt[("all_reduce", 16 << 20)][1] == "gloo"
+    assert rt[("all_gather", 4)] is None  # empty buffer at 4 B on 4 ranks
+    verdicts = {t.split(": ", 1)[1].split(":")[0]: v for t, _, v in compare.targets(results)}
+    assert verdicts["every collective, every size ≥ 64 KiB"] == "met"
+    assert verdicts["all_gather, reduce_scatter ≥ 16 MiB"] == "met"
+    assert verdicts["all_reduce of 4 bytes"] == "met"
+    text = compare.render(results, {"4": "benchmarks-4ranks.png"})
+    assert "| all_reduce | — |" not in text and "2.00 g" in text and "MPI-TCP was skipped" in text
+    doc = tmp_path / "b.md"
+    doc.write_text("# hand written\n\n" + compare.BEGIN + "\nSTALE\n" + compare.END + "\n\ntail\n")
+    compare.write_doc(str(doc), text)
+    out = doc.read_text()
+    assert out.startswith("# hand written") and out.endswith("tail\n") and "STALE" not in out and "2.00 g" in out
