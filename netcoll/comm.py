@@ -112,12 +112,18 @@ class Communicator(CommBase):
         rop = parse_op(op)
         check_op_dtype(rop, x.dtype)
         algo = self._pick("all_reduce", algorithm, x.nbytes)
-        buf = contiguous_copy(x, out)
+        kw: dict[str, Any] = {"segment_bytes": self.segment_bytes}
+        if (algo == "ring" and self.world_size > 1 and out is not x and x.flags.c_contiguous
+                and (out is None or not np.may_share_memory(out, x))):
+            # the ring reads our input where it needs it: no up-front copy into the result
+            buf = np.empty(x.shape, x.dtype) if out is None else check_out(out, x.shape, x.dtype)
+            kw["src"] = x.reshape(-1)
+        else:
+            buf = contiguous_copy(x, out)
         if self.world_size > 1:
             fn = algorithms.ALGORITHMS["all_reduce"][algo]
             fp = self._fp("all_reduce", x=describe(x.dtype, x.shape), op=rop.value, algorithm=algo)
-            await self._run("all_reduce", fp, lambda ch: fn(ch, buf.reshape(-1), rop,
-                                                            segment_bytes=self.segment_bytes), timeout)
+            await self._run("all_reduce", fp, lambda ch: fn(ch, buf.reshape(-1), rop, **kw), timeout)
         finalize(rop, buf, self.world_size)
         return buf
 

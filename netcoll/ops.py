@@ -188,6 +188,16 @@ def reduce_into(op: str | ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
         ufunc(acc, other, out=acc)
 
 
+def reduce_to(op: str | ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``out = a (op) b`` elementwise, the same bits as ``reduce_into`` on a copy
+    of ``a`` (saves that copy when ``a`` must stay unmodified)."""
+    op = parse_op(op)
+    _check_pair(out, a)
+    _check_pair(out, b)
+    with np.errstate(all="ignore"):
+        _ufunc(op, out.dtype)(a, b, out=out)
+
+
 def finalize(op: str | ReduceOp, acc: np.ndarray, world_size: int) -> None:
     """In place: finish a reduction over *world_size* contributions (``avg`` divides)."""
     op = parse_op(op)

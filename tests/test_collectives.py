@@ -225,3 +225,17 @@ async def test_concurrent_collectives_share_links() -> None:
     for i in range(6):
         assert (res[0][i] == sum(r + i for r in range(4))).all()
     assert (res[3][6].ravel() == [0, 1, 2, 3]).all()
+
+
+async def test_ring_reading_the_input_in_place_gives_the_same_bits() -> None:
+    """The ring reads a contiguous input directly (no copy into the result);
+    with ``out=x`` it works in place: both must give the same bits."""
+    xs = [np.random.default_rng(r).standard_normal(100_003).astype(np.float32) for r in range(4)]
+    keep = [x.copy() for x in xs]
+    direct = await run_world(4, lambda c: c.all_reduce(xs[c.rank], algorithm="ring"), segment_bytes=4096)
+    assert all((x == k).all() for x, k in zip(xs, keep))  # inputs untouched
+    inplace = await run_world(4, lambda c: c.all_reduce(xs[c.rank], out=xs[c.rank], algorithm="ring"),
+                              segment_bytes=4096)
+    for r in range(4):
+        assert inplace[r] is xs[r]
+        assert direct[r].tobytes() == inplace[r].tobytes() == direct[0].tobytes()

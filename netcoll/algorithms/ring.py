@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
+from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into, reduce_to
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RELAY_WINDOW,
@@ -85,7 +85,7 @@ def _segments(bounds: list[tuple[int, int]], itemsize: int, segment_bytes: int) 
 
 
 async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
-                     segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+                     segment_bytes: int = DEFAULT_SEGMENT_BYTES, src: np.ndarray | None = None) -> None:
     """Ring all_reduce of ``buf`` in place (``op`` folded with :func:`reduce_into`;
     ``avg`` is left as a sum for the caller to :func:`~netcoll.ops.finalize`).
 
@@ -94,13 +94,22 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
         buf: C-contiguous, writeable array, same shape and dtype on every rank.
         op: the reduction.
         segment_bytes: largest message payload (same on every rank).
+        src: if given, this rank's input (same size and dtype, not overlapping
+            ``buf``), read instead of ``buf``'s initial contents, which then
+            need not be filled: saves the caller a full copy. Same bits.
     """
     op, data = reduction_args(buf, op, segment_bytes)
     P, r = ch.size, ch.rank
+    if src is not None:
+        src = flat(src, "src", writeable=False)
+        if src.dtype != data.dtype or src.size != data.size or np.may_share_memory(src, data):
+            raise ValueError("all_reduce: src must match buf in size and dtype and not overlap it")
     if P == 1:
+        if src is not None:
+            data[...] = src
         return
     segs = _segments(split(data.size, P), data.itemsize, segment_bytes)
-    await _ring(ch, data, op, segs, first=r, reduce_steps=P - 1, total_steps=2 * (P - 1))
+    await _ring(ch, data, op, segs, first=r, reduce_steps=P - 1, total_steps=2 * (P - 1), src=src)
 
 
 async def all_gather(ch: Channel, buf: np.ndarray, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
@@ -185,7 +194,7 @@ async def _reduce_scatter_steps(ch: Channel, data: np.ndarray, dst: np.ndarray, 
 
 
 async def _ring(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: list[list[tuple[int, int]]], *,
-                first: int, reduce_steps: int, total_steps: int) -> None:
+                first: int, reduce_steps: int, total_steps: int, src: np.ndarray | None = None) -> None:
     """The pipelined ring core: at step ``t`` send chunk ``first-t`` and
     receive chunk ``first-t-1``; steps below ``reduce_steps`` reduce the
     incoming segment into ``data`` (via scratch), later ones receive in place."""
@@ -196,12 +205,16 @@ async def _ring(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: list[l
     else:  # all destinations are distinct places in ``data``: no scratch to bound
         depth = max(S + 2, RELAY_WINDOW)
     with scratch(depth if reduce_steps else 0, longest, data.dtype) as bufs:
-        await _ring_steps(ch, data, op, segs, bufs, first, reduce_steps, total_steps, depth)
+        await _ring_steps(ch, data, op, segs, bufs, first, reduce_steps, total_steps, depth,
+                          data if src is None else src)
 
 
 async def _ring_steps(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: list[list[tuple[int, int]]],
                       scratch: list[np.ndarray], first: int, reduce_steps: int, total_steps: int,
-                      depth: int) -> None:
+                      depth: int, src: np.ndarray) -> None:
+    """``src``: where this rank's own contribution is read (``data`` itself, or
+    the caller's input: each chunk is reduced at most once per rank, so it is
+    read before ``data`` holds anything there)."""
     P, r, S = ch.size, ch.rank, len(segs[0])
     right, left = (r + 1) % P, (r - 1) % P
     count = total_steps * S
@@ -220,12 +233,12 @@ async def _ring_steps(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: 
             t, j = divmod(i, S)
             if t == 0:  # the first step sends straight from the caller's buffer
                 a, b = segs[first % P][j]
-                await ch.send(right, data[a:b], step=0, chunk=j)
+                await ch.send(right, src[a:b], step=0, chunk=j)
             await window.get(i)
             a, b = segs[(first - t - 1) % P][j]
             if t < reduce_steps:
                 assert op is not None
-                reduce_into(op, data[a:b], scratch[i % depth][:b - a])
+                reduce_to(op, data[a:b], src[a:b], scratch[i % depth][:b - a])
             if t + 1 < total_steps:
                 await ch.send(right, data[a:b], step=t + 1, chunk=j)
 
