@@ -188,8 +188,21 @@ def _flags(ns: argparse.Namespace) -> dict[str, Any]:
 
 # -- servers -------------------------------------------------------------------------------------
 def _run(coro: Any) -> int:
+    """Run a server's main coroutine on uvloop when it is installed (the
+    ``uvloop`` extra; ``NETCOLL_LOOP=asyncio`` opts out), else on asyncio."""
     import asyncio
 
+    choice = os.environ.get("NETCOLL_LOOP", "auto").strip().lower() or "auto"
+    if choice in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                coro.close()
+                raise ValueError("NETCOLL_LOOP=uvloop but uvloop is not installed "
+                                 "(pip install 'netcoll[uvloop]')") from None
+        else:
+            return int(uvloop.run(coro))
     return int(asyncio.run(coro))
 
 

@@ -68,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="start a local cluster: a coordinator and N rank processes on 127.0.0.1 (default 4)")
     c.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="use the rank daemons registered at a running coordinator (not yet supported)")
-    c.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop", "auto"),
-                   help="event loop of the rank processes (auto: uvloop if installed; default asyncio)")
+    c.add_argument("--loop", default="auto", choices=("asyncio", "uvloop", "auto"),
+                   help="event loop of the rank processes (default auto: uvloop if installed)")
     o = parser.add_argument_group("output")
     o.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write {meta, rows} as JSON to PATH (or stdout, instead of the table)")
