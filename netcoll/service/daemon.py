@@ -232,17 +232,24 @@ class RankDaemon:
                 log.warning("could not report job %s: %s", job_id, exc)
 
     def _progress(self, job_id: int, rank: int) -> Any:
-        last = [0.0]
+        """Rank 0 reports progress at most every 0.5 s, in the background: a
+        report must never hold up the next timed iteration on every rank."""
+        last, inflight = [0.0], [None]
+
+        async def report(i: int, of: int) -> None:
+            try:
+                if self.rdv is not None:
+                    await self.rdv.rpc.call("job_progress", {"job_id": job_id, "rank": rank, "iteration": i,
+                                                             "of": of}, timeout=5.0)
+            except (OSError, NetcollError, TimeoutError):
+                pass
 
         async def progress(i: int, of: int) -> None:
             now = time.monotonic()
-            if rank == 0 and self.rdv is not None and (now - last[0] > 0.5 or i == of):
+            busy = inflight[0] is not None and not inflight[0].done()  # type: ignore[attr-defined]
+            if rank == 0 and not busy and (now - last[0] > 0.5 or i == of):
                 last[0] = now
-                try:
-                    await self.rdv.rpc.call("job_progress", {"job_id": job_id, "rank": rank, "iteration": i,
-                                                             "of": of}, timeout=5.0)
-                except (OSError, NetcollError, TimeoutError):
-                    pass
+                inflight[0] = asyncio.ensure_future(report(i, of))  # type: ignore[assignment]
         return progress
 
     def _input(self, spec: JobSpec, event: dict[str, Any], rank: int, world: int) -> np.ndarray | None:
