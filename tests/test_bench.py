@@ -407,3 +407,41 @@ def test_compare_report_ratios_and_targets(tmp_path) -> None:
     compare.write_doc(str(doc), text)
     out = doc.read_text()
     assert out.startswith("# hand written") and out.endswith("tail\n") and "STALE" not in out and "2.00 g" in out
+
+
+@pytest.mark.tcp
+async def test_bench_against_running_daemons() -> None:
+    """``netcoll bench --coordinator``: the sweep as jobs on rank daemons."""
+    import argparse
+
+    import netcoll
+    from netcoll.bench import add_arguments
+    from netcoll.bench import run as bench_run
+    from netcoll.bench.common import SweepConfig
+    from netcoll.bench.remote import run_remote
+    from netcoll.service import JobService, RankDaemon
+
+    async with netcoll.Coordinator() as coord:
+        svc = JobService(coord)
+        svc.start()
+        daemons = [RankDaemon(coord.address, host="127.0.0.1", port=0, local_host="127.0.0.1") for _ in range(3)]
+        tasks = [asyncio.create_task(d.run()) for d in daemons]
+        try:
+            async with asyncio.timeout(10):
+                while sum(d.registered for d in daemons) < 3:
+                    await asyncio.sleep(0.05)
+            cfg = SweepConfig(ops="all", minbytes=4, maxbytes=4096, stepfactor=32, iters=2, warmup=1).validate()
+            result = await run_remote(cfg, coord.address)
+            rows = result["rows"]
+            assert result["meta"]["world_size"] == 3
+            assert {r["op"] for r in rows} == set(cfg.ops) and all(r["wrong"] == 0 for r in rows)
+            parser = argparse.ArgumentParser()
+            add_arguments(parser)
+            code = await bench_run(parser.parse_args(["--coordinator", coord.address, "-b", "8", "-e", "8",
+                                                      "--op", "all_reduce", "--no-progress"]))
+            assert code == 0
+        finally:
+            for d in daemons:
+                d.request_stop()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await svc.close()

@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--ranks", type=int, default=4, metavar="N",
                    help="start a local cluster: a coordinator and N rank processes on 127.0.0.1 (default 4)")
     c.add_argument("--coordinator", default=None, metavar="HOST:PORT",
-                   help="use the rank daemons registered at a running coordinator (not yet supported)")
+                   help="run the sweep as jobs on the rank daemons of a running coordinator "
+                        "(netcoll up, compose, Kubernetes) instead of a local cluster")
     c.add_argument("--loop", default="auto", choices=("asyncio", "uvloop", "auto"),
                    help="event loop of the rank processes (default auto: uvloop if installed)")
     o = parser.add_argument_group("output")
@@ -104,23 +105,20 @@ def _err(msg: str) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     """Run the benchmark ``args`` describe; print the table (or JSON); return the exit code."""
+    from ..errors import NetcollError
     from . import report
     from .local import BenchError, run_local
+    from .remote import RemoteBenchError
 
     try:
         cfg = config_from_args(args)
     except ValueError as exc:
         _err(f"error: {exc}")
         return 2
-    if args.coordinator:
-        # TODO(issue 3): run the sweep as a benchmark job on the rank daemons of a
-        # running coordinator (the job service); until it exists only --ranks works.
-        _err("--coordinator is not yet supported: use --ranks N to start a local cluster")
-        return 2
     if args.ranks < 1:
         _err(f"error: --ranks must be >= 1, got {args.ranks}")
         return 2
-    if args.root >= args.ranks:
+    if args.root >= args.ranks and not args.coordinator:
         _err(f"error: -r/--root {args.root} is not a rank of {args.ranks} ranks")
         return 2
     if args.plot:
@@ -138,8 +136,10 @@ async def run(args: argparse.Namespace) -> int:
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev["event"] == "ranks" and table is not None:
-            table.start({"config": cfg.to_json(), "netcoll": netcoll.__version__, "world_size": args.ranks,
-                         "transport": "tcp, loopback 127.0.0.1", "loop": args.loop, "ranks": ev["ranks"]})
+            table.start({"config": cfg.to_json(), "netcoll": netcoll.__version__,
+                         "world_size": len(ev["ranks"]),
+                         "transport": f"tcp, rank daemons at {args.coordinator}" if args.coordinator
+                         else "tcp, loopback 127.0.0.1", "loop": args.loop, "ranks": ev["ranks"]})
         elif ev["event"] == "row" and table is not None:
             table.row(ev["row"])
         if progress is not None:
@@ -147,7 +147,12 @@ async def run(args: argparse.Namespace) -> int:
 
     try:
         try:
-            result = await run_local(cfg, args.ranks, on_event=on_event, loop=args.loop)
+            if args.coordinator:
+                from .remote import run_remote
+                result = await run_remote(cfg, args.coordinator, token=os.environ.get("NETCOLL_TOKEN") or None,
+                                          on_event=on_event)
+            else:
+                result = await run_local(cfg, args.ranks, on_event=on_event, loop=args.loop)
         finally:
             if progress is not None:
                 progress.clear()
@@ -162,7 +167,7 @@ async def run(args: argparse.Namespace) -> int:
             else:
                 with open(args.json, "w") as f:
                     f.write(text + "\n")
-    except BenchError as exc:
+    except (BenchError, RemoteBenchError, NetcollError, OSError, TimeoutError) as exc:
         _err(str(exc))
         return 1
     except BrokenPipeError:  # stdout closed early (| head): stop quietly, like other CLI tools

@@ -163,6 +163,7 @@ class Job:
             "timings": {str(r): rep.get("timings", []) for r, rep in sorted(self.reports.items())},
             "time_us": None if self.time_s is None else self.time_s * 1e6,
             "algbw": self.algbw, "busbw": self.busbw, "verified": self.verified,
+            "wrong": sum(int(rep.get("wrong") or 0) for rep in self.reports.values()),
             "progress": self.progress or None,
         }
         if not with_results:

@@ -1,0 +1,55 @@
+"""``netcoll bench --coordinator HOST:PORT``: the same sweep, run as jobs on the
+rank daemons of a running cluster (``netcoll up``, compose, Kubernetes).
+
+Each (collective, size) step is one job with generated data: the daemons
+time ``iters`` calls after ``warmup`` and verify the result on every rank; the
+row's time is the mean over iterations of the slowest rank, as in the local
+runner, so the numbers compare.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .common import BLOCKED, SweepConfig, geometry, make_row
+
+
+class RemoteBenchError(RuntimeError):
+    """A job of the sweep failed (the message is the job's reason)."""
+
+
+async def run_remote(cfg: SweepConfig, address: str, *, token: str | None = None,
+                     on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the sweep on the daemons at ``address``; return ``{"rows", "meta"}``."""
+    from ..service import Client, JobSpec
+
+    emit = on_event or (lambda ev: None)
+    rows: list[dict[str, Any]] = []
+    async with Client(address, token=token) as client:
+        members = [m for m in await client.members() if m["state"] != "draining"]
+        if not members:
+            raise RemoteBenchError(f"no rank daemons are registered at {address}")
+        n = len(members)
+        emit({"event": "ranks", "ranks": [{"rank": i, "pid": 0, "host": m["host"], "member_id": m["member_id"]}
+                                          for i, m in enumerate(members)]})
+        for op, requested in cfg.steps():
+            g = geometry(op, requested, cfg.np_dtype, n)
+            emit({"event": "start", "op": op, "size": g.size, "requested": requested})
+            shape = [n, g.count] if op in BLOCKED and op not in ("all_gather", "gather") else [g.count]
+            spec = JobSpec(op=op, shape=shape, dtype=cfg.dtype, reduce_op=cfg.redop, root=cfg.root,
+                           algorithm=cfg.algorithm or "auto", iters=cfg.iters, warmup=cfg.warmup,
+                           world_size=n, deadline=cfg.timeout or 300.0)
+            rec = await client.run(spec)
+            if rec["state"] != "succeeded" and not (rec["state"] == "failed" and rec["verified"] is False):
+                raise RemoteBenchError(f"{op} of {g.size} bytes: job {rec['id']} {rec['state']}: {rec['error']}")
+            seconds = (rec["time_us"] or 0.0) / 1e6
+            per_rank = {int(r): sum(t) / len(t) for r, t in rec["timings"].items() if t}
+            row = make_row(g, redop=cfg.redop, root=cfg.root, seconds=seconds, median_seconds=seconds,
+                           min_seconds=seconds, wrong=None if not cfg.check else (rec.get("wrong") or 0),
+                           requested=requested, iters=cfg.iters, warmup=cfg.warmup,
+                           algorithm=spec.algorithm, job=rec["id"],
+                           rank_time_us=[per_rank[r] * 1e6 for r in sorted(per_rank)])
+            rows.append(row)
+            emit({"event": "row", "row": row})
+    return {"rows": rows, "meta": {"config": cfg.to_json(), "world_size": n, "coordinator": address,
+                                   "transport": "tcp, rank daemons"}}
