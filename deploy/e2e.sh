@@ -12,16 +12,20 @@
 #      `pip download` of its dependencies for the base image's Python/glibc
 #   5. docker build -f deploy/Dockerfile --build-arg BASE_IMAGE=... --build-arg WHEELHOUSE=wheelhouse
 #   6. compose up with --scale rank=4; waits for 4 members in `netcoll status --json`
-#   7. submits every collective and checks state=succeeded and verified=true;
+#   7. submits every collective and checks state=succeeded, verified=true (null
+#      for barrier) and world_size;
 #      checks that a wrong token is refused
 #   8. starts a long all_reduce, `docker kill`s one rank, expects the job to fail
-#      naming a rank, then a job on the 3 survivors to succeed
+#      naming that daemon (address or member id), then a job on the 3 survivors
+#      to succeed
 #   9. --scale rank=5, expects a job on 5 ranks to succeed
-#  10. prints a summary and tears down everything it started (trap)
+#  10. `docker stop`s one rank: SIGTERM must drain it (exit 0) and it must leave
+#  11. prints a summary and tears down everything it started (trap)
 #
 # It SKIPS (loud banner, exit 0) when not root, when apt-get is needed but
-# unavailable, or when no Docker engine can be started. E2E_STRICT=1 turns
-# skips into failures (exit 1).
+# unavailable, when no Docker engine can be started, or when the engine cannot
+# run a container. E2E_STRICT=1 turns skips into failures (exit 1). Anything
+# else that goes wrong, once it could run, exits 1.
 #
 # Usage: deploy/e2e.sh [--build-only | --no-build] [--keep] [--rmi] [-h]
 #   --build-only  stop after step 5 (+ a smoke check of the image)
@@ -35,10 +39,18 @@
 #   E2E_MIRROR [first Debian URI in /etc/apt/sources.list*, else deb.debian.org]
 #   E2E_EXTRAS [] (e.g. uvloop)  E2E_TOKEN [random; set it empty to run without auth]
 #   E2E_OPS [all_reduce broadcast reduce all_gather gather scatter reduce_scatter all_to_all barrier]
-#   E2E_SIZE [1MiB]  E2E_LONG_SIZE [256MiB]  E2E_LONG_ITERS [50]
+#   E2E_SIZE [1MiB]  E2E_LONG_SIZE [16MiB]  E2E_LONG_ITERS [1000]
+#     (the long job only has to outlive the kill; it is not a bandwidth test)
 #   E2E_WAIT [120] seconds to wait for membership changes
 #   E2E_LONG_TIMEOUT [300] seconds to wait for the killed job to end
+#   E2E_CMD_TIMEOUT [300] seconds for any one netcoll command in a container
+#   E2E_TIMEOUT [2400] seconds for the whole run (watchdog: then it fails and cleans up)
 #   E2E_COMPOSE [docker-compose, else "docker compose"]  E2E_DOCKER [docker]
+#   E2E_DOCKERD [dockerd] command line that starts an engine when none answers.
+#     A private engine next to another one: set DOCKER_HOST to its socket and e.g.
+#     E2E_DOCKERD="nsenter --net=/run/netns/NS dockerd --host unix:///run/x/docker.sock
+#       --data-root /var/lib/x --exec-root /run/x --pidfile /run/x/docker.pid"
+#     (nsenter, not `ip netns exec`: that remounts /sys and hides the cgroups)
 #   E2E_STRICT [0]
 set -euo pipefail
 
@@ -57,12 +69,15 @@ RANKS=${E2E_RANKS:-4}
 EXTRAS=${E2E_EXTRAS:-}
 OPS=${E2E_OPS:-all_reduce broadcast reduce all_gather gather scatter reduce_scatter all_to_all barrier}
 SIZE=${E2E_SIZE:-1MiB}
-LONG_SIZE=${E2E_LONG_SIZE:-256MiB}
-LONG_ITERS=${E2E_LONG_ITERS:-50}
+LONG_SIZE=${E2E_LONG_SIZE:-16MiB}
+LONG_ITERS=${E2E_LONG_ITERS:-1000}
 WAIT=${E2E_WAIT:-120}
 LONG_TIMEOUT=${E2E_LONG_TIMEOUT:-300}
+CMD_TIMEOUT=${E2E_CMD_TIMEOUT:-300}
+RUN_TIMEOUT=${E2E_TIMEOUT:-2400}
 STRICT=${E2E_STRICT:-0}
 DOCKER=${E2E_DOCKER:-docker}
+DOCKERD=${E2E_DOCKERD:-dockerd}
 DOCKERD_LOG=${E2E_DOCKERD_LOG:-/tmp/netcoll-e2e-dockerd.log}
 
 BUILD_ONLY=0 NO_BUILD=0 KEEP=0 RMI=0
@@ -79,6 +94,7 @@ done
 
 # --------------------------------------------------------------------------- state + teardown
 STARTED_DOCKERD_PID=""   # set only if this script started dockerd
+POLICY_RC_D=""           # a policy-rc.d this script put in place (removed again)
 COMPOSE_STARTED=0
 KILLED=0
 BUILT_IMAGE=0
@@ -139,9 +155,12 @@ cleanup() {
   trap - EXIT INT TERM
   local pid
   for pid in "${BG_PIDS[@]}"; do
+    pkill -P "$pid" 2>/dev/null   # its children first (the watchdog's sleep)
     kill "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
   done
+  [[ -n $WORKDIR && -e $WORKDIR/watchdog ]] &&
+    VERDICT="FAILED: the run took longer than E2E_TIMEOUT=${RUN_TIMEOUT}s (watchdog)"
   if ((COMPOSE_STARTED)); then
     if ((rc != 0 || FAILURES != 0)); then
       log "--- compose ps / last logs (for the failure above) ---"
@@ -161,6 +180,7 @@ cleanup() {
     "$DOCKER" image rm "$IMAGE" >/dev/null 2>&1
   fi
   [[ -n $WORKDIR ]] && rm -rf --one-file-system "$WORKDIR"
+  [[ -n $POLICY_RC_D ]] && rm -f "$POLICY_RC_D"
   if [[ -n $STARTED_DOCKERD_PID ]]; then
     if ((KEEP)); then
       log "--keep: leaving dockerd (pid $STARTED_DOCKERD_PID) running"
@@ -201,14 +221,41 @@ trap 'exit 143' TERM
 
 WORKDIR=$(mktemp -d /tmp/netcoll-e2e.XXXXXX)
 
+# Watchdog: a stuck step must fail this run (and clean up), not eat the CI budget.
+# Its output goes nowhere: it must not hold a pipe (`e2e.sh | tee`) open.
+( sleep "$RUN_TIMEOUT" && touch "$WORKDIR/watchdog" && kill -TERM $$ ) </dev/null >/dev/null 2>&1 &
+BG_PIDS+=($!)
+
+APT_UPDATED=0
 apt_install() {  # apt_install PKG...: install what is missing, or skip
   command -v apt-get >/dev/null || skip "need to install $* but apt-get is not available"
   log "apt-get install $*"
-  if [[ -z $(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -print -quit 2>/dev/null) ]]; then
-    apt-get update -qq >"$WORKDIR/apt.log" 2>&1 || { tail -5 "$WORKDIR/apt.log" >&2; skip "apt-get update failed"; }
+  # Packages must not start services (docker.io would start its own dockerd,
+  # which this script then could not tell from one it must leave alone).
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    POLICY_RC_D=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' >"$POLICY_RC_D" && chmod 755 "$POLICY_RC_D"
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
-    >"$WORKDIR/apt.log" 2>&1 || { tail -5 "$WORKDIR/apt.log" >&2; skip "apt-get install $* failed"; }
+  local try
+  for try in 1 2; do
+    # No package lists yet, or an install failed on stale ones: update first.
+    if ((!APT_UPDATED)) &&
+       { ((try == 2)) || [[ -z $(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -print -quit 2>/dev/null) ]]; }; then
+      APT_UPDATED=1
+      apt-get update -qq >"$WORKDIR/apt.log" 2>&1 || { tail -5 "$WORKDIR/apt.log" >&2; skip "apt-get update failed"; }
+    fi
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
+         </dev/null >"$WORKDIR/apt.log" 2>&1; then
+      break
+    fi
+    ((try == 1 && !APT_UPDATED)) && continue
+    tail -5 "$WORKDIR/apt.log" >&2
+    skip "apt-get install $* failed"
+  done
+  if [[ -n $POLICY_RC_D ]]; then
+    rm -f "$POLICY_RC_D"
+    POLICY_RC_D=""
+  fi
 }
 
 install_tools() {
@@ -242,29 +289,46 @@ start_engine() {
     log "using the running Docker engine"
     return
   fi
-  local launcher=""
-  if pgrep -x dockerd >/dev/null; then
+  local launcher="" dockerd_cmd pidfile=/var/run/docker.pid
+  read -r -a dockerd_cmd <<<"$DOCKERD"
+  # A dockerd that is still starting serves the default socket; with DOCKER_HOST
+  # set, some other engine's process says nothing about ours.
+  if [[ -z ${DOCKER_HOST:-} ]] && pgrep -x dockerd >/dev/null; then
     log "a dockerd is running but does not answer yet; waiting"
   else
-    log "starting dockerd (log: $DOCKERD_LOG)"
+    command -v "${dockerd_cmd[0]}" >/dev/null || skip "cannot start an engine: ${dockerd_cmd[0]} not found"
+    log "starting ${dockerd_cmd[*]} (log: $DOCKERD_LOG)"
     # setsid: Ctrl-C on this script must not reach the engine before `compose down`.
-    setsid dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
+    setsid "${dockerd_cmd[@]}" >"$DOCKERD_LOG" 2>&1 </dev/null &
     launcher=$!
     STARTED_DOCKERD_PID=$launcher
+    local i
+    for ((i = 1; i < ${#dockerd_cmd[@]}; i++)); do
+      case ${dockerd_cmd[i]} in
+        -p|--pidfile) pidfile=${dockerd_cmd[i + 1]:-$pidfile} ;;
+        --pidfile=*) pidfile=${dockerd_cmd[i]#--pidfile=} ;;
+      esac
+    done
   fi
   local i pid
   for i in $(seq 1 60); do
     if "$DOCKER" info >/dev/null 2>&1; then
       if [[ -n $launcher ]]; then
-        # setsid forks when it is a process-group leader (job control on); the
-        # engine's own pid file is authoritative.
-        pid=$(cat /var/run/docker.pid 2>/dev/null || true)
-        [[ $pid =~ ^[0-9]+$ && $(ps -o comm= -p "$pid" 2>/dev/null) == dockerd ]] &&
-          STARTED_DOCKERD_PID=$pid
+        # setsid execs in place unless it is a process-group leader (job control
+        # on), when it forks; then the engine's own pid file is authoritative.
+        if [[ $(ps -o comm= -p "$launcher" 2>/dev/null) != dockerd ]]; then
+          pid=$(cat "$pidfile" 2>/dev/null || true)
+          if [[ $pid =~ ^[0-9]+$ && $(ps -o comm= -p "$pid" 2>/dev/null) == dockerd ]]; then
+            STARTED_DOCKERD_PID=$pid
+          else
+            log "WARNING: cannot tell the pid of the dockerd started (launcher $launcher, $pidfile)"
+          fi
+        fi
       fi
       return
     fi
-    if [[ -n $launcher ]] && ! kill -0 "$launcher" 2>/dev/null && ! pgrep -x dockerd >/dev/null; then
+    if [[ -n $launcher ]] && ! kill -0 "$launcher" 2>/dev/null &&
+       ! { [[ -z ${DOCKER_HOST:-} ]] && pgrep -x dockerd >/dev/null; }; then
       STARTED_DOCKERD_PID=""
       tail -15 "$DOCKERD_LOG" >&2
       skip "dockerd exited at start (see $DOCKERD_LOG)"
@@ -335,11 +399,22 @@ build_base_image() {
   rm -rf --one-file-system "$rootfs"
   note "base image $BASE_IMAGE: built ($("$DOCKER" image inspect -f '{{.Size}}' "$BASE_IMAGE" | awk '{printf "%d MB", $1/1e6}'))"
 }
+# An engine that answers but cannot start a container (no cgroups, no overlay
+# and no vfs fallback, seccomp/apparmor trouble...) is a host limit: skip.
+probe_containers() {  # probe_containers IMAGE
+  if ! "$DOCKER" run --rm --entrypoint /bin/sh "$1" -c 'exit 0' >"$WORKDIR/probe.log" 2>&1; then
+    tail -5 "$WORKDIR/probe.log" >&2
+    skip "the Docker engine answers but cannot run a container (see above and $DOCKERD_LOG)"
+  fi
+}
+
 if ((NO_BUILD)); then
   "$DOCKER" image inspect "$IMAGE" >/dev/null 2>&1 || die "--no-build but there is no image $IMAGE"
+  probe_containers "$IMAGE"
   note "image $IMAGE: existing (--no-build)"
 else
 timed "base image" build_base_image
+"$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1 && probe_containers "$BASE_IMAGE"
 
 # --------------------------------------------------------------------------- 4. wheelhouse
 make_wheelhouse() {
@@ -419,8 +494,9 @@ if ((BUILD_ONLY)); then
 fi
 
 # --------------------------------------------------------------------------- helpers for the run
-nc_exec() {  # netcoll CLI inside the coordinator container
-  compose exec -T coordinator netcoll "$@"
+nc_exec() {  # netcoll CLI inside the coordinator container (bounded: CI must never hang)
+  timeout --kill-after=10 "$CMD_TIMEOUT" "${COMPOSE[@]}" -p "$PROJECT" -f "$REPO/docker-compose.yml" \
+    exec -T coordinator netcoll "$@"
 }
 
 status_to() {  # status_to FILE: `netcoll status --json` into FILE; non-zero on failure
@@ -449,11 +525,11 @@ submit_check() {  # submit_check LABEL EXPECT WORLD OP [ARGS...]
   shift 4
   local out="$WORKDIR/job-$label.json" line rc=0
   nc_exec submit "$op" "$@" --json >"$out" 2>"$out.err" || rc=$?
-  if line=$(python3 "$JSON_HELPER" job "$out" "$expect" "$world" 2>&1); then
+  if line=$(python3 "$JSON_HELPER" job "$out" "$expect" "$world" 2>&1) && ((rc == 0)); then
     note "ok    $label: $line"
   else
     [[ -s $out.err ]] && tail -5 "$out.err" >&2
-    fail_check "$label (exit $rc): $line"
+    fail_check "$label (netcoll submit exit $rc, want 0): $line"
     return 1
   fi
 }
@@ -464,6 +540,8 @@ rank_containers() {
 }
 
 # --------------------------------------------------------------------------- 6. cluster up
+# Leftovers of an interrupted earlier run would be reused by `up`: start clean.
+compose --profile bench down -v --remove-orphans >/dev/null 2>&1 || true
 log "compose up --scale rank=$RANKS"
 COMPOSE_STARTED=1
 timed "compose up ($RANKS ranks)" compose up -d --no-build --scale "rank=$RANKS" >&2 ||
@@ -484,7 +562,8 @@ run_all_ops() {
 timed "all collectives" run_all_ops
 
 if [[ -n ${NETCOLL_TOKEN:-} ]]; then
-  if compose exec -T -e NETCOLL_TOKEN=not-the-token coordinator netcoll status --json \
+  if timeout 60 "${COMPOSE[@]}" -p "$PROJECT" -f "$REPO/docker-compose.yml" \
+       exec -T -e NETCOLL_TOKEN=not-the-token coordinator netcoll status --json \
        >"$WORKDIR/badtoken.out" 2>&1; then
     fail_check "a client with a wrong token was served (status exited 0)"
   else
@@ -511,13 +590,19 @@ lose_a_rank() {
   done
   kill -0 "$pid" 2>/dev/null ||
     { fail_check "long job ended before a rank could be killed (raise E2E_LONG_ITERS)"; return 1; }
-  local victim
+  ((busy == 0)) || log "no member reported the job as running; killing anyway"
+  local victim name host ip
   victim=$(rank_containers | tail -n1)
   [[ -n $victim ]] || { fail_check "no rank container to kill"; return 1; }
-  note "kill  rank container $("$DOCKER" inspect -f '{{.Name}}' "$victim" | tr -d /) while the job runs"
+  # The job's error must name this daemon: by its address (what the coordinator
+  # saw) or its member id (which starts with the container's hostname).
+  name=$("$DOCKER" inspect -f '{{.Name}}' "$victim" | tr -d /)
+  host=$("$DOCKER" inspect -f '{{.Config.Hostname}}' "$victim")
+  ip=$("$DOCKER" inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$victim" | awk '{print $1}')
+  note "kill  rank container $name (hostname $host, $ip) while the job runs"
   "$DOCKER" kill "$victim" >/dev/null
   KILLED=1
-  local deadline=$((SECONDS + LONG_TIMEOUT))
+  local deadline=$((SECONDS + LONG_TIMEOUT)) t0=$SECONDS
   while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 1; done
   if kill -0 "$pid" 2>/dev/null; then
     kill "$pid" 2>/dev/null || true
@@ -526,11 +611,11 @@ lose_a_rank() {
   fi
   wait "$pid" || rc=$?
   local line
-  if line=$(python3 "$JSON_HELPER" job "$out" failed-rank 2>&1); then
-    note "ok    job with a killed rank (exit $rc): $line"
+  if line=$(python3 "$JSON_HELPER" job "$out" failed-rank - "${ip:+$ip:}" "$host-" 2>&1) && ((rc == 1)); then
+    note "ok    job failed $((SECONDS - t0))s after the kill (netcoll submit exit $rc): $line"
   else
     tail -5 "$out.err" >&2 || true
-    fail_check "job with a killed rank (exit $rc): $line"
+    fail_check "job with a killed rank (netcoll submit exit $rc, want 1): $line"
   fi
 }
 timed "kill a rank mid-job" lose_a_rank || true
@@ -546,6 +631,26 @@ log "compose up --scale rank=$GROWN"
 timed "scale to $GROWN" compose up -d --no-build --scale "rank=$GROWN" >&2 || die "compose scale failed"
 if timed "grow to $GROWN members" wait_members "$GROWN"; then
   submit_check "after-scale" succeeded "$GROWN" all_reduce --size "$SIZE" || true
+fi
+
+# --------------------------------------------------------------------------- 10. graceful stop
+# SIGTERM (through `init: true`) must drain the daemon: it leaves and exits 0
+# well before the stop timeout (after which Docker would SIGKILL it: 137).
+stop_a_rank() {
+  local victim name t0=$SECONDS code
+  victim=$(rank_containers | head -n1)
+  [[ -n $victim ]] || { fail_check "no rank container to stop"; return 1; }
+  name=$("$DOCKER" inspect -f '{{.Name}}' "$victim" | tr -d /)
+  "$DOCKER" stop -t 30 "$victim" >/dev/null
+  code=$("$DOCKER" inspect -f '{{.State.ExitCode}}' "$victim")
+  if [[ $code == 0 ]]; then
+    note "ok    docker stop $name: exit 0 after $((SECONDS - t0))s (SIGTERM drained)"
+  else
+    fail_check "docker stop $name: exit $code after $((SECONDS - t0))s (want 0: SIGTERM should drain)"
+  fi
+}
+if timed "graceful stop" stop_a_rank; then
+  timed "shrink to $RANKS members" wait_members "$RANKS" || true
 fi
 
 # cleanup (trap) prints the summary and tears down

@@ -10,12 +10,17 @@ contract: a job's `state`, `verified` and `error`, and the member count.
         print the number of live members in a `status --json` document
     e2e_json.py busy FILE
         exit 0 if some member reports a current job, 1 if none, 2 if unknown
-    e2e_json.py job FILE EXPECT [WORLD_SIZE]
-        EXPECT is `succeeded` (state=succeeded and verified=true) or
-        `failed-rank` (state=failed and the error names a rank).
+    e2e_json.py job FILE EXPECT [WORLD_SIZE|-] [NEEDLE ...]
+        EXPECT is `succeeded` (state=succeeded and verified=true; a barrier
+        moves no data, so its `verified` may be null) or `failed-rank`
+        (state=failed and the error names a rank).
         Prints one summary line; exits 0 when the expectation holds, 1 if not.
-        If WORLD_SIZE is given and the job reports its world size, it must match;
-        if the job does not report one, the line says "world=UNVERIFIED".
+        If WORLD_SIZE is given (not `-`) and the job reports its world size, it
+        must match; if the job does not report one, the line says
+        "world=UNVERIFIED".
+        With NEEDLEs (failed-rank only), the error must also contain one of
+        them (e.g. the killed container's address or hostname): it must name
+        *the* lost rank, not just any rank.
 """
 
 from __future__ import annotations
@@ -117,7 +122,7 @@ def timings(doc: dict[str, Any]) -> str:
     return " ".join(out[:6])
 
 
-def cmd_job(path: str, expect: str, world: str | None) -> int:
+def cmd_job(path: str, expect: str, world: str | None, needles: list[str]) -> int:
     doc = load(path)
     if not isinstance(doc, dict):
         sys.exit(f"submit JSON is not an object: {doc!r:.200}")
@@ -130,18 +135,22 @@ def cmd_job(path: str, expect: str, world: str | None) -> int:
     if expect == "succeeded":
         if state != "succeeded":
             problems.append(f"state={state} (want succeeded)")
-        if verified is not True:
+        # A barrier carries no data: nothing to verify, null is the honest answer.
+        no_data = doc.get("op") == "barrier"
+        if verified is not True and not (no_data and verified is None):
             problems.append(f"verified={verified!r} (want true)")
     elif expect == "failed-rank":
         if state != "failed":
             problems.append(f"state={state} (want failed)")
         if not (isinstance(error, str) and RANK_RE.search(error)):
             problems.append(f"error does not name a rank: {error!r}")
+        elif needles and not any(n and n in error for n in needles):
+            problems.append(f"error does not name the lost rank ({' or '.join(needles)}): {error!r}")
     else:
         sys.exit(f"unknown expectation {expect!r}")
 
     world_note = ""
-    if world is not None:
+    if world not in (None, "-"):
         if got_world is None:
             world_note = " world=UNVERIFIED(job JSON has no world size)"
         elif got_world != int(world):
@@ -151,7 +160,7 @@ def cmd_job(path: str, expect: str, world: str | None) -> int:
 
     parts = [f"id={doc.get('id')} state={state} verified={verified}{world_note}", timings(doc)]
     if error:
-        parts.append(f"error={str(error)[:160]!r}")
+        parts.append(f"error={str(error)[:300]!r}")
     line = " ".join(p for p in parts if p)
     if problems:
         print(f"{line}  <-- " + "; ".join(problems))
@@ -165,8 +174,8 @@ def main(argv: list[str]) -> int:
         return cmd_members(argv[1])
     if len(argv) >= 2 and argv[0] == "busy":
         return cmd_busy(argv[1])
-    if len(argv) in (3, 4) and argv[0] == "job":
-        return cmd_job(argv[1], argv[2], argv[3] if len(argv) == 4 else None)
+    if len(argv) >= 3 and argv[0] == "job":
+        return cmd_job(argv[1], argv[2], argv[3] if len(argv) >= 4 else None, argv[4:])
     print(__doc__, file=sys.stderr)
     return 2
 
