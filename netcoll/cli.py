@@ -577,6 +577,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(prog, str(exc), exc.code)
     except KeyboardInterrupt:
         return _fail(prog, "interrupted", 130)
+    except BrokenPipeError:  # stdout closed early (`netcoll status | head`): stop quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141
     except Exception as exc:  # noqa: BLE001 - sorted below; never a traceback
         return _fail(prog, *_classify(exc))
 

@@ -201,11 +201,13 @@ class RankDaemon:
             spec = JobSpec.model_validate(event["spec"])
             async with asyncio.timeout(float(event["deadline"])):
                 comm = await self._ensure_links(event)
-                x = self._input(spec, event, rank, world)
+                # Generating and checking data of a large job takes seconds of numpy work:
+                # in a thread (numpy releases the GIL), so heartbeats and links stay served.
+                x = await asyncio.to_thread(self._input, spec, event, rank, world)
                 y, timings, nbytes = await run_collective(comm, spec, x, self._progress(job_id, rank))
             report.update(timings=timings, nbytes=nbytes)
             if spec.data == "generated" and spec.op not in ("barrier",):
-                report["verified"], report["wrong"] = verify(spec, rank, world, y)
+                report["verified"], report["wrong"] = await asyncio.to_thread(verify, spec, rank, world, y)
             payload = self._output(spec, rank, y, report)
             report["ok"] = True
             self.jobs_done += 1

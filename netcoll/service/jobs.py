@@ -116,6 +116,9 @@ class JobSpec(BaseModel):
         if self.data == "generated" and self.op not in BUFFER_OPS and self.op != "barrier":
             if self.size is None and self.shape is None:
                 self.size = 1 << 20
+            if self.size is not None and self.size % self.np_dtype.itemsize:
+                raise ValueError(f"size {self.size} is not a whole number of {self.dtype} elements "
+                                 f"({self.np_dtype.itemsize} bytes each)")
             if self.nbytes > MAX_JOB_BYTES:
                 raise ValueError(f"job of {self.nbytes} bytes per rank exceeds the limit of {MAX_JOB_BYTES}")
         if self.data == "buffer" and not self.input:
