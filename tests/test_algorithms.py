@@ -748,7 +748,7 @@ def test_registry_signatures() -> None:
             assert positional == SIGNATURES[coll], (coll, name, positional)
             seg = params["segment_bytes"]
             assert seg.kind is inspect.Parameter.KEYWORD_ONLY and seg.default == DEFAULT_SEGMENT_BYTES
-    assert DEFAULT_SEGMENT_BYTES == 1 << 20
+    assert DEFAULT_SEGMENT_BYTES == 4 << 20
 
 
 def test_choose() -> None:
@@ -757,6 +757,7 @@ def test_choose() -> None:
             for P in (1, 2, 3, 8, 64):
                 assert choose(coll, nbytes, P) in ALGORITHMS[coll]
     assert choose("all_reduce", 1024, 8) == "doubling"
+    assert choose("all_reduce", 1 << 20, 4) == "tree" and choose("all_reduce", 1 << 20, 2) == "ring"
     assert choose("all_reduce", 1 << 24, 8) == "ring"
     assert choose("broadcast", 1024, 8) == "tree"
     assert choose("reduce", 1 << 24, 8) == "tree"

@@ -221,9 +221,9 @@ def _cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
-def test_coordinator_mode_is_not_yet_supported() -> None:
-    r = _cli("--coordinator", "127.0.0.1:29400")
-    assert r.returncode == 2 and "not yet supported: use --ranks" in r.stderr
+def test_coordinator_mode_without_a_coordinator() -> None:
+    r = _cli("--coordinator", "127.0.0.1:1")
+    assert r.returncode == 1 and "could not connect to 127.0.0.1:1" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bad_arguments_exit_2() -> None:

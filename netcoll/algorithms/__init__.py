@@ -56,9 +56,14 @@ __all__ = [
     "tree",
 ]
 
-#: all_reduce below this many bytes uses recursive doubling (latency-bound),
-#: at or above it the ring (bandwidth-optimal).
-ALL_REDUCE_DOUBLING_MAX_BYTES: Final = 64 * 1024
+#: all_reduce thresholds, measured on 2 cores with 2, 4 and 8 rank processes over loopback TCP
+#: (docs/benchmarks.md, "Algorithm crossovers"): below ALL_REDUCE_DOUBLING_MAX_BYTES recursive
+#: doubling (latency-bound: log2 P rounds); with 3+ ranks, below ALL_REDUCE_TREE_MAX_BYTES the
+#: pipelined binomial tree (reduce + broadcast: fewer, larger messages than the ring's 2(P-1)
+#: steps); above, the ring (bandwidth-optimal). Two ranks: the ring from 64 KiB on.
+ALL_REDUCE_DOUBLING_MAX_BYTES: Final = 32 * 1024
+ALL_REDUCE_DOUBLING_MAX_BYTES_2: Final = 64 * 1024
+ALL_REDUCE_TREE_MAX_BYTES: Final = 8 * 1024 * 1024
 #: all_gather with an output (all P blocks) below this uses Bruck, else the ring.
 ALL_GATHER_DOUBLING_MAX_BYTES: Final = 64 * 1024
 #: broadcast of at least this many bytes uses the pipelined chain (every rank
@@ -101,9 +106,11 @@ def choose(collective: str, nbytes: int, world_size: int) -> str:
     if collective not in ALGORITHMS:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(ALGORITHMS)}")
     if collective == "all_reduce":
-        if nbytes < ALL_REDUCE_DOUBLING_MAX_BYTES or world_size == 1:
+        if world_size <= 2:
+            return "doubling" if nbytes < ALL_REDUCE_DOUBLING_MAX_BYTES_2 or world_size == 1 else "ring"
+        if nbytes < ALL_REDUCE_DOUBLING_MAX_BYTES:
             return "doubling"
-        return "ring"
+        return "tree" if nbytes < ALL_REDUCE_TREE_MAX_BYTES else "ring"
     if collective == "all_gather":
         return "doubling" if nbytes < ALL_GATHER_DOUBLING_MAX_BYTES else "ring"
     if collective == "broadcast":

@@ -167,12 +167,12 @@ async def run(args: argparse.Namespace) -> int:
             else:
                 with open(args.json, "w") as f:
                     f.write(text + "\n")
-    except (BenchError, RemoteBenchError, NetcollError, OSError, TimeoutError) as exc:
-        _err(str(exc))
-        return 1
     except BrokenPipeError:  # stdout closed early (| head): stop quietly, like other CLI tools
         _silence_stdout()
         return 141
+    except (BenchError, RemoteBenchError, NetcollError, OSError, TimeoutError) as exc:
+        _err(str(exc))
+        return 1
     if args.plot:
         report.plot(rows, args.plot, title=f"netcoll, {args.ranks} ranks, {cfg.dtype}")
         _err(f"plot written to {args.plot}")

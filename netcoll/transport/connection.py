@@ -26,8 +26,8 @@ from ..errors import AuthenticationError, NetcollError, ProtocolError
 from ..wire import Frame, Kind
 from . import auth
 
-SCRATCH_BYTES = 256 * 1024
-DIRECT_MIN = 64 * 1024  # a payload remainder at least this big is read straight into place
+SCRATCH_BYTES = 64 * 1024  # small frames are read many at a time into this...
+DIRECT_MIN = 32 * 1024  # ...a payload remainder at least this big is read straight into place
 HIGH_WATER = 4 * 1024 * 1024
 COALESCE_MAX = 64 * 1024  # payloads up to this size are copied behind their header: one write
 HANDSHAKE_TIMEOUT = 10.0
