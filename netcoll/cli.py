@@ -226,7 +226,7 @@ def _cmd_rank(ns: argparse.Namespace) -> int:
 
 def _cmd_up(ns: argparse.Namespace) -> int:
     from .config import UpConfig
-    from .service.serve import serve_local
+    from .service.local import serve_local
 
     cfg = UpConfig.load(_flags(ns))
     return _run(serve_local(cfg))
@@ -356,7 +356,7 @@ def _print_json(doc: Any) -> None:
 
 
 def _print_job(rec: dict[str, Any]) -> None:
-    from .service.serve import _human_bytes, _human_time, _num
+    from .service.local import _human_bytes, _human_time, _num
 
     spec = rec.get("spec") or {}
     state = rec["state"]
@@ -400,7 +400,7 @@ def _cmd_status(ns: argparse.Namespace) -> int:
 
 
 def _print_status(status: dict[str, Any], coordinator: str, njobs: int) -> None:
-    from .service.serve import _human_time, _num
+    from .service.local import _human_time, _num
 
     members = status.get("members") or []
     jobs = status.get("jobs") or []
