@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from netcoll.comm import Communicator
+from netcoll.ops import ReduceOp, check_op_dtype
 from netcoll.transport.memory import MemoryHub
 
 
@@ -50,3 +51,15 @@ def rank_data(rank: int, shape: tuple[int, ...], dtype: Any, seed: int = 0) -> n
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def valid_ops(dtype: object) -> list[ReduceOp]:
+    """The reduction ops defined for ``dtype``."""
+    out = []
+    for op in ReduceOp:
+        try:
+            check_op_dtype(op, dtype)
+            out.append(op)
+        except TypeError:
+            pass
+    return out

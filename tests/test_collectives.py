@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from netcoll import algorithms
-from netcoll.ops import BFLOAT16, ReduceOp, check_op_dtype, reduce_reference
+from netcoll.ops import BFLOAT16, ReduceOp, reduce_reference
 
-from .conftest import rank_data, run_world
+from .conftest import valid_ops, rank_data, run_world
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 COUNTS = [0, 1, 7, 1000]
@@ -19,15 +19,6 @@ DTYPES = [np.float32, np.float64, np.int32, np.int64]
 EXTRA_DTYPES = [np.bool_, np.float16, BFLOAT16, np.complex64, np.uint8, np.int8]
 
 
-def valid_ops(dtype: object) -> list[ReduceOp]:
-    out = []
-    for op in ReduceOp:
-        try:
-            check_op_dtype(op, dtype)
-            out.append(op)
-        except TypeError:
-            pass
-    return out
 
 
 def inputs(n: int, shape: tuple[int, ...], dtype: object, op: ReduceOp | None = None) -> list[np.ndarray]:

@@ -10,10 +10,10 @@ import pytest
 
 from netcoll import CollectiveAborted, MismatchError
 from netcoll.comm import Communicator
-from netcoll.ops import BFLOAT16, ReduceOp, check_op_dtype, finalize, reduce_into
+from netcoll.ops import BFLOAT16, ReduceOp, finalize, reduce_into
 from netcoll.transport.memory import MemoryHub
 
-from .conftest import memory_world, rank_data, run_world, run_world_settled
+from .conftest import valid_ops, memory_world, rank_data, run_world, run_world_settled
 
 WORLD_SIZES = [1, 2, 3, 5]
 DTYPES = [np.float32, np.int64, BFLOAT16, np.bool_, np.complex64, np.float16, np.uint8]
@@ -23,15 +23,6 @@ def dt_id(d: object) -> str:
     return "bfloat16" if d is BFLOAT16 else np.dtype(d).name
 
 
-def valid_ops(dtype: object) -> list[ReduceOp]:
-    out = []
-    for op in ReduceOp:
-        try:
-            check_op_dtype(op, dtype)
-            out.append(op)
-        except TypeError:
-            pass
-    return out
 
 
 def data(seed: int, shape: tuple[int, ...], dtype: object) -> np.ndarray:

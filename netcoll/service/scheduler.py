@@ -287,12 +287,7 @@ class JobService:
                 job.finish(JobState.FAILED, f"waited {job.spec.deadline:g}s for "
                                             f"{want or 'at least 1'} rank daemon(s); ready: {have}")
                 return None
-            self._members_changed.clear()
-            try:
-                async with asyncio.timeout(min(left, 1.0)):
-                    await self._members_changed.wait()
-            except TimeoutError:
-                pass
+            await _wait(self._members_changed, min(left, 1.0))
 
     async def _run(self, job: Job) -> None:
         loop = asyncio.get_running_loop()
@@ -334,12 +329,7 @@ class JobService:
             left = hard_end - loop.time()
             if left <= 0:
                 break
-            job.changed.clear()
-            try:
-                async with asyncio.timeout(min(left, 1.0)):
-                    await job.changed.wait()
-            except TimeoutError:
-                pass
+            await _wait(job.changed, min(left, 1.0))
         if len(job.reports) < job.world_size and not cancel_sent:
             await self._broadcast_cancel(job)
         self._conclude(job)
@@ -387,3 +377,13 @@ class JobService:
                                         f"({sum(job.reports[r].get('wrong', 0) for r in bad)} wrong elements)")
             return
         job.finish(JobState.SUCCEEDED, None)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Clear ``event``, then wait for it to be set again, at most ``seconds``."""
+    event.clear()
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        pass
