@@ -188,22 +188,16 @@ def _flags(ns: argparse.Namespace) -> dict[str, Any]:
 
 # -- servers -------------------------------------------------------------------------------------
 def _run(coro: Any) -> int:
-    """Run a server's main coroutine on uvloop when it is installed (the
-    ``uvloop`` extra; ``NETCOLL_LOOP=asyncio`` opts out), else on asyncio."""
-    import asyncio
+    """Run a server's main coroutine on netcoll's event loop (``netcoll.loop``:
+    asyncio with a briefly spinning selector; ``NETCOLL_LOOP=asyncio|uvloop``)."""
+    from .loop import new_event_loop, run
 
-    choice = os.environ.get("NETCOLL_LOOP", "auto").strip().lower() or "auto"
-    if choice in ("auto", "uvloop"):
-        try:
-            import uvloop
-        except ImportError:
-            if choice == "uvloop":
-                coro.close()
-                raise ValueError("NETCOLL_LOOP=uvloop but uvloop is not installed "
-                                 "(pip install 'netcoll[uvloop]')") from None
-        else:
-            return int(uvloop.run(coro))
-    return int(asyncio.run(coro))
+    try:
+        new_event_loop().close()  # a bad NETCOLL_LOOP is a clear error, before anything starts
+    except ValueError:
+        coro.close()
+        raise
+    return int(run(coro))
 
 
 def _cmd_coordinator(ns: argparse.Namespace) -> int:

@@ -69,8 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="run the sweep as jobs on the rank daemons of a running coordinator "
                         "(netcoll up, compose, Kubernetes) instead of a local cluster")
-    c.add_argument("--loop", default="auto", choices=("asyncio", "uvloop", "auto"),
-                   help="event loop of the rank processes (default auto: uvloop if installed)")
+    c.add_argument("--loop", default="auto", choices=("auto", "spin", "asyncio", "uvloop"),
+                   help="event loop of the rank processes (default auto = spin: asyncio with a briefly "
+                        "spinning selector, see netcoll.loop)")
     o = parser.add_argument_group("output")
     o.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write {meta, rows} as JSON to PATH (or stdout, instead of the table)")

@@ -74,7 +74,7 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-async def run_local(cfg: SweepConfig, ranks: int = 4, *, on_event: Event | None = None, loop: str = "asyncio",
+async def run_local(cfg: SweepConfig, ranks: int = 4, *, on_event: Event | None = None, loop: str = "auto",
                     python: str | None = None, limit: float | None = None,
                     connect_timeout: float = 60.0) -> dict[str, Any]:
     """Run ``cfg`` on a fresh local cluster of ``ranks`` processes.

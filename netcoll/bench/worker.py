@@ -54,7 +54,7 @@ async def _main(ns: argparse.Namespace) -> int:
                                    local_host=ns.local_host, timeout=ns.connect_timeout,
                                    segment_bytes=cfg.segment_bytes) as comm:
             _emit({"event": "hello", "rank": comm.rank, "pid": os.getpid(), "host": socket.gethostname(),
-                   "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+                   "loop": _loop_name(asyncio.get_running_loop()),
                    "rss_bytes": peak_rss_bytes()})
             await run_sweep(comm, cfg, on_event=_emit)
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which names the rank
@@ -65,17 +65,22 @@ async def _main(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    from ..loop import SpinSelector
+
+    if isinstance(getattr(loop, "_selector", None), SpinSelector):
+        return "spin"
+    return type(loop).__module__.split(".")[0]
+
+
 def new_event_loop(name: str) -> asyncio.AbstractEventLoop:
-    """``asyncio`` or ``uvloop`` (``auto``: uvloop when it is installed)."""
-    if name in ("uvloop", "auto"):
-        try:
-            import uvloop
-        except ImportError:
-            if name == "uvloop":
-                raise SystemExit("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
-        else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
+    """The rank's event loop: ``spin`` (default, also ``auto``), ``asyncio`` or ``uvloop``."""
+    from ..loop import new_event_loop as make
+
+    try:
+        return make(name)
+    except ValueError as exc:
+        raise SystemExit(f"--loop {name}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", default="bench")
     p.add_argument("--local-host", default="127.0.0.1")
     p.add_argument("--connect-timeout", type=float, default=60.0)
-    p.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop", "auto"))
+    p.add_argument("--loop", default="auto", choices=("auto", "spin", "asyncio", "uvloop"))
     p.add_argument("--config", required=True, help="SweepConfig as JSON")
     p.add_argument("--no-parent-watch", action="store_true", help="keep running when stdin closes")
     ns = p.parse_args(argv)
