@@ -610,7 +610,7 @@ def main() -> int:
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("--op", default="all", help="collective(s): a name, a comma-separated list, or all")
     p.add_argument("--peers", default="gloo,mpi", help="comma-separated: gloo, mpi (default both)")
-    p.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop", "auto"),
+    p.add_argument("--loop", default="auto", choices=("auto", "spin", "asyncio", "uvloop"),
                    help="event loop of the netcoll ranks")
     p.add_argument("--limit", type=float, default=1200.0, help="seconds allowed per implementation and world size")
     p.add_argument("--no-rss", action="store_true", help="skip the peak-RSS measurement")
