@@ -15,7 +15,7 @@ one also takes ``segment_bytes: int = DEFAULT_SEGMENT_BYTES`` as a keyword:
 collective          algorithms                 call
 ==================  =========================  ==============================================
 ``all_reduce``      ring, tree, doubling,      ``fn(ch, buf, op) -> None``  (buf in place,
-                    allpairs                   bit-identical on every rank)
+                    allpairs, halving          bit-identical on every rank)
 ``broadcast``       tree, ring                 ``fn(ch, buf_or_None, root, meta=None)
                                                -> (buf, meta)``
 ``reduce``          tree                       ``fn(ch, buf, op, root) -> None``  (result in
@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from . import allpairs, direct, doubling, pairwise, ring, tree
+from . import allpairs, direct, doubling, halving, pairwise, ring, tree
 from ._common import DEFAULT_SEGMENT_BYTES
 
 __all__ = [
@@ -63,7 +63,7 @@ __all__ = [
 #: steps); above, the ring (bandwidth-optimal). Two ranks: the ring from 64 KiB on.
 ALL_REDUCE_DOUBLING_MAX_BYTES: Final = 32 * 1024
 ALL_REDUCE_DOUBLING_MAX_BYTES_2: Final = 64 * 1024
-ALL_REDUCE_TREE_MAX_BYTES: Final = 8 * 1024 * 1024
+ALL_REDUCE_TREE_MAX_BYTES: Final = 2 * 1024 * 1024
 #: all_gather with an output (all P blocks) below this uses Bruck, else the ring.
 ALL_GATHER_DOUBLING_MAX_BYTES: Final = 64 * 1024
 #: broadcast of at least this many bytes uses the pipelined chain (every rank
@@ -75,7 +75,7 @@ BROADCAST_CHAIN_MIN_RANKS: Final = 4
 
 ALGORITHMS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
     "all_reduce": {"ring": ring.all_reduce, "tree": tree.all_reduce, "doubling": doubling.all_reduce,
-                   "allpairs": allpairs.all_reduce},
+                   "allpairs": allpairs.all_reduce, "halving": halving.all_reduce},
     "broadcast": {"tree": tree.broadcast, "ring": ring.broadcast},
     "reduce": {"tree": tree.reduce},
     "all_gather": {"ring": ring.all_gather, "doubling": doubling.all_gather},

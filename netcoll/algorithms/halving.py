@@ -1,0 +1,107 @@
+"""Recursive halving-doubling all_reduce (Rabenseifner's algorithm), for mid sizes.
+
+How it works, on ``P' = 2^k <= P`` ranks: first the ``P-P'`` extra ranks fold
+their buffer into a partner (as in :mod:`.doubling`). Then a *reduce-scatter
+by recursive halving*: in round ``i`` each rank exchanges half of its current
+range with the partner at distance ``P'/2^(i+1)``, keeps one half and folds the
+partner's copy of it in; after ``k`` rounds each rank holds one fully reduced
+``1/P'`` of the buffer. Then an *all-gather by recursive doubling* retraces the
+rounds backwards, each rank sending what it holds and receiving the
+partner's part. Extra ranks get the result at the end.
+
+Cost, ``N`` bytes: ``2 log2 P'`` steps (plus 2 with extra ranks) and
+``2 (P'-1)/P' N`` bytes sent per rank — the ring's volume in ``log`` steps
+instead of ``2(P-1)``: bandwidth-optimal and latency-friendly, which is why MPI
+libraries use it for mid-sized all_reduce.
+
+Bits: every element is reduced on exactly one rank, in a fixed order (the lower
+rank's operand on the left at every level), then copied to the others:
+bit-identical on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ops import ReduceOp, reduce_into, reduce_to
+from ._common import (DEFAULT_SEGMENT_BYTES, RELAY_WINDOW, RecvWindow, num_segments, reduction_args, scratch,
+                      split)
+
+if TYPE_CHECKING:
+    from ..transport.base import Channel
+
+__all__ = ["all_reduce"]
+
+
+async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
+                     segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Halving-doubling all_reduce of ``buf`` in place (``avg`` left as a sum).
+
+    Args:
+        buf: C-contiguous, writeable array, same shape and dtype on every rank.
+        op: the reduction.
+        segment_bytes: largest message payload (same on every rank).
+    """
+    op, data = reduction_args(buf, op, segment_bytes)
+    P, r = ch.size, ch.rank
+    if P == 1:
+        return
+    p2 = 1 << (P.bit_length() - 1)
+    rounds = p2.bit_length() - 1
+    last = 2 * rounds + 1  # the step on which extra ranks get the result
+    if r >= p2:  # an extra rank: hand the data in, get the result back
+        await _swap(ch, r - p2, 0, data, None, segment_bytes)
+        await _swap(ch, r - p2, last, None, data, segment_bytes)
+        return
+    with scratch(1, max(1, (data.size + 1) // 2), data.dtype) as (tmp,):
+        if r + p2 < P:  # fold in the extra rank r+p2: mine op theirs (the lower rank on the left)
+            whole = np.empty_like(data)
+            await _swap(ch, r + p2, 0, None, whole, segment_bytes)
+            reduce_into(op, data, whole)
+            del whole
+        ranges = []  # (lo, hi, mid) of every halving round
+        lo, hi = 0, data.size
+        for i in range(rounds):
+            partner = r ^ (p2 >> (i + 1))
+            mid = lo + (hi - lo) // 2
+            keep, give = ((lo, mid), (mid, hi)) if r < partner else ((mid, hi), (lo, mid))
+            other = tmp[:keep[1] - keep[0]]
+            await _swap(ch, partner, 1 + i, data[give[0]:give[1]], other, segment_bytes)
+            mine = data[keep[0]:keep[1]]
+            if r < partner:
+                reduce_into(op, mine, other)       # mine op theirs
+            else:
+                reduce_to(op, mine, other, mine)   # theirs op mine
+            ranges.append((lo, hi, mid))
+            lo, hi = keep
+    for i in reversed(range(rounds)):  # all-gather: retrace the rounds
+        partner = r ^ (p2 >> (i + 1))
+        plo, phi, mid = ranges[i]
+        theirs = (mid, phi) if r < partner else (plo, mid)
+        await _swap(ch, partner, 1 + rounds + (rounds - 1 - i), data[lo:hi], data[theirs[0]:theirs[1]],
+                    segment_bytes)
+        lo, hi = plo, phi
+    if r + p2 < P:
+        await _swap(ch, r + p2, last, data, None, segment_bytes)
+
+
+async def _swap(ch: Channel, peer: int, step: int, send: np.ndarray | None, recv: np.ndarray | None,
+                segment_bytes: int) -> None:
+    """Send ``send`` to ``peer`` and/or receive ``recv`` from it, each cut into
+    segments by its own size (the peer cuts the same sizes the same way);
+    receives are posted before anything is sent."""
+    rsegs = [] if recv is None else split(recv.size, num_segments(recv.nbytes, segment_bytes))
+
+    def plan(j: int) -> tuple[int, int, int, np.ndarray]:
+        a, b = rsegs[j]
+        return peer, step, j, recv[a:b]  # type: ignore[index]
+
+    async with RecvWindow(ch, plan, len(rsegs), 4 * RELAY_WINDOW) as window:
+        await window.start()
+        if send is not None:
+            for j, (a, b) in enumerate(split(send.size, num_segments(send.nbytes, segment_bytes))):
+                await ch.send(peer, send[a:b], step=step, chunk=j)
+        for j in range(len(rsegs)):
+            await window.get(j)
