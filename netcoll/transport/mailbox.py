@@ -41,7 +41,7 @@ class Operation:
     """One collective (or one point-to-point message) in flight on this rank."""
 
     __slots__ = ("group", "seq", "fp", "members", "name", "rank_of", "arrived", "posted",
-                 "error", "failed", "reports", "_loop")
+                 "error", "reports", "_loop")
 
     def __init__(self, group: str, seq: int, fp: str, members: tuple[int, ...], name: str) -> None:
         self.group, self.seq, self.fp, self.members, self.name = group, seq, fp, members, name
@@ -52,14 +52,12 @@ class Operation:
         #: group rank -> the group ranks it was waiting for when it timed out
         self.reports: dict[int, list[int]] = {}
         self._loop = asyncio.get_running_loop()
-        self.failed: asyncio.Future[None] = self._loop.create_future()
 
     def fail(self, exc: CollectiveError) -> None:
         """Fail the operation once; later failures are ignored (the first cause wins)."""
         if self.error is not None:
             return
         self.error = exc
-        self.failed.set_result(None)
         for fut, _ in self.posted.values():
             if not fut.done():
                 fut.set_exception(exc)
