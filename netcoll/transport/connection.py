@@ -6,8 +6,12 @@ into a scratch buffer and parsed by :class:`~netcoll.wire.FrameDecoder`; once
 a large payload has started, reads go directly into its destination (a posted
 receive buffer when there is one), so the payload is never copied.
 
-Writes use the transport's buffer with drain-aware backpressure: ``send``
-awaits while more than ``high_water`` bytes are queued.
+Connections run on :class:`~netcoll.transport.socketlink.SocketTransport`.
+:meth:`FramedProtocol.send` hands a large payload to the kernel without copying
+it (``sendmsg`` of header and payload) and returns once the kernel has all of
+it, so the caller may then reuse the buffer; small frames are written (and
+copied if the socket is full) at once, with drain-aware backpressure above
+``HIGH_WATER`` queued bytes.
 
 :func:`client_handshake` / :func:`server_handshake` run the CHALLENGE / HELLO
 / WELCOME exchange of ``docs/protocol.md`` (token proofs from :mod:`.auth`).
@@ -24,7 +28,7 @@ from typing import Any, Awaitable, Callable
 from .. import errors, wire
 from ..errors import AuthenticationError, NetcollError, ProtocolError
 from ..wire import Frame, Kind
-from . import auth
+from . import auth, socketlink
 
 SCRATCH_BYTES = 64 * 1024  # small frames are read many at a time into this...
 DIRECT_MIN = 32 * 1024  # ...a payload remainder at least this big is read straight into place
@@ -140,7 +144,24 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.transport.write(payload)  # type: ignore[arg-type]
 
     async def send(self, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
-        """Write one frame, then wait while the outgoing buffer is above its high-water mark."""
+        """Write one frame and return when the caller may reuse ``payload``:
+        a large payload goes to the kernel without a copy (this waits until the
+        kernel has all of it); otherwise wait while the outgoing buffer is
+        above its high-water mark."""
+        writev = getattr(self.transport, "writev", None)
+        if payload is not None and payload.nbytes > COALESCE_MAX and writev is not None:
+            if self.lost is not None:
+                raise _as_connection_error(self.lost)
+            done = writev([wire.encode_header(kind, header, payload.nbytes), payload])
+            if done is not None:
+                try:
+                    await done
+                except asyncio.CancelledError:
+                    self.transport.detach(done)  # type: ignore[union-attr]  # copy what is unsent
+                    raise
+                except ConnectionError:
+                    raise _as_connection_error(self.lost) from None
+            return
         self.write(kind, header, payload)
         if not self._can_write.is_set():
             await self._can_write.wait()
@@ -196,10 +217,8 @@ def _as_connection_error(exc: BaseException | None) -> BaseException:
 
 async def open_connection(host: str, port: int, *, local_host: str | None = None,
                           limits: wire.Limits = wire.DEFAULT_LIMITS) -> FramedProtocol:
-    loop = asyncio.get_running_loop()
-    local = (local_host, 0) if local_host else None
-    _, proto = await loop.create_connection(lambda: FramedProtocol(limits), host, port, local_addr=local)
-    return proto
+    _, proto = await socketlink.connect(host, port, lambda: FramedProtocol(limits), local_host=local_host)
+    return proto  # type: ignore[return-value]
 
 
 async def client_handshake(proto: FramedProtocol, *, token: str | None, role: str,
@@ -264,7 +283,7 @@ class Server:
                  limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
         self.handler = handler
         self.limits = limits
-        self.server: asyncio.Server | None = None
+        self.server: socketlink.Listener | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.protos: set[FramedProtocol] = set()
 
@@ -273,10 +292,8 @@ class Server:
         return proto
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(self._factory, host, port, reuse_address=True)
-        sock = self.server.sockets[0].getsockname()
-        return sock[0], sock[1]
+        self.server = socketlink.Listener(self._factory)
+        return self.server.start(host, port)
 
     def _spawn(self, proto: FramedProtocol) -> None:
         self.protos.add(proto)
@@ -306,8 +323,6 @@ class Server:
             task.cancel()
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self.server is not None:
-            await self.server.wait_closed()
 
 
 class _AcceptedProtocol(FramedProtocol):

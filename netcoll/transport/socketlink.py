@@ -1,0 +1,431 @@
+"""A lean asyncio transport over one non-blocking TCP socket, with zero-copy sends.
+
+asyncio's own socket transport (Python 3.11) copies every byte the kernel does
+not take at once into a ``bytearray`` and compacts that buffer after each
+partial send; for multi-MiB collective segments that is a second full pass
+over the data plus repeated ``memmove``. :class:`SocketTransport` is a
+drop-in ``asyncio.Transport`` for a ``BufferedProtocol`` that instead
+
+* sends a frame's header and payload in one ``sendmsg`` call, and queues what
+  the socket did not take as *memoryviews of the caller's buffers*
+  (:meth:`SocketTransport.writev`, whose future tells the caller when the
+  kernel has every byte and the buffers may change again);
+* reads until the socket is drained (a bounded number of ``recv_into`` calls
+  per readiness event), straight into the buffers the protocol hands out;
+* still copies what plain :meth:`write` queues, so ``write`` keeps asyncio's
+  "the caller may reuse the buffer at once" contract.
+
+It runs on any event loop with ``add_reader``/``add_writer`` (the selector
+loops, :mod:`netcoll.loop`, uvloop). :func:`connect` and :class:`Listener`
+make connected and accepted transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import socket
+from typing import Any, Callable
+
+MAX_READS = 1  # recv_into calls per readable event: measured, more delays forwarding in pipelines
+IOV_MAX = 64  # buffers per sendmsg call
+_RETRY = (BlockingIOError, InterruptedError)
+
+
+class _Item:
+    """A queued buffer; ``done`` (if any) is resolved once it is fully sent."""
+
+    __slots__ = ("view", "done")
+
+    def __init__(self, view: memoryview, done: asyncio.Future[None] | None) -> None:
+        self.view, self.done = view, done
+
+
+class SocketTransport(asyncio.Transport):
+    """An ``asyncio.Transport`` for a connected non-blocking socket and a
+    ``BufferedProtocol`` (``get_buffer``/``buffer_updated``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                 protocol: asyncio.BufferedProtocol, extra: dict[str, Any] | None = None) -> None:
+        super().__init__(extra)
+        sock.setblocking(False)
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._protocol = protocol
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._queued = 0  # bytes in _queue
+        self._high, self._low = 64 * 1024, 16 * 1024
+        self._paused_writing = False
+        self._reading = False
+        self._writing = False
+        self._closing = False
+        self._eof_pending = False
+        self._lost = False
+        self._extra.setdefault("socket", sock)
+        for key, get in (("sockname", sock.getsockname), ("peername", sock.getpeername)):
+            try:
+                self._extra.setdefault(key, get())
+            except OSError:
+                self._extra.setdefault(key, None)
+        protocol.connection_made(self)
+        if not self._closing:
+            self.resume_reading()
+
+    # -- reading ------------------------------------------------------------------
+    def is_reading(self) -> bool:
+        return self._reading
+
+    def pause_reading(self) -> None:
+        if self._reading and not self._lost:
+            self._loop.remove_reader(self._fd)
+            self._reading = False
+
+    def resume_reading(self) -> None:
+        if not self._reading and not self._closing and not self._lost:
+            self._loop.add_reader(self._fd, self._read_ready)
+            self._reading = True
+
+    def _read_ready(self) -> None:
+        proto, sock = self._protocol, self._sock
+        for _ in range(MAX_READS):
+            try:
+                buf = proto.get_buffer(-1)
+                if not len(buf):
+                    raise RuntimeError("get_buffer() returned an empty buffer")
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                self._fatal(exc)
+                return
+            try:
+                n = sock.recv_into(buf)
+            except _RETRY:
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a reset, or the fd closed under us
+                self._fatal(exc)
+                return
+            if not n:
+                self._eof()
+                return
+            try:
+                proto.buffer_updated(n)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                self._fatal(exc)
+                return
+            if n < len(buf) or not self._reading:
+                return  # most likely drained: let the selector say when there is more
+
+    def _eof(self) -> None:
+        self.pause_reading()
+        keep_open = self._protocol.eof_received()
+        if not keep_open:
+            self.close()
+
+    # -- writing ------------------------------------------------------------------
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Send ``data``; what the socket cannot take now is copied and sent later."""
+        if self._eof_pending or self._closing:
+            raise RuntimeError("cannot write after close() or write_eof()")
+        if not data:
+            return
+        view = memoryview(data).cast("B")
+        if not self._queue:
+            try:
+                n = self._sock.send(view)
+            except _RETRY:
+                n = 0
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                self._fatal(exc)
+                return
+            if n == len(view):
+                return
+            view = view[n:]
+        if not isinstance(data, bytes) or view.obj is not data:
+            view = memoryview(bytes(view))
+        self._enqueue([view], None)
+
+    def writelines(self, list_of_data: Any) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def writev(self, buffers: list[bytes | memoryview]) -> asyncio.Future[None] | None:
+        """Send ``buffers`` in order without copying them. Returns ``None`` when
+        the kernel took every byte at once, else a future that completes when
+        it has (until then the caller must leave the buffers unchanged, or call
+        :meth:`detach` with the future)."""
+        if self._eof_pending or self._closing:
+            raise RuntimeError("cannot write after close() or write_eof()")
+        views = [memoryview(b).cast("B") for b in buffers]
+        views = [v for v in views if len(v)]
+        if not views:
+            return None
+        if not self._queue:
+            try:
+                n = self._sock.sendmsg(views[:IOV_MAX]) if len(views) > 1 else self._sock.send(views[0])
+            except _RETRY:
+                n = 0
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                self._fatal(exc)
+                return None
+            while views and n >= len(views[0]):
+                n -= len(views.pop(0))
+            if not views:
+                return None
+            views[0] = views[0][n:]
+        done = self._loop.create_future()
+        self._enqueue(views, done)
+        return done
+
+    def detach(self, done: asyncio.Future[None]) -> None:
+        """The caller of :meth:`writev` stops guaranteeing its buffers: copy
+        what is still queued of that call, so later changes cannot reach the wire."""
+        first = True
+        for item in reversed(self._queue):
+            if item.done is done:
+                first = False
+            elif not first and item.done is not None:
+                break
+            if not first and not isinstance(item.view.obj, bytes):
+                item.view = memoryview(bytes(item.view))
+
+    def _enqueue(self, views: list[memoryview], done: asyncio.Future[None] | None) -> None:
+        for v in views[:-1]:
+            self._queue.append(_Item(v, None))
+        self._queue.append(_Item(views[-1], done))
+        self._queued += sum(len(v) for v in views)
+        if not self._writing and not self._lost:
+            self._loop.add_writer(self._fd, self._write_ready)
+            self._writing = True
+        self._maybe_pause()
+
+    def _write_ready(self) -> None:
+        queue = self._queue
+        while queue:
+            views = [item.view for item in _first(queue, IOV_MAX)]
+            try:
+                n = self._sock.sendmsg(views) if len(views) > 1 else self._sock.send(views[0])
+            except _RETRY:
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                self._fatal(exc)
+                return
+            self._queued -= n
+            while queue and n >= len(queue[0].view):
+                item = queue.popleft()
+                n -= len(item.view)
+                if item.done is not None and not item.done.done():
+                    item.done.set_result(None)
+            if n:
+                queue[0].view = queue[0].view[n:]
+                break  # the socket is full
+        self._maybe_resume()
+        if not queue:
+            self._loop.remove_writer(self._fd)
+            self._writing = False
+            if self._closing:
+                self._loop.call_soon(self._finish, None)
+            elif self._eof_pending:
+                self._shutdown_write()
+
+    def _maybe_pause(self) -> None:
+        if not self._paused_writing and self._queued > self._high:
+            self._paused_writing = True
+            self._protocol.pause_writing()
+
+    def _maybe_resume(self) -> None:
+        if self._paused_writing and self._queued <= self._low:
+            self._paused_writing = False
+            self._protocol.resume_writing()
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        if self._closing or self._eof_pending:
+            return
+        self._eof_pending = True
+        if not self._queue:
+            self._shutdown_write()
+
+    def _shutdown_write(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            if exc.errno != errno.ENOTCONN:
+                self._fatal(exc)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        high = 64 * 1024 if high is None else high
+        low = high // 4 if low is None else low
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high, self._low = high, low
+        self._maybe_pause()
+
+    def get_write_buffer_size(self) -> int:
+        return self._queued
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._low, self._high
+
+    # -- closing ------------------------------------------------------------------
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Stop reading; close once everything queued has been sent."""
+        if self._closing:
+            return
+        self._closing = True
+        self.pause_reading()
+        if not self._queue:
+            self._loop.call_soon(self._finish, None)
+
+    def abort(self) -> None:
+        self._closing = True
+        self._loop.call_soon(self._finish, None)
+        self._drop()
+
+    def _fatal(self, exc: BaseException) -> None:
+        self._closing = True
+        self._loop.call_soon(self._finish, exc)
+        self._drop()
+
+    def _drop(self) -> None:
+        """Stop all I/O now; queued bytes are discarded (their futures fail)."""
+        self.pause_reading()
+        if self._writing:
+            self._loop.remove_writer(self._fd)
+            self._writing = False
+        err = ConnectionResetError("connection closed before the data was sent")
+        while self._queue:
+            item = self._queue.popleft()
+            if item.done is not None and not item.done.done():
+                item.done.set_exception(err)
+                item.done.exception()
+        self._queued = 0
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if self._lost:
+            return
+        self._drop()
+        self._lost = True
+        try:
+            self._protocol.connection_lost(exc if isinstance(exc, Exception) else None)
+        finally:
+            self._sock.close()
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol  # type: ignore[assignment]
+
+    def __del__(self) -> None:
+        if not self._lost and self._sock.fileno() != -1:
+            self._sock.close()
+
+
+def _first(queue: collections.deque[_Item], n: int) -> list[_Item]:
+    out = []
+    for item in queue:
+        out.append(item)
+        if len(out) == n:
+            break
+    return out
+
+
+async def connect(host: str, port: int, protocol_factory: Callable[[], asyncio.BufferedProtocol], *,
+                  local_host: str | None = None) -> tuple[SocketTransport, asyncio.BufferedProtocol]:
+    """Connect to ``host:port`` (every address it resolves to, in turn) and
+    return the transport and its protocol."""
+    loop = asyncio.get_running_loop()
+    infos = _numeric(host, port) or await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                           proto=socket.IPPROTO_TCP)
+    if not infos:
+        raise OSError(f"cannot resolve {host!r}")
+    last: OSError | None = None
+    for family, kind, proto, _, addr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            if local_host:
+                sock.bind((local_host, 0))
+            await loop.sock_connect(sock, addr)
+        except OSError as exc:
+            sock.close()
+            last = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        protocol = protocol_factory()
+        return SocketTransport(loop, sock, protocol), protocol
+    assert last is not None
+    raise last
+
+
+def _numeric(host: str, port: int) -> list[tuple[Any, ...]]:
+    """``getaddrinfo``'s answer for a numeric IP, without asking a resolver thread."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
+    return []
+
+
+class Listener:
+    """A listening socket that wraps each accepted connection in a
+    :class:`SocketTransport` with a new protocol from ``protocol_factory``."""
+
+    def __init__(self, protocol_factory: Callable[[], asyncio.BufferedProtocol]) -> None:
+        self.protocol_factory = protocol_factory
+        self.sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, host: str, port: int, backlog: int = 128) -> tuple[str, int]:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family, backlog=backlog, reuse_port=False)
+        sock.setblocking(False)
+        self.sock, self._loop = sock, asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._accept)
+        name = sock.getsockname()
+        return name[0], name[1]
+
+    def _accept(self) -> None:
+        assert self.sock is not None and self._loop is not None
+        for _ in range(64):
+            try:
+                conn, _ = self.sock.accept()
+            except _RETRY:
+                return
+            except OSError as exc:  # e.g. EMFILE: keep the listener, drop this attempt
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+                    continue
+                raise
+            SocketTransport(self._loop, conn, self.protocol_factory())
+
+    def close(self) -> None:
+        if self.sock is not None and self._loop is not None:
+            self._loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+
+
+__all__ = ["SocketTransport", "Listener", "connect", "MAX_READS", "IOV_MAX"]
