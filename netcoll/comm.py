@@ -67,6 +67,25 @@ def _contiguous(a: np.ndarray) -> np.ndarray:
     return a if a.flags.c_contiguous else np.array(a, order="C", copy=True)
 
 
+def _result(out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The caller's ``out`` (checked) or a new array for a collective's result."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    return check_out(out, shape, dtype)
+
+
+def _unaliased(x: np.ndarray, out: np.ndarray, in_place: np.ndarray | None = None) -> np.ndarray:
+    """``x``, or a copy of it if it overlaps ``out`` (other than being exactly
+    ``in_place``, the part of ``out`` it belongs in): an input the result
+    would overwrite while it is still being sent."""
+    if not np.may_share_memory(x, out):
+        return x
+    if (in_place is not None and x.shape == in_place.shape and x.strides == in_place.strides
+            and x.__array_interface__["data"][0] == in_place.__array_interface__["data"][0]):
+        return x
+    return np.array(x, order="C", copy=True)
+
+
 def _array_list(x: Any, world_size: int, what: str) -> list[np.ndarray]:
     """Check an uneven ("v") argument: ``world_size`` arrays of one supported
     dtype (any shapes). Raises before any byte is sent."""
@@ -159,15 +178,17 @@ class Communicator(CommBase):
             return arr
         return np.frombuffer(data, dtype=got.dtype).reshape(got.shape) if got.size else got
 
-    async def reduce(self, x: Any, op: str | ReduceOp = "sum", root: int = 0, *, timeout: float | None = None,
-                     algorithm: str = "auto") -> np.ndarray | None:
-        """Reduce ``x`` over all ranks into ``root``; others get ``None``."""
+    async def reduce(self, x: Any, op: str | ReduceOp = "sum", root: int = 0, *, out: np.ndarray | None = None,
+                     timeout: float | None = None, algorithm: str = "auto") -> np.ndarray | None:
+        """Reduce ``x`` over all ranks into ``root``; others get ``None``.
+        ``out`` (optional; used at the root, ignored elsewhere): a C-contiguous
+        array of ``x``'s shape and dtype that receives and is the result."""
         x = as_array(x)
         rop = parse_op(op)
         check_op_dtype(rop, x.dtype)
         root = self._check_root(root)
         algo = self._pick("reduce", algorithm, x.nbytes)
-        buf = contiguous_copy(x)
+        buf = contiguous_copy(x, out if self.rank == root else None)
         if self.world_size > 1:
             fn = algorithms.ALGORITHMS["reduce"][algo]
             fp = self._fp("reduce", x=describe(x.dtype, x.shape), op=rop.value, root=root, algorithm=algo)
@@ -178,8 +199,8 @@ class Communicator(CommBase):
         finalize(rop, buf, self.world_size)
         return buf
 
-    async def all_gather(self, x: Any, *, uneven: bool = False, timeout: float | None = None,
-                         algorithm: str = "auto") -> np.ndarray | list[np.ndarray]:
+    async def all_gather(self, x: Any, *, uneven: bool = False, out: np.ndarray | None = None,
+                         timeout: float | None = None, algorithm: str = "auto") -> np.ndarray | list[np.ndarray]:
         """Every rank's ``x`` stacked: row ``r`` comes from rank ``r``.
 
         Args:
@@ -188,13 +209,18 @@ class Communicator(CommBase):
                 dtype): the result is then a list of ``world_size`` arrays,
                 ``y[r]`` = rank ``r``'s ``x`` (shapes travel with the data;
                 algorithm ``"pairwise"``). Every rank must pass the same value.
+            out: optional C-contiguous array of shape ``(world_size, *x.shape)``
+                and ``x``'s dtype to fill and return instead of a new one (not
+                with ``uneven=True``); ``x`` may be ``out[rank]`` (in place).
 
         Returns:
-            An array of shape ``(world_size, *x.shape)``, or with ``uneven=True``
-            a list of ``world_size`` arrays.
+            An array of shape ``(world_size, *x.shape)`` (``out`` if given), or
+            with ``uneven=True`` a list of ``world_size`` arrays.
         """
         x = as_array(x)
-        if _check_uneven(uneven):
+        if _check_uneven(uneven) and out is not None:
+            raise ValueError("all_gather: out= is not supported with uneven=True (the result is a list)")
+        if uneven:
             algo = self._pick_v("all_gather", algorithm, "pairwise")
             if self.world_size == 1:
                 return [contiguous_copy(x)]
@@ -203,7 +229,8 @@ class Communicator(CommBase):
             got = await self._run("all_gather", fp, lambda ch: algorithms.pairwise.all_gather_list(
                 ch, send, meta=meta_of(send), segment_bytes=self.segment_bytes), timeout)
             return [array_from_meta(meta, memoryview(buf)) for buf, meta in got]
-        out = np.empty((self.world_size, *x.shape), dtype=x.dtype)
+        out = _result(out, (self.world_size, *x.shape), x.dtype)
+        x = _unaliased(x, out, out[self.rank])
         out[self.rank] = x
         algo = self._pick("all_gather", algorithm, out.nbytes)
         if self.world_size > 1:
@@ -213,7 +240,8 @@ class Communicator(CommBase):
                                                             segment_bytes=self.segment_bytes), timeout)
         return out
 
-    async def gather(self, x: Any, root: int = 0, *, uneven: bool = False, timeout: float | None = None,
+    async def gather(self, x: Any, root: int = 0, *, uneven: bool = False, out: np.ndarray | None = None,
+                     timeout: float | None = None,
                      algorithm: str = "auto") -> np.ndarray | list[np.ndarray] | None:
         """Every rank's ``x`` stacked at ``root``; others get ``None``.
 
@@ -224,14 +252,20 @@ class Communicator(CommBase):
                 dtype): the root then gets a list of ``world_size`` arrays,
                 ``y[r]`` = rank ``r``'s ``x`` (shapes travel with the data).
                 Every rank must pass the same value.
+            out: optional; at the root, a C-contiguous array of shape
+                ``(world_size, *x.shape)`` and ``x``'s dtype to fill and return
+                (not with ``uneven=True``); ignored on the other ranks.
 
         Returns:
-            Root: an array of shape ``(world_size, *x.shape)``, or with
-            ``uneven=True`` a list of ``world_size`` arrays. Others: ``None``.
+            Root: an array of shape ``(world_size, *x.shape)`` (``out`` if
+            given), or with ``uneven=True`` a list of ``world_size`` arrays.
+            Others: ``None``.
         """
         x = as_array(x)
         root = self._check_root(root)
-        if _check_uneven(uneven):
+        if _check_uneven(uneven) and out is not None:
+            raise ValueError("gather: out= is not supported with uneven=True (the result is a list)")
+        if uneven:
             algo = self._pick_v("gather", algorithm, "direct")
             if self.world_size == 1:
                 return [contiguous_copy(x)]
@@ -243,10 +277,13 @@ class Communicator(CommBase):
                 return None
             return [array_from_meta(meta, memoryview(buf)) for buf, meta in got]
         algo = self._pick("gather", algorithm, x.nbytes * self.world_size)
-        send = contiguous_copy(x)
-        out = np.empty((self.world_size, *x.shape), dtype=x.dtype) if self.rank == root else None
-        if out is not None:
-            out[self.rank] = x
+        send = _contiguous(x)
+        if self.rank == root:
+            out = _result(out, (self.world_size, *x.shape), x.dtype)
+            send = _unaliased(send, out, out[self.rank])
+            out[self.rank] = send
+        else:
+            out = None
         if self.world_size > 1:
             fn = algorithms.ALGORITHMS["gather"][algo]
             fp = self._fp("gather", x=describe(x.dtype, x.shape), root=root, algorithm=algo)
@@ -280,7 +317,7 @@ class Communicator(CommBase):
             if _is_list(x):
                 blocks = _array_list(x, self.world_size, "scatter")
             else:
-                whole = contiguous_copy(as_array(x))
+                whole = _contiguous(as_array(x))
                 leading_ranks(whole, self.world_size, "scatter")
                 blocks = [whole[k, ...] for k in range(self.world_size)]  # 0-d rows stay arrays
         if self.world_size == 1:
@@ -295,8 +332,8 @@ class Communicator(CommBase):
 
         return await self._run("scatter", self._fp("scatter", root=root, algorithm=algo), body, timeout)
 
-    async def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", *, timeout: float | None = None,
-                             algorithm: str = "auto") -> np.ndarray:
+    async def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", *, out: np.ndarray | None = None,
+                             timeout: float | None = None, algorithm: str = "auto") -> np.ndarray:
         """Reduce ``x`` over ranks; rank ``r`` gets reduced row ``r``.
 
         Args:
@@ -308,9 +345,11 @@ class Communicator(CommBase):
                 ``((x[r+1] op x[r+2]) op ...) op x[r]`` over ranks mod P, so
                 deterministic run to run).
             op: the reduction.
+            out: optional C-contiguous array of shape ``s`` and ``x``'s dtype
+                to fill and return (array input only).
 
         Returns:
-            The reduced row (shape ``s``), or the reduced ``x[rank]``.
+            The reduced row (shape ``s``; ``out`` if given), or the reduced ``x[rank]``.
 
         Raises:
             ValueError / TypeError before any byte is sent: no leading rank
@@ -319,6 +358,8 @@ class Communicator(CommBase):
         """
         rop = parse_op(op)
         if _is_list(x):
+            if out is not None:
+                raise ValueError("reduce_scatter: out= is not supported for a list input")
             blocks = _array_list(x, self.world_size, "reduce_scatter")
             check_op_dtype(rop, blocks[0].dtype)
             algo = self._pick_v("reduce_scatter", algorithm, "pairwise")
@@ -334,8 +375,8 @@ class Communicator(CommBase):
         leading_ranks(x, self.world_size, "reduce_scatter")
         check_op_dtype(rop, x.dtype)
         algo = self._pick("reduce_scatter", algorithm, x.nbytes)
-        buf = contiguous_copy(x)
-        out = np.empty(x.shape[1:], dtype=x.dtype)
+        out = _result(out, x.shape[1:], x.dtype)
+        buf = _unaliased(_contiguous(x), out)  # read only: no copy unless out overlaps it
         if self.world_size == 1:
             out[...] = buf[0]
         else:
@@ -346,7 +387,7 @@ class Communicator(CommBase):
         finalize(rop, out, self.world_size)
         return out
 
-    async def all_to_all(self, x: Any, *, timeout: float | None = None,
+    async def all_to_all(self, x: Any, *, out: np.ndarray | None = None, timeout: float | None = None,
                          algorithm: str = "auto") -> np.ndarray | list[np.ndarray]:
         """``y[j]`` = rank ``j``'s ``x[rank]``.
 
@@ -357,16 +398,21 @@ class Communicator(CommBase):
                 ``alltoallv``; shapes travel with the data, so ranks need not
                 know what they will receive; the dtype must be the same on
                 every rank).
+            out: optional C-contiguous array of ``x``'s shape and dtype to fill
+                and return (array input only).
 
         Returns:
-            An array ``y`` of shape ``(world_size, *s)``, or for a list input a
-            list of ``world_size`` arrays, ``y[j]`` = rank ``j``'s ``x[rank]``.
+            An array ``y`` of shape ``(world_size, *s)`` (``out`` if given), or
+            for a list input a list of ``world_size`` arrays, ``y[j]`` = rank
+            ``j``'s ``x[rank]``.
 
         Raises:
             ValueError / TypeError before any byte is sent: no leading rank
             axis, a list of the wrong length, mixed dtypes.
         """
         if _is_list(x):
+            if out is not None:
+                raise ValueError("all_to_all: out= is not supported for a list input")
             blocks = _array_list(x, self.world_size, "all_to_all")
             algo = self._pick_v("all_to_all", algorithm, "pairwise")
             if self.world_size == 1:
@@ -378,8 +424,8 @@ class Communicator(CommBase):
         x = as_array(x)
         leading_ranks(x, self.world_size, "all_to_all")
         algo = self._pick("all_to_all", algorithm, x.nbytes)
-        send = contiguous_copy(x)
-        out = np.empty_like(send)
+        out = _result(out, x.shape, x.dtype)
+        send = _unaliased(_contiguous(x), out)
         if self.world_size == 1:
             out[...] = send
             return out

@@ -168,6 +168,94 @@ async def test_all_to_all_grid(n: int, algorithm: str) -> None:
                 np.testing.assert_array_equal(res[r], np.stack([xs[j][r] for j in range(n)]))
 
 
+@pytest.mark.parametrize("n", [1, 3, 4])
+async def test_out_buffers_are_filled_and_returned(n: int) -> None:
+    """``out=`` for all_gather, gather, reduce_scatter and all_to_all: the
+    result lands in (and is) the caller's array; inputs are never modified."""
+    xs = inputs(n, (n, 5), np.float32)
+    keep = [x.copy() for x in xs]
+    full = np.stack(xs)
+
+    async def run(c):  # type: ignore[no-untyped-def]
+        x = xs[c.rank]
+        outs = {name: np.full(shape, -1, np.float32) for name, shape in
+                (("ag", (n, n, 5)), ("g", (n, n, 5)), ("rs", (5,)), ("a2a", (n, 5)))}
+        got = {"ag": await c.all_gather(x, out=outs["ag"]),
+               "g": await c.gather(x, root=n - 1, out=outs["g"]),
+               "rs": await c.reduce_scatter(x, out=outs["rs"]),
+               "a2a": await c.all_to_all(x, out=outs["a2a"])}
+        return outs, got
+
+    res = await run_world(n, run)
+    for r, (outs, got) in enumerate(res):
+        for name in ("ag", "rs", "a2a"):
+            assert got[name] is outs[name]
+        np.testing.assert_array_equal(outs["ag"], full)
+        np.testing.assert_array_equal(outs["rs"], full.sum(axis=0)[r])
+        np.testing.assert_array_equal(outs["a2a"], full[:, r])
+        if r == n - 1:
+            assert got["g"] is outs["g"]
+            np.testing.assert_array_equal(outs["g"], full)
+        else:  # ignored away from the root
+            assert got["g"] is None and (outs["g"] == -1).all()
+    for x, k in zip(xs, keep):
+        np.testing.assert_array_equal(x, k)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+async def test_out_buffers_aliasing_the_input(n: int) -> None:
+    """In-place all_gather (``x`` is ``out[rank]``), and inputs that overlap
+    ``out`` (copied first, so the result is still right)."""
+    xs = inputs(n, (n, 6), np.int64)
+    full = np.stack(xs)
+
+    async def run(c):  # type: ignore[no-untyped-def]
+        ag = np.zeros((n, n, 6), np.int64)
+        ag[c.rank] = xs[c.rank]
+        await c.all_gather(ag[c.rank], out=ag)  # in place, as NCCL's sendbuff == recvbuff + rank
+        skew = np.zeros((n + 1, n, 6), np.int64)
+        skew[1:] = full  # rank r's x is skew[r] = rank r-1's data: overlaps the result
+        ag2 = await c.all_gather(skew[c.rank], out=skew[:n])
+        rs_in = xs[c.rank].copy()
+        rs = await c.reduce_scatter(rs_in, out=rs_in[c.rank])  # out is one row of x
+        a2a_in = xs[c.rank].copy()
+        a2a = await c.all_to_all(a2a_in, out=a2a_in)  # fully in place
+        return ag, ag2.copy(), rs.copy(), a2a.copy()
+
+    res = await run_world(n, run)
+    shifted = np.concatenate([np.zeros((1, n, 6), np.int64), full])[:n]
+    for r, (ag, ag2, rs, a2a) in enumerate(res):
+        np.testing.assert_array_equal(ag, full)
+        np.testing.assert_array_equal(ag2, shifted)
+        np.testing.assert_array_equal(rs, full.sum(axis=0)[r])
+        np.testing.assert_array_equal(a2a, full[:, r])
+
+
+async def test_bad_out_buffers_are_refused_before_sending() -> None:
+    x = np.ones((2, 3), np.float32)
+
+    async def run(c):  # type: ignore[no-untyped-def]
+        errors = []
+        for call in (lambda: c.all_gather(x, out=np.empty((2, 2, 2), np.float32)),
+                     lambda: c.all_gather(x, out=np.empty((2, 2, 3), np.float64)),
+                     lambda: c.all_gather(x, out=np.empty((2, 3, 2), np.float32).transpose(0, 2, 1)),
+                     lambda: c.all_gather(x, out=[[0.0]]),
+                     lambda: c.all_gather(x, uneven=True, out=np.empty((2, 2, 3), np.float32)),
+                     lambda: c.gather(x, uneven=True, out=np.empty((2, 2, 3), np.float32)),
+                     lambda: c.reduce_scatter(x, out=np.empty((4,), np.float32)),
+                     lambda: c.reduce_scatter([x[0], x[1]], out=np.empty((3,), np.float32)),
+                     lambda: c.all_to_all(x, out=np.empty((3, 2), np.float32)),
+                     lambda: c.all_to_all([x[0], x[1]], out=np.empty((2, 3), np.float32))):
+            with pytest.raises((ValueError, TypeError)) as info:
+                await call()
+            errors.append(str(info.value))
+        await c.barrier()  # nothing was sent: the ranks are still in step
+        return errors
+
+    res = await run_world(2, run)
+    assert all("out" in e for e in res[0])
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 8])
 async def test_barrier_and_p2p(n: int) -> None:
     async def body(c):  # type: ignore[no-untyped-def]

@@ -48,6 +48,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     root = _package_root()
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env

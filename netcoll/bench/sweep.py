@@ -7,9 +7,13 @@ ranks** of those means (rank 0 gathers them with ``comm.gather``). The output
 of the last timed call is then checked against a numpy reference and the
 wrong elements of all ranks are added up (``#wrong``, as in nccl-tests).
 
-Only out-of-place calls are measured: the input array is never the output
-(``all_reduce`` writes into a preallocated ``out=`` buffer, like nccl-tests'
-separate receive buffer; the other collectives return new arrays).
+Only out-of-place calls are measured: the input array is never the output.
+Results go to preallocated buffers, like nccl-tests' separate receive buffer
+(and the peers' benchmarks): ``out=`` for all_reduce, reduce, all_gather,
+gather, reduce_scatter and all_to_all, a receive buffer for broadcast;
+scatter returns new arrays. Verification runs one more, untimed call into
+buffers first filled with ``0xA5`` bytes, so a call that wrote nothing cannot
+pass on an earlier call's result.
 
 Data: rank ``k``'s input element ``i`` is ``T[(i + 7919 k) mod 65521]`` for a
 fixed pseudo-random table ``T`` of small integers (values chosen per op and
@@ -157,20 +161,30 @@ def _call(comm: Any, g: Geometry, cfg: SweepConfig, x: np.ndarray | None,
     if op == "all_reduce":
         return lambda: comm.all_reduce(x, op=redop, out=out, **kw)
     if op == "reduce":
-        return lambda: comm.reduce(x, op=redop, root=root, **kw)
+        return lambda: comm.reduce(x, op=redop, root=root, out=out, **kw)
     if op == "reduce_scatter":
-        return lambda: comm.reduce_scatter(x, op=redop, **kw)
-    if op == "broadcast":
-        return lambda: comm.broadcast(x if comm.rank == root else None, root=root, **kw)
+        return lambda: comm.reduce_scatter(x, op=redop, out=out, **kw)
+    if op == "broadcast":  # non-roots receive into ``out``
+        return lambda: comm.broadcast(x if comm.rank == root else out, root=root, **kw)
     if op == "all_gather":
-        return lambda: comm.all_gather(x, **kw)
+        return lambda: comm.all_gather(x, out=out, **kw)
     if op == "gather":
-        return lambda: comm.gather(x, root=root, **kw)
+        return lambda: comm.gather(x, root=root, out=out, **kw)
     if op == "scatter":
         return lambda: comm.scatter(x if comm.rank == root else None, root=root, **kw)
     if op == "all_to_all":
-        return lambda: comm.all_to_all(x, **kw)
+        return lambda: comm.all_to_all(x, out=out, **kw)
     raise ValueError(f"unknown collective {op!r}")
+
+
+def _out_buffer(op: str, g: Geometry, n: int, rank: int, root: int, dt: np.dtype) -> np.ndarray | None:
+    """The preallocated result buffer of one rank for ``op`` (None: the call allocates)."""
+    b = g.block
+    shape = {"all_gather": (n, b), "gather": (n, b), "reduce_scatter": (b,), "all_to_all": (n, b),
+             "all_reduce": g.input_shape, "reduce": g.input_shape, "broadcast": g.input_shape}.get(op)
+    if shape is None or (op in ("reduce", "gather") and rank != root) or (op == "broadcast" and rank == root):
+        return None
+    return np.empty(shape, dtype=dt)
 
 
 Event = Callable[[dict[str, Any]], None]
@@ -211,7 +225,7 @@ async def run_sweep(comm: Any, cfg: SweepConfig, *, on_event: Event | None = Non
         g = geometry(op, requested, dt, n)
         emit({"event": "start", "op": op, "size": g.size, "requested": requested})
         x = None if (op in ("broadcast", "scatter") and rank != cfg.root) else data.input(g, rank)
-        out = np.empty_like(x) if op == "all_reduce" else None
+        out = _out_buffer(op, g, n, rank, cfg.root, dt)
         call = _call(comm, g, cfg, x, out)
         for _ in range(cfg.warmup):
             await call()
@@ -225,6 +239,10 @@ async def run_sweep(comm: Any, cfg: SweepConfig, *, on_event: Event | None = Non
             y = await call()
             durations[i] = clock() - ts
         total = clock() - t0
+        if cfg.check and op != "scatter":  # verify a call (on every rank) into poisoned buffers
+            if out is not None:
+                out.reshape(-1).view(np.uint8).fill(0xA5)
+            y = await call()
         wrong = data.count_wrong(g, rank, cfg.root, y) if cfg.check else 0
         data.forget()
         del y, x, out

@@ -94,6 +94,8 @@ async def serve_local(cfg: UpConfig, out: IO[str] = sys.stdout) -> int:
            if k not in ("NETCOLL_RANK_HINT", "NETCOLL_ADVERTISE_HOST", "NETCOLL_HTTP_PORT", "NETCOLL_PORT",
                         "NETCOLL_HOST", "NETCOLL_COORDINATOR")}
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")  # numpy's BLAS threads only compete with the ranks
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if cfg.token:
         env["NETCOLL_TOKEN"] = cfg.token
     wildcard = cfg.host in ("0.0.0.0", "::", "")
