@@ -103,21 +103,30 @@ class CommBase:
             seq = self._seq
             self._seq += 1
         mailbox = self.transport.mailbox
-        op = mailbox.open(group or self.group, seq, fp, members or self.members, name)
+        loop = asyncio.get_running_loop()
+        op = mailbox.open(group or self.group, seq, fp, members or self.members, name, loop)
         try:
             if op.error is None:
                 # The body runs inline (no task per call): a failure of the op fails
-                # every posted receive, so the body raises it; the deadline cancels it.
+                # every posted receive, so the body raises it; the deadline cancels
+                # it (asyncio.timeout's logic, minus its per-call overhead).
+                task = asyncio.current_task(loop)
+                if task is None:
+                    raise RuntimeError("netcoll collectives must be awaited inside an asyncio task")
+                deadline = _Deadline(task)
+                timer = loop.call_at(loop.time() + limit, deadline.expire)
                 try:
-                    async with asyncio.timeout(limit):
+                    try:
                         return await body(Channel(self.transport, op))
+                    finally:
+                        timer.cancel()
                 except asyncio.CancelledError:
-                    op.fail(CollectiveError(f"{op.where()} was cancelled on rank {self._op_rank(op)}",
-                                            op=name, seq=seq))
-                    await self._abort(op, "cancelled")
-                    raise
-                except TimeoutError:
-                    if op.error is None:
+                    if not deadline.expired or task.uncancel() > deadline.cancelling:
+                        op.fail(CollectiveError(f"{op.where()} was cancelled on rank {self._op_rank(op)}",
+                                                op=name, seq=seq))
+                        await self._abort(op, "cancelled")
+                        raise
+                    if op.error is None:  # our deadline cancelled the body
                         await self._time_out(op, limit)
                 except (CollectiveError, ValueError, TypeError) as exc:
                     op.fail(exc)  # type: ignore[arg-type]  # no-op when the op failed first
@@ -182,6 +191,19 @@ class CommBase:
             parts["segment_bytes"] = self.segment_bytes
         return _format_fp(name, tuple(parts.items()))
 
+
+
+class _Deadline:
+    """Cancels ``task`` when it expires (the timer is armed by the caller)."""
+
+    __slots__ = ("task", "cancelling", "expired")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task, self.cancelling, self.expired = task, task.cancelling(), False
+
+    def expire(self) -> None:
+        self.expired = True
+        self.task.cancel()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -133,8 +133,13 @@ def _category(dt: np.dtype) -> str:
     return "float"  # kind "f", or bfloat16 (kind "V")
 
 
+_VALID_PAIRS: set[tuple[str, np.dtype]] = set()  # (op value, dtype) already accepted
+
+
 def check_op_dtype(op: str | ReduceOp, dtype: Any) -> None:
     """Raise ``TypeError`` unless *op* is defined for *dtype* (see module docstring)."""
+    if op.__class__ is ReduceOp and dtype.__class__ is not str and (op._value_, dtype) in _VALID_PAIRS:
+        return
     op = parse_op(op)
     dt = check_dtype(dtype)
     cat = _category(dt)
@@ -146,6 +151,8 @@ def check_op_dtype(op: str | ReduceOp, dtype: Any) -> None:
     if op in (ReduceOp.MIN, ReduceOp.MAX) and cat == "complex":
         raise TypeError(f"op {op.value!r} is not defined for complex dtype {dt} "
                         f"(complex numbers are unordered)")
+    if isinstance(dtype, np.dtype) and len(_VALID_PAIRS) < 1024:
+        _VALID_PAIRS.add((op.value, dtype))
 
 
 _UFUNCS: dict[ReduceOp, np.ufunc] = {
@@ -179,13 +186,31 @@ def _check_pair(acc: Any, other: Any) -> None:
         raise ValueError("acc is read-only")
 
 
+_FAST: dict[tuple[ReduceOp, np.dtype], tuple[np.ufunc, bool]] = {}  # (op, dtype) -> (ufunc, quiet)
+
+
+def _fast(op: ReduceOp, dt: np.dtype) -> tuple[np.ufunc, bool]:
+    """The ufunc for ``op`` on ``dt`` and whether it can run without ``np.errstate``
+    (integer and bool array ufuncs never warn: they wrap around silently)."""
+    hit = _FAST.get((op, dt))
+    if hit is None:
+        hit = _FAST[(op, dt)] = (_ufunc(op, dt), dt.kind in "biu")
+    return hit
+
+
 def reduce_into(op: str | ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
     """In place: ``acc = acc (op) other`` elementwise. ``avg`` accumulates as ``sum``."""
-    op = parse_op(op)
-    _check_pair(acc, other)
-    ufunc = _ufunc(op, acc.dtype)
-    with np.errstate(all="ignore"):  # integer wrap-around, float overflow, NaN compares
+    if op.__class__ is not ReduceOp:
+        op = parse_op(op)
+    if (acc.__class__ is not np.ndarray or other.__class__ is not np.ndarray or acc.dtype != other.dtype
+            or acc.shape != other.shape or not acc.flags.writeable):
+        _check_pair(acc, other)  # raises with the reason (ndarray subclasses pass on)
+    ufunc, quiet = _fast(op, acc.dtype)  # type: ignore[arg-type]
+    if quiet:
         ufunc(acc, other, out=acc)
+    else:
+        with np.errstate(all="ignore"):  # float overflow, NaN compares
+            ufunc(acc, other, out=acc)
 
 
 def reduce_to(op: str | ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:

@@ -73,6 +73,11 @@ SCHEMA: Final[dict[Kind, dict[str, tuple[type, ...]]]] = {
 }
 
 
+#: SCHEMA as (field, exact types) pairs, for the decoder's hot path
+_SCHEMA_ITEMS: Final[dict[Kind, tuple[tuple[str, tuple[type, ...]], ...]]] = {
+    kind: tuple(fields.items()) for kind, fields in SCHEMA.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Upper bounds checked before any allocation."""
@@ -118,6 +123,9 @@ def encode(kind: Kind, header: dict[str, Any], payload: bytes | memoryview = b""
     return [head, mv] if mv.nbytes else [head]
 
 
+_KINDS: Final[dict[int, Kind]] = {int(k): k for k in Kind}  # a dict lookup is ~5x cheaper than Kind(n)
+
+
 def decode_prefix(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> tuple[Kind, int, int, int]:
     """Parse and check a 20-byte prefix; return (kind, flags, header_len, payload_len)."""
     magic, version, kind, flags, header_len, payload_len = PREFIX.unpack(data)
@@ -125,11 +133,11 @@ def decode_prefix(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> 
         raise ProtocolError(f"bad magic {bytes(magic)!r} (not a netcoll peer, or a corrupted stream)")
     if version != VERSION:
         raise ProtocolError(f"unsupported protocol version {version} (this side speaks {VERSION})")
-    try:
-        k = Kind(kind)
-    except ValueError:
-        raise ProtocolError(f"unknown frame kind {kind}") from None
-    limits.check(header_len, payload_len)
+    k = _KINDS.get(kind)
+    if k is None:
+        raise ProtocolError(f"unknown frame kind {kind}")
+    if header_len > limits.max_header or payload_len > limits.max_payload:
+        limits.check(header_len, payload_len)
     return k, flags, header_len, payload_len
 
 
@@ -139,11 +147,11 @@ def decode_header(kind: Kind, data: bytes | memoryview) -> dict[str, Any]:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"malformed {kind.name} header: {exc}") from None
-    if not isinstance(header, dict):
+    if header.__class__ is not dict:
         raise ProtocolError(f"{kind.name} header must be a map, got {type(header).__name__}")
-    for key, types in SCHEMA[kind].items():
+    for key, types in _SCHEMA_ITEMS[kind]:
         value = header.get(key)
-        if not isinstance(value, types) or (types is _INT and isinstance(value, bool)):
+        if value.__class__ not in types:  # exact types: bool is not an int here
             raise ProtocolError(f"{kind.name} header field {key!r} missing or of wrong type ({value!r})")
     return header
 

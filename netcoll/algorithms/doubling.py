@@ -117,6 +117,14 @@ async def _exchange(ch: Channel, peer: int, step: int, send: np.ndarray | None, 
         for j, (a, b) in enumerate(segs):
             await ch.send(peer, send[a:b], step=step, chunk=j)
         return
+    if len(segs) == 1:  # one message each way (every small all_reduce): no window to manage
+        got = ch.post(peer, step=step, chunk=0, out=recv)
+        if send is not None:
+            await ch.send(peer, send, step=step, chunk=0)
+        await got
+        if fold is not None:
+            reduce_into(*fold)
+        return
 
     def plan(j: int) -> tuple[int, int, int, np.ndarray]:
         a, b = segs[j]

@@ -37,21 +37,26 @@ SlotKey = tuple[int, int, int]
 SUCCEEDED_KEPT = 64  # (src world rank, step, chunk)
 
 
+#: the error of a finished operation (``take`` after ``close`` is a bug in the caller)
+_CLOSED = CollectiveError("the operation was already closed")
+
+
 class Operation:
     """One collective (or one point-to-point message) in flight on this rank."""
 
     __slots__ = ("group", "seq", "fp", "members", "name", "rank_of", "arrived", "posted",
                  "error", "reports", "_loop")
 
-    def __init__(self, group: str, seq: int, fp: str, members: tuple[int, ...], name: str) -> None:
+    def __init__(self, group: str, seq: int, fp: str, members: tuple[int, ...], name: str,
+                 rank_of: dict[int, int] | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.group, self.seq, self.fp, self.members, self.name = group, seq, fp, members, name
-        self.rank_of = {w: r for r, w in enumerate(members)}
+        self.rank_of = rank_of if rank_of is not None else {w: r for r, w in enumerate(members)}
         self.arrived: dict[SlotKey, tuple[memoryview, dict[str, Any]]] = {}
         self.posted: dict[SlotKey, tuple[asyncio.Future[Any], memoryview | None]] = {}
         self.error: CollectiveError | None = None
         #: group rank -> the group ranks it was waiting for when it timed out
         self.reports: dict[int, list[int]] = {}
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop or asyncio.get_running_loop()
 
     def fail(self, exc: CollectiveError) -> None:
         """Fail the operation once; later failures are ignored (the first cause wins)."""
@@ -92,13 +97,20 @@ class Mailbox:
         self.filling: dict[int, Operation] = {}
         #: set by a transport that writes payloads in place: stop src's current in-place write
         self.divert: Callable[[int], None] | None = None
+        self._rank_of: dict[tuple[int, ...], dict[int, int]] = {}  # members -> {world rank: group rank}
 
     # -- operation lifecycle ------------------------------------------------
-    def open(self, group: str, seq: int, fp: str, members: tuple[int, ...], name: str) -> Operation:
+    def open(self, group: str, seq: int, fp: str, members: tuple[int, ...], name: str,
+             loop: asyncio.AbstractEventLoop | None = None) -> Operation:
         key = (group, seq)
         if key in self.ops:
             raise RuntimeError(f"operation {key} is already open")
-        op = Operation(group, seq, fp, members, name)
+        rank_of = self._rank_of.get(members)
+        if rank_of is None:
+            if len(self._rank_of) > 256:
+                self._rank_of.clear()
+            rank_of = self._rank_of[members] = {w: r for r, w in enumerate(members)}
+        op = Operation(group, seq, fp, members, name, rank_of, loop)
         self.ops[key] = op
         self.next_seq[group] = max(self.next_seq.get(group, 0), seq + 1)
         lost = [w for w in members if w in self.dead and w not in self.departed]
@@ -128,11 +140,16 @@ class Mailbox:
                 self.divert(src)
         op.arrived.clear()
         if op.error is None:
-            done = self.succeeded.setdefault(op.group, collections.OrderedDict())
+            done = self.succeeded.get(op.group)
+            if done is None:
+                done = self.succeeded[op.group] = collections.OrderedDict()
             done[op.seq] = op.name
             if len(done) > SUCCEEDED_KEPT:
                 done.popitem(last=False)
-            op.fail(CollectiveError(f"{op.where()} was closed", op=op.name, seq=op.seq))
+            if op.posted:  # receives nobody will complete now (the body did not wait for them)
+                op.fail(CollectiveError(f"{op.where()} was closed", op=op.name, seq=op.seq))
+            else:  # the common case: a shared error, no message to format
+                op.error = _CLOSED
 
     # -- the receive side, called by collectives ----------------------------
     def take(self, op: Operation, key: SlotKey, out: memoryview | None) -> asyncio.Future[Any]:
@@ -140,7 +157,8 @@ class Mailbox:
         receives the payload bytes, straight from the socket when possible."""
         fut: asyncio.Future[Any] = op._loop.create_future()
         if op.error is not None:
-            fut.set_exception(op.error)
+            fut.set_exception(op.error if op.error is not _CLOSED else
+                              CollectiveError(f"{op.where()} was closed", op=op.name, seq=op.seq))
             fut.exception()
             return fut
         got = op.arrived.pop(key, None)
