@@ -141,9 +141,14 @@ class Communicator(CommBase):
             buf = contiguous_copy(x, out)
         if self.world_size > 1:
             fn = algorithms.ALGORITHMS["all_reduce"][algo]
-            fp = self._fp("all_reduce", x=describe(x.dtype, x.shape), op=rop.value, algorithm=algo)
+            key = ("all_reduce", x.dtype, x.shape, rop, algo, self.segment_bytes)
+            fp = self._fps.get(key)
+            if fp is None:
+                fp = self._remember_fp(key, self._fp("all_reduce", x=describe(x.dtype, x.shape), op=rop.value,
+                                                     algorithm=algo))
             await self._run("all_reduce", fp, lambda ch: fn(ch, buf.reshape(-1), rop, **kw), timeout)
-        finalize(rop, buf, self.world_size)
+        if rop is ReduceOp.AVG:
+            finalize(rop, buf, self.world_size)
         return buf
 
     async def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None,

@@ -65,6 +65,7 @@ class CommBase:
         self._p2p_seq: dict[str, int] = {}
         self._splits = 0
         self._on_close: list[Callable[[], Awaitable[None]]] = []
+        self._fps: dict[tuple[Any, ...], str] = {}  # hot calls' fingerprints, by their arguments
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} group={self.group!r} rank={self.rank} world_size={self.world_size}>"
@@ -182,6 +183,12 @@ class CommBase:
             return
         ranks = tuple(getattr(err, "ranks", ()) or ())
         await self.transport.abort(op, cause, str(err), ranks)
+
+    def _remember_fp(self, key: tuple[Any, ...], fp: str) -> str:
+        if len(self._fps) >= 256:
+            self._fps.clear()
+        self._fps[key] = fp
+        return fp
 
     def _fp(self, name: str, *, segmented: bool = True, **parts: Any) -> str:
         """The call's fingerprint, sent with every frame. ``segmented``: the
