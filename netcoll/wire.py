@@ -219,7 +219,10 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         if self._state == _BROKEN:
             raise ProtocolError("decoder is broken by an earlier protocol error")
-        mv = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+        if data.__class__ is memoryview and data.format == "B" and data.ndim == 1:  # type: ignore[union-attr]
+            mv = data
+        else:
+            mv = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
         try:
             return self._feed(mv)
         except BaseException:  # the stream position is now unknown (a sink may raise too)
@@ -230,6 +233,29 @@ class FrameDecoder:
         out: list[Frame] = []
         pos, n = 0, len(mv)
         while pos < n:
+            if self._state == _PREFIX and n - pos >= PREFIX_SIZE and not self._buf:
+                # fast path: a whole frame in this chunk (what small messages are)
+                kind, flags, hlen, plen = decode_prefix(mv[pos:pos + PREFIX_SIZE], self.limits)
+                start = pos + PREFIX_SIZE
+                end = start + hlen + plen
+                if hlen and end <= n:
+                    header = decode_header(kind, mv[start:start + hlen])
+                    target = self._target_for(kind, header, plen)
+                    if plen:
+                        target[:] = mv[start + hlen:end]
+                    out.append(Frame(kind, header, target, flags))
+                    if self.unlock is not None and kind == self.unlock[0]:
+                        self.limits, self.unlock = self.unlock[1], None
+                    pos = end
+                    continue
+                self._kind, self._flags, self._header_len, self._payload_len = kind, flags, hlen, plen
+                self._state = _HEADER
+                pos = start
+                if hlen == 0:
+                    frame = self._on_header(b"")
+                    if frame is not None:
+                        out.append(frame)
+                continue
             if self._state == _PAYLOAD:
                 take = min(len(self._target) - self._filled, n - pos)
                 self._target[self._filled:self._filled + take] = mv[pos:pos + take]
@@ -264,9 +290,14 @@ class FrameDecoder:
     def _on_header(self, piece: bytes | memoryview) -> Frame | None:
         self._header = decode_header(self._kind, piece) if piece else self._empty_header()
         size = self._payload_len
-        target = self.sink(self._kind, self._header, size) if (self.sink and size) else None
+        self._target, self._filled, self._state = self._target_for(self._kind, self._header, size), 0, _PAYLOAD
+        return self._finish() if size == 0 else None
+
+    def _target_for(self, kind: Kind, header: dict[str, Any], size: int) -> memoryview:
+        """Where a payload of ``size`` bytes goes: the sink's buffer, else a new one."""
+        target = self.sink(kind, header, size) if (self.sink and size) else None
         if target is None:
-            target = bytearray(size)
+            return memoryview(bytearray(size))
         try:  # always a flat byte view, so slicing and len() count bytes, not items
             tmv = memoryview(target).cast("B")
         except (TypeError, ValueError) as exc:  # not a buffer, not C-contiguous, or e.g. bfloat16
@@ -274,8 +305,7 @@ class FrameDecoder:
                                 "writable byte view such as arr.view(numpy.uint8)") from None
         if tmv.readonly or tmv.nbytes != size:
             raise ProtocolError(f"payload of {size} bytes does not fit the posted buffer of {tmv.nbytes}")
-        self._target, self._filled, self._state = tmv, 0, _PAYLOAD
-        return self._finish() if size == 0 else None
+        return tmv
 
     def _empty_header(self) -> dict[str, Any]:
         if SCHEMA[self._kind]:

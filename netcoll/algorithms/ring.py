@@ -218,23 +218,33 @@ async def _ring_steps(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: 
     P, r, S = ch.size, ch.rank, len(segs[0])
     right, left = (r + 1) % P, (r - 1) % P
     count = total_steps * S
+    R = min(reduce_steps, total_steps) * S  # messages 0..R-1 are reduced, the rest land in place
 
-    def plan(i: int) -> tuple[int, int, int, np.ndarray]:
+    def plan_reduce(i: int) -> tuple[int, int, int, np.ndarray]:
         t, j = divmod(i, S)
         a, b = segs[(first - t - 1) % P][j]
-        dest = scratch[i % depth][:b - a] if t < reduce_steps else data[a:b]
-        return left, t, j, dest
+        return left, t, j, scratch[i % depth][:b - a]
 
-    async with RecvWindow(ch, plan, count, depth) as window:
-        # Posting before the first send is safe even for all-gather slots that
-        # still hold data to send: their payload cannot exist before ours left.
-        await window.start()
+    def plan_gather(k: int) -> tuple[int, int, int, np.ndarray]:
+        t, j = divmod(R + k, S)
+        a, b = segs[(first - t - 1) % P][j]
+        return left, t, j, data[a:b]
+
+    # Scratch bounds how far ahead reduced messages are posted; messages that
+    # land in place are all posted at once, so a left neighbour running ahead
+    # never has its segments buffered (and copied) here. Posting before the
+    # first send is safe even for slots that still hold data to send: their
+    # payload cannot exist before ours left.
+    async with RecvWindow(ch, plan_reduce, R, depth) as reduced, \
+            RecvWindow(ch, plan_gather, count - R, count - R) as in_place:
+        await reduced.start()
+        await in_place.start()
         for i in range(count):
             t, j = divmod(i, S)
             if t == 0:  # the first step sends straight from the caller's buffer
                 a, b = segs[first % P][j]
                 await ch.send(right, src[a:b], step=0, chunk=j)
-            await window.get(i)
+            await (reduced.get(i) if i < R else in_place.get(i - R))
             a, b = segs[(first - t - 1) % P][j]
             if t < reduce_steps:
                 assert op is not None

@@ -19,6 +19,8 @@ import asyncio
 import functools
 from typing import Any
 
+import numpy as np
+
 from .. import wire
 from ..errors import CommunicatorClosed, PeerLost, ProtocolError, RendezvousError
 from ..wire import Frame, Kind
@@ -26,9 +28,16 @@ from .base import Transport
 from .connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
 
 CONNECT_RETRY = 0.05
+FRESH_EMPTY_MIN = 64 * 1024
 #: how long an incoming peer link waits for its session to be set up here
 #: (the peer may have finished the rendezvous a moment before us)
 SESSION_WAIT = 10.0
+
+
+def _fresh(nbytes: int) -> memoryview | None:
+    """A buffer for a payload nobody posted a receive for yet: uninitialized
+    memory for large ones (``bytearray`` would zero it first, a wasted pass)."""
+    return memoryview(np.empty(nbytes, dtype=np.uint8)) if nbytes >= FRESH_EMPTY_MIN else None
 
 
 class Listener:
@@ -160,7 +169,8 @@ class TcpTransport(Transport):
     def attach(self, peer: int, proto: FramedProtocol) -> None:
         self.links[peer] = proto
         mailbox = self.mailbox
-        proto.decoder.sink = lambda kind, header, n: mailbox.sink(peer, header, n) if kind == Kind.DATA else None
+        proto.decoder.sink = lambda kind, header, n: (mailbox.sink(peer, header, n) or _fresh(n)
+                                                      if kind == Kind.DATA else None)
         proto.on_lost = functools.partial(self._on_lost, peer)
         proto.on_frame = functools.partial(self._on_frame, peer)
         while proto.queue:
