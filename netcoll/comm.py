@@ -193,12 +193,24 @@ class Communicator(CommBase):
         check_op_dtype(rop, x.dtype)
         root = self._check_root(root)
         algo = self._pick("reduce", algorithm, x.nbytes)
-        buf = contiguous_copy(x, out if self.rank == root else None)
+        kw: dict[str, Any] = {"segment_bytes": self.segment_bytes}
+        mine = out if self.rank == root else None
+        if algo == "ring" and self.world_size > 1:
+            # the ring reads our input where it needs it (non-roots need no buffer)
+            src = _contiguous(x)
+            if self.rank == root:
+                buf = _result(mine, x.shape, x.dtype)
+                src = _unaliased(src, buf)
+            else:
+                buf = None
+            kw["src"] = src.reshape(-1)
+        else:
+            buf = contiguous_copy(x, mine)
         if self.world_size > 1:
             fn = algorithms.ALGORITHMS["reduce"][algo]
             fp = self._fp("reduce", x=describe(x.dtype, x.shape), op=rop.value, root=root, algorithm=algo)
-            await self._run("reduce", fp, lambda ch: fn(ch, buf.reshape(-1), rop, root,
-                                                        segment_bytes=self.segment_bytes), timeout)
+            await self._run("reduce", fp, lambda ch: fn(ch, None if buf is None else buf.reshape(-1), rop, root,
+                                                        **kw), timeout)
         if self.rank != root:
             return None
         finalize(rop, buf, self.world_size)

@@ -573,6 +573,7 @@ def _collective_calls(P: int, count: int) -> dict[str, Callable[[Channel], Await
     for algo, fn in ALGORITHMS["broadcast"].items():
         calls[f"broadcast/{algo}"] = lambda ch, fn=fn: fn(ch, np.ones(count, np.float32), 0, segment_bytes=256)
     calls["reduce/tree"] = lambda ch: tree.reduce(ch, np.ones(count, np.float32), "sum", 0, segment_bytes=256)
+    calls["reduce/ring"] = lambda ch: ring.reduce(ch, np.ones(count, np.float32), "sum", 0, segment_bytes=256)
     for algo, fn in ALGORITHMS["all_gather"].items():
         calls[f"all_gather/{algo}"] = lambda ch, fn=fn: fn(ch, np.ones(P * count, np.float32), segment_bytes=256)
     calls["reduce_scatter/ring"] = lambda ch: ring.reduce_scatter(
@@ -760,7 +761,8 @@ def test_choose() -> None:
     assert choose("all_reduce", 1 << 20, 4) == "tree" and choose("all_reduce", 1 << 20, 2) == "ring"
     assert choose("all_reduce", 1 << 24, 8) == "ring"
     assert choose("broadcast", 1024, 8) == "tree"
-    assert choose("reduce", 1 << 24, 8) == "tree"
+    assert choose("reduce", 1 << 24, 8) == "ring" and choose("reduce", 1 << 24, 2) == "tree"
+    assert choose("reduce", (4 << 20) - 1, 4) == "tree" and choose("reduce", 4 << 20, 3) == "ring"
     with pytest.raises(ValueError):
         choose("all_reduce_typo", 1, 1)
 
@@ -784,3 +786,51 @@ async def test_bad_arguments_raise_before_sending() -> None:
 
     await world.run(body)
     assert [t.frames_sent for t in world.hub.transports] == [0, 0]
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 5])
+@pytest.mark.parametrize("count", [0, 1, 7, 1001])
+async def test_ring_reduce_every_root_and_input_form(P: int, count: int) -> None:
+    """Uneven chunks, every root, and the three ways to hand in the input:
+    ``buf`` alone (the root copies it), ``src`` with the root's result
+    ``buf``, and ``src`` alone away from the root."""
+    xs = [np.arange(count, dtype=np.int64) * (k + 1) + k for k in range(P)]
+    keep = [x.copy() for x in xs]
+    want = sum(xs)
+    for root in range(P):
+        world = World(P)
+
+        async def plain(ch: Channel) -> np.ndarray:
+            buf = xs[ch.rank].copy()
+            await ring.reduce(ch, buf, "sum", root, segment_bytes=24)
+            return buf
+
+        res = await world.run(plain)
+        np.testing.assert_array_equal(res[root], want)
+
+        async def with_src(ch: Channel) -> np.ndarray | None:
+            out = np.full(count, -1, np.int64) if ch.rank == root else None
+            await ring.reduce(ch, out, "sum", root, segment_bytes=24, src=xs[ch.rank])
+            return out
+
+        res = await World(P).run(with_src)
+        np.testing.assert_array_equal(res[root], want)
+    for x, k in zip(xs, keep):  # a src is only read
+        np.testing.assert_array_equal(x, k)
+
+
+async def test_ring_reduce_argument_errors() -> None:
+    world = World(2)
+
+    async def bad(ch: Channel) -> list[str]:
+        errors = []
+        for call in (lambda: ring.reduce(ch, None, "sum", 0),
+                     lambda: ring.reduce(ch, np.ones(3), "sum", 5),
+                     lambda: ring.reduce(ch, np.ones(3), "sum", 0, src=np.ones(4)) if ch.rank == 0 else
+                     ring.reduce(ch, None, "sum", 0, segment_bytes=0)):
+            with pytest.raises(ValueError) as info:
+                await call()
+            errors.append(str(info.value))
+        return errors
+
+    assert all(len(e) == 3 for e in await world.run(bad))

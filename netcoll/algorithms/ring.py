@@ -1,4 +1,4 @@
-"""Ring algorithms: all_reduce, reduce_scatter, all_gather, and the chain broadcast.
+"""Ring algorithms: all_reduce, reduce_scatter, reduce, all_gather, and the chain broadcast.
 
 The ring all_reduce works as follows (Gloo's ``allreduce.cc``). The ranks form
 a ring, rank ``r`` sending to ``r+1`` and receiving from ``r-1``. The buffer of
@@ -73,7 +73,7 @@ from ._common import (
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["all_gather", "all_reduce", "broadcast", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "broadcast", "reduce", "reduce_scatter"]
 
 
 def _segments(bounds: list[tuple[int, int]], itemsize: int, segment_bytes: int) -> list[list[tuple[int, int]]]:
@@ -110,6 +110,71 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
         return
     segs = _segments(split(data.size, P), data.itemsize, segment_bytes)
     await _ring(ch, data, op, segs, first=r, reduce_steps=P - 1, total_steps=2 * (P - 1), src=src)
+
+
+async def reduce(ch: Channel, buf: np.ndarray | None, op: ReduceOp | str, root: int, *,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, src: np.ndarray | None = None) -> None:
+    """Ring reduce: a ring reduce-scatter of ``P`` nearly equal chunks (rank
+    ``r`` ends with chunk ``r`` reduced), then every rank sends its chunk
+    straight to ``root``. Bytes per rank: ``(P-1)/P N`` sent and reduced, plus
+    ``N/P`` to the root, against the binomial tree's ``N`` per level at the
+    root; non-roots need no ``N``-sized buffer.
+
+    Args:
+        buf: the root's result (C-contiguous, writeable; ``avg`` left as a
+            sum). Elsewhere: the input, or ``None`` when ``src`` is given.
+        src: this rank's input, read only (at the root: not overlapping
+            ``buf``); default ``buf``, which the root then cannot use in place,
+            so it copies it first.
+    Bits: chunk ``c`` is reduced in the order ``((x[c+1] op x[c+2]) op ...) op
+    x[c]`` (ranks mod P), as reduce_scatter's blocks.
+    """
+    op = parse_op(op)
+    check_segment_bytes(segment_bytes)
+    check_root(ch, root)
+    P, r = ch.size, ch.rank
+    if src is None:
+        if buf is None:
+            raise ValueError("reduce: pass buf, src or both")
+        src = flat(buf, writeable=False)
+        if r == root:
+            src = src.copy()  # the result is written over it while it is still being read
+    else:
+        src = flat(src, "src", writeable=False)
+    check_op_dtype(op, src.dtype)
+    data = None
+    if r == root:
+        data = flat(buf, "buf") if buf is not None else None
+        if data is None or data.dtype != src.dtype or data.size != src.size or (
+                data.size and np.may_share_memory(data, src)):
+            raise ValueError("reduce: the root's buf must match src in size and dtype and not overlap it")
+    if P == 1:
+        if data is not None:
+            data[...] = src
+        return
+    chunks = _segments(split(src.size, P), src.itemsize, segment_bytes)
+    S = len(chunks[0])
+    senders = [k for k in range(P) if k != root]
+
+    def plan(i: int) -> tuple[int, int, int, np.ndarray]:
+        k, j = senders[i // S], i % S
+        a, b = chunks[k][j]
+        return k, P - 1, j, data[a:b]  # type: ignore[index]
+
+    # The root posts the other chunks up front: they land in place.
+    count = len(senders) * S if r == root else 0
+    async with RecvWindow(ch, plan, count, count) as finals:
+        await finals.start()
+        lo, hi = chunks[r][0][0], chunks[r][-1][1]
+        if data is not None:
+            await _reduce_scatter_chunks(ch, src, data[lo:hi], op, chunks)
+        else:
+            with scratch(1, hi - lo, src.dtype) as (mine,):
+                await _reduce_scatter_chunks(ch, src, mine, op, chunks)
+                for j, (a, b) in enumerate(chunks[r]):
+                    await ch.send(root, mine[a - lo:b - lo], step=P - 1, chunk=j)
+        for i in range(count):
+            await finals.get(i)
 
 
 async def all_gather(ch: Channel, buf: np.ndarray, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
@@ -156,39 +221,46 @@ async def reduce_scatter(ch: Channel, buf: np.ndarray, op: ReduceOp | str, out: 
     if P == 1:
         dst[...] = data
         return
-    segs = split(B, num_segments(B * data.itemsize, segment_bytes))
-    longest = max(b - a for a, b in segs)
-    depth = scratch_depth(len(segs) + 2, longest * data.itemsize)
+    chunks = _segments([(c * B, (c + 1) * B) for c in range(P)], data.itemsize, segment_bytes)
+    await _reduce_scatter_chunks(ch, data, dst, op, chunks)
+
+
+async def _reduce_scatter_chunks(ch: Channel, data: np.ndarray, dst: np.ndarray, op: ReduceOp,
+                                 chunks: list[list[tuple[int, int]]]) -> None:
+    longest = max(b - a for chunk in chunks for a, b in chunk)
+    depth = scratch_depth(len(chunks[0]) + 2, longest * data.itemsize)
     with scratch(depth, longest, data.dtype) as bufs:
-        await _reduce_scatter_steps(ch, data, dst, op, segs, bufs)
+        await _reduce_scatter_steps(ch, data, dst, op, chunks, bufs)
 
 
 async def _reduce_scatter_steps(ch: Channel, data: np.ndarray, dst: np.ndarray, op: ReduceOp,
-                                segs: list[tuple[int, int]], scratch: list[np.ndarray]) -> None:
-    P, r, S, depth, B = ch.size, ch.rank, len(segs), len(scratch), dst.size
+                                chunks: list[list[tuple[int, int]]], scratch: list[np.ndarray]) -> None:
+    """``chunks[c]``: the ``S`` segments (element bounds in ``data``) of block
+    ``c``; blocks may differ in size. ``dst``: block ``ch.rank``'s size."""
+    P, r, S, depth = ch.size, ch.rank, len(chunks[0]), len(scratch)
     right, left = (r + 1) % P, (r - 1) % P
+    base = chunks[r][0][0]  # dst[0] is data element ``base`` of block r
     # Step t (0..P-2) sends block r-1-t and receives block r-2-t; the last
-    # step brings block r, which is received straight into ``out``. The
-    # partial sums live in scratch (``incoming op own``), so buf is read-only.
+    # step brings block r, which is received straight into ``dst``. The
+    # partial sums live in scratch (``incoming op own``), so data is read-only.
 
     def plan(i: int) -> tuple[int, int, int, np.ndarray]:
         t, j = divmod(i, S)
-        a, b = segs[j]
-        dest = dst[a:b] if t == P - 2 else scratch[i % depth][:b - a]
+        a, b = chunks[(r - 2 - t) % P][j]
+        dest = dst[a - base:b - base] if t == P - 2 else scratch[i % depth][:b - a]
         return left, t, j, dest
 
     async with RecvWindow(ch, plan, (P - 1) * S, depth) as window:
         await window.start()
         for i in range((P - 1) * S):
             t, j = divmod(i, S)
-            a, b = segs[j]
             if t == 0:
-                c0 = (r - 1) % P
-                await ch.send(right, data[c0 * B + a:c0 * B + b], step=0, chunk=j)
+                a, b = chunks[(r - 1) % P][j]
+                await ch.send(right, data[a:b], step=0, chunk=j)
             await window.get(i)
-            c = (r - 2 - t) % P
+            a, b = chunks[(r - 2 - t) % P][j]
             acc = plan(i)[3]
-            reduce_into(op, acc, data[c * B + a:c * B + b])
+            reduce_into(op, acc, data[a:b])
             if t < P - 2:
                 await ch.send(right, acc, step=t + 1, chunk=j)
 
