@@ -154,12 +154,14 @@ class Communicator(CommBase):
     async def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None,
                         algorithm: str = "auto") -> np.ndarray:
         """Root's ``x`` to every rank. Non-roots pass ``None`` (shape and dtype
-        travel with the data) or a buffer to receive into."""
+        travel with the data) or a buffer to receive into, which is returned.
+        The root's result is ``x`` itself (sent without a copy, never
+        modified) when it is a C-contiguous numpy array, else a contiguous copy."""
         root = self._check_root(root)
         algo = self._pick("broadcast", algorithm, 0)
         meta: dict[str, Any] | None = None
         if self.rank == root:
-            arr = contiguous_copy(as_array(x))
+            arr = _contiguous(as_array(x))
             meta = meta_of(arr)
         elif x is not None:
             arr = check_out(x, x.shape, as_array(x).dtype, "broadcast buffer")

@@ -114,6 +114,13 @@ async def test_broadcast_into_buffer_and_big() -> None:
     for r in range(4):
         np.testing.assert_array_equal(res[r], x)
     assert res[2] is bufs[2]
+    assert res[1] is x  # the root sends its own array without copying it (and never writes to it)
+    ro = x[::2].copy()
+    ro.flags.writeable = False  # a read-only root array is fine; a strided one is copied first
+    res = await run_world(3, lambda c: c.broadcast(ro if c.rank == 0 else None))
+    assert res[0] is ro and all(np.array_equal(r, ro) for r in res)
+    res = await run_world(2, lambda c: c.broadcast(x[::2] if c.rank == 0 else None))
+    assert res[0].flags.c_contiguous and all(np.array_equal(r, x[::2]) for r in res)
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)

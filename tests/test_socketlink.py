@@ -190,8 +190,10 @@ async def test_close_sends_everything_queued_first() -> None:
         done = client.transport.writev([memoryview(payload)])  # type: ignore[union-attr]
         client.transport.close()  # type: ignore[union-attr]
         assert client.transport.is_closing()  # type: ignore[union-attr]
-        with pytest.raises(RuntimeError):
+        with pytest.raises(ConnectionResetError):
             client.transport.write(b"x")  # type: ignore[union-attr]
+        with pytest.raises(ConnectionResetError):
+            client.transport.writev([b"x"])  # type: ignore[union-attr]
         server.transport.resume_reading()  # type: ignore[union-attr]
         assert await asyncio.wait_for(client.lost, 20) is None
         assert done is not None and done.done() and done.exception() is None
@@ -225,6 +227,8 @@ async def test_write_eof_half_closes_and_the_other_side_still_talks() -> None:
         assert client.transport.can_write_eof()  # type: ignore[union-attr]
         client.transport.write_eof()  # type: ignore[union-attr]
         client.transport.write_eof()  # type: ignore[union-attr]  # idempotent
+        with pytest.raises(RuntimeError):
+            client.transport.write(b"late")  # type: ignore[union-attr]
         await asyncio.wait_for(server.lost, 5)  # EOF -> eof_received() False -> closed
         assert server.eof and bytes(server.data) == b"bye"
         assert await asyncio.wait_for(client.lost, 5) is None  # its EOF reached us
@@ -245,7 +249,7 @@ async def test_peer_reset_reports_an_error() -> None:
                 break
             try:
                 client.transport.write(b"x" * 65536)  # type: ignore[union-attr]
-            except RuntimeError:
+            except ConnectionResetError:
                 break
             await asyncio.sleep(0.01)
         exc = await asyncio.wait_for(client.lost, 5)

@@ -362,3 +362,21 @@ async def test_embedded_example() -> None:
     rc, out, err = await run_example(os.path.join(EXAMPLES, "embedded.py"))
     assert rc == 0, out + err
     assert out.strip() == "[1.5 1.5 1.5]", out
+
+
+async def test_send_on_a_link_the_peer_is_closing_is_peer_lost() -> None:
+    """Between the peer's EOF (our side starts closing) and the link's loss
+    being reported, a send must fail as PeerLost, not as some other error."""
+    async with world(2) as comms:
+        t0 = comms[0].transport
+        assert isinstance(t0, tcp.TcpTransport)
+        link = t0.links[1]
+        link.transport.close()  # what an EOF from the peer does here
+        header = {"g": "x", "q": 0, "f": "f", "s": 0, "c": 0}
+        for payload in (memoryview(b"tiny"), memoryview(bytearray(1 << 20))):  # the write and writev paths
+            with pytest.raises(PeerLost) as info:
+                await t0.send(1, Kind.DATA, header, payload)
+            assert info.value.ranks == (1,)
+        # the same race one level down: the link object itself raises a ConnectionError
+        with pytest.raises(ConnectionError):
+            await link.send(Kind.DATA, header, memoryview(bytearray(1 << 20)))

@@ -128,10 +128,15 @@ class SocketTransport(asyncio.Transport):
             self.close()
 
     # -- writing ------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if self._closing or self._lost:  # closed here, by the peer (EOF), or broken
+            raise ConnectionResetError("the connection is closing")
+        if self._eof_pending:
+            raise RuntimeError("cannot write after write_eof()")
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data``; what the socket cannot take now is copied and sent later."""
-        if self._eof_pending or self._closing:
-            raise RuntimeError("cannot write after close() or write_eof()")
+        self._check_writable()
         if not data:
             return
         view = memoryview(data).cast("B")
@@ -161,8 +166,7 @@ class SocketTransport(asyncio.Transport):
         the kernel took every byte at once, else a future that completes when
         it has (until then the caller must leave the buffers unchanged, or call
         :meth:`detach` with the future)."""
-        if self._eof_pending or self._closing:
-            raise RuntimeError("cannot write after close() or write_eof()")
+        self._check_writable()
         views = [memoryview(b).cast("B") for b in buffers]
         views = [v for v in views if len(v)]
         if not views:

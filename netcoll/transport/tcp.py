@@ -195,7 +195,10 @@ class TcpTransport(Transport):
             self._bye.add(peer)
             self.links[peer].close()
         elif kind == Kind.PING:
-            self.links[peer].write(Kind.PONG, {})
+            try:
+                self.links[peer].write(Kind.PONG, {})
+            except ConnectionError:
+                pass  # the link is closing: its loss is reported on its own
         elif kind != Kind.PONG:
             self.links[peer].fail(ProtocolError(f"unexpected {kind.name} frame on a peer link"), tell_peer=True)
 
@@ -205,12 +208,18 @@ class TcpTransport(Transport):
 
     async def send(self, peer: int, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
         link = self.links.get(peer)
-        if link is None or link.lost is not None:
+        if link is None or link.lost is not None or link.transport is None or link.transport.is_closing():
             if self.closed:
                 raise CommunicatorClosed("transport is closed")
-            cause = self.mailbox.dead.get(peer) or (link.lost if link else "not linked")
+            cause = self.mailbox.dead.get(peer) or (link.lost if link else None) or (
+                "connection closing" if link else "not linked")
             raise PeerLost(f"no connection to rank {peer}: {cause}", ranks=(peer,))
-        await link.send(kind, header, payload)
+        try:
+            await link.send(kind, header, payload)
+        except ConnectionError as exc:  # the link broke (or the peer left) under this send
+            if self.closed:
+                raise CommunicatorClosed("transport is closed") from None
+            raise PeerLost(f"lost connection to rank {peer}: {exc}", ranks=(peer,)) from None
 
     async def close(self) -> None:
         if self.closed:
