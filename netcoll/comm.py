@@ -311,8 +311,8 @@ class Communicator(CommBase):
                                                         segment_bytes=self.segment_bytes), timeout)
         return out
 
-    async def scatter(self, x: Any = None, root: int = 0, *, timeout: float | None = None,
-                      algorithm: str = "auto") -> np.ndarray:
+    async def scatter(self, x: Any = None, root: int = 0, *, out: np.ndarray | None = None,
+                      timeout: float | None = None, algorithm: str = "auto") -> np.ndarray:
         """Row ``rank`` of the root's ``x`` to each rank.
 
         Args:
@@ -321,9 +321,13 @@ class Communicator(CommBase):
                 (uneven sizes; rank ``k`` gets ``x[k]``). Others: ignored
                 (pass ``None``): shape and dtype travel with the data.
             root: the scattering rank.
+            out: a C-contiguous array of one row's shape and dtype to receive
+                into and return. Every rank passes one or none (a rank that
+                does and one that does not make a mismatch error); the root's
+                ``x`` must then be an array (not a list) of rows of that shape.
 
         Returns:
-            ``x[rank]`` of the root's ``x`` (a new array).
+            ``x[rank]`` of the root's ``x`` (a new array, or ``out``).
 
         Raises:
             ValueError / TypeError (at the root, before any byte is sent): no
@@ -331,6 +335,8 @@ class Communicator(CommBase):
         """
         root = self._check_root(root)
         algo = self._pick("scatter", algorithm, 0)
+        if out is not None:
+            return await self._scatter_into(x, root, out, algo, timeout)
         blocks: list[np.ndarray] | None = None
         if self.rank == root:
             if _is_list(x):
@@ -350,6 +356,31 @@ class Communicator(CommBase):
             return array_from_meta(meta, memoryview(buf))
 
         return await self._run("scatter", self._fp("scatter", root=root, algorithm=algo), body, timeout)
+
+    async def _scatter_into(self, x: Any, root: int, out: Any, algo: str, timeout: float | None) -> np.ndarray:
+        """scatter with ``out=``: every rank knows the row's shape, so the
+        blocks go straight into ``out`` (no metadata, no allocation)."""
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+        out = check_out(as_array(out, "out"), out.shape, out.dtype)
+        whole: np.ndarray | None = None
+        if self.rank == root:
+            if _is_list(x):
+                raise ValueError("scatter: out= needs the root's x as one array of rows, not a list")
+            whole = _contiguous(as_array(x))
+            leading_ranks(whole, self.world_size, "scatter")
+            if whole.shape[1:] != out.shape or whole.dtype != out.dtype:
+                raise ValueError(f"scatter: out is {describe(out.dtype, out.shape)} but the rows of x are "
+                                 f"{describe(whole.dtype, whole.shape[1:])}")
+            whole = _unaliased(whole, out, whole[root])
+        if self.world_size == 1:
+            out[...] = whole[0]  # type: ignore[index]
+            return out
+        fp = self._fp("scatter", x=describe(out.dtype, out.shape), root=root, algorithm=algo, out=True)
+        await self._run("scatter", fp, lambda ch: algorithms.direct.scatter(
+            ch, None if whole is None else _flat_bytes(whole), _flat_bytes(out), root,
+            segment_bytes=self.segment_bytes), timeout)
+        return out
 
     async def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", *, out: np.ndarray | None = None,
                              timeout: float | None = None, algorithm: str = "auto") -> np.ndarray:

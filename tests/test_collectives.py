@@ -187,16 +187,19 @@ async def test_out_buffers_are_filled_and_returned(n: int) -> None:
         x = xs[c.rank]
         outs = {name: np.full(shape, -1, np.float32) for name, shape in
                 (("ag", (n, n, 5)), ("g", (n, n, 5)), ("rs", (5,)), ("a2a", (n, 5)))}
+        outs["sc"] = np.full((5,), -1, np.float32)
         got = {"ag": await c.all_gather(x, out=outs["ag"]),
                "g": await c.gather(x, root=n - 1, out=outs["g"]),
                "rs": await c.reduce_scatter(x, out=outs["rs"]),
-               "a2a": await c.all_to_all(x, out=outs["a2a"])}
+               "a2a": await c.all_to_all(x, out=outs["a2a"]),
+               "sc": await c.scatter(xs[0] if c.rank == 0 else None, root=0, out=outs["sc"])}
         return outs, got
 
     res = await run_world(n, run)
     for r, (outs, got) in enumerate(res):
-        for name in ("ag", "rs", "a2a"):
+        for name in ("ag", "rs", "a2a", "sc"):
             assert got[name] is outs[name]
+        np.testing.assert_array_equal(outs["sc"], xs[0][r])
         np.testing.assert_array_equal(outs["ag"], full)
         np.testing.assert_array_equal(outs["rs"], full.sum(axis=0)[r])
         np.testing.assert_array_equal(outs["a2a"], full[:, r])
@@ -252,7 +255,11 @@ async def test_bad_out_buffers_are_refused_before_sending() -> None:
                      lambda: c.reduce_scatter(x, out=np.empty((4,), np.float32)),
                      lambda: c.reduce_scatter([x[0], x[1]], out=np.empty((3,), np.float32)),
                      lambda: c.all_to_all(x, out=np.empty((3, 2), np.float32)),
-                     lambda: c.all_to_all([x[0], x[1]], out=np.empty((2, 3), np.float32))):
+                     lambda: c.all_to_all([x[0], x[1]], out=np.empty((2, 3), np.float32)),
+                     lambda: c.scatter(x, out=np.empty((2,), np.float32)) if c.rank == 0 else
+                     c.scatter(None, out=[0.0, 1.0]),
+                     lambda: c.scatter([x[0], x[1]], out=np.empty((3,), np.float32)) if c.rank == 0 else
+                     c.scatter(None, out=np.empty((3,), np.float32)[::-1])):
             with pytest.raises((ValueError, TypeError)) as info:
                 await call()
             errors.append(str(info.value))
@@ -325,3 +332,20 @@ async def test_ring_reading_the_input_in_place_gives_the_same_bits() -> None:
     for r in range(4):
         assert inplace[r] is xs[r]
         assert direct[r].tobytes() == inplace[r].tobytes() == direct[0].tobytes()
+
+
+async def test_scatter_into_out_is_a_different_call_from_scatter_without() -> None:
+    """scatter with out= on some ranks and without on others is a mismatch
+    (the two move different messages), reported on every rank, never a hang."""
+    from netcoll import CollectiveError
+    from .conftest import run_world_settled
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+
+    async def run(c):  # type: ignore[no-untyped-def]
+        if c.rank == 1:
+            return await c.scatter(None, out=np.empty(2, np.float32), timeout=5)
+        return await c.scatter(x if c.rank == 0 else None, timeout=5)
+
+    res = await run_world_settled(3, run)
+    assert isinstance(res[1], CollectiveError), res
+    assert any(isinstance(r, CollectiveError) for r in (res[0], res[2]))

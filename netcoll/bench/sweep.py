@@ -10,8 +10,8 @@ wrong elements of all ranks are added up (``#wrong``, as in nccl-tests).
 Only out-of-place calls are measured: the input array is never the output.
 Results go to preallocated buffers, like nccl-tests' separate receive buffer
 (and the peers' benchmarks): ``out=`` for all_reduce, reduce, all_gather,
-gather, reduce_scatter and all_to_all, a receive buffer for broadcast;
-scatter returns new arrays. Verification runs one more, untimed call into
+gather, scatter, reduce_scatter and all_to_all, a receive buffer for
+broadcast's non-roots. Verification runs one more, untimed call into
 buffers first filled with ``0xA5`` bytes, so a call that wrote nothing cannot
 pass on an earlier call's result.
 
@@ -171,7 +171,7 @@ def _call(comm: Any, g: Geometry, cfg: SweepConfig, x: np.ndarray | None,
     if op == "gather":
         return lambda: comm.gather(x, root=root, out=out, **kw)
     if op == "scatter":
-        return lambda: comm.scatter(x if comm.rank == root else None, root=root, **kw)
+        return lambda: comm.scatter(x if comm.rank == root else None, root=root, out=out, **kw)
     if op == "all_to_all":
         return lambda: comm.all_to_all(x, out=out, **kw)
     raise ValueError(f"unknown collective {op!r}")
@@ -180,7 +180,7 @@ def _call(comm: Any, g: Geometry, cfg: SweepConfig, x: np.ndarray | None,
 def _out_buffer(op: str, g: Geometry, n: int, rank: int, root: int, dt: np.dtype) -> np.ndarray | None:
     """The preallocated result buffer of one rank for ``op`` (None: the call allocates)."""
     b = g.block
-    shape = {"all_gather": (n, b), "gather": (n, b), "reduce_scatter": (b,), "all_to_all": (n, b),
+    shape = {"all_gather": (n, b), "gather": (n, b), "reduce_scatter": (b,), "all_to_all": (n, b), "scatter": (b,),
              "all_reduce": g.input_shape, "reduce": g.input_shape, "broadcast": g.input_shape}.get(op)
     if shape is None or (op in ("reduce", "gather") and rank != root) or (op == "broadcast" and rank == root):
         return None
@@ -239,7 +239,7 @@ async def run_sweep(comm: Any, cfg: SweepConfig, *, on_event: Event | None = Non
             y = await call()
             durations[i] = clock() - ts
         total = clock() - t0
-        if cfg.check and op != "scatter":  # verify a call (on every rank) into poisoned buffers
+        if cfg.check:  # verify one more call (on every rank) into poisoned buffers
             if out is not None:
                 out.reshape(-1).view(np.uint8).fill(0xA5)
             y = await call()
