@@ -407,6 +407,16 @@ def test_compare_report_ratios_and_targets(tmp_path) -> None:
     compare.write_doc(str(doc), text)
     out = doc.read_text()
     assert out.startswith("# hand written") and out.endswith("tail\n") and "STALE" not in out and "2.00 g" in out
+    # a dedicated latency run, when there is one, decides the 4-byte target (not the sweep's row)
+    from netcoll.bench.common import make_row
+    g = geometry("all_reduce", 4, np.float32, 4)
+    slow = make_row(g, redop="sum", root=0, seconds=300e-6, median_seconds=300e-6, min_seconds=250e-6,
+                    wrong=0, requested=4, iters=500, impl="netcoll")
+    results["runs"]["4"]["latency"] = {"netcoll": slow}
+    verdicts = {t.split(": ", 1)[1].split(":")[0]: (m, v) for t, m, v in compare.targets(results)}
+    measured, verdict = verdicts["all_reduce of 4 bytes"]
+    assert verdict == "NOT met" and "300 µs" in measured and "500 calls" in measured
+    assert "over 500 calls" in compare.render(results, {})
 
 
 @pytest.mark.tcp
