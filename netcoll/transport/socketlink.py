@@ -141,16 +141,8 @@ class SocketTransport(asyncio.Transport):
             return
         view = memoryview(data).cast("B")
         if not self._queue:
-            try:
-                n = self._sock.send(view)
-            except _RETRY:
-                n = 0
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:  # noqa: BLE001
-                self._fatal(exc)
-                return
-            if n == len(view):
+            n = self._send_now([view])
+            if n is None or n == len(view):
                 return
             view = view[n:]
         if not isinstance(data, bytes) or view.obj is not data:
@@ -172,14 +164,8 @@ class SocketTransport(asyncio.Transport):
         if not views:
             return None
         if not self._queue:
-            try:
-                n = self._sock.sendmsg(views[:IOV_MAX]) if len(views) > 1 else self._sock.send(views[0])
-            except _RETRY:
-                n = 0
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:  # noqa: BLE001
-                self._fatal(exc)
+            n = self._send_now(views)
+            if n is None:
                 return None
             while views and n >= len(views[0]):
                 n -= len(views.pop(0))
@@ -189,6 +175,19 @@ class SocketTransport(asyncio.Transport):
         done = self._loop.create_future()
         self._enqueue(views, done)
         return done
+
+    def _send_now(self, views: list[memoryview]) -> int | None:
+        """Bytes of ``views`` the socket takes right now (0 when it is full);
+        ``None`` after an error, which has closed the transport."""
+        try:
+            return self._sock.sendmsg(views[:IOV_MAX]) if len(views) > 1 else self._sock.send(views[0])
+        except _RETRY:
+            return 0
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a reset, or the fd closed under us
+            self._fatal(exc)
+            return None
 
     def detach(self, done: asyncio.Future[None]) -> None:
         """The caller of :meth:`writev` stops guaranteeing its buffers: copy
@@ -215,16 +214,9 @@ class SocketTransport(asyncio.Transport):
     def _write_ready(self) -> None:
         queue = self._queue
         while queue:
-            views = [item.view for item in _first(queue, IOV_MAX)]
-            try:
-                n = self._sock.sendmsg(views) if len(views) > 1 else self._sock.send(views[0])
-            except _RETRY:
-                return
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:  # noqa: BLE001
-                self._fatal(exc)
-                return
+            n = self._send_now([item.view for item in _first(queue, IOV_MAX)])
+            if not n:
+                return  # the socket is still full, or the connection broke
             self._queued -= n
             while queue and n >= len(queue[0].view):
                 item = queue.popleft()
