@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 from ..errors import CollectiveAborted, CollectiveError, MismatchError, PeerLost
 
-SlotKey = tuple[int, int, int]
-SUCCEEDED_KEPT = 64  # (src world rank, step, chunk)
+SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
+SUCCEEDED_KEPT = 64  # recent successful operations remembered per group (for late aborts)
 
 
 #: the error of a finished operation (``take`` after ``close`` is a bug in the caller)
