@@ -265,3 +265,35 @@ async def test_daemon_cancels_its_job_when_the_coordinator_goes() -> None:
         for d in c.daemons:
             d.request_stop()
         await asyncio.wait_for(asyncio.gather(*c.tasks, return_exceptions=True), 10)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
+                                "reduce_scatter", "all_to_all"])
+async def test_job_iterations_reuse_the_first_result_buffer(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's calls after the first write into the first call's result (no
+    allocation per iteration) and the last result still verifies."""
+    import netcoll.service.runner as runner
+    from netcoll.service.jobs import JobSpec, generate_input, verify
+
+    from .conftest import run_world
+
+    spec = JobSpec(op=op, size=4096, iters=3, warmup=2, root=1)
+    seen: dict[int, list[int]] = {}
+    real = runner.call
+
+    async def spy(comm, s, x, out=None):  # type: ignore[no-untyped-def]
+        y = await real(comm, s, x, out)
+        seen.setdefault(comm.rank, []).append(0 if y is None else id(y))
+        return y
+
+    monkeypatch.setattr(runner, "call", spy)
+
+    async def rank(c):  # type: ignore[no-untyped-def]
+        x = generate_input(spec, c.rank, c.world_size)
+        y, timings, _ = await runner.run_collective(c, spec, x)
+        return verify(spec, c.rank, c.world_size, y), len(timings)
+
+    res = await run_world(3, rank)
+    assert all(ok for (ok, _), _n in res) and all(n == 3 for _, n in res), res
+    for r, ids in seen.items():
+        assert len(ids) == 5 and len(set(ids)) == 1, (r, ids)  # one result object for all five calls

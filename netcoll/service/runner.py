@@ -16,27 +16,28 @@ from .jobs import JobSpec
 Progress = Callable[[int, int], Awaitable[None]]
 
 
-async def call(comm: Communicator, spec: JobSpec, x: np.ndarray | None) -> Any:
-    """One call of the job's collective with this rank's input ``x``."""
+async def call(comm: Communicator, spec: JobSpec, x: np.ndarray | None, out: np.ndarray | None = None) -> Any:
+    """One call of the job's collective with this rank's input ``x``; ``out``
+    (optional): the result buffer of an earlier call, reused."""
     op, root, algo = spec.op, spec.root, spec.algorithm
     if op in ("broadcast", "scatter", "reduce", "gather") and root >= comm.world_size:
         raise ValueError(f"root {root} is out of range for {comm.world_size} ranks")
     if op == "all_reduce":
-        return await comm.all_reduce(x, op=spec.reduce_op, algorithm=algo)
+        return await comm.all_reduce(x, op=spec.reduce_op, out=out, algorithm=algo)
     if op == "broadcast":
-        return await comm.broadcast(x if comm.rank == root else None, root=root, algorithm=algo)
+        return await comm.broadcast(x if comm.rank == root else out, root=root, algorithm=algo)
     if op == "reduce":
-        return await comm.reduce(x, op=spec.reduce_op, root=root, algorithm=algo)
+        return await comm.reduce(x, op=spec.reduce_op, root=root, out=out, algorithm=algo)
     if op == "all_gather":
-        return await comm.all_gather(x, algorithm=algo)
+        return await comm.all_gather(x, out=out, algorithm=algo)
     if op == "gather":
-        return await comm.gather(x, root=root, algorithm=algo)
+        return await comm.gather(x, root=root, out=out, algorithm=algo)
     if op == "scatter":
-        return await comm.scatter(x if comm.rank == root else None, root=root, algorithm=algo)
+        return await comm.scatter(x if comm.rank == root else None, root=root, out=out, algorithm=algo)
     if op == "reduce_scatter":
-        return await comm.reduce_scatter(x, op=spec.reduce_op, algorithm=algo)
+        return await comm.reduce_scatter(x, op=spec.reduce_op, out=out, algorithm=algo)
     if op == "all_to_all":
-        return await comm.all_to_all(x, algorithm=algo)
+        return await comm.all_to_all(x, out=out, algorithm=algo)
     if op == "barrier":
         return await comm.barrier(algorithm=algo)
     if op in ("put", "get", "delete"):
@@ -66,12 +67,17 @@ async def run_collective(comm: Communicator, spec: JobSpec, x: np.ndarray | None
     if spec.op in ("put", "get", "delete"):
         return x, [], 0 if x is None else int(x.nbytes)
     y: Any = None
-    for _ in range(spec.warmup):
-        y = await call(comm, spec, x)
     timings = []
-    for i in range(spec.iters):
+    for i in range(-spec.warmup, spec.iters):
+        # After the first call, results go into its result array, as an application
+        # reusing its buffers would (no allocation, no page faults in the loop). A
+        # broadcast root's result is its input: that one is not reused. (scatter
+        # wants out= on every rank or none: every rank has a result after call one.)
+        out = y if isinstance(y, np.ndarray) and y is not x else None
         t0 = time.perf_counter()
-        y = await call(comm, spec, x)
+        y = await call(comm, spec, x, out)
+        if i < 0:
+            continue
         timings.append(time.perf_counter() - t0)
         if progress is not None:
             await progress(i + 1, spec.iters)
