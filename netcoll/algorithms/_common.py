@@ -25,13 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
 from ..errors import MismatchError
-from ..ops import ReduceOp, check_op_dtype, parse_op
+from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -240,6 +240,66 @@ async def gather_all(tasks: Sequence[asyncio.Future[Any]]) -> list[Any]:
     except BaseException:
         await drain(tasks)
         raise
+
+
+async def exchange(ch: Channel, peer: int, step: int, send: np.ndarray | None, recv: np.ndarray | None,
+                   segment_bytes: int, fold: tuple[ReduceOp, np.ndarray, np.ndarray] | None = None) -> None:
+    """Send ``send`` to ``peer`` and/or receive ``recv`` from it, each cut into
+    segments by its own size (the peer cuts the same sizes the same way), the
+    receives posted before anything is sent. With ``fold = (op, acc, other)``
+    (``other`` being ``recv``) each received segment ``[a:b]`` is folded as it
+    arrives: ``acc[a:b] = acc[a:b] op other[a:b]``."""
+    if recv is not None and recv.nbytes <= segment_bytes and (send is None or send.nbytes <= segment_bytes):
+        got = ch.post(peer, step=step, chunk=0, out=recv)  # one message each way: every small call
+        if send is not None:
+            await ch.send(peer, send, step=step, chunk=0)
+        await got
+        if fold is not None:
+            reduce_into(*fold)
+        return
+    rsegs = [] if recv is None else split(recv.size, num_segments(recv.nbytes, segment_bytes))
+
+    def plan(j: int) -> tuple[int, int, int, np.ndarray]:
+        a, b = rsegs[j]
+        return peer, step, j, recv[a:b]  # type: ignore[index]
+
+    async with RecvWindow(ch, plan, len(rsegs), 4 * RELAY_WINDOW) as window:
+        await window.start()
+        if send is not None:
+            for j, (a, b) in enumerate(split(send.size, num_segments(send.nbytes, segment_bytes))):
+                await ch.send(peer, send[a:b], step=step, chunk=j)
+        for j, (a, b) in enumerate(rsegs):
+            await window.get(j)
+            if fold is not None:
+                op, acc, other = fold
+                reduce_into(op, acc[a:b], other[a:b])
+
+
+def power_of_two_below(n: int) -> int:
+    """The largest power of two ``<= n`` (``n >= 1``)."""
+    return 1 << (n.bit_length() - 1)
+
+
+async def fold_extra_ranks(ch: Channel, data: np.ndarray, op: ReduceOp, final_step: int, segment_bytes: int,
+                           core: Callable[[], Awaitable[None]]) -> None:
+    """Run ``core`` (an all_reduce of ``data`` among the first ``P'`` ranks,
+    ``P'`` the largest power of two ``<= P``, using steps ``1..final_step-1``)
+    on any ``P``: each extra rank ``r >= P'`` first hands its data to
+    ``r-P'``, which folds it in (``mine op theirs``, step 0), and afterwards
+    gets the result back from it (``final_step``)."""
+    P, r = ch.size, ch.rank
+    p2 = power_of_two_below(P)
+    if r >= p2:
+        await exchange(ch, r - p2, 0, data, None, segment_bytes)
+        await exchange(ch, r - p2, final_step, None, data, segment_bytes)
+        return
+    if r + p2 < P:
+        theirs = np.empty_like(data)
+        await exchange(ch, r + p2, 0, None, theirs, segment_bytes, (op, data, theirs))
+        del theirs
+    await core()
+    if r + p2 < P:
+        await exchange(ch, r + p2, final_step, data, None, segment_bytes)
 
 
 async def relay(ch: Channel, src: int | None, dsts: Sequence[int], buf: np.ndarray | None,

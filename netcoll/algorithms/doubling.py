@@ -46,13 +46,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ops import ReduceOp, reduce_into
+from ..ops import ReduceOp
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RELAY_WINDOW,
     RecvWindow,
+    exchange,
+    fold_extra_ranks,
     gather_args,
     num_segments,
+    power_of_two_below,
     reduction_args,
     split,
 )
@@ -78,68 +81,23 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
     P, r = ch.size, ch.rank
     if P == 1:
         return
-    p2 = 1 << (P.bit_length() - 1)
-    rounds = p2.bit_length() - 1
-    final_step = rounds + 1
-    segs = split(data.size, num_segments(data.nbytes, segment_bytes))
+    rounds = power_of_two_below(P).bit_length() - 1
 
-    if r >= p2:  # an extra rank: hand the data in, get the result back
-        partner = r - p2
-        await _exchange(ch, partner, 0, data, None, segs)
-        await _exchange(ch, partner, final_step, None, data, segs)
-        return
+    async def core() -> None:
+        other = np.empty_like(data)
+        acc = data
+        for k in range(rounds):
+            partner = r ^ (1 << k)
+            # lo op hi: the lower rank folds into its accumulator, the higher one
+            # into its receive buffer (and the buffers swap roles below).
+            fold = (op, acc, other) if r < partner else (op, other, acc)
+            await exchange(ch, partner, k + 1, acc, other, segment_bytes, fold)
+            if r > partner:
+                acc, other = other, acc
+        if acc is not data:
+            data[...] = acc
 
-    other = np.empty_like(data)
-    acc = data
-    if r + p2 < P:  # fold in the extra rank r+p2: acc = mine op theirs
-        await _exchange(ch, r + p2, 0, None, other, segs, (op, acc, other))
-    for k in range(rounds):
-        partner = r ^ (1 << k)
-        # lo op hi: the lower rank folds into its accumulator, the higher one
-        # into its receive buffer (and the buffers swap roles below).
-        fold = (op, acc, other) if r < partner else (op, other, acc)
-        await _exchange(ch, partner, k + 1, acc, other, segs, fold)
-        if r > partner:
-            acc, other = other, acc
-    if acc is not data:
-        data[...] = acc
-    if r + p2 < P:
-        await _exchange(ch, r + p2, final_step, data, None, segs)
-
-
-async def _exchange(ch: Channel, peer: int, step: int, send: np.ndarray | None, recv: np.ndarray | None,
-                    segs: list[tuple[int, int]], fold: tuple[ReduceOp, np.ndarray, np.ndarray] | None = None) -> None:
-    """Send ``send`` and/or receive into ``recv``, segment by segment, with
-    the receives posted first; with ``fold = (op, acc, other)``, each segment
-    ``[a:b]`` is folded as it arrives: ``acc[a:b] = acc[a:b] op other[a:b]``."""
-    if recv is None:
-        assert send is not None
-        for j, (a, b) in enumerate(segs):
-            await ch.send(peer, send[a:b], step=step, chunk=j)
-        return
-    if len(segs) == 1:  # one message each way (every small all_reduce): no window to manage
-        got = ch.post(peer, step=step, chunk=0, out=recv)
-        if send is not None:
-            await ch.send(peer, send, step=step, chunk=0)
-        await got
-        if fold is not None:
-            reduce_into(*fold)
-        return
-
-    def plan(j: int) -> tuple[int, int, int, np.ndarray]:
-        a, b = segs[j]
-        return peer, step, j, recv[a:b]
-
-    async with RecvWindow(ch, plan, len(segs), 4 * RELAY_WINDOW) as window:
-        await window.start()
-        if send is not None:
-            for j, (a, b) in enumerate(segs):
-                await ch.send(peer, send[a:b], step=step, chunk=j)
-        for j, (a, b) in enumerate(segs):
-            await window.get(j)
-            if fold is not None:
-                op, acc, other = fold
-                reduce_into(op, acc[a:b], other[a:b])
+    await fold_extra_ranks(ch, data, op, rounds + 1, segment_bytes, core)
 
 
 async def barrier(ch: Channel, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:

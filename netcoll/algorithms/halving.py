@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops import ReduceOp, reduce_into, reduce_to
-from ._common import (DEFAULT_SEGMENT_BYTES, RELAY_WINDOW, RecvWindow, num_segments, reduction_args, scratch,
-                      split)
+from ._common import DEFAULT_SEGMENT_BYTES, exchange, fold_extra_ranks, power_of_two_below, reduction_args, scratch
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -48,60 +47,32 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
     P, r = ch.size, ch.rank
     if P == 1:
         return
-    p2 = 1 << (P.bit_length() - 1)
+    p2 = power_of_two_below(P)
     rounds = p2.bit_length() - 1
-    last = 2 * rounds + 1  # the step on which extra ranks get the result
-    if r >= p2:  # an extra rank: hand the data in, get the result back
-        await _swap(ch, r - p2, 0, data, None, segment_bytes)
-        await _swap(ch, r - p2, last, None, data, segment_bytes)
-        return
-    with scratch(1, max(1, (data.size + 1) // 2), data.dtype) as (tmp,):
-        if r + p2 < P:  # fold in the extra rank r+p2: mine op theirs (the lower rank on the left)
-            whole = np.empty_like(data)
-            await _swap(ch, r + p2, 0, None, whole, segment_bytes)
-            reduce_into(op, data, whole)
-            del whole
+
+    async def core() -> None:
         ranges = []  # (lo, hi, mid) of every halving round
         lo, hi = 0, data.size
-        for i in range(rounds):
+        with scratch(1, max(1, (data.size + 1) // 2), data.dtype) as (tmp,):
+            for i in range(rounds):  # reduce-scatter: halve the range each round
+                partner = r ^ (p2 >> (i + 1))
+                mid = lo + (hi - lo) // 2
+                keep, give = ((lo, mid), (mid, hi)) if r < partner else ((mid, hi), (lo, mid))
+                other = tmp[:keep[1] - keep[0]]
+                await exchange(ch, partner, 1 + i, data[give[0]:give[1]], other, segment_bytes)
+                mine = data[keep[0]:keep[1]]
+                if r < partner:
+                    reduce_into(op, mine, other)       # mine op theirs
+                else:
+                    reduce_to(op, mine, other, mine)   # theirs op mine
+                ranges.append((lo, hi, mid))
+                lo, hi = keep
+        for i in reversed(range(rounds)):  # all-gather: retrace the rounds
             partner = r ^ (p2 >> (i + 1))
-            mid = lo + (hi - lo) // 2
-            keep, give = ((lo, mid), (mid, hi)) if r < partner else ((mid, hi), (lo, mid))
-            other = tmp[:keep[1] - keep[0]]
-            await _swap(ch, partner, 1 + i, data[give[0]:give[1]], other, segment_bytes)
-            mine = data[keep[0]:keep[1]]
-            if r < partner:
-                reduce_into(op, mine, other)       # mine op theirs
-            else:
-                reduce_to(op, mine, other, mine)   # theirs op mine
-            ranges.append((lo, hi, mid))
-            lo, hi = keep
-    for i in reversed(range(rounds)):  # all-gather: retrace the rounds
-        partner = r ^ (p2 >> (i + 1))
-        plo, phi, mid = ranges[i]
-        theirs = (mid, phi) if r < partner else (plo, mid)
-        await _swap(ch, partner, 1 + rounds + (rounds - 1 - i), data[lo:hi], data[theirs[0]:theirs[1]],
-                    segment_bytes)
-        lo, hi = plo, phi
-    if r + p2 < P:
-        await _swap(ch, r + p2, last, data, None, segment_bytes)
+            plo, phi, mid = ranges[i]
+            theirs = (mid, phi) if r < partner else (plo, mid)
+            await exchange(ch, partner, 1 + rounds + (rounds - 1 - i), data[lo:hi], data[theirs[0]:theirs[1]],
+                           segment_bytes)
+            lo, hi = plo, phi
 
-
-async def _swap(ch: Channel, peer: int, step: int, send: np.ndarray | None, recv: np.ndarray | None,
-                segment_bytes: int) -> None:
-    """Send ``send`` to ``peer`` and/or receive ``recv`` from it, each cut into
-    segments by its own size (the peer cuts the same sizes the same way);
-    receives are posted before anything is sent."""
-    rsegs = [] if recv is None else split(recv.size, num_segments(recv.nbytes, segment_bytes))
-
-    def plan(j: int) -> tuple[int, int, int, np.ndarray]:
-        a, b = rsegs[j]
-        return peer, step, j, recv[a:b]  # type: ignore[index]
-
-    async with RecvWindow(ch, plan, len(rsegs), 4 * RELAY_WINDOW) as window:
-        await window.start()
-        if send is not None:
-            for j, (a, b) in enumerate(split(send.size, num_segments(send.nbytes, segment_bytes))):
-                await ch.send(peer, send[a:b], step=step, chunk=j)
-        for j in range(len(rsegs)):
-            await window.get(j)
+    await fold_extra_ranks(ch, data, op, 2 * rounds + 1, segment_bytes, core)
