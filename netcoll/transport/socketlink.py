@@ -10,8 +10,8 @@ drop-in ``asyncio.Transport`` for a ``BufferedProtocol`` that instead
   the socket did not take as *memoryviews of the caller's buffers*
   (:meth:`SocketTransport.writev`, whose future tells the caller when the
   kernel has every byte and the buffers may change again);
-* reads until the socket is drained (a bounded number of ``recv_into`` calls
-  per readiness event), straight into the buffers the protocol hands out;
+* reads with one ``recv_into`` per readiness event, straight into the
+  buffers the protocol hands out;
 * still copies what plain :meth:`write` queues, so ``write`` keeps asyncio's
   "the caller may reuse the buffer at once" contract.
 
@@ -25,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import itertools
 import socket
 from typing import Any, Callable
 
-MAX_READS = 1  # recv_into calls per readable event: measured, more delays forwarding in pipelines
 IOV_MAX = 64  # buffers per sendmsg call
 _RETRY = (BlockingIOError, InterruptedError)
 
@@ -88,38 +88,25 @@ class SocketTransport(asyncio.Transport):
             self._reading = True
 
     def _read_ready(self) -> None:
-        proto, sock = self._protocol, self._sock
-        for _ in range(MAX_READS):
-            try:
-                buf = proto.get_buffer(-1)
-                if not len(buf):
-                    raise RuntimeError("get_buffer() returned an empty buffer")
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:  # noqa: BLE001
-                self._fatal(exc)
-                return
-            try:
-                n = sock.recv_into(buf)
-            except _RETRY:
-                return
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:  # noqa: BLE001 - a reset, or the fd closed under us
-                self._fatal(exc)
-                return
-            if not n:
-                self._eof()
-                return
-            try:
-                proto.buffer_updated(n)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:  # noqa: BLE001
-                self._fatal(exc)
-                return
-            if n < len(buf) or not self._reading:
-                return  # most likely drained: let the selector say when there is more
+        """One ``recv_into`` per readable event, straight into the protocol's
+        buffer (reading until drained measured slower: it delays forwarding in
+        pipelined collectives)."""
+        try:
+            buf = self._protocol.get_buffer(-1)
+            if not len(buf):
+                raise RuntimeError("get_buffer() returned an empty buffer")
+            n = self._sock.recv_into(buf)
+            if n:
+                self._protocol.buffer_updated(n)
+        except _RETRY:
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a reset, the fd closed under us, or a protocol bug
+            self._fatal(exc)
+            return
+        if not n:
+            self._eof()
 
     def _eof(self) -> None:
         self.pause_reading()
@@ -214,7 +201,7 @@ class SocketTransport(asyncio.Transport):
     def _write_ready(self) -> None:
         queue = self._queue
         while queue:
-            n = self._send_now([item.view for item in _first(queue, IOV_MAX)])
+            n = self._send_now([item.view for item in itertools.islice(queue, IOV_MAX)])
             if not n:
                 return  # the socket is still full, or the connection broke
             self._queued -= n
@@ -334,15 +321,6 @@ class SocketTransport(asyncio.Transport):
             self._sock.close()
 
 
-def _first(queue: collections.deque[_Item], n: int) -> list[_Item]:
-    out = []
-    for item in queue:
-        out.append(item)
-        if len(out) == n:
-            break
-    return out
-
-
 async def connect(host: str, port: int, protocol_factory: Callable[[], asyncio.BufferedProtocol], *,
                   local_host: str | None = None) -> tuple[SocketTransport, asyncio.BufferedProtocol]:
     """Connect to ``host:port`` (every address it resolves to, in turn) and
@@ -424,4 +402,4 @@ class Listener:
             self.sock = None
 
 
-__all__ = ["SocketTransport", "Listener", "connect", "MAX_READS", "IOV_MAX"]
+__all__ = ["SocketTransport", "Listener", "connect", "IOV_MAX"]
