@@ -19,15 +19,13 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Coordinator": ".rendezvous", "connect": ".session", "Communicator": ".comm", "Client": ".service",
-    "JobSpec": ".service", "ReduceOp": ".ops",
-    **{name: ".errors" for name in (
-        "NetcollError", "ProtocolError", "AuthenticationError", "RendezvousError", "RendezvousTimeout",
-        "CommunicatorClosed", "CollectiveError", "CollectiveTimeout", "PeerLost", "MismatchError",
-        "CollectiveAborted")},
+    "JobSpec": ".service", "ReduceOp": ".ops", "Work": ".operation", "Reason": ".operation",
+    **dict.fromkeys(("NetcollError", "ProtocolError", "AuthenticationError", "RendezvousError", "RendezvousTimeout", "CommunicatorClosed", "CollectiveError", "CollectiveTimeout", "PeerLost", "MismatchError", "CollectiveAborted", "CollectiveCancelled", "CollectiveClosed", "LimitExceeded"), ".errors"),
 }
 
 __all__ = [
-    "AuthenticationError", "Client", "CollectiveAborted", "CollectiveError", "CollectiveTimeout",
+    "AuthenticationError", "Client", "CollectiveAborted", "CollectiveCancelled", "CollectiveClosed",
+    "CollectiveError", "CollectiveTimeout", "LimitExceeded", "Reason", "Work",
     "Communicator", "CommunicatorClosed", "Coordinator", "JobSpec", "MismatchError", "NetcollError",
     "PeerLost", "ProtocolError", "ReduceOp", "RendezvousError", "RendezvousTimeout", "__version__",
     "connect",
@@ -35,9 +33,23 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .comm import Communicator
-    from .errors import (AuthenticationError, CollectiveAborted, CollectiveError, CollectiveTimeout,
-                         CommunicatorClosed, MismatchError, NetcollError, PeerLost, ProtocolError,
-                         RendezvousError, RendezvousTimeout)
+    from .errors import (
+        AuthenticationError,
+        CollectiveAborted,
+        CollectiveCancelled,
+        CollectiveClosed,
+        CollectiveError,
+        CollectiveTimeout,
+        CommunicatorClosed,
+        LimitExceeded,
+        MismatchError,
+        NetcollError,
+        PeerLost,
+        ProtocolError,
+        RendezvousError,
+        RendezvousTimeout,
+    )
+    from .operation import Reason, Work
     from .ops import ReduceOp
     from .rendezvous import Coordinator
     from .service import Client, JobSpec

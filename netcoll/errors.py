@@ -8,15 +8,25 @@ Hierarchy::
     ├── AuthenticationError      token missing or wrong
     ├── RendezvousError          join refused (duplicate rank, world-size disagreement, ...)
     │   └── RendezvousTimeout    group never filled; lists who joined and who is missing
-    ├── CollectiveError          a collective failed; carries .op, .seq, .ranks
+    ├── CollectiveError          a collective failed; carries .op, .seq, .ranks, .reason
     │   ├── CollectiveTimeout    deadline passed; .ranks = peers that never delivered
     │   ├── PeerLost             a connection to a peer broke; .ranks = the lost peers
     │   ├── MismatchError        ranks called different collectives/shapes/dtypes at one step
-    │   └── CollectiveAborted    another rank failed this collective and told us why
+    │   ├── LimitExceeded        a peer declared more than a configured limit allows
+    │   ├── CollectiveAborted    another rank failed this collective and told us why
+    │   │   └── CollectiveCancelled   the collective was cancelled (.ranks = the cancelling rank)
+    │   └── CollectiveClosed     the communicator closed under the collective (also a CommunicatorClosed)
     └── CommunicatorClosed       the communicator was closed
+
+``CollectiveError.reason`` is the one typed value that says how an operation
+ended (:class:`netcoll.operation.Reason`: peer lost, timeout, mismatch,
+cancelled, closed, limit exceeded, aborted elsewhere, error); the class follows
+from it. The failure rules themselves live in :mod:`netcoll.operation`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class NetcollError(Exception):
@@ -59,6 +69,8 @@ class CollectiveError(NetcollError):
         self.op = op
         self.seq = seq
         self.ranks = tuple(ranks)
+        #: how the operation ended (a :class:`netcoll.operation.Reason`); set by the operation
+        self.reason: Any = None
 
 
 class CollectiveTimeout(CollectiveError, TimeoutError):
@@ -79,8 +91,22 @@ class CollectiveAborted(CollectiveError):
     message carries that rank's reason."""
 
 
+class CollectiveCancelled(CollectiveAborted):
+    """The collective was cancelled on ``ranks`` (a ``Work.cancel()`` or a
+    cancelled awaiting task); every other rank of the group gets this."""
+
+
+class LimitExceeded(CollectiveError):
+    """A peer declared a size beyond a configured limit; nothing was allocated for it."""
+
+
+class CollectiveClosed(CollectiveError, CommunicatorClosed):
+    """The communicator (or its transport) closed while the collective ran."""
+
+
 __all__ = [
     "NetcollError", "ProtocolError", "AuthenticationError", "RendezvousError",
     "RendezvousTimeout", "CommunicatorClosed", "CollectiveError", "CollectiveTimeout",
-    "PeerLost", "MismatchError", "CollectiveAborted",
+    "PeerLost", "MismatchError", "CollectiveAborted", "CollectiveCancelled", "LimitExceeded",
+    "CollectiveClosed",
 ]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from netcoll.errors import CollectiveAborted, MismatchError, PeerLost
+from netcoll.operation import Reason
 from netcoll.transport.mailbox import Mailbox
 from netcoll.wire import FrameDecoder, Kind, encode
 
@@ -82,7 +83,7 @@ async def test_abort_for_an_op_that_succeeded_here_fails_the_next_one() -> None:
     assert "broadcast #0 failed on rank 1" in str(nxt.error) and "mismatch x vs y" in str(nxt.error)
     mb.close(nxt)
     failed = mb.open("g", 2, "fp", (0, 1), "x")  # an abort for an op that failed here too: nothing more
-    failed.fail(CollectiveAborted("boom"))
+    failed.fail_with(Reason.ABORTED, "boom")
     mb.close(failed)
     mb.on_abort(1, {"g": "g", "q": 2, "reason": "r", "origin": 1, "cause": "error"})
     assert mb.open("g", 3, "fp", (0, 1), "x").error is None

@@ -1,0 +1,140 @@
+"""What every collective's plan shares: algorithm choice, root checks, call
+fingerprints, and the array helpers that keep inputs unmodified and results
+in the caller's buffers.
+
+A *plan* (one function per collective in :mod:`.reducing`, :mod:`.moving`,
+:mod:`.p2p`) checks the arguments — raising ``ValueError``/``TypeError``
+before any byte is sent — and returns either a :class:`~netcoll.engine.Call`
+to issue or :class:`Done` (nothing to communicate, e.g. a group of one).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import algorithms
+from ..arrays import as_array, check_out
+from ..engine import Call, Engine
+from ..ops import BFLOAT16
+
+FP_CACHE_MAX = 256
+
+
+@dataclass(slots=True)
+class Done:
+    """A call that needs no communication: its result."""
+
+    value: Any
+
+
+Plan = Call | Done
+
+
+def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> str:
+    """The algorithm to run (``"auto"``: by size and world size)."""
+    table = algorithms.ALGORITHMS[name]
+    if algorithm == "auto":
+        return algorithms.choose(name, nbytes, e.world_size)
+    if algorithm not in table:
+        raise ValueError(f"{name} has no algorithm {algorithm!r}; choose one of "
+                         f"{', '.join(['auto', *sorted(table)])}")
+    return algorithm
+
+
+def pick_v(name: str, algorithm: str, only: str) -> str:
+    """The algorithm of an uneven ("v") collective: there is one, ``only``."""
+    if algorithm not in ("auto", only):
+        raise ValueError(f"{name} of uneven sizes (a list / uneven=True) has no algorithm {algorithm!r}; "
+                         f"choose 'auto' or {only!r}")
+    return only
+
+
+def check_root(e: Engine, root: Any) -> int:
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < e.world_size:
+        raise ValueError(f"root must be a rank in 0..{e.world_size - 1}, got {root!r}")
+    return int(root)
+
+
+def fp(e: Engine, name: str, *, segmented: bool = True, **parts: Any) -> str:
+    """The call's fingerprint, sent with every frame. ``segmented``: the
+    message pattern depends on ``segment_bytes``, so it is part of it (ranks
+    with different segment sizes would otherwise exchange mis-cut messages)."""
+    if segmented:
+        parts["segment_bytes"] = e.segment_bytes
+    return _format_fp(name, tuple(parts.items()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _format_fp(name: str, parts: tuple[tuple[str, Any], ...]) -> str:
+    return f"{name}({', '.join(f'{k}={v}' for k, v in parts)})"
+
+
+def flat_bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def is_list(x: Any) -> bool:
+    """Uneven ("v") input: a list or tuple of per-rank arrays."""
+    return isinstance(x, (list, tuple))
+
+
+def dtype_name(dt: np.dtype) -> str:
+    return "bfloat16" if dt == BFLOAT16 else dt.name
+
+
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when C-contiguous (it is only read), else a C-contiguous copy."""
+    return a if a.flags.c_contiguous else np.array(a, order="C", copy=True)
+
+
+def result(out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The caller's ``out`` (checked) or a new array for a collective's result."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    return check_out(out, shape, dtype)
+
+
+def unaliased(x: np.ndarray, out: np.ndarray, in_place: np.ndarray | None = None) -> np.ndarray:
+    """``x``, or a copy of it if it overlaps ``out`` (other than being exactly
+    ``in_place``, the part of ``out`` it belongs in): an input the result
+    would overwrite while it is still being sent."""
+    if not np.may_share_memory(x, out):
+        return x
+    if (in_place is not None and x.shape == in_place.shape and x.strides == in_place.strides
+            and x.__array_interface__["data"][0] == in_place.__array_interface__["data"][0]):
+        return x
+    return np.array(x, order="C", copy=True)
+
+
+def array_list(x: Any, world_size: int, what: str) -> list[np.ndarray]:
+    """Check an uneven ("v") argument: ``world_size`` arrays of one supported
+    dtype (any shapes). Raises before any byte is sent."""
+    arrs = [as_array(a, f"{what}[{k}]") for k, a in enumerate(x)]
+    if len(arrs) != world_size:
+        raise ValueError(f"{what} needs one array per rank: a list of world_size={world_size} arrays, "
+                         f"got {len(arrs)}")
+    dtypes = sorted({dtype_name(a.dtype) for a in arrs})
+    if len(dtypes) > 1:
+        raise TypeError(f"{what}: every array of the list must have the same dtype, got {', '.join(dtypes)}")
+    return [contiguous(a) for a in arrs]
+
+
+def shapes(arrs: list[np.ndarray]) -> str:
+    """The shapes of a list for a fingerprint (a digest when long: the
+    fingerprint rides on every frame)."""
+    text = ";".join(f"[{','.join(map(str, a.shape))}]" for a in arrs)
+    if len(text) <= 200:
+        return text
+    return f"{len(arrs)} shapes sha1:{hashlib.sha1(text.encode()).hexdigest()[:16]}"
+
+
+def check_uneven(uneven: Any) -> bool:
+    if not isinstance(uneven, bool):
+        raise TypeError(f"uneven must be True or False, got {uneven!r}")
+    return uneven

@@ -1,0 +1,125 @@
+"""The operation state machine and the mailbox's routing, without any
+transport: states, first-cause-wins failures, and the exactly-once
+``released`` accounting that flow control relies on."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from netcoll.errors import CollectiveAborted, CollectiveCancelled, CollectiveClosed, PeerLost
+from netcoll.operation import Failure, Operation, Reason, State
+from netcoll.transport.mailbox import Mailbox
+
+
+def hdr(q: int = 0, s: int = 0, c: int = 0, f: str = "fp", g: str = "g") -> dict[str, Any]:
+    return {"g": g, "q": q, "s": s, "c": c, "f": f}
+
+
+def ledger(mb: Mailbox) -> list[tuple[int, int]]:
+    log: list[tuple[int, int]] = []
+    mb.released = lambda src, n: log.append((src, n))
+    return log
+
+
+async def test_life_and_first_cause_wins() -> None:
+    op = Operation("g", 0, "fp", (0, 1), "x")
+    assert op.state is State.ISSUED
+    op.start()
+    fut = op.take((1, 0, 0), None)
+    assert op.fail(Failure(Reason.TIMEOUT, "late", (1,)))
+    assert not op.fail(Failure(Reason.PEER_LOST, "gone", (1,)))
+    assert op.state is State.FAILED and op.failure is not None and op.failure.reason is Reason.TIMEOUT
+    with pytest.raises(TimeoutError):
+        await fut
+    done = Operation("g", 1, "fp", (0, 1), "x")
+    done.start()
+    done.close()
+    assert done.state is State.SUCCEEDED
+    assert not done.fail(Failure(Reason.ERROR, "after the end"))
+
+
+@pytest.mark.parametrize(("cause", "cls"), [("cancelled", CollectiveCancelled), ("timeout", CollectiveAborted),
+                                            ("error", CollectiveAborted), ("whatever", CollectiveAborted)])
+async def test_abort_frames_become_typed_failures(cause: str, cls: type) -> None:
+    op = Operation("g", 0, "fp", (0, 1, 2), "all_reduce")
+    op.start()
+    op.on_abort({"g": "g", "q": 0, "origin": 2, "cause": cause, "reason": "why", "ranks": [2]}, 0)
+    assert type(op.error) is cls and op.error.ranks == (2,)  # type: ignore[union-attr]
+    assert op.failure is not None and op.failure.told  # not echoed back
+
+
+async def test_waiters_and_rts_end_with_the_operation() -> None:
+    op = Operation("g", 0, "fp", (0, 1), "x")
+    op.start()
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    op.watch(waiter)
+    answers: list[bool] = []
+    op.when_posted((1, 0, 0), answers.append)
+    op.take((1, 0, 0), None)
+    op.when_posted((1, 1, 0), answers.append)
+    assert answers == [True]
+    op.fail(Failure(Reason.PEER_LOST, "gone", (1,)))
+    assert answers == [True, False]
+    with pytest.raises(PeerLost):
+        await waiter
+    finished = Operation("g", 1, "fp", (0, 1), "x")
+    finished.start()
+    finished.close()
+    late: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    finished.watch(late)
+    with pytest.raises(CollectiveClosed):
+        await late
+
+
+async def test_released_once_for_every_held_payload() -> None:
+    mb = Mailbox(rank=0)
+    log = ledger(mb)
+    mb.deliver(1, hdr(q=0, c=0), memoryview(bytearray(10)))  # early: held
+    mb.deliver(1, hdr(q=0, c=1), memoryview(bytearray(20)))  # early: held, never taken
+    assert log == [] and mb.early_bytes == 30
+    op = mb.open("g", 0, "fp", (0, 1), "x")
+    await mb.take(op, (1, 0, 0), memoryview(bytearray(10)))
+    assert log == [(1, 10)]
+    mb.close(op)  # the untaken one is dropped
+    assert log == [(1, 10), (1, 20)] and mb.early_bytes == 0
+    mb.deliver(1, hdr(q=0, c=2), memoryview(bytearray(5)))  # late frame of a finished op
+    assert log[-1] == (1, 5)
+
+
+async def test_payload_written_in_place_is_never_released() -> None:
+    mb = Mailbox(rank=0)
+    log = ledger(mb)
+    op = mb.open("g", 0, "fp", (0, 1), "x")
+    out = memoryview(bytearray(8))
+    fut = mb.take(op, (1, 0, 0), out)
+    target = mb.sink(1, hdr(), 8)
+    assert target is out
+    mb.deliver(1, hdr(), target)
+    await fut
+    posted_none = mb.take(op, (1, 1, 0), None)  # a receive posted without a buffer
+    assert mb.sink(1, hdr(s=1), 4) is None
+    mb.deliver(1, hdr(s=1), memoryview(bytearray(4)))
+    await posted_none
+    mb.close(op)
+    assert log == [(1, 4)]
+
+
+async def test_when_posted_before_the_operation_opens() -> None:
+    mb = Mailbox(rank=0)
+    answers: list[bool] = []
+    mb.when_posted(1, hdr(q=3), answers.append)  # an RTS for a future operation
+    mb.when_posted(1, hdr(q=0, s=9), answers.append)
+    op0 = mb.open("g", 0, "fp", (0, 1), "x")
+    mb.close(op0)  # op 0 never posted step 9
+    assert answers == [False]
+    mb.when_posted(1, hdr(q=0), answers.append)  # a finished operation
+    assert answers == [False, False]
+    for q in (1, 2):
+        mb.close(mb.open("g", q, "fp", (0, 1), "x"))
+    op3 = mb.open("g", 3, "fp", (0, 1), "x")
+    mb.take(op3, (1, 0, 0), None)
+    assert answers == [False, False, True]
+    mb.close(op3)
