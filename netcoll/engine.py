@@ -98,7 +98,10 @@ class Engine:
 
     # -- issuing ---------------------------------------------------------------------
     def issue(self, call: Call, timeout: float | None) -> Work:
-        """Take the call's sequence number now and start running it."""
+        """Take the call's sequence number now and start running it: inline in
+        the task that awaits the Work first, if that happens before the loop's
+        next iteration (``await comm.all_reduce(x)``: no task of its own), else
+        in a task of its own (Works kept and awaited later, or never)."""
         if self.closed:
             raise CommunicatorClosed(f"the communicator of group {self.group!r} is closed")
         limit = self.timeout if timeout is None else check_timeout(timeout)
@@ -106,11 +109,18 @@ class Engine:
             call.seq, self.seq = self.seq, self.seq + 1
         loop = asyncio.get_running_loop()
         work = Work(call.name, call.seq, loop=loop)
-        task = loop.create_task(self._drive(work, call, limit))
-        self.running.add(task)
-        task.add_done_callback(self.running.discard)
-        work._cancel_op = functools.partial(_cancel, work, task)
+        work._drive = functools.partial(self._drive, work, call, limit)
+        loop.call_soon(self._start, work)
         return work
+
+    def _start(self, work: Work) -> None:
+        drive = work._drive
+        if drive is None:  # claimed by an awaiting task already
+            return
+        work._drive = None
+        task = work.get_loop().create_task(drive())
+        work._driver = task
+        self.running.add(task)
 
     # -- driving ---------------------------------------------------------------------
     async def _drive(self, work: Work, call: Call, limit: float) -> None:
@@ -125,7 +135,7 @@ class Engine:
             if call.post is not None:
                 value = call.post(value)
         except asyncio.CancelledError:
-            raise  # the loop is shutting down (the peers were told)
+            raise  # the awaiting task (or the loop) was cancelled: the peers were told
         except BaseException as exc:  # noqa: BLE001 - handed to the Work
             if not work.done():
                 work.set_exception(exc)
@@ -134,6 +144,7 @@ class Engine:
                 work.set_result(value)
         finally:
             mailbox.close(op)
+            self.running.discard(work._driver)  # type: ignore[arg-type]
 
     async def _run(self, op: Operation, work: Work, body: Body, limit: float) -> Any:
         if self.closed:
@@ -144,6 +155,7 @@ class Engine:
             loop = work.get_loop()
             task = asyncio.current_task(loop)
             assert task is not None
+            work._driver = task
             deadline = _Deadline(task)
             timer = loop.call_at(loop.time() + limit, deadline.expire)
             try:
@@ -152,11 +164,12 @@ class Engine:
                 finally:
                     timer.cancel()
             except asyncio.CancelledError:
-                if not deadline.expired:  # cancelled: by the Work, or by the loop shutting down
+                if not deadline.expired or task.uncancel() > deadline.cancelling:
+                    # cancelled: the Work, the task awaiting it, or the loop shutting down
                     op.fail(self._cancelled(op))
                     await self._abort(op)
-                    if work.cancelled():
-                        raise op.error from None  # type: ignore[misc]
+                    if not work.done():
+                        asyncio.Future.cancel(work)
                     raise
                 await self._time_out(op, limit)
             except Exception as exc:  # noqa: BLE001 - typed here; a bug in an algorithm still fails cleanly
@@ -178,15 +191,16 @@ class Engine:
                      f"{_ranks(waiting) or 'peers to read (send blocked)'}", waiting)
         await self._abort(op)
         await asyncio.sleep(min(TIMEOUT_GRACE, limit / 10))  # peers' own timeouts arrive as reports
+        reports = op.reports or {}
         chain, root, todo, seen = [], [], list(waiting), {me}
         while todo:
             w = todo.pop(0)
             if w in seen:
                 continue
             seen.add(w)
-            if w in op.reports:
-                chain.append(f"rank {w} was waiting for {_ranks(op.reports[w])}")
-                todo.extend(op.reports[w])
+            if w in reports:
+                chain.append(f"rank {w} was waiting for {_ranks(reports[w])}")
+                todo.extend(reports[w])
             else:
                 root.append(w)
         if chain:
@@ -209,23 +223,18 @@ class Engine:
 
 
 class _Deadline:
-    """Cancels ``task`` when it expires (the timer is armed by the caller)."""
+    """Cancels ``task`` when it expires (the timer is armed by the caller);
+    ``cancelling`` is the task's count of cancel requests before, so a
+    cancellation from elsewhere at the same time is told apart."""
 
-    __slots__ = ("task", "expired")
+    __slots__ = ("task", "cancelling", "expired")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task, self.expired = task, False
+        self.task, self.cancelling, self.expired = task, task.cancelling(), False
 
     def expire(self) -> None:
         self.expired = True
         self.task.cancel()
-
-
-def _cancel(work: Work, task: asyncio.Task[None]) -> None:
-    """``work.cancel()``: interrupt the running body (a body not started yet
-    sees ``work.cancelled()`` when it starts)."""
-    if work.op is not None and not task.done():
-        task.cancel()
 
 
 def _fail_from(op: Operation, exc: Exception, me: int) -> None:

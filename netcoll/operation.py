@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,12 +136,12 @@ class Operation:
         #: held (in a buffer of their own: released to the link when taken or dropped)
         self.arrived: dict[SlotKey, tuple[memoryview, dict[str, Any], bool]] = {}
         self.posted: dict[SlotKey, tuple[asyncio.Future[Any], memoryview | None]] = {}
-        #: group rank -> the group ranks it was waiting for when it timed out
-        self.reports: dict[int, list[int]] = {}
-        #: futures (a link's wait for credit, say) failed with the operation
-        self.waiters: list[asyncio.Future[Any]] = []
-        #: slot -> callbacks waiting for a receive to be posted there (a sender's RTS)
-        self.rts: dict[SlotKey, list[Callable[[bool], None]]] = {}
+        #: group rank -> the group ranks it was waiting for when it timed out (made when needed)
+        self.reports: dict[int, list[int]] | None = None
+        #: futures (a link's wait for credit, say) failed with the operation (made when needed)
+        self.waiters: list[asyncio.Future[Any]] | None = None
+        #: slot -> callbacks waiting for a receive to be posted there (a sender's RTS; made when needed)
+        self.rts: dict[SlotKey, list[Callable[[bool], None]]] | None = None
         self._loop = loop or asyncio.get_running_loop()
         self._release = release
 
@@ -173,10 +173,12 @@ class Operation:
         for fut, _ in self.posted.values():
             _set_exception(fut, exc)
         self.posted.clear()
-        for fut in self.waiters:
-            _set_exception(fut, exc)
-        self.waiters.clear()
-        self._end_rts()
+        if self.waiters:
+            for fut in self.waiters:
+                _set_exception(fut, exc)
+            self.waiters = None
+        if self.rts:
+            self._end_rts()
         return True
 
     def fail_with(self, reason: Reason, message: str, ranks: Any = (), **kw: Any) -> bool:
@@ -186,18 +188,21 @@ class Operation:
         """The operation's caller is done with it: drop what it holds. A
         successful operation that still has receives posted never waited for
         them, so they fail (CLOSED)."""
-        for key, (payload, _, held) in self.arrived.items():
-            if held:
-                self._released(key[0], payload)
-        self.arrived.clear()
+        if self.arrived:
+            for key, (payload, _, held) in self.arrived.items():
+                if held:
+                    self._released(key[0], payload)
+            self.arrived.clear()
         if self.posted:
             self.fail_with(Reason.CLOSED, f"{self.where()} was closed with receives still posted")
-        self.succeed()
-        for fut in self.waiters:
-            if not fut.done():
+        elif self.failure is None:
+            self.state = State.SUCCEEDED
+        if self.waiters:
+            for fut in self.waiters:
                 _set_exception(fut, CollectiveClosed(f"{self.where()} is finished", op=self.name, seq=self.seq))
-        self.waiters.clear()
-        self._end_rts()
+            self.waiters = None
+        if self.rts:
+            self._end_rts()
 
     # -- the receive side (called by algorithms through a Channel) -----------------------
     def take(self, key: SlotKey, out: memoryview | None) -> asyncio.Future[Any]:
@@ -268,6 +273,8 @@ class Operation:
         cause = reason_of(header["cause"])
         ranks = tuple(header.get("ranks") or (r,))
         if cause is Reason.TIMEOUT:
+            if self.reports is None:
+                self.reports = {}
             self.reports[r] = list(ranks)
         waiting = tuple(self.waiting_for())
         also = ""
@@ -295,6 +302,8 @@ class Operation:
     def watch(self, fut: asyncio.Future[Any]) -> None:
         """Fail ``fut`` with this operation's error if it ends first."""
         if self.state is State.RUNNING or self.state is State.ISSUED:
+            if self.waiters is None:
+                self.waiters = []
             self.waiters.append(fut)
             fut.add_done_callback(self._unwatch)
         elif not fut.done():
@@ -302,10 +311,8 @@ class Operation:
                                                                op=self.name, seq=self.seq))
 
     def _unwatch(self, fut: asyncio.Future[Any]) -> None:
-        try:
+        if self.waiters and fut in self.waiters:
             self.waiters.remove(fut)
-        except ValueError:
-            pass
 
     def when_posted(self, key: SlotKey, callback: Callable[[bool], None]) -> None:
         """``callback(True)`` once a receive is posted for ``key`` (now if it is),
@@ -313,12 +320,14 @@ class Operation:
         if key in self.posted:
             callback(True)
         elif self.state is State.RUNNING or self.state is State.ISSUED:
+            if self.rts is None:
+                self.rts = {}
             self.rts.setdefault(key, []).append(callback)
         else:
             callback(False)
 
     def _end_rts(self) -> None:
-        pending, self.rts = self.rts, {}
+        pending, self.rts = self.rts or {}, None
         for callbacks in pending.values():
             for callback in callbacks:
                 callback(False)
@@ -340,6 +349,9 @@ def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
         fut.exception()  # retrieved: the operation raises its error itself
 
 
+_future_init = asyncio.Future.__init__
+
+
 class Work(asyncio.Future[Any]):
     """An issued operation (``netcoll.Work``): its place in the group's
     sequence was fixed when the collective was called.
@@ -359,16 +371,30 @@ class Work(asyncio.Future[Any]):
             communication, e.g. on a group of one).
     """
 
+    __slots__ = ("name", "seq", "op", "_drive", "_driver")
+
     def __init__(self, name: str, seq: int | None, *, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
-        self.name, self.seq = name, seq
+        _future_init(self, loop=loop)  # (not super(): this is on every collective's path)
+        self.name = name
+        self.seq = seq
         self.op: Operation | None = None
-        self._cancel_op: Callable[[], None] | None = None
+        #: the operation's driver coroutine function, until a task claims it
+        self._drive: Callable[[], Coroutine[Any, Any, None]] | None = None
+        #: the task running the operation (the first awaiting task, or one of its own)
+        self._driver: asyncio.Task[Any] | None = None
 
     def __repr__(self) -> str:
         state = "pending" if not self.done() else "cancelled" if self.cancelled() else (
             "failed" if self.exception() is not None else "done")
         return f"<Work {self.name} #{self.seq} {state}>"
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        drive = self._drive
+        if drive is None or self.done():
+            return (yield from super().__await__())
+        self._drive = None  # run it in this task: no task of its own, no extra wake-ups
+        yield from drive().__await__()
+        return self.result()
 
     @classmethod
     def completed(cls, name: str, value: Any) -> Work:
@@ -381,9 +407,11 @@ class Work(asyncio.Future[Any]):
         """Cancel the operation here and abort it on every other rank."""
         if self.done():
             return False
-        if self._cancel_op is not None:
-            self._cancel_op()
-        return super().cancel(msg)
+        driver = self._driver
+        if driver is not None and self.op is not None and not driver.done():
+            driver.cancel(msg)  # interrupts the running body; it aborts on the peers
+            return True
+        return super().cancel(msg)  # not started: it aborts on the peers when it starts
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block this thread until the operation ends; return its result or

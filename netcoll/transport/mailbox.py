@@ -83,31 +83,39 @@ class Mailbox:
         key = (group, seq)
         if key in self.ops:
             raise RuntimeError(f"operation {key} is already open")
-        op = Operation(group, seq, fp, members, name, self._group_ranks(members), loop, self._release)
-        op.start()
+        rank_of = self._rank_of.get(members) or self._group_ranks(members)
+        op = Operation(group, seq, fp, members, name, rank_of, loop, self._release)
+        op.state = State.RUNNING
         self.ops[key] = op
-        self.next_seq[group] = max(self.next_seq.get(group, 0), seq + 1)
-        for w in members:
-            if w in self.dead and w not in self.departed:
-                op.lost(w, str(self.dead[w]), graceful=False)
-        abort = self.early_aborts.pop(key, None)
-        if abort is not None:
-            op.on_abort(abort, op.me(self.rank))
-        self._apply_late_abort(op)
-        for src, header, payload in self.early.pop(key, ()):
-            self.early_bytes -= payload.nbytes
-            op.deliver(src, header, payload, held=True)
-        for slot, callback in self.early_rts.pop(key, ()):
-            op.when_posted(slot, callback)
+        if seq >= self.next_seq.get(group, 0):
+            self.next_seq[group] = seq + 1
+        if self.dead:
+            for w in members:
+                if w in self.dead and w not in self.departed:
+                    op.lost(w, str(self.dead[w]), graceful=False)
+        if self.early_aborts:
+            abort = self.early_aborts.pop(key, None)
+            if abort is not None:
+                op.on_abort(abort, op.me(self.rank))
+        if self.late_aborts:
+            self._apply_late_abort(op)
+        if self.early:
+            for src, header, payload in self.early.pop(key, ()):
+                self.early_bytes -= payload.nbytes
+                op.deliver(src, header, payload, held=True)
+        if self.early_rts:
+            for slot, callback in self.early_rts.pop(key, ()):
+                op.when_posted(slot, callback)
         return op
 
     def close(self, op: Operation) -> None:
         """The engine is done with ``op``: stop in-place writes into its buffers."""
         self.ops.pop((op.group, op.seq), None)
-        for src in [s for s, o in self.filling.items() if o is op]:
-            del self.filling[src]  # the caller gets its buffer back: no more bytes into it
-            if self.divert is not None:
-                self.divert(src)
+        if self.filling:
+            for src in [s for s, o in self.filling.items() if o is op]:
+                del self.filling[src]  # the caller gets its buffer back: no more bytes into it
+                if self.divert is not None:
+                    self.divert(src)
         op.close()
         if op.state is State.SUCCEEDED:
             done = self.succeeded.setdefault(op.group, collections.OrderedDict())
