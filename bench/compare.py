@@ -6,7 +6,7 @@
     python3 bench/compare.py --from-json bench/results.json   # re-render the doc only
 
 For every world size it runs the same sweep (same sizes, same geometry and
-busbw factors: :mod:`netcoll.bench.common`) through
+busbw factors: :mod:`netcoll.bench.common` and :mod:`netcoll.collectives`) through
 
 * **Gloo**: ``torch.distributed`` with the gloo backend on CPU tensors,
   one process per rank, rendezvous over ``tcp://127.0.0.1`` (needs ``torch``;
@@ -44,8 +44,9 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from netcoll.bench.common import OPS, SweepConfig, format_size, parse_ops, parse_size  # noqa: E402
+from netcoll.bench.common import OPS, SweepConfig, parse_ops  # noqa: E402
 from netcoll.bench.local import BenchError, child_env, machine_facts, run_local  # noqa: E402
+from netcoll.sizes import format_size, size_arg  # noqa: E402
 
 PEERS_PY = os.path.join(ROOT, "bench", "peers.py")
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
@@ -63,8 +64,10 @@ def peer_available(peer: str) -> str | None:
     """None when ``peer`` can run here, else why not (with how to install it)."""
     if peer == "gloo":
         if importlib.util.find_spec("torch") is None:
-            return ("torch is not installed; install the CPU build (e.g. pip install torch==2.13.0 from a CPU "
-                    "wheel index), not the multi-GB CUDA one")
+            return (
+                "torch is not installed; install the CPU build (e.g. pip install torch==2.13.0 from a CPU "
+                "wheel index), not the multi-GB CUDA one"
+            )
         return None
     if peer == "mpi":
         missing = []
@@ -112,9 +115,16 @@ async def _run_processes(cmds: list[list[str]], env: dict[str, str], limit: floa
     try:
         for cmd in cmds:
             tails.append([])
-            procs.append(await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True))
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    *cmd,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
         await asyncio.wait_for(asyncio.gather(*(pump(i, p) for i, p in enumerate(procs))), limit)
     finally:
         for p in procs:
@@ -126,23 +136,61 @@ async def _run_processes(cmds: list[list[str]], env: dict[str, str], limit: floa
     if bad:
         i, code = bad[0]
         raise RuntimeError(f"process {i} exited with code {code}: " + "\n".join(tails[i][-12:]))
-    return {"rows": [e["row"] for e in events if e.get("event") == "row"],
-            "unsupported": [e for e in events if e.get("event") == "unsupported"],
-            "hello": [e for e in events if e.get("event") == "hello"]}
+    return {
+        "rows": [e["row"] for e in events if e.get("event") == "row"],
+        "unsupported": [e for e in events if e.get("event") == "unsupported"],
+        "hello": [e for e in events if e.get("event") == "hello"],
+    }
 
 
 async def run_gloo(cfg: SweepConfig, n: int, limit: float) -> dict[str, Any]:
     init = f"tcp://127.0.0.1:{_free_port()}"
     env = child_env({"GLOO_SOCKET_IFNAME": "lo"})
-    cmds = [[sys.executable, PEERS_PY, "gloo", "--rank", str(r), "--world-size", str(n), "--init", init,
-             "--config", json.dumps(cfg.to_json())] for r in range(n)]
+    cmds = [
+        [
+            sys.executable,
+            PEERS_PY,
+            "gloo",
+            "--rank",
+            str(r),
+            "--world-size",
+            str(n),
+            "--init",
+            init,
+            "--config",
+            json.dumps(cfg.to_json()),
+        ]
+        for r in range(n)
+    ]
     return await _run_processes(cmds, env, limit)
 
 
 def mpirun_command(n: int) -> list[str]:
-    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), "--bind-to", "none",
-            "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
-            "--mca", "oob_tcp_if_include", "lo", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"]
+    return [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        str(n),
+        "--bind-to",
+        "none",
+        "--mca",
+        "pml",
+        "ob1",
+        "--mca",
+        "btl",
+        "tcp,self",
+        "--mca",
+        "btl_tcp_if_include",
+        "lo",
+        "--mca",
+        "oob_tcp_if_include",
+        "lo",
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "OMP_NUM_THREADS",
+    ]
 
 
 async def run_mpi(cfg: SweepConfig, n: int, limit: float) -> dict[str, Any]:
@@ -160,16 +208,33 @@ async def run_netcoll(cfg: SweepConfig, n: int, limit: float, loop: str) -> dict
 
 async def measure_rss(n: int, loop: str) -> dict[str, Any]:
     """Peak RSS per rank during a 64 MiB all_reduce (unverified, so only the collective's own buffers)."""
-    cfg = SweepConfig(ops=["all_reduce"], minbytes=64 << 20, maxbytes=64 << 20, iters=5, warmup=1,
-                      check=False).validate()
+    cfg = SweepConfig(
+        ops=["all_reduce"], minbytes=64 << 20, maxbytes=64 << 20, iters=5, warmup=1, check=False
+    ).validate()
     res = await run_local(cfg, n, loop=loop)
     row = res["rows"][0]
-    bare = subprocess.run([sys.executable, "-c", "import resource, numpy, netcoll; "
-                           "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"],
-                          env=child_env(), capture_output=True, text=True, check=True)
-    return {"world_size": n, "message_bytes": row["size"], "peak_rss_bytes": row["peak_rss_bytes"],
-            "baseline_rss_bytes": row["baseline_rss_bytes"], "growth_bytes": row["rss_growth_bytes"],
-            "import_rss_bytes": int(bare.stdout.strip()), "time_us": row["time_us"], "busbw": row["busbw"]}
+    bare = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-c",
+            "import resource, numpy, netcoll; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)",
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {
+        "world_size": n,
+        "message_bytes": row["size"],
+        "peak_rss_bytes": row["peak_rss_bytes"],
+        "baseline_rss_bytes": row["baseline_rss_bytes"],
+        "growth_bytes": row["rss_growth_bytes"],
+        "import_rss_bytes": int(bare.stdout.strip()),
+        "time_us": row["time_us"],
+        "busbw": row["busbw"],
+    }
 
 
 def peer_versions() -> dict[str, str]:
@@ -210,6 +275,7 @@ def _loadavg() -> float | None:
 
 def _cpu_busy(seconds: float = 1.0) -> float | None:
     """Fraction of all CPUs' time not idle over ``seconds`` (from /proc/stat), or None."""
+
     def snap() -> tuple[int, int]:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
@@ -226,10 +292,15 @@ def _cpu_busy(seconds: float = 1.0) -> float | None:
 
 def git_describe() -> str:
     try:
-        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no", "--", "netcoll"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no", "--", "netcoll"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return rev + (" + uncommitted changes in netcoll/" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "?"
@@ -248,13 +319,17 @@ async def collect(ns: argparse.Namespace, cfg: SweepConfig) -> dict[str, Any]:
     load_start = _loadavg()
     busy_start = _cpu_busy()
     if busy_start is not None and busy_start > 0.1:
-        say(f"warning: the CPUs are {100 * busy_start:.0f}% busy before starting: other work on this machine "
-            "will skew the numbers")
+        say(
+            f"warning: the CPUs are {100 * busy_start:.0f}% busy before starting: other work on this machine "
+            "will skew the numbers"
+        )
     for n in ns.ranks:
         run: dict[str, Any] = {"world_size": n, "impls": {}, "notes": []}
         for impl in [p for p in peers if p not in skipped] + ["netcoll"]:
-            say(f"{LABEL[impl]}: {n} ranks, {format_size(cfg.minbytes)} .. {format_size(cfg.maxbytes)} "
-                f"x{cfg.stepfactor}, {', '.join(cfg.ops)}")
+            say(
+                f"{LABEL[impl]}: {n} ranks, {format_size(cfg.minbytes)} .. {format_size(cfg.maxbytes)} "
+                f"x{cfg.stepfactor}, {', '.join(cfg.ops)}"
+            )
             t0 = time.time()
             try:
                 if impl == "gloo":
@@ -274,12 +349,22 @@ async def collect(ns: argparse.Namespace, cfg: SweepConfig) -> dict[str, Any]:
                     run["notes"].append(note)
             run["impls"][impl] = got["rows"]
             if ns.latency_iters:
-                lat_cfg = dataclasses.replace(cfg, ops=["all_reduce"], minbytes=4, maxbytes=4,
-                                              iters=ns.latency_iters, warmup=max(5, ns.latency_iters // 10))
+                lat_cfg = dataclasses.replace(
+                    cfg,
+                    ops=["all_reduce"],
+                    minbytes=4,
+                    maxbytes=4,
+                    iters=ns.latency_iters,
+                    warmup=max(5, ns.latency_iters // 10),
+                )
                 try:
-                    lat = await (run_gloo(lat_cfg, n, ns.limit) if impl == "gloo" else
-                                 run_mpi(lat_cfg, n, ns.limit) if impl == "mpi" else
-                                 run_netcoll(lat_cfg, n, ns.limit, ns.loop))
+                    lat = await (
+                        run_gloo(lat_cfg, n, ns.limit)
+                        if impl == "gloo"
+                        else run_mpi(lat_cfg, n, ns.limit)
+                        if impl == "mpi"
+                        else run_netcoll(lat_cfg, n, ns.limit, ns.loop)
+                    )
                     run.setdefault("latency", {})[impl] = lat["rows"][0]
                 except (RuntimeError, BenchError, TimeoutError, IndexError) as exc:
                     run["notes"].append(f"{LABEL[impl]} latency run at {n} ranks failed: {exc}")
@@ -290,11 +375,20 @@ async def collect(ns: argparse.Namespace, cfg: SweepConfig) -> dict[str, Any]:
         say("peak RSS during a 64 MiB all_reduce (4 ranks)")
         rss = await measure_rss(4, ns.loop)
     return {
-        "meta": {**machine_facts(), **peer_versions(), "commit": git_describe(), "loop": ns.loop,
-                 "date": time.strftime("%Y-%m-%d %H:%M %Z"), "config": cfg.to_json(),
-                 "command": "python3 bench/compare.py " + " ".join(sys.argv[1:]), "skipped": skipped,
-                 "elapsed_s": round(time.time() - t_start), "loadavg_start": load_start,
-                 "loadavg_end": _loadavg(), "cpu_busy_start": busy_start},
+        "meta": {
+            **machine_facts(),
+            **peer_versions(),
+            "commit": git_describe(),
+            "loop": ns.loop,
+            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "config": cfg.to_json(),
+            "command": "python3 bench/compare.py " + " ".join(sys.argv[1:]),
+            "skipped": skipped,
+            "elapsed_s": round(time.time() - t_start),
+            "loadavg_start": load_start,
+            "loadavg_end": _loadavg(),
+            "cpu_busy_start": busy_start,
+        },
         "runs": runs,
         "rss": rss,
     }
@@ -340,10 +434,14 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         if big and run["impls"].get("netcoll") and len(run["impls"]) > 1:
             ok = [k for k, v in big.items() if v[0] >= 1.0]
             worst = min(big.items(), key=lambda kv: kv[1][0])
-            rows.append((f"{n_str} ranks: every collective, every size ≥ 64 KiB: busbw ≥ 1.0× best of Gloo/MPI",
-                         f"{len(ok)} of {len(big)} met; worst {worst[0][0]} {format_size(worst[0][1])}: "
-                         f"{worst[1][0]:.2f}× {LABEL[worst[1][1]]}",
-                         "met" if len(ok) == len(big) else "NOT met"))
+            rows.append(
+                (
+                    f"{n_str} ranks: every collective, every size ≥ 64 KiB: busbw ≥ 1.0× best of Gloo/MPI",
+                    f"{len(ok)} of {len(big)} met; worst {worst[0][0]} {format_size(worst[0][1])}: "
+                    f"{worst[1][0]:.2f}× {LABEL[worst[1][1]]}",
+                    "met" if len(ok) == len(big) else "NOT met",
+                )
+            )
         gl = _index(run["impls"].get("gloo"))
         nc = _index(run["impls"].get("netcoll"))
         cells = []
@@ -354,25 +452,39 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     cells.append((op, s, g["time_us"] / r["time_us"]))
         if cells:
             worst_c = min(cells, key=lambda c: c[2])
-            rows.append((f"{n_str} ranks: all_gather, reduce_scatter ≥ 16 MiB: busbw ≥ 1.5× Gloo",
-                         ", ".join(f"{op} {format_size(s)} {v:.2f}×" for op, s, v in cells),
-                         "met" if worst_c[2] >= 1.5 else "NOT met"))
+            rows.append(
+                (
+                    f"{n_str} ranks: all_gather, reduce_scatter ≥ 16 MiB: busbw ≥ 1.5× Gloo",
+                    ", ".join(f"{op} {format_size(s)} {v:.2f}×" for op, s, v in cells),
+                    "met" if worst_c[2] >= 1.5 else "NOT met",
+                )
+            )
         tiny = _latency(run)
         if tiny.get("netcoll"):
             med = tiny["netcoll"]["median_us"]
             peers_tiny = ", ".join(f"{LABEL[p]} {tiny[p]['median_us']:.0f} µs" for p in ("gloo", "mpi") if p in tiny)
             calls = tiny["netcoll"].get("iters")
-            rows.append((f"{n_str} ranks: all_reduce of 4 bytes: median ≤ 200 µs",
-                         f"{med:.0f} µs (mean {tiny['netcoll']['time_us']:.0f} µs"
-                         + (f", {calls} calls" if calls else "") + ")" + (f"; {peers_tiny}" if peers_tiny else ""),
-                         "met" if med <= 200 else "NOT met"))
+            rows.append(
+                (
+                    f"{n_str} ranks: all_reduce of 4 bytes: median ≤ 200 µs",
+                    f"{med:.0f} µs (mean {tiny['netcoll']['time_us']:.0f} µs"
+                    + (f", {calls} calls" if calls else "")
+                    + ")"
+                    + (f"; {peers_tiny}" if peers_tiny else ""),
+                    "met" if med <= 200 else "NOT met",
+                )
+            )
     rss = results.get("rss")
     if rss:
         limit = 3 * rss["message_bytes"]
-        rows.append(("peak RSS per rank, 64 MiB all_reduce: ≤ 3× message + interpreter baseline",
-                     f"+{rss['growth_bytes'] / 2**20:.0f} MiB over a {rss['baseline_rss_bytes'] / 2**20:.0f} MiB "
-                     f"baseline = {rss['growth_bytes'] / rss['message_bytes']:.2f}× the message",
-                     "met" if rss["growth_bytes"] <= limit else "NOT met"))
+        rows.append(
+            (
+                "peak RSS per rank, 64 MiB all_reduce: ≤ 3× message + interpreter baseline",
+                f"+{rss['growth_bytes'] / 2**20:.0f} MiB over a {rss['baseline_rss_bytes'] / 2**20:.0f} MiB "
+                f"baseline = {rss['growth_bytes'] / rss['message_bytes']:.2f}× the message",
+                "met" if rss["growth_bytes"] <= limit else "NOT met",
+            )
+        )
     return rows
 
 
@@ -399,9 +511,13 @@ def key_sizes(n_str: str, run: dict[str, Any]) -> list[str]:
     if not sizes:
         return []
     names = " / ".join(LABEL[i] for i in impls)
-    L = ["", f"### {n_str} ranks: bus bandwidth at key sizes (GB/s: {names})", "",
-         "| collective | " + " | ".join(format_size(s) for s in sizes) + " |",
-         "| --- |" + " ---: |" * len(sizes)]
+    L = [
+        "",
+        f"### {n_str} ranks: bus bandwidth at key sizes (GB/s: {names})",
+        "",
+        "| collective | " + " | ".join(format_size(s) for s in sizes) + " |",
+        "| --- |" + " ---: |" * len(sizes),
+    ]
     for op in OPS:
         if not any((op, s) in idx.get("netcoll", {}) for s in sizes):
             continue
@@ -414,9 +530,14 @@ def key_sizes(n_str: str, run: dict[str, Any]) -> list[str]:
     tiny = [lat.get(i) for i in impls]
     if any(tiny):
         calls = next((t.get("iters") for t in tiny if t), None)
-        L += ["", f"all_reduce of 4 bytes, median µs per call over {calls} calls ({names}): "
-              + " / ".join("—" if t is None else f"{t['median_us']:.0f}" for t in tiny)
-              + " (mean: " + " / ".join("—" if t is None else f"{t['time_us']:.0f}" for t in tiny) + ")"]
+        L += [
+            "",
+            f"all_reduce of 4 bytes, median µs per call over {calls} calls ({names}): "
+            + " / ".join("—" if t is None else f"{t['median_us']:.0f}" for t in tiny)
+            + " (mean: "
+            + " / ".join("—" if t is None else f"{t['time_us']:.0f}" for t in tiny)
+            + ")",
+        ]
     return L
 
 
@@ -424,28 +545,47 @@ def render(results: dict[str, Any], plots: dict[str, str]) -> str:
     m = results["meta"]
     cfg = m["config"]
     L: list[str] = []
-    L.append(f"_Generated {m['date']} by `{m['command']}` in {m.get('elapsed_s', '?')} s, netcoll at commit "
-             f"{m['commit']}._")
+    L.append(
+        f"_Generated {m['date']} by `{m['command']}` in {m.get('elapsed_s', '?')} s, netcoll at commit {m['commit']}._"
+    )
     L.append("")
-    L.append("**Machine**: " + ", ".join([
-        f"{m['nproc']} cores ({m['cpu']})", f"Python {m['python']}", f"numpy {m['numpy']}",
-        *(f"torch {m['torch']}" for _ in [0] if "torch" in m), *(f"mpi4py {m['mpi4py']}" for _ in [0] if "mpi4py" in m),
-        *(m["mpirun"] for _ in [0] if "mpirun" in m), f"event loop of the netcoll ranks: {m['loop']}",
-        m["platform"]]) + ".")
+    L.append(
+        "**Machine**: "
+        + ", ".join(
+            [
+                f"{m['nproc']} cores ({m['cpu']})",
+                f"Python {m['python']}",
+                f"numpy {m['numpy']}",
+                *(f"torch {m['torch']}" for _ in [0] if "torch" in m),
+                *(f"mpi4py {m['mpi4py']}" for _ in [0] if "mpi4py" in m),
+                *(m["mpirun"] for _ in [0] if "mpirun" in m),
+                f"event loop of the netcoll ranks: {m['loop']}",
+                m["platform"],
+            ]
+        )
+        + "."
+    )
     L.append("")
-    L.append(f"**Sweep**: {', '.join(cfg['ops'])}; {format_size(cfg['minbytes'])} … {format_size(cfg['maxbytes'])} "
-             f"×{cfg['stepfactor']}; {cfg['dtype']}, {cfg['redop']}, root {cfg['root']}; {cfg['warmup']} warmup + "
-             f"{cfg['iters']} timed calls per size; time = max over ranks of the per-rank mean.")
+    L.append(
+        f"**Sweep**: {', '.join(cfg['ops'])}; {format_size(cfg['minbytes'])} … {format_size(cfg['maxbytes'])} "
+        f"×{cfg['stepfactor']}; {cfg['dtype']}, {cfg['redop']}, root {cfg['root']}; {cfg['warmup']} warmup + "
+        f"{cfg['iters']} timed calls per size; time = max over ranks of the per-rank mean."
+    )
     if m.get("loadavg_start") is not None:
         busy_pct = m.get("cpu_busy_start")
         busy = (busy_pct or 0) > 0.1
         L.append("")
-        L.append("**Machine load**: " + (f"CPUs {100 * busy_pct:.0f}% busy in the second before the run; "
-                                         if busy_pct is not None else "")
-                 + f"1-minute load average {m['loadavg_start']} before, {m.get('loadavg_end')} after"
-                 + " (the run itself keeps it near the number of ranks)."
-                 + (" Other work was running when the run started, so these numbers are noisier than an idle "
-                    "machine's." if busy else ""))
+        L.append(
+            "**Machine load**: "
+            + (f"CPUs {100 * busy_pct:.0f}% busy in the second before the run; " if busy_pct is not None else "")
+            + f"1-minute load average {m['loadavg_start']} before, {m.get('loadavg_end')} after"
+            + " (the run itself keeps it near the number of ranks)."
+            + (
+                " Other work was running when the run started, so these numbers are noisier than an idle machine's."
+                if busy
+                else ""
+            )
+        )
     for peer, why in m.get("skipped", {}).items():
         L.append("")
         L.append(f"**{LABEL.get(peer, peer)} was skipped**: {why}.")
@@ -465,9 +605,11 @@ def render(results: dict[str, Any], plots: dict[str, str]) -> str:
         L.append("")
         L.append(f"### {n_str} ranks: netcoll busbw ÷ best peer busbw")
         L.append("")
-        L.append("Above 1.00 netcoll is faster than both Gloo and MPI-TCP at that size; **bold** is below 1.00. "
-                 "The letter names the better peer (g Gloo, m MPI). — : empty buffer at that size "
-                 "(fewer elements than ranks) or no peer result.")
+        L.append(
+            "Above 1.00 netcoll is faster than both Gloo and MPI-TCP at that size; **bold** is below 1.00. "
+            "The letter names the better peer (g Gloo, m MPI). — : empty buffer at that size "
+            "(fewer elements than ranks) or no peer result."
+        )
         L.append("")
         L.append("| collective | " + " | ".join(_short(s) for s in sizes) + " |")
         L.append("| --- |" + " ---: |" * len(sizes))
@@ -495,8 +637,7 @@ def render(results: dict[str, Any], plots: dict[str, str]) -> str:
                 continue
             L.append(f"**{op}**")
             L.append("")
-            L.append("| size (B) | " + " | ".join(f"{LABEL[i]} µs | {LABEL[i]} GB/s" for i in impls)
-                     + " | ratio |")
+            L.append("| size (B) | " + " | ".join(f"{LABEL[i]} µs | {LABEL[i]} GB/s" for i in impls) + " | ratio |")
             L.append("| ---: |" + " ---: | ---: |" * len(impls) + " ---: |")
             for s in sizes:
                 r0 = idx["netcoll"].get((op, s)) if "netcoll" in idx else None
@@ -514,18 +655,23 @@ def render(results: dict[str, Any], plots: dict[str, str]) -> str:
         L.append("")
         L.append("### Memory: peak RSS per rank during a 64 MiB all_reduce")
         L.append("")
-        L.append(f"{rss['world_size']} ranks, float32, 5 calls after 1 warmup, no verification (so the only large "
-                 "buffers are the benchmark's input and its `out=` array, 2× the message, plus whatever netcoll "
-                 "allocates). `ru_maxrss` per rank process, the worst rank shown:")
+        L.append(
+            f"{rss['world_size']} ranks, float32, 5 calls after 1 warmup, no verification (so the only large "
+            "buffers are the benchmark's input and its `out=` array, 2× the message, plus whatever netcoll "
+            "allocates). `ru_maxrss` per rank process, the worst rank shown:"
+        )
         L.append("")
         L.append("| | MiB |")
         L.append("| --- | ---: |")
         L.append(f"| `import numpy, netcoll` alone | {rss['import_rss_bytes'] / 2**20:.0f} |")
-        L.append(f"| baseline: after connecting, before the benchmark allocates | "
-                 f"{rss['baseline_rss_bytes'] / 2**20:.0f} |")
+        L.append(
+            f"| baseline: after connecting, before the benchmark allocates | {rss['baseline_rss_bytes'] / 2**20:.0f} |"
+        )
         L.append(f"| peak during the all_reduce calls | {rss['peak_rss_bytes'] / 2**20:.0f} |")
-        L.append(f"| growth over the baseline | {rss['growth_bytes'] / 2**20:.0f} "
-                 f"({rss['growth_bytes'] / rss['message_bytes']:.2f}× the 64 MiB message) |")
+        L.append(
+            f"| growth over the baseline | {rss['growth_bytes'] / 2**20:.0f} "
+            f"({rss['growth_bytes'] / rss['message_bytes']:.2f}× the 64 MiB message) |"
+        )
         L.append("")
         L.append(f"(that all_reduce: {rss['time_us'] / 1000:.0f} ms per call, busbw {rss['busbw']:.2f} GB/s)")
     return "\n".join(L)
@@ -559,8 +705,11 @@ def plot(results: dict[str, Any], out_dir: str, stem: str) -> dict[str, str]:
         say("no plot: matplotlib is not installed (pip install matplotlib)")
         return {}
     made: dict[str, str] = {}
-    style = {"netcoll": {"color": "C3", "marker": "o"}, "gloo": {"color": "C0", "marker": "s"},
-             "mpi": {"color": "C2", "marker": "^"}}
+    style = {
+        "netcoll": {"color": "C3", "marker": "o"},
+        "gloo": {"color": "C0", "marker": "s"},
+        "mpi": {"color": "C2", "marker": "^"},
+    }
     for n_str, run in results["runs"].items():
         ops = [op for op in OPS if any(r["op"] == op for r in run["impls"].get("netcoll", []))]
         if not ops:
@@ -572,27 +721,35 @@ def plot(results: dict[str, Any], out_dir: str, stem: str) -> dict[str, str]:
             for impl in IMPLS:
                 pts = [(r["size"], r["busbw"]) for r in run["impls"].get(impl, []) if r["op"] == op and r["size"] > 0]
                 if pts:
-                    ax.plot([p[0] for p in pts], [max(p[1], 1e-5) for p in pts], ms=3, lw=1.2,
-                            label=LABEL[impl], **style[impl])
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [max(p[1], 1e-5) for p in pts],
+                        ms=3,
+                        lw=1.2,
+                        label=LABEL[impl],
+                        **style[impl],
+                    )
             ax.set_title(op, fontsize=10)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.grid(True, which="both", alpha=0.3)
             lo = min((r["size"] for r in run["impls"]["netcoll"] if r["size"] > 0), default=4)
             hi = max((r["size"] for r in run["impls"]["netcoll"]), default=64 << 20)
-            ticks = [t for t in (4 ** k for k in range(0, 17)) if lo <= t <= hi][::2] or [lo]
+            ticks = [t for t in (4**k for k in range(17)) if lo <= t <= hi][::2] or [lo]
             ax.set_xticks(ticks)
             ax.set_xticklabels([_short(t) for t in ticks], fontsize=7)
             ax.tick_params(axis="y", labelsize=7)
-        for ax in axes.flat[len(ops):]:
+        for ax in axes.flat[len(ops) :]:
             ax.axis("off")
         for ax in axes[:, 0]:
             ax.set_ylabel("busbw (GB/s)")
         for ax in axes[-1, :]:
             ax.set_xlabel("size (bytes)")
         axes.flat[0].legend(fontsize=8)
-        fig.suptitle(f"bus bandwidth, {n_str} rank processes on one {results['meta']['nproc']}-core machine "
-                     f"(TCP loopback)", fontsize=11)
+        fig.suptitle(
+            f"bus bandwidth, {n_str} rank processes on one {results['meta']['nproc']}-core machine (TCP loopback)",
+            fontsize=11,
+        )
         fig.tight_layout()
         name = f"{stem}-{n_str}ranks.png"
         fig.savefig(os.path.join(out_dir, name), dpi=90)
@@ -619,29 +776,43 @@ def _compact_json(results: dict[str, Any]) -> str:
     parts = []
     for n, run in results["runs"].items():
         impls = ",\n".join(f"   {json.dumps(i)}: {rows(rs)}" for i, rs in run["impls"].items())
-        parts.append(f" {json.dumps(n)}: {{\"world_size\": {run['world_size']}, \"notes\": "
-                     f"{json.dumps(run.get('notes', []))},\n  \"impls\": {{\n{impls}}}}}")
-    return ("{\"meta\": " + json.dumps(results["meta"]) + ",\n\"rss\": " + json.dumps(results.get("rss"))
-            + ",\n\"runs\": {\n" + ",\n".join(parts) + "}}\n")
+        parts.append(
+            f' {json.dumps(n)}: {{"world_size": {run["world_size"]}, "notes": '
+            f'{json.dumps(run.get("notes", []))},\n  "impls": {{\n{impls}}}}}'
+        )
+    return (
+        '{"meta": '
+        + json.dumps(results["meta"])
+        + ',\n"rss": '
+        + json.dumps(results.get("rss"))
+        + ',\n"runs": {\n'
+        + ",\n".join(parts)
+        + "}}\n"
+    )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[4], help="world sizes to run (default 4)")
-    p.add_argument("-b", "--minbytes", type=parse_size, default=4)
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20)
+    p.add_argument("-b", "--minbytes", type=size_arg, default=4)
+    p.add_argument("-e", "--maxbytes", type=size_arg, default=64 << 20)
     p.add_argument("-f", "--stepfactor", type=int, default=4)
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("--op", default="all", help="collective(s): a name, a comma-separated list, or all")
     p.add_argument("--peers", default="gloo,mpi", help="comma-separated: gloo, mpi (default both)")
-    p.add_argument("--loop", default="auto", choices=("auto", "spin", "asyncio", "uvloop"),
-                   help="event loop of the netcoll ranks")
+    p.add_argument(
+        "--loop", default="auto", choices=("auto", "spin", "asyncio", "uvloop"), help="event loop of the netcoll ranks"
+    )
     p.add_argument("--limit", type=float, default=1200.0, help="seconds allowed per implementation and world size")
     p.add_argument("--no-rss", action="store_true", help="skip the peak-RSS measurement")
-    p.add_argument("--latency-iters", type=int, default=500,
-                   help="calls in the dedicated 4-byte all_reduce latency run of each implementation "
-                        "(0: use the sweep's 4-byte row)")
+    p.add_argument(
+        "--latency-iters",
+        type=int,
+        default=500,
+        help="calls in the dedicated 4-byte all_reduce latency run of each implementation "
+        "(0: use the sweep's 4-byte row)",
+    )
     p.add_argument("--json", default=os.path.join(ROOT, "bench", "results.json"), help="raw results (written)")
     p.add_argument("--from-json", default=None, help="re-render the doc from earlier raw results; run nothing")
     p.add_argument("--doc", default=DOC, help="markdown file to update (default docs/benchmarks.md)")
@@ -652,8 +823,14 @@ def main() -> int:
             results = json.load(f)
     else:
         try:
-            cfg = SweepConfig(ops=parse_ops(ns.op), minbytes=ns.minbytes, maxbytes=ns.maxbytes,
-                              stepfactor=ns.stepfactor, iters=ns.iters, warmup=ns.warmup).validate()
+            cfg = SweepConfig(
+                ops=parse_ops(ns.op),
+                minbytes=ns.minbytes,
+                maxbytes=ns.maxbytes,
+                stepfactor=ns.stepfactor,
+                iters=ns.iters,
+                warmup=ns.warmup,
+            ).validate()
         except ValueError as exc:
             p.error(str(exc))
         try:

@@ -54,9 +54,19 @@ def _time(call: Callable[[], Any], barrier: Callable[[], Any], cfg: SweepConfig)
 
 
 def _row(g: Any, cfg: SweepConfig, stats: np.ndarray, impl: str, requested: int) -> dict[str, Any]:
-    return make_row(g, redop=cfg.redop, root=cfg.root, seconds=float(stats[0]), median_seconds=float(stats[1]),
-                    min_seconds=float(stats[2]), wrong=None, requested=requested, impl=impl, iters=cfg.iters,
-                    warmup=cfg.warmup)
+    return make_row(
+        g,
+        redop=cfg.redop,
+        root=cfg.root,
+        seconds=float(stats[0]),
+        median_seconds=float(stats[1]),
+        min_seconds=float(stats[2]),
+        wrong=None,
+        requested=requested,
+        impl=impl,
+        iters=cfg.iters,
+        warmup=cfg.warmup,
+    )
 
 
 def _gloo_call(dist: Any, torch: Any, op: str, g: Any, tdt: Any, rop: Any, rank: int, root: int) -> Callable[[], Any]:
@@ -130,12 +140,29 @@ def gloo(ns: argparse.Namespace) -> None:
     dist.init_process_group("gloo", init_method=ns.init, rank=ns.rank, world_size=ns.world_size)
     n, rank, root = ns.world_size, ns.rank, cfg.root
     dt = cfg.np_dtype
-    tdt = getattr(torch, {"float32": "float32", "float64": "float64", "float16": "float16",
-                          "bfloat16": "bfloat16", "int32": "int32", "int64": "int64", "int8": "int8",
-                          "uint8": "uint8"}[str(dt)])
-    rop = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-           "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG, "band": dist.ReduceOp.BAND,
-           "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}[cfg.redop]
+    tdt = getattr(
+        torch,
+        {
+            "float32": "float32",
+            "float64": "float64",
+            "float16": "float16",
+            "bfloat16": "bfloat16",
+            "int32": "int32",
+            "int64": "int64",
+            "int8": "int8",
+            "uint8": "uint8",
+        }[str(dt)],
+    )
+    rop = {
+        "sum": dist.ReduceOp.SUM,
+        "prod": dist.ReduceOp.PRODUCT,
+        "min": dist.ReduceOp.MIN,
+        "max": dist.ReduceOp.MAX,
+        "avg": dist.ReduceOp.AVG,
+        "band": dist.ReduceOp.BAND,
+        "bor": dist.ReduceOp.BOR,
+        "bxor": dist.ReduceOp.BXOR,
+    }[cfg.redop]
     _emit({"event": "hello", "rank": rank, "torch": torch.__version__})
     for op, requested in cfg.steps():
         g = geometry(op, requested, dt, n)
@@ -173,13 +200,26 @@ def mpi(ns: argparse.Namespace) -> None:
     dt = cfg.np_dtype
     if str(dt) == "bfloat16":
         raise SystemExit("MPI has no bfloat16 type")
-    rop = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "band": MPI.BAND,
-           "bor": MPI.BOR, "bxor": MPI.BXOR}.get(cfg.redop)
+    rop = {
+        "sum": MPI.SUM,
+        "prod": MPI.PROD,
+        "min": MPI.MIN,
+        "max": MPI.MAX,
+        "band": MPI.BAND,
+        "bor": MPI.BOR,
+        "bxor": MPI.BXOR,
+    }.get(cfg.redop)
     if rop is None:
         raise SystemExit(f"MPI has no {cfg.redop} reduction")
     if rank == 0:
-        _emit({"event": "hello", "rank": rank, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-               "mpi4py": __import__("mpi4py").__version__})
+        _emit(
+            {
+                "event": "hello",
+                "rank": rank,
+                "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                "mpi4py": __import__("mpi4py").__version__,
+            }
+        )
     for op, requested in cfg.steps():
         g = geometry(op, requested, dt, n)
         if g.size == 0:

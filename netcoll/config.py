@@ -299,7 +299,7 @@ class SubmitConfig(ClientConfig):
     @field_validator("size", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
-        from .service.jobs import parse_size
+        from .sizes import parse_size
 
         return parse_size(v)
 
@@ -336,7 +336,7 @@ class UpConfig(Settings):
     @field_validator("size", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
-        from .service.jobs import parse_size
+        from .sizes import parse_size
 
         return parse_size(v)
 

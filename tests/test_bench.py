@@ -1,5 +1,6 @@
-"""netcoll.bench: size parsing, geometry, verification, the nccl-tests table and
-a quick real sweep over rank processes (correctness only, never timing)."""
+"""netcoll.bench: sweep sizes, geometry, the nccl-tests table and a quick real
+sweep over rank processes (correctness only, never timing). Size parsing:
+test_sizes.py; the registry's factors and test data: test_collectives_registry.py."""
 
 from __future__ import annotations
 
@@ -13,40 +14,16 @@ import sys
 import numpy as np
 import pytest
 
+from netcoll import collectives
 from netcoll.bench import add_arguments, config_from_args, report
-from netcoll.bench.common import (
-    BUSBW_FACTOR,
-    OPS,
-    SweepConfig,
-    bandwidth,
-    format_size,
-    geometry,
-    parse_ops,
-    parse_size,
-    sweep_sizes,
-)
+from netcoll.bench.common import OPS, SweepConfig, geometry, make_row, parse_ops, sweep_sizes
 from netcoll.bench.local import run_local
-from netcoll.bench.sweep import PERIOD, Data
-from netcoll.ops import BFLOAT16
+from netcoll.sizes import format_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # -- pure parts ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, n", [
-    ("4", 4), ("0", 0), ("4K", 4096), ("4k", 4096), ("4KiB", 4096), ("4KB", 4096), ("64M", 64 << 20),
-    ("64MiB", 64 << 20), ("1G", 1 << 30), ("1GiB", 1 << 30), ("16B", 16), (" 2 M ", 2 << 20), (8, 8),
-])
-def test_parse_size(text: str, n: int) -> None:
-    assert parse_size(text) == n
-
-
-@pytest.mark.parametrize("text", ["", "K", "4X", "-4", "1.5M", "4iB", "4Ki", "M4", "4 MB extra"])
-def test_parse_size_rejects(text: str) -> None:
-    with pytest.raises(ValueError, match="not a size"):
-        parse_size(text)
-
-
 def test_sweep_sizes_and_format() -> None:
     assert sweep_sizes(4, 64 << 20, 4)[:3] == [4, 16, 64]
     assert sweep_sizes(4, 64 << 20, 4)[-1] == 64 << 20 and len(sweep_sizes(4, 64 << 20, 4)) == 13
@@ -83,67 +60,20 @@ def test_geometry_follows_nccl_tests() -> None:
     assert geometry("broadcast", 2, np.float32, 4).size == 0
 
 
-def test_busbw_factors() -> None:
-    n = 4
-    assert BUSBW_FACTOR["all_reduce"](n) == pytest.approx(1.5)
-    for op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        assert BUSBW_FACTOR[op](n) == pytest.approx(0.75)
-    assert BUSBW_FACTOR["broadcast"](n) == BUSBW_FACTOR["reduce"](n) == 1.0
-    alg, bus = bandwidth(2_000_000, 0.001, 1.5)
-    assert alg == pytest.approx(2.0) and bus == pytest.approx(3.0)
+def test_ops_are_the_registry_collectives_with_data() -> None:
+    assert OPS == collectives.WITH_DATA and "barrier" not in OPS
 
 
-def _simulate(op: str, g, data: Data, n: int, root: int) -> list:
-    """What a correct collective returns on each rank, computed by plain numpy."""
-    xs = [data.input(g, k) for k in range(n)]
-    from netcoll.ops import reduce_reference
-
-    if op == "all_reduce":
-        return [reduce_reference(data.redop, xs)] * n
-    if op == "reduce":
-        return [reduce_reference(data.redop, xs) if k == root else None for k in range(n)]
-    if op == "broadcast":
-        return [xs[root].copy() for _ in range(n)]
-    if op == "all_gather":
-        return [np.stack(xs) for _ in range(n)]
-    if op == "gather":
-        return [np.stack(xs) if k == root else None for k in range(n)]
-    if op == "scatter":
-        return [xs[root][k].copy() for k in range(n)]
-    if op == "reduce_scatter":
-        red = reduce_reference(data.redop, xs)
-        return [red[k].copy() for k in range(n)]
-    if op == "all_to_all":
-        return [np.stack([xs[j][k] for j in range(n)]) for k in range(n)]
-    raise AssertionError(op)
-
-
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("redop, dtype", [("sum", np.float32), ("max", np.int8), ("prod", BFLOAT16),
-                                          ("avg", np.float16), ("bxor", np.uint32)])
-def test_verification_counts_exactly_the_wrong_elements(op: str, redop: str, dtype) -> None:
-    n, root = 3, 1
-    data = Data(redop, np.dtype(dtype), n)
-    g = geometry(op, 3 * PERIOD * np.dtype(dtype).itemsize + 96, dtype, n)  # more than one period per block
-    outs = _simulate(op, g, data, n, root)
-    assert [data.count_wrong(g, k, root, outs[k]) for k in range(n)] == [0] * n
-    k = root if op in ("reduce", "gather") else n - 1
-    bad = outs[k].copy()
-    flat = bad.reshape(-1)
-    idx = [0, len(flat) // 2, len(flat) - 1]
-    flat[idx] = 77  # outside every value set the data uses
-    assert data.count_wrong(g, k, root, bad) == len(idx)
-    assert data.count_wrong(g, k, root, None) > 0
-    if op in ("all_gather", "all_to_all"):  # rows in the wrong order are caught
-        assert data.count_wrong(g, k, root, outs[k][::-1].copy()) > 0
-
-
-def test_sum_data_stays_exact_in_small_types() -> None:
-    # integer-valued data: sums over 8 ranks are exact even in bfloat16 / float16
-    data = Data("sum", BFLOAT16, 8)
-    red = data.reduced().ext[:PERIOD].astype(np.float64)
-    ref = sum(data.base(k).astype(np.float64) for k in range(8))
-    assert np.array_equal(red, ref)
+def test_rows_use_the_registry_factors() -> None:
+    for op in OPS:
+        g = geometry(op, 1 << 20, np.float32, 4)
+        row = make_row(g, redop="sum", root=2, seconds=1e-3, median_seconds=1e-3, min_seconds=1e-3, wrong=0)
+        coll = collectives.get(op)
+        assert row["busbw_factor"] == coll.busbw_factor(4) and g.busbw_factor == coll.busbw_factor(4)
+        assert row["busbw"] == pytest.approx(row["algbw"] * coll.busbw_factor(4))
+        assert row["algbw"] == pytest.approx(g.size / 1e-3 / 1e9)
+        assert row["redop"] == ("sum" if coll.takes_op else "none") and row["root"] == (2 if coll.takes_root else -1)
+        assert g.input_shape == coll.input_shape(4, g.count)
 
 
 # -- the table -------------------------------------------------------------------------------------
@@ -158,8 +88,18 @@ NCCL_HEADER = [  # verbatim from nccl-tests (src/common.cu), each line split in 
 
 
 def _row(**kw):
-    row = {"op": "all_reduce", "size": 1048576, "count": 262144, "type": "float", "redop": "sum", "root": -1,
-           "time_us": 1234.56, "algbw": 0.8493, "busbw": 1.27, "wrong": 0}
+    row = {
+        "op": "all_reduce",
+        "size": 1048576,
+        "count": 262144,
+        "type": "float",
+        "redop": "sum",
+        "root": -1,
+        "time_us": 1234.56,
+        "algbw": 0.8493,
+        "busbw": 1.27,
+        "wrong": 0,
+    }
     row.update(kw)
     return row
 
@@ -170,8 +110,10 @@ def test_table_header_is_nccl_tests_exactly() -> None:
 
 def test_table_row_layout() -> None:
     line = report.format_row(_row())
-    assert line == ("     1048576        262144     float     sum      -1   1234.6    0.85    1.27      0"
-                    "      N/A     N/A     N/A    N/A")
+    assert line == (
+        "     1048576        262144     float     sum      -1   1234.6    0.85    1.27      0"
+        "      N/A     N/A     N/A    N/A"
+    )
     # nccl-tests' time precision steps: %7.2f < 100 us <= %7.1f < 10000 us <= %7.0f
     assert report.format_row(_row(time_us=12.345)).split()[5] == "12.35"
     assert report.format_row(_row(time_us=123456.7)).split()[5] == "123457"
@@ -203,8 +145,9 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_arguments() -> None:
-    cfg = config_from_args(_parse("-b", "4K", "-e", "1MiB", "-f", "2", "-n", "3", "-w", "0", "--op", "all",
-                                  "-d", "half", "-o", "max"))
+    cfg = config_from_args(
+        _parse("-b", "4K", "-e", "1MiB", "-f", "2", "-n", "3", "-w", "0", "--op", "all", "-d", "half", "-o", "max")
+    )
     assert (cfg.minbytes, cfg.maxbytes, cfg.stepfactor, cfg.iters, cfg.warmup) == (4096, 1 << 20, 2, 3, 0)
     assert cfg.ops == list(OPS) and cfg.dtype == "float16" and cfg.redop == "max"
     assert config_from_args(_parse("broadcast")).ops == ["broadcast"]
@@ -213,12 +156,19 @@ def test_arguments() -> None:
         config_from_args(_parse("-d", "int32", "-o", "avg"))
     with pytest.raises(SystemExit):
         _parse("-b", "4X")
+    assert _parse("-b", "1.5M").minbytes == 3 << 19  # the one size grammar (netcoll.sizes)
 
 
 def _cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "netcoll.bench", *argv], capture_output=True, text=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "netcoll.bench", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_coordinator_mode_without_a_coordinator() -> None:
@@ -251,12 +201,32 @@ async def test_quick_sweep_over_processes_is_correct() -> None:
 
 @pytest.mark.tcp
 def test_cli_table_and_json() -> None:
-    r = _cli("--ranks", "2", "-b", "4", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "--op", "all_reduce,scatter",
-             "-d", "int32", "-o", "bxor")
+    r = _cli(
+        "--ranks",
+        "2",
+        "-b",
+        "4",
+        "-e",
+        "64K",
+        "-f",
+        "16",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--op",
+        "all_reduce,scatter",
+        "-d",
+        "int32",
+        "-o",
+        "bxor",
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("# nThread 1 nGpus 1 minBytes 4 maxBytes 65536 step: 16(factor) warmup iters: 1 "
-                               "iters: 2 agg iters: 1 validation: 1 graph: 0")
+    assert lines[0].startswith(
+        "# nThread 1 nGpus 1 minBytes 4 maxBytes 65536 step: 16(factor) warmup iters: 1 "
+        "iters: 2 agg iters: 1 validation: 1 graph: 0"
+    )
     for h in NCCL_HEADER:
         assert h in lines
     data = [ln for ln in lines if not ln.startswith("#")]
@@ -309,11 +279,32 @@ def test_ctrl_c_kills_every_rank_process() -> None:
     import time
 
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen([sys.executable, "-m", "netcoll.bench", "--ranks", "2", "-b", "16M", "-e", "16M",
-                          "-n", "100000", "-w", "0", "-c", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         stdin=subprocess.DEVNULL, text=True, env=env,
-                         # a shell's background job ignores SIGINT, and the child would inherit that
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "netcoll.bench",
+            "--ranks",
+            "2",
+            "-b",
+            "16M",
+            "-e",
+            "16M",
+            "-n",
+            "100000",
+            "-w",
+            "0",
+            "-c",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        # a shell's background job ignores SIGINT, and the child would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         pids = []
         assert p.stdout is not None
@@ -341,9 +332,29 @@ def test_ctrl_c_kills_every_rank_process() -> None:
 @pytest.mark.tcp
 def test_closed_stdout_stops_quietly() -> None:  # | head
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen([sys.executable, "-m", "netcoll.bench", "--ranks", "2", "-b", "4", "-e", "16M", "-f", "4",
-                          "-n", "3", "-w", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         stdin=subprocess.DEVNULL, env=env)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "netcoll.bench",
+            "--ranks",
+            "2",
+            "-b",
+            "4",
+            "-e",
+            "16M",
+            "-f",
+            "4",
+            "-n",
+            "3",
+            "-w",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         assert p.stdout is not None and p.stderr is not None
         assert p.stdout.readline().startswith(b"# nThread 1")
@@ -369,29 +380,61 @@ def _compare_module():
 
 
 def _fake_rows(impl: str, speed: float) -> list[dict]:
-    from netcoll.bench.common import make_row
-
     rows = []
     for op in ("all_reduce", "all_gather"):
         for req in (4, 64 << 10, 16 << 20):
             g = geometry(op, req, np.float32, 4)
             t = (20e-6 + g.size / 1e9) / speed
-            rows.append(make_row(g, redop="sum", root=0, seconds=t, median_seconds=t, min_seconds=t,
-                                 wrong=0 if impl == "netcoll" else None, requested=req, impl=impl))
+            rows.append(
+                make_row(
+                    g,
+                    redop="sum",
+                    root=0,
+                    seconds=t,
+                    median_seconds=t,
+                    min_seconds=t,
+                    wrong=0 if impl == "netcoll" else None,
+                    requested=req,
+                    impl=impl,
+                )
+            )
     return rows
 
 
 def test_compare_report_ratios_and_targets(tmp_path) -> None:
     compare = _compare_module()
     results = {
-        "meta": {"date": "today", "command": "python3 bench/compare.py", "commit": "abc", "nproc": 2, "cpu": "x",
-                 "python": "3", "numpy": "2", "platform": "linux", "loop": "asyncio", "skipped": {"mpi": "nope"},
-                 "config": SweepConfig().to_json(), "elapsed_s": 1},
-        "runs": {"4": {"world_size": 4, "notes": [],
-                       "impls": {"netcoll": _fake_rows("netcoll", 2.0), "gloo": _fake_rows("gloo", 1.0)}}},
-        "rss": {"world_size": 4, "message_bytes": 64 << 20, "peak_rss_bytes": 200 << 20,
-                "baseline_rss_bytes": 50 << 20, "growth_bytes": 150 << 20, "import_rss_bytes": 40 << 20,
-                "time_us": 1e5, "busbw": 1.0},
+        "meta": {
+            "date": "today",
+            "command": "python3 bench/compare.py",
+            "commit": "abc",
+            "nproc": 2,
+            "cpu": "x",
+            "python": "3",
+            "numpy": "2",
+            "platform": "linux",
+            "loop": "asyncio",
+            "skipped": {"mpi": "nope"},
+            "config": SweepConfig().to_json(),
+            "elapsed_s": 1,
+        },
+        "runs": {
+            "4": {
+                "world_size": 4,
+                "notes": [],
+                "impls": {"netcoll": _fake_rows("netcoll", 2.0), "gloo": _fake_rows("gloo", 1.0)},
+            }
+        },
+        "rss": {
+            "world_size": 4,
+            "message_bytes": 64 << 20,
+            "peak_rss_bytes": 200 << 20,
+            "baseline_rss_bytes": 50 << 20,
+            "growth_bytes": 150 << 20,
+            "import_rss_bytes": 40 << 20,
+            "time_us": 1e5,
+            "busbw": 1.0,
+        },
     }
     rt = compare.ratios(results["runs"]["4"])
     assert rt[("all_reduce", 16 << 20)][0] == pytest.approx(2.0) and rt[("all_reduce", 16 << 20)][1] == "gloo"
@@ -408,10 +451,19 @@ def test_compare_report_ratios_and_targets(tmp_path) -> None:
     out = doc.read_text()
     assert out.startswith("# hand written") and out.endswith("tail\n") and "STALE" not in out and "2.00 g" in out
     # a dedicated latency run, when there is one, decides the 4-byte target (not the sweep's row)
-    from netcoll.bench.common import make_row
     g = geometry("all_reduce", 4, np.float32, 4)
-    slow = make_row(g, redop="sum", root=0, seconds=300e-6, median_seconds=300e-6, min_seconds=250e-6,
-                    wrong=0, requested=4, iters=500, impl="netcoll")
+    slow = make_row(
+        g,
+        redop="sum",
+        root=0,
+        seconds=300e-6,
+        median_seconds=300e-6,
+        min_seconds=250e-6,
+        wrong=0,
+        requested=4,
+        iters=500,
+        impl="netcoll",
+    )
     results["runs"]["4"]["latency"] = {"netcoll": slow}
     verdicts = {t.split(": ", 1)[1].split(":")[0]: (m, v) for t, m, v in compare.targets(results)}
     measured, verdict = verdicts["all_reduce of 4 bytes"]
@@ -447,8 +499,11 @@ async def test_bench_against_running_daemons() -> None:
             assert {r["op"] for r in rows} == set(cfg.ops) and all(r["wrong"] == 0 for r in rows)
             parser = argparse.ArgumentParser()
             add_arguments(parser)
-            code = await bench_run(parser.parse_args(["--coordinator", coord.address, "-b", "8", "-e", "8",
-                                                      "--op", "all_reduce", "--no-progress"]))
+            code = await bench_run(
+                parser.parse_args(
+                    ["--coordinator", coord.address, "-b", "8", "-e", "8", "--op", "all_reduce", "--no-progress"]
+                )
+            )
             assert code == 0
         finally:
             for d in daemons:

@@ -33,16 +33,18 @@ import numpy as np
 import pytest
 
 import netcoll
+from netcoll.collectives import NAMES as OPS
 from netcoll.config import ConfigError, RankConfig, SubmitConfig, UpConfig
 
-pytestmark = [pytest.mark.tcp,
-              pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                 reason="binds 127.0.0.x addresses besides 127.0.0.1 (Linux loopback)")]
+pytestmark = [
+    pytest.mark.tcp,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="binds 127.0.0.x addresses besides 127.0.0.1 (Linux loopback)"
+    ),
+]
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "cli-test-" + secrets.token_hex(8)
-OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all",
-       "barrier")
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -58,8 +60,15 @@ def netcoll_cmd(*args: str) -> list[str]:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(netcoll_cmd(*args), env=env or base_env(), capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(
+        netcoll_cmd(*args),
+        env=env or base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -86,8 +95,10 @@ def metric(text: str, sample: str) -> float | None:
     return None
 
 
-_SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
-                     r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*\})? (?:[-+]?[0-9.eE+-]+|NaN|[+-]Inf)$')
+_SAMPLE = re.compile(
+    r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
+    r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*\})? (?:[-+]?[0-9.eE+-]+|NaN|[+-]Inf)$'
+)
 
 
 def check_exposition(text: str) -> None:
@@ -145,23 +156,30 @@ class Cluster:
         log = self.tmp / f"{name}.log"
         ready = self.tmp / f"{name}.json"
         with open(log, "wb") as out:
-            popen = subprocess.Popen(netcoll_cmd(*args, "--ready-file", str(ready)), env=self.env, stdout=out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            popen = subprocess.Popen(
+                netcoll_cmd(*args, "--ready-file", str(ready)),
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         proc = Proc(name, popen, log, {})
         self.procs.append(proc)
         proc.info = wait_for_file(ready, popen, log)
         return proc
 
     def start_coordinator(self) -> None:
-        self.coord = self._start("coordinator", ["coordinator", "--host", "127.0.0.1", "--port", "0",
-                                                 "--http-port", "0"])
+        self.coord = self._start(
+            "coordinator", ["coordinator", "--host", "127.0.0.1", "--port", "0", "--http-port", "0"]
+        )
         self.address, self.http = self.coord.info["address"], self.coord.info["http"]
 
     def start_rank(self) -> Proc:
         host = f"127.0.0.{self.next_host}"
         self.next_host += 1
-        proc = self._start(f"rank-{host}", ["rank", "--coordinator", self.address, "--host", host, "--port", "0",
-                                            "--http-port", "0"])
+        proc = self._start(
+            f"rank-{host}", ["rank", "--coordinator", self.address, "--host", host, "--port", "0", "--http-port", "0"]
+        )
         self.ranks.append(proc)
         return proc
 
@@ -179,8 +197,11 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             alive = self.alive_ranks()
-            if self.members_metric() == n and len(alive) == n and \
-                    all(http_get(f"{r.info['http']}/readyz")[0] == 200 for r in alive):
+            if (
+                self.members_metric() == n
+                and len(alive) == n
+                and all(http_get(f"{r.info['http']}/readyz")[0] == 200 for r in alive)
+            ):
                 return
             time.sleep(0.1)
         raise AssertionError(f"want {n} members, /metrics says {self.members_metric()}\n" + self.logs())
@@ -234,17 +255,23 @@ def test_usage_errors_are_one_line() -> None:
     assert run_cli("--help").returncode == 0
     ver = run_cli("--version")
     assert ver.returncode == 0 and netcoll.__version__ in ver.stdout
-    cases = ((["frobnicate"], "invalid choice"), (["submit", "all_reducex"], "invalid choice"),
-             (["submit", "all_reduce", "--iters", "many"], "--iters"),
-             (["submit", "all_reduce", "--size", "lots"], "--size"),
-             (["submit", "all_reduce", "--dtype", "float33"], "float33"),
-             (["submit", "all_reduce", "--dtype", "int32", "--op", "avg"], "avg"),
-             (["submit", "all_reduce", "--size", "64GiB"], "exceeds"),
-             (["rank", "--port", "abc"], "--port"),
-             (["coordinator", "--http-port", "70000"], "--http-port"))
+    cases = (
+        (["frobnicate"], "invalid choice"),
+        (["submit", "all_reducex"], "invalid choice"),
+        (["submit", "all_reduce", "--iters", "many"], "--iters"),
+        (["submit", "all_reduce", "--size", "lots"], "--size"),
+        (["submit", "all_reduce", "--dtype", "float33"], "float33"),
+        (["submit", "all_reduce", "--dtype", "int32", "--op", "avg"], "avg"),
+        (["submit", "all_reduce", "--size", "64GiB"], "exceeds"),
+        (["submit", "all_reduce", "--size", "0.1K"], "not a whole number"),
+        (["submit", "all_reduce", "--algorithm", "pairwise"], "has no algorithm 'pairwise'"),
+        (["up", "--size", "lots"], "not a size: 'lots'"),
+        (["rank", "--port", "abc"], "--port"),
+        (["coordinator", "--http-port", "70000"], "--http-port"),
+    )
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         procs = list(pool.map(lambda case: run_cli(*case[0]), cases))
-    for (args, needle), proc in zip(cases, procs):
+    for (args, needle), proc in zip(cases, procs, strict=True):
         assert proc.returncode == 2, (args, proc.stderr)
         assert needle in one_error_line(proc), (args, proc.stderr)
     proc = run_cli("coordinator", env=base_env(NETCOLL_PORT="tcp://10.0.0.7:29400"))
@@ -257,35 +284,86 @@ def test_unreachable_coordinator_is_one_clear_line() -> None:
         port = s.getsockname()[1]
     proc = run_cli("status", "--coordinator", f"127.0.0.1:{port}")
     assert proc.returncode == 1
-    assert one_error_line(proc) == f"netcoll status: cannot reach the coordinator at 127.0.0.1:{port}: " \
-                                   "connection refused"
+    assert (
+        one_error_line(proc) == f"netcoll status: cannot reach the coordinator at 127.0.0.1:{port}: connection refused"
+    )
     proc = run_cli("submit", "barrier", env=base_env(NETCOLL_COORDINATOR=f"127.0.0.1:{port}"))
     assert proc.returncode == 1 and f"127.0.0.1:{port}" in one_error_line(proc)
 
 
 def test_config_flags_win_over_environment() -> None:
-    env = {"NETCOLL_PORT": "1111", "NETCOLL_HTTP_PORT": "off", "NETCOLL_RANK_HINT": "3",
-           "NETCOLL_COORDINATOR": "coord", "NETCOLL_LOG_LEVEL": "WARN", "NETCOLL_TOKEN": "",
-           "NETCOLL_ADVERTISE_HOST": "10.1.2.3", "NETCOLL_HOST": "10.1.2.3"}
+    env = {
+        "NETCOLL_PORT": "1111",
+        "NETCOLL_HTTP_PORT": "off",
+        "NETCOLL_RANK_HINT": "3",
+        "NETCOLL_COORDINATOR": "coord",
+        "NETCOLL_LOG_LEVEL": "WARN",
+        "NETCOLL_TOKEN": "",
+        "NETCOLL_ADVERTISE_HOST": "10.1.2.3",
+        "NETCOLL_HOST": "10.1.2.3",
+    }
     cfg = RankConfig.load({"port": "2222", "rank_hint": None}, env)
-    assert (cfg.port, cfg.http_port, cfg.rank_hint, cfg.coordinator, cfg.log_level, cfg.token) == \
-        (2222, None, 3, "coord:29400", "warning", None)
+    assert (cfg.port, cfg.http_port, cfg.rank_hint, cfg.coordinator, cfg.log_level, cfg.token) == (
+        2222,
+        None,
+        3,
+        "coord:29400",
+        "warning",
+        None,
+    )
     assert cfg.advertise_host == "10.1.2.3" and cfg.local_host == "10.1.2.3"
     assert RankConfig.load({"rank_hint": "$(NETCOLL_RANK_HINT)"}, {}).rank_hint is None  # k8s left it unexpanded
     assert RankConfig.load({}, {}).local_host is None  # 0.0.0.0: dial from wherever the route says
     assert SubmitConfig.load({"op": "all_reduce", "size": "4KiB"}, {}).size == 4096
+    assert SubmitConfig.load({"op": "all_reduce", "size": "1.5M"}, {}).size == 3 << 19
     assert UpConfig.load({"port": "0"}, {}).coordinator_http_port == 0
     with pytest.raises(ConfigError, match="NETCOLL_COORDINATOR"):
         RankConfig.load({}, {"NETCOLL_COORDINATOR": "a:b:c"})
 
 
-def test_health_stays_light() -> None:
-    code = ("import sys; from netcoll.cli import main; rc = main(['health', 'http://127.0.0.1:9/livez', "
-            "'--timeout', '0.5']); print(rc, sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'numpy', 'pydantic', 'msgpack'}))")
-    proc = subprocess.run([sys.executable, "-c", code], env=base_env(), capture_output=True, text=True, timeout=30,
-                          check=False)
-    assert proc.stdout.strip() == "1 []", (proc.stdout, proc.stderr)
+@pytest.mark.parametrize(
+    "argv, rc",
+    [(["health", "http://127.0.0.1:9/livez", "--timeout", "0.5"], 1), (["--help"], 0), (["health", "--help"], 0)],
+)
+def test_health_stays_light(argv: list[str], rc: int) -> None:
+    code = (
+        f"import sys; from netcoll.cli import main; rc = main({argv!r}); "
+        "print(rc, sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pydantic', 'msgpack'}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=base_env(), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert proc.stdout.strip().splitlines()[-1] == f"{rc} []", (proc.stdout, proc.stderr)
+
+
+def test_the_cli_is_a_package_of_one_module_per_command() -> None:
+    import ast
+    import importlib
+
+    from netcoll import cli
+
+    assert cli.COMMANDS == ("coordinator", "rank", "up", "submit", "status", "health", "bench")
+    for name in cli.COMMANDS:
+        module = importlib.import_module(f"netcoll.cli.{name}")
+        assert callable(module.add_parser) and callable(module.run) and module.HELP, name
+    for path in (REPO / "netcoll" / "cli").glob("*.py"):  # small functions, small modules
+        tree = ast.parse(path.read_text())
+        assert len(path.read_text().splitlines()) <= 400, path
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno is not None and node.end_lineno - node.lineno < 60, (path, node.name)
+    scripts = (REPO / "pyproject.toml").read_text()
+    assert 'netcoll = "netcoll.cli:main"' in scripts
+    for module in ("netcoll", "netcoll.cli"):  # python -m netcoll and python -m netcoll.cli
+        proc = subprocess.run(
+            [sys.executable, "-m", module, "--version"],
+            env=base_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert proc.returncode == 0 and netcoll.__version__ in proc.stdout, (module, proc.stdout, proc.stderr)
 
 
 def test_bench_is_wired() -> None:
@@ -308,8 +386,12 @@ def test_up_demo_runs_every_collective_and_exits_0() -> None:
 # -- against the cluster ----------------------------------------------------------------------------
 def test_health_endpoints_and_metrics(cluster: Cluster) -> None:
     cluster.ensure(4)
-    for url in (f"{cluster.http}/livez", f"{cluster.http}/readyz", f"{cluster.ranks[0].info['http']}/readyz",
-                cluster.http.removeprefix("http://")):
+    for url in (
+        f"{cluster.http}/livez",
+        f"{cluster.http}/readyz",
+        f"{cluster.ranks[0].info['http']}/readyz",
+        cluster.http.removeprefix("http://"),
+    ):
         proc = run_cli("health", url)
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", (url, proc.stdout, proc.stderr)
     proc = run_cli("health", f"{cluster.http}/nope")
@@ -324,9 +406,13 @@ def test_health_endpoints_and_metrics(cluster: Cluster) -> None:
     assert metric(text, 'netcoll_rank_jobs_total{result="ok"}') is not None, text
     # garbage, oversize and half-sent requests never take the HTTP server down
     host, port = cluster.http.removeprefix("http://").rsplit(":", 1)
-    for junk in (b"\x00\xff\xfe garbage\r\n\r\n", b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n",
-                 b"GET /livez HTTP/9.9\r\n\r\n", b"POST /readyz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
-                 b"GET /livez"):
+    for junk in (
+        b"\x00\xff\xfe garbage\r\n\r\n",
+        b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n",
+        b"GET /livez HTTP/9.9\r\n\r\n",
+        b"POST /readyz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+        b"GET /livez",
+    ):
         with socket.create_connection((host, int(port)), timeout=10) as s:
             s.sendall(junk)
             s.shutdown(socket.SHUT_WR)
@@ -347,10 +433,11 @@ def test_every_collective_through_the_cli(cluster: Cluster) -> None:
         ["all_reduce", "--size", "64KiB", "--dtype", "bfloat16", "--op", "avg", "--warmup", "1"],
         ["scatter", "--size", "64KiB", "--dtype", "uint8", "--root", "1"],
         ["all_reduce", "--size", "16KiB", "--dtype", "int64", "--op", "bxor", "--algorithm", "ring"],
+        ["all_gather", "--size", "1.5M", "--algorithm", "doubling"],  # a decimal size, as bench takes it
     ]
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:  # they queue and run in order
         results = list(pool.map(lambda args: cluster.submit_json(*args), jobs))
-    for args, (proc, rec) in zip(jobs, results):
+    for args, (proc, rec) in zip(jobs, results, strict=True):
         assert proc.returncode == 0, (args, proc.stderr, rec)
         assert rec["state"] == "succeeded" and rec["error"] is None, (args, rec)
         assert rec["verified"] is (None if args[0] == "barrier" else True), (args, rec)
@@ -376,6 +463,7 @@ async def test_every_collective_through_the_client(cluster: Cluster) -> None:
     rows = [rng.integers(-8, 9, size=(n, 3)).astype(np.float32) for _ in range(n)]
     ints = [rng.integers(0, 1000, size=7).astype(np.int32) for _ in range(n)]
     async with netcoll.Client(cluster.address, token=TOKEN) as client:
+
         async def run(op: str, **kw: Any) -> Any:
             rec = await client.run(op, **kw)
             assert rec["state"] == "succeeded" and rec["world_size"] == n, rec
@@ -383,12 +471,13 @@ async def test_every_collective_through_the_client(cluster: Cluster) -> None:
 
         np.testing.assert_array_equal(await run("all_reduce", inputs=per_rank), np.sum(per_rank, axis=0))
         np.testing.assert_array_equal(await run("all_reduce", inputs=ints, reduce_op="max"), np.max(ints, axis=0))
-        np.testing.assert_array_equal(await run("all_reduce", inputs=ints, reduce_op="bxor"),
-                                      np.bitwise_xor.reduce(ints, axis=0))
-        np.testing.assert_array_equal(await run("broadcast", inputs=per_rank[1], root=1, world_size=n),
-                                      per_rank[1])
-        np.testing.assert_array_equal(await run("reduce", inputs=per_rank, root=2, reduce_op="prod"),
-                                      np.prod(per_rank, axis=0))
+        np.testing.assert_array_equal(
+            await run("all_reduce", inputs=ints, reduce_op="bxor"), np.bitwise_xor.reduce(ints, axis=0)
+        )
+        np.testing.assert_array_equal(await run("broadcast", inputs=per_rank[1], root=1, world_size=n), per_rank[1])
+        np.testing.assert_array_equal(
+            await run("reduce", inputs=per_rank, root=2, reduce_op="prod"), np.prod(per_rank, axis=0)
+        )
         np.testing.assert_array_equal(await run("all_gather", inputs=per_rank), np.stack(per_rank))
         np.testing.assert_array_equal(await run("gather", inputs=per_rank, root=3), np.stack(per_rank))
         got = await run("scatter", inputs=rows[0], root=0, world_size=n)
@@ -426,14 +515,21 @@ def test_status_json_and_text(cluster: Cluster, tmp_path: Path) -> None:
         assert m["current_job"] is None
     assert doc["queued"] == 0 and doc["jobs"] and doc["jobs"][-1]["op"] == "barrier", doc
     (tmp_path / "status.json").write_text(proc.stdout)  # deploy/e2e.sh's contract, checked by its helper
-    helper = subprocess.run([sys.executable, str(REPO / "deploy" / "e2e_json.py"), "members",
-                             str(tmp_path / "status.json")], capture_output=True, text=True, check=False)
+    helper = subprocess.run(
+        [sys.executable, str(REPO / "deploy" / "e2e_json.py"), "members", str(tmp_path / "status.json")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert helper.stdout.strip() == "4", helper.stdout + helper.stderr
     job, _ = cluster.submit_json("all_to_all", "--size", "64KiB")
     (tmp_path / "job.json").write_text(job.stdout)
-    helper = subprocess.run([sys.executable, str(REPO / "deploy" / "e2e_json.py"), "job",
-                             str(tmp_path / "job.json"), "succeeded", "4"], capture_output=True, text=True,
-                            check=False)
+    helper = subprocess.run(
+        [sys.executable, str(REPO / "deploy" / "e2e_json.py"), "job", str(tmp_path / "job.json"), "succeeded", "4"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert helper.returncode == 0 and "world=4" in helper.stdout, helper.stdout + helper.stderr
     text = cluster.cli("status")
     assert text.returncode == 0 and "4 rank daemons" in text.stdout and "recent jobs" in text.stdout, text.stdout
@@ -448,17 +544,26 @@ async def test_bad_requests_get_clear_errors_and_the_coordinator_keeps_serving(c
     await asyncio.to_thread(cluster.ensure, 4)
     rpc = await RpcClient.connect(cluster.address, token=TOKEN)
     try:
-        for spec, word in (({"op": "all_reducex"}, "op"), ({"op": "all_reduce", "dtype": "float33"}, "float33"),
-                           ({"op": "all_reduce", "dtype": "int32", "reduce_op": "avg"}, "avg"),
-                           ({"op": "all_reduce", "size": 1 << 40}, "exceeds"),
-                           ({"op": "all_reduce", "size": "huge"}, "size")):
+        for spec, word in (
+            ({"op": "all_reducex"}, "op"),
+            ({"op": "all_reduce", "dtype": "float33"}, "float33"),
+            ({"op": "all_reduce", "dtype": "int32", "reduce_op": "avg"}, "avg"),
+            ({"op": "all_reduce", "size": 1 << 40}, "exceeds"),
+            ({"op": "all_reduce", "size": "huge"}, "size"),
+        ):
             with pytest.raises((ValueError, TypeError)) as info:
                 await rpc.call("submit", {"spec": spec}, timeout=10)
             assert word in str(info.value), info.value
         with pytest.raises(ValueError, match="do not match"):
-            await rpc.call("submit", {"spec": {"op": "all_reduce", "data": "inline"},
-                                      "inputs": {"mode": "same", "arrays": [{"dtype": "<f4", "shape": [1000],
-                                                                             "nbytes": 4000}]}}, b"short", timeout=10)
+            await rpc.call(
+                "submit",
+                {
+                    "spec": {"op": "all_reduce", "data": "inline"},
+                    "inputs": {"mode": "same", "arrays": [{"dtype": "<f4", "shape": [1000], "nbytes": 4000}]},
+                },
+                b"short",
+                timeout=10,
+            )
         with pytest.raises(ValueError, match="unknown method"):
             await rpc.call("format_disk", {}, timeout=10)
         # a REQUEST frame whose msgpack header is malformed: the coordinator drops that connection only
@@ -472,9 +577,11 @@ async def test_bad_requests_get_clear_errors_and_the_coordinator_keeps_serving(c
         await rpc.close()
 
     host, port = cluster.address.rsplit(":", 1)
-    for garbage in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(4096),
-                    MAGIC + bytes([VERSION, int(Kind.HELLO), 0, 0]) + struct.pack("!IQ", 1 << 31, 1 << 50),
-                    os.urandom(20)):
+    for garbage in (
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(4096),
+        MAGIC + bytes([VERSION, int(Kind.HELLO), 0, 0]) + struct.pack("!IQ", 1 << 31, 1 << 50),
+        os.urandom(20),
+    ):
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(garbage)
         await writer.drain()
@@ -491,9 +598,23 @@ async def test_bad_requests_get_clear_errors_and_the_coordinator_keeps_serving(c
 async def test_killed_daemon_fails_the_job_then_the_rest_then_a_new_one(cluster: Cluster, tmp_path: Path) -> None:
     await asyncio.to_thread(cluster.ensure, 4)
     submit = await asyncio.create_subprocess_exec(
-        *netcoll_cmd("submit", "all_reduce", "--size", "4MiB", "--iters", "100000", "--deadline", "120", "--json",
-                     "--coordinator", cluster.address),
-        env=cluster.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        *netcoll_cmd(
+            "submit",
+            "all_reduce",
+            "--size",
+            "4MiB",
+            "--iters",
+            "100000",
+            "--deadline",
+            "120",
+            "--json",
+            "--coordinator",
+            cluster.address,
+        ),
+        env=cluster.env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         async with netcoll.Client(cluster.address, token=TOKEN) as client:
             async with asyncio.timeout(30):
@@ -505,7 +626,6 @@ async def test_killed_daemon_fails_the_job_then_the_rest_then_a_new_one(cluster:
                     await asyncio.sleep(0.05)
         victim_rank = 2
         victim_id = rec["ranks"][victim_rank]["member_id"]
-        t0 = time.monotonic()
         cluster.rank_of_member(victim_id).popen.send_signal(signal.SIGKILL)
         async with asyncio.timeout(40):
             out, err = await submit.communicate()
@@ -513,16 +633,20 @@ async def test_killed_daemon_fails_the_job_then_the_rest_then_a_new_one(cluster:
         if submit.returncode is None:
             submit.kill()
             await submit.wait()
-    assert time.monotonic() - t0 < 20, "the job should fail fast, not at its deadline"
     assert submit.returncode == 1, (out, err)
     job = json.loads(out)
+    assert "deadline" not in job["error"], f"the job should fail on the lost rank, not at its deadline: {job}"
     assert job["state"] == "failed" and job["id"] == rec["id"], job
     assert f"rank {victim_rank}" in job["error"] and victim_id in job["error"], job["error"]
     assert err.decode().count("\n") == 1 and f"job {job['id']} failed: rank" in err.decode(), err
     (tmp_path / "failed.json").write_bytes(out)  # what deploy/e2e.sh checks, with its own helper
-    helper = await asyncio.to_thread(subprocess.run, [sys.executable, str(REPO / "deploy" / "e2e_json.py"), "job",
-                                     str(tmp_path / "failed.json"), "failed-rank"], capture_output=True, text=True,
-                                     check=False)
+    helper = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(REPO / "deploy" / "e2e_json.py"), "job", str(tmp_path / "failed.json"), "failed-rank"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert helper.returncode == 0, helper.stdout + helper.stderr
     failed_epoch = job["epoch"]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import pytest
 import netcoll
 from netcoll.ops import reduce_reference
 from netcoll.service import Client, JobService, RankDaemon
-from netcoll.service.jobs import COLLECTIVES, JobSpec, parse_size
+from netcoll.service.jobs import COLLECTIVES, JobSpec, generate_input, parse_size, verify
 
 pytestmark = pytest.mark.tcp
 
@@ -29,8 +30,15 @@ class Cluster:
     def add(self, n: int = 1, **kw: Any) -> None:
         for _ in range(n):
             i = len(self.daemons)
-            d = RankDaemon(self.coord.address, host=f"127.0.0.{i + 2}", port=0, local_host=f"127.0.0.{i + 2}",
-                           heartbeat=0.5, token=self.token, **kw)
+            d = RankDaemon(
+                self.coord.address,
+                host=f"127.0.0.{i + 2}",
+                port=0,
+                local_host=f"127.0.0.{i + 2}",
+                heartbeat=0.5,
+                token=self.token,
+                **kw,
+            )
             self.daemons.append(d)
             self.tasks.append(asyncio.create_task(d.run()))
 
@@ -199,17 +207,25 @@ async def test_bad_requests_get_clear_errors_and_service_continues() -> None:
     async with cluster(2) as (_, client):
         rpc = client.rpc
         assert rpc is not None
-        for spec, word in (({"op": "all_reduceX"}, "op"), ({"op": "all_reduce", "dtype": "object"}, "dtype"),
-                           ({"op": "all_reduce", "dtype": "int32", "reduce_op": "avg"}, "avg"),
-                           ({"op": "all_reduce", "size": 1 << 40}, "exceeds"),
-                           ({"op": "all_reduce", "bogus": 1}, "bogus")):
+        for spec, word in (
+            ({"op": "all_reduceX"}, "op"),
+            ({"op": "all_reduce", "dtype": "object"}, "dtype"),
+            ({"op": "all_reduce", "dtype": "int32", "reduce_op": "avg"}, "avg"),
+            ({"op": "all_reduce", "size": 1 << 40}, "exceeds"),
+            ({"op": "all_reduce", "bogus": 1}, "bogus"),
+        ):
             with pytest.raises((ValueError, TypeError)) as info:
                 await rpc.call("submit", {"spec": spec})
             assert word in str(info.value), info.value
         with pytest.raises(ValueError):
-            await rpc.call("submit", {"spec": {"op": "all_reduce", "data": "inline"},
-                                      "inputs": {"mode": "same", "arrays": [{"dtype": "<f4", "shape": [4],
-                                                                             "nbytes": 16}]}}, b"short")
+            await rpc.call(
+                "submit",
+                {
+                    "spec": {"op": "all_reduce", "data": "inline"},
+                    "inputs": {"mode": "same", "arrays": [{"dtype": "<f4", "shape": [4], "nbytes": 16}]},
+                },
+                b"short",
+            )
         with pytest.raises(KeyError):
             await client.wait(12345)
         host, port = client.address.rsplit(":", 1)
@@ -232,13 +248,59 @@ async def test_token_protects_the_job_service() -> None:
 
 
 def test_job_spec_and_sizes() -> None:
+    from netcoll import sizes
+
+    assert parse_size is sizes.parse_size  # one size grammar: the job model's is netcoll.sizes'
     assert parse_size("64MiB") == 64 << 20 and parse_size("1G") == 1 << 30 and parse_size("4k") == 4096
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a size: 'lots'"):
         parse_size("lots")
     spec = JobSpec(op="all_reduce", size="1MiB", dtype="float16")
     assert spec.count == 1 << 19
+    assert JobSpec(op="all_gather", size="1.5M").size == 3 << 19
+    with pytest.raises(ValueError, match="not a size"):
+        JobSpec(op="all_gather", size="1.5 parsecs")
     with pytest.raises(TypeError):
         JobSpec(op="all_reduce", dtype="int8", reduce_op="avg")
+
+
+def test_job_spec_takes_its_collectives_and_algorithms_from_the_registry() -> None:
+    from netcoll.collectives import NAMES, REGISTRY
+
+    assert COLLECTIVES == NAMES
+    for name, coll in REGISTRY.items():
+        for algorithm in coll.algorithms:
+            assert JobSpec(op=name, algorithm=algorithm).collective is coll
+        with pytest.raises(ValueError, match=f"{name} has no algorithm 'nope'"):
+            JobSpec(op=name, algorithm="nope")
+    with pytest.raises(ValueError, match="unknown op 'allreduce'"):
+        JobSpec(op="allreduce")
+    assert JobSpec(op="put", output="w", data="inline").collective is None
+
+
+@pytest.mark.parametrize("op", [n for n in COLLECTIVES if n != "barrier"])
+def test_generated_job_data_verifies_and_catches_corruption(op: str) -> None:
+    """The job service's generator and verifier are the registry's: what every rank
+    would hold after a correct run verifies on every rank, a flipped element does not."""
+    from netcoll.ops import reduce_reference
+
+    n, spec = 3, JobSpec(op=op, size="12KiB", dtype="int32", reduce_op="max", root=1)
+    full = [generate_input(spec.model_copy(update={"root": r}), r, n) for r in range(n)]  # every rank's data
+    red = reduce_reference("max", full) if spec.collective and spec.collective.takes_op else None
+    want = {
+        "all_reduce": lambda r: red,
+        "reduce": lambda r: red if r == 1 else None,
+        "broadcast": lambda r: full[1],
+        "all_gather": lambda r: np.stack(full),
+        "gather": lambda r: np.stack(full) if r == 1 else None,
+        "scatter": lambda r: full[1][r],
+        "reduce_scatter": lambda r: red[r],
+        "all_to_all": lambda r: np.stack([full[j][r] for j in range(n)]),
+    }[op]
+    for r in range(n):
+        assert verify(spec, r, n, want(r)) == (True, 0), (op, r)
+    y = want(1).copy()
+    y.reshape(-1)[5] += 1
+    assert verify(spec, 1, n, y) == (False, 1)
 
 
 async def test_daemon_cancels_its_job_when_the_coordinator_goes() -> None:
@@ -267,13 +329,13 @@ async def test_daemon_cancels_its_job_when_the_coordinator_goes() -> None:
         await asyncio.wait_for(asyncio.gather(*c.tasks, return_exceptions=True), 10)
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
-                                "reduce_scatter", "all_to_all"])
+@pytest.mark.parametrize(
+    "op", ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all"]
+)
 async def test_job_iterations_reuse_the_first_result_buffer(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A job's calls after the first write into the first call's result (no
     allocation per iteration) and the last result still verifies."""
     import netcoll.service.runner as runner
-    from netcoll.service.jobs import JobSpec, generate_input, verify
 
     from .conftest import run_world
 

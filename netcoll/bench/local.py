@@ -75,9 +75,168 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-async def run_local(cfg: SweepConfig, ranks: int = 4, *, on_event: Event | None = None, loop: str = "auto",
-                    python: str | None = None, limit: float | None = None,
-                    connect_timeout: float = 60.0) -> dict[str, Any]:
+class _Ranks:
+    """The rank processes of one run and what they report: rows, hellos, errors,
+    stderr tails. Their output is read by tasks; :meth:`close` kills and reaps all."""
+
+    def __init__(self, ranks: int, on_event: Event | None) -> None:
+        self.ranks, self.on_event = ranks, on_event
+        self.rows: list[dict[str, Any]] = []
+        self.hellos: dict[int, dict[str, Any]] = {}
+        self.rank_list: list[dict[str, Any]] = []
+        self.errors: list[dict[str, Any]] = []
+        self.tails: dict[int, collections.deque[str]] = {i: collections.deque(maxlen=40) for i in range(ranks)}
+        self.failed = asyncio.Event()
+        self.callback_errors: list[Exception] = []
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(
+        self, address: str, cfg: SweepConfig, *, loop: str, python: str | None, connect_timeout: float
+    ) -> None:
+        """One ``python -m netcoll.bench.worker`` per rank, with tasks reading its output."""
+        env = child_env()
+        for i in range(self.ranks):
+            proc = await asyncio.create_subprocess_exec(
+                python or sys.executable,
+                "-m",
+                "netcoll.bench.worker",
+                "--address",
+                address,
+                "--world-size",
+                str(self.ranks),
+                "--rank",
+                str(i),
+                "--loop",
+                loop,
+                "--connect-timeout",
+                str(connect_timeout),
+                "--config",
+                json.dumps(cfg.to_json()),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+            self.procs.append(proc)
+            self.tasks += [
+                asyncio.create_task(self._read_stdout(i, proc)),
+                asyncio.create_task(self._read_stderr(i, proc)),
+                asyncio.create_task(self._wait_exit(proc)),
+            ]
+
+    def _on_line(self, i: int, line: str) -> bool:
+        """Handle one stdout line of rank ``i``; False: stop reading (the callback failed)."""
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            self.tails[i].append(line)
+            return True
+        kind = ev.get("event")
+        if kind == "hello":
+            self.hellos[i] = ev
+        elif kind == "row":
+            self.rows.append(ev["row"])
+        elif kind == "error":
+            self.errors.append(ev)
+            self.failed.set()
+        elif kind == "ranks":
+            self.rank_list[:] = ev["ranks"]
+        if self.on_event is not None and kind in ("ranks", "start", "row"):
+            try:
+                self.on_event(ev)
+            except Exception as exc:  # noqa: BLE001 - e.g. BrokenPipeError from the table printer: stop the run
+                self.callback_errors.append(exc)
+                self.failed.set()
+                return False
+        return True
+
+    async def _read_stdout(self, i: int, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").strip()
+            if line and not self._on_line(i, line):
+                return
+
+    async def _read_stderr(self, i: int, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        async for raw in proc.stderr:
+            self.tails[i].append(raw.decode(errors="replace").rstrip("\n"))
+
+    async def _wait_exit(self, proc: asyncio.subprocess.Process) -> None:
+        if await proc.wait() != 0:
+            self.failed.set()
+
+    async def wait(self, limit: float | None) -> None:
+        """Until every rank is done; raise on a failure (BenchError) or after ``limit`` s."""
+        fail_wait = asyncio.create_task(self.failed.wait())
+        deadline = None if limit is None else time.monotonic() + limit
+        pending: set[asyncio.Future[Any]] = set(self.tasks)
+        try:
+            while pending and not self.failed.is_set():
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                _, pending = await asyncio.wait(
+                    pending | {fail_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(fail_wait)
+                if deadline is not None and time.monotonic() >= deadline and pending:
+                    raise TimeoutError(f"benchmark did not finish within {limit:g} s")
+        finally:
+            fail_wait.cancel()
+        if self.callback_errors:
+            raise self.callback_errors[0]
+        if self.failed.is_set():
+            if pending:  # give the other ranks a moment to report their side (a lost peer, ...)
+                await asyncio.wait(pending, timeout=3.0)
+            raise BenchError(_describe_failure(self.procs, self.errors, self.tails))
+
+    @property
+    def running(self) -> bool:
+        return any(p.returncode is None for p in self.procs)
+
+    async def close(self) -> None:
+        """Kill and reap every rank process; finish the reader tasks."""
+        _kill_all(self.procs)
+        for t in self.tasks:
+            t.cancel()
+        await _reap(self.procs)
+        if self.tasks:
+            await asyncio.wait(self.tasks)
+        for t in self.tasks:  # retrieve every outcome (no "never retrieved" warnings)
+            if not t.cancelled():
+                t.exception()
+
+    def meta(self, cfg: SweepConfig, loop: str, started: float) -> dict[str, Any]:
+        """The run's ``meta``: machine, configuration, ranks, memory, timing."""
+        return {
+            **machine_facts(),
+            "world_size": self.ranks,
+            "transport": "tcp, loopback 127.0.0.1",
+            "loop": self.hellos.get(0, {}).get("loop", loop),
+            "config": cfg.to_json(),
+            "ranks": self.rank_list
+            or [
+                {"rank": h.get("rank"), "pid": h.get("pid"), "host": h.get("host")}
+                for _, h in sorted(self.hellos.items())
+            ],
+            "baseline_rss_bytes": max((r["baseline_rss_bytes"] for r in self.rows), default=None),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "elapsed_s": round(time.time() - started, 3),
+            "in_place": "not measured (out-of-place only)",
+        }
+
+
+async def run_local(
+    cfg: SweepConfig,
+    ranks: int = 4,
+    *,
+    on_event: Event | None = None,
+    loop: str = "auto",
+    python: str | None = None,
+    limit: float | None = None,
+    connect_timeout: float = 60.0,
+) -> dict[str, Any]:
     """Run ``cfg`` on a fresh local cluster of ``ranks`` processes.
 
     Returns ``{"meta": {...}, "rows": [...]}``. ``on_event`` sees rank 0's
@@ -93,123 +252,25 @@ async def run_local(cfg: SweepConfig, ranks: int = 4, *, on_event: Event | None 
     if cfg.root >= ranks:
         raise ValueError(f"-r/--root {cfg.root} is not a rank of {ranks} ranks")
     started = time.time()
-    rows: list[dict[str, Any]] = []
-    hellos: dict[int, dict[str, Any]] = {}
-    rank_list: list[dict[str, Any]] = []
-    errors: list[dict[str, Any]] = []
-    stderr_tails: dict[int, collections.deque[str]] = {}
-    failed = asyncio.Event()
-    callback_errors: list[Exception] = []
-    procs: list[asyncio.subprocess.Process] = []
-
-    async def read_stdout(i: int, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        async for raw in proc.stdout:
-            line = raw.decode(errors="replace").strip()
-            if not line:
-                continue
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                stderr_tails[i].append(line)
-                continue
-            kind = ev.get("event")
-            if kind == "hello":
-                hellos[i] = ev
-            elif kind == "row":
-                rows.append(ev["row"])
-            elif kind == "error":
-                errors.append(ev)
-                failed.set()
-            elif kind == "ranks":
-                rank_list[:] = ev["ranks"]
-            if on_event is not None and kind in ("ranks", "start", "row"):
-                try:
-                    on_event(ev)
-                except Exception as exc:  # e.g. BrokenPipeError from the table printer: stop the run
-                    callback_errors.append(exc)
-                    failed.set()
-                    return
-
-    async def read_stderr(i: int, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stderr is not None
-        async for raw in proc.stderr:
-            stderr_tails[i].append(raw.decode(errors="replace").rstrip("\n"))
-
-    async def wait_exit(proc: asyncio.subprocess.Process) -> None:
-        if await proc.wait() != 0:
-            failed.set()
-
-    tasks: list[asyncio.Task[None]] = []
+    group = _Ranks(ranks, on_event)
     quiet = _Quiet()  # a rank we kill is "lost" to the coordinator: not worth a warning
     try:
         async with netcoll.Coordinator(host="127.0.0.1") as coord:
-            env = child_env()
             try:
-                for i in range(ranks):
-                    stderr_tails[i] = collections.deque(maxlen=40)
-                    proc = await asyncio.create_subprocess_exec(
-                        python or sys.executable, "-m", "netcoll.bench.worker", "--address", coord.address,
-                        "--world-size", str(ranks), "--rank", str(i), "--loop", loop,
-                        "--connect-timeout", str(connect_timeout), "--config", json.dumps(cfg.to_json()),
-                        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                        stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
-                    procs.append(proc)
-                    tasks += [asyncio.create_task(read_stdout(i, proc)), asyncio.create_task(read_stderr(i, proc)),
-                              asyncio.create_task(wait_exit(proc))]
-                fail_wait = asyncio.create_task(failed.wait())
-                deadline = None if limit is None else time.monotonic() + limit
-                pending: set[asyncio.Future[Any]] = set(tasks)
-                try:
-                    while pending and not failed.is_set():
-                        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-                        _, pending = await asyncio.wait(pending | {fail_wait}, timeout=timeout,
-                                                        return_when=asyncio.FIRST_COMPLETED)
-                        pending.discard(fail_wait)
-                        if deadline is not None and time.monotonic() >= deadline and pending:
-                            raise TimeoutError(f"benchmark did not finish within {limit:g} s")
-                finally:
-                    fail_wait.cancel()
-                if callback_errors:
-                    raise callback_errors[0]
-                if failed.is_set():
-                    # give the other ranks a moment to report their side (a lost peer, ...)
-                    if pending:
-                        await asyncio.wait(pending, timeout=3.0)
-                    raise BenchError(_describe_failure(procs, errors, stderr_tails))
+                await group.start(coord.address, cfg, loop=loop, python=python, connect_timeout=connect_timeout)
+                await group.wait(limit)
             finally:
-                if any(p.returncode is None for p in procs):
+                if group.running:
                     quiet.enter()
-                _kill_all(procs)
-                for t in tasks:
-                    t.cancel()
-                await _reap(procs)
-                if tasks:
-                    await asyncio.wait(tasks)
-                for t in tasks:  # retrieve every outcome (no "never retrieved" warnings)
-                    if not t.cancelled():
-                        t.exception()
+                await group.close()
     finally:
         quiet.exit()
-
-    meta = {
-        **machine_facts(),
-        "world_size": ranks,
-        "transport": "tcp, loopback 127.0.0.1",
-        "loop": hellos.get(0, {}).get("loop", loop),
-        "config": cfg.to_json(),
-        "ranks": rank_list or [{"rank": h.get("rank"), "pid": h.get("pid"), "host": h.get("host")}
-                               for _, h in sorted(hellos.items())],
-        "baseline_rss_bytes": max((r["baseline_rss_bytes"] for r in rows), default=None),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "elapsed_s": round(time.time() - started, 3),
-        "in_place": "not measured (out-of-place only)",
-    }
-    return {"meta": meta, "rows": rows}
+    return {"meta": group.meta(cfg, loop, started), "rows": group.rows}
 
 
-def _describe_failure(procs: list[asyncio.subprocess.Process], errors: list[dict[str, Any]],
-                      tails: dict[int, collections.deque[str]]) -> str:
+def _describe_failure(
+    procs: list[asyncio.subprocess.Process], errors: list[dict[str, Any]], tails: dict[int, collections.deque[str]]
+) -> str:
     parts = []
     for ev in errors:
         parts.append(f"rank {ev.get('rank')}: {ev.get('error')}: {ev.get('message')}")

@@ -9,17 +9,61 @@ runner, so the numbers compare.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from .common import BLOCKED, SweepConfig, geometry, make_row
+from .common import Geometry, SweepConfig, geometry, make_row
 
 
 class RemoteBenchError(RuntimeError):
     """A job of the sweep failed (the message is the job's reason)."""
 
 
-async def run_remote(cfg: SweepConfig, address: str, *, token: str | None = None,
-                     on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def _job_fields(cfg: SweepConfig, g: Geometry) -> dict[str, Any]:
+    """The generated-data job of one step: a job's input is one rank's buffer, so
+    ``shape`` is the geometry's input shape (the registry's), not nccl-tests' size."""
+    return {
+        "op": g.op,
+        "shape": list(g.input_shape),
+        "dtype": cfg.dtype,
+        "reduce_op": cfg.redop,
+        "root": cfg.root,
+        "algorithm": cfg.algorithm_for(g.op),
+        "iters": cfg.iters,
+        "warmup": cfg.warmup,
+        "world_size": g.world_size,
+        "deadline": cfg.timeout or 300.0,
+    }
+
+
+def _row(cfg: SweepConfig, g: Geometry, rec: dict[str, Any], requested: int) -> dict[str, Any]:
+    """The table row of one finished job (time: the mean of the slowest rank per iteration)."""
+    seconds = (rec["time_us"] or 0.0) / 1e6
+    per_rank = {int(r): sum(t) / len(t) for r, t in rec["timings"].items() if t}
+    return make_row(
+        g,
+        redop=cfg.redop,
+        root=cfg.root,
+        seconds=seconds,
+        median_seconds=seconds,
+        min_seconds=seconds,
+        wrong=None if not cfg.check else (rec.get("wrong") or 0),
+        requested=requested,
+        iters=cfg.iters,
+        warmup=cfg.warmup,
+        algorithm=cfg.algorithm_for(g.op),
+        job=rec["id"],
+        rank_time_us=[per_rank[r] * 1e6 for r in sorted(per_rank)],
+    )
+
+
+async def run_remote(
+    cfg: SweepConfig,
+    address: str,
+    *,
+    token: str | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Run the sweep on the daemons at ``address``; return ``{"rows", "meta"}``."""
     from ..service import Client, JobSpec
 
@@ -30,26 +74,23 @@ async def run_remote(cfg: SweepConfig, address: str, *, token: str | None = None
         if not members:
             raise RemoteBenchError(f"no rank daemons are registered at {address}")
         n = len(members)
-        emit({"event": "ranks", "ranks": [{"rank": i, "pid": 0, "host": m["host"], "member_id": m["member_id"]}
-                                          for i, m in enumerate(members)]})
+        emit(
+            {
+                "event": "ranks",
+                "ranks": [
+                    {"rank": i, "pid": 0, "host": m["host"], "member_id": m["member_id"]} for i, m in enumerate(members)
+                ],
+            }
+        )
         for op, requested in cfg.steps():
             g = geometry(op, requested, cfg.np_dtype, n)
             emit({"event": "start", "op": op, "size": g.size, "requested": requested})
-            shape = [n, g.count] if op in BLOCKED and op not in ("all_gather", "gather") else [g.count]
-            spec = JobSpec(op=op, shape=shape, dtype=cfg.dtype, reduce_op=cfg.redop, root=cfg.root,
-                           algorithm=cfg.algorithm or "auto", iters=cfg.iters, warmup=cfg.warmup,
-                           world_size=n, deadline=cfg.timeout or 300.0)
-            rec = await client.run(spec)
+            rec = await client.run(JobSpec(**_job_fields(cfg, g)))
             if rec["state"] != "succeeded" and not (rec["state"] == "failed" and rec["verified"] is False):
                 raise RemoteBenchError(f"{op} of {g.size} bytes: job {rec['id']} {rec['state']}: {rec['error']}")
-            seconds = (rec["time_us"] or 0.0) / 1e6
-            per_rank = {int(r): sum(t) / len(t) for r, t in rec["timings"].items() if t}
-            row = make_row(g, redop=cfg.redop, root=cfg.root, seconds=seconds, median_seconds=seconds,
-                           min_seconds=seconds, wrong=None if not cfg.check else (rec.get("wrong") or 0),
-                           requested=requested, iters=cfg.iters, warmup=cfg.warmup,
-                           algorithm=spec.algorithm, job=rec["id"],
-                           rank_time_us=[per_rank[r] * 1e6 for r in sorted(per_rank)])
-            rows.append(row)
-            emit({"event": "row", "row": row})
-    return {"rows": rows, "meta": {"config": cfg.to_json(), "world_size": n, "coordinator": address,
-                                   "transport": "tcp, rank daemons"}}
+            rows.append(_row(cfg, g, rec, requested))
+            emit({"event": "row", "row": rows[-1]})
+    return {
+        "rows": rows,
+        "meta": {"config": cfg.to_json(), "world_size": n, "coordinator": address, "transport": "tcp, rank daemons"},
+    }

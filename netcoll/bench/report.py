@@ -15,7 +15,8 @@ import time
 from collections.abc import Iterable
 from typing import IO, Any
 
-from .common import OPS, format_size
+from ..sizes import format_size
+from .common import OPS
 
 
 def _time_str(us: float) -> str:
@@ -40,8 +41,10 @@ def preamble(meta: dict[str, Any]) -> list[str]:
         "# Using devices",
     ]
     for r in meta.get("ranks", []):
-        lines.append(f"#  Rank {r['rank']:2d} Group  0 Pid {r['pid']:6d} on {str(r['host'])[:10]:>10s} "
-                     f"device {r['rank']:2d} [0x00] cpu, tcp")
+        lines.append(
+            f"#  Rank {r['rank']:2d} Group  0 Pid {r['pid']:6d} on {str(r['host'])[:10]:>10s} "
+            f"device {r['rank']:2d} [0x00] cpu, tcp"
+        )
     lines.append("#")
     return lines
 
@@ -65,9 +68,11 @@ def header(op: str | None = None) -> list[str]:
 def format_row(row: dict[str, Any]) -> str:
     """One data line; in-place columns print N/A (not measured)."""
     wrong = "N/A" if row.get("wrong") is None else f"{row['wrong']:5g}"
-    return (f"{row['size']:12d}  {row['count']:12d}  {row['type']:>8s}  {row['redop']:>6s}  {row['root']:6d}"
-            f"  {_time_str(row['time_us'])}  {row['algbw']:6.2f}  {row['busbw']:6.2f}  {wrong:>5s}"
-            f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {'N/A':>5s}")
+    return (
+        f"{row['size']:12d}  {row['count']:12d}  {row['type']:>8s}  {row['redop']:>6s}  {row['root']:6d}"
+        f"  {_time_str(row['time_us'])}  {row['algbw']:6.2f}  {row['busbw']:6.2f}  {wrong:>5s}"
+        f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {'N/A':>5s}"
+    )
 
 
 def avg_busbw(rows: Iterable[dict[str, Any]]) -> float:
@@ -176,18 +181,21 @@ def to_json(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 
 class PlotUnavailable(RuntimeError):
-    pass
+    """``--plot`` without matplotlib installed."""
 
 
 def require_matplotlib() -> Any:
-    try:
-        import matplotlib
+    """``matplotlib.pyplot`` on the Agg backend (an optional extra: imported by name, so
+    type checking does not need it installed)."""
+    import importlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:
+        importlib.import_module("matplotlib").use("Agg")
+        plt = importlib.import_module("matplotlib.pyplot")
     except ImportError:
-        raise PlotUnavailable("--plot needs matplotlib, which is not installed: "
-                              "python3 -m pip install matplotlib") from None
+        raise PlotUnavailable(
+            "--plot needs matplotlib, which is not installed: python3 -m pip install matplotlib"
+        ) from None
     return plt
 
 
@@ -222,6 +230,6 @@ def _size_ticks(ax: Any, sizes: list[int]) -> None:
         return
     lo, hi = int(math.log2(min(sizes))), math.ceil(math.log2(max(sizes)))
     step = max(2, (hi - lo) // 8 + 1)
-    ticks = [2 ** k for k in range(lo, hi + 1, step)]
+    ticks = [2**k for k in range(lo, hi + 1, step)]
     ax.set_xticks(ticks)
     ax.set_xticklabels([format_size(t).replace(" ", "") for t in ticks], fontsize=8)

@@ -31,6 +31,7 @@ def _emit(event: dict[str, Any]) -> None:
 
 def _die_with_parent() -> None:
     """Exit when stdin closes: the runner went away, however it went."""
+
     def watch() -> None:
         try:
             while os.read(0, 65536):  # the raw fd: no buffered-reader lock held at shutdown
@@ -50,16 +51,36 @@ async def _main(ns: argparse.Namespace) -> int:
 
     cfg = SweepConfig.from_json(json.loads(ns.config))
     try:
-        async with netcoll.connect(ns.address, world_size=ns.world_size, rank=ns.rank, group=ns.group,
-                                   local_host=ns.local_host, timeout=ns.connect_timeout,
-                                   segment_bytes=cfg.segment_bytes) as comm:
-            _emit({"event": "hello", "rank": comm.rank, "pid": os.getpid(), "host": socket.gethostname(),
-                   "loop": _loop_name(asyncio.get_running_loop()),
-                   "rss_bytes": peak_rss_bytes()})
+        async with netcoll.connect(
+            ns.address,
+            world_size=ns.world_size,
+            rank=ns.rank,
+            group=ns.group,
+            local_host=ns.local_host,
+            timeout=ns.connect_timeout,
+            segment_bytes=cfg.segment_bytes,
+        ) as comm:
+            _emit(
+                {
+                    "event": "hello",
+                    "rank": comm.rank,
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "loop": _loop_name(asyncio.get_running_loop()),
+                    "rss_bytes": peak_rss_bytes(),
+                }
+            )
             await run_sweep(comm, cfg, on_event=_emit)
     except Exception as exc:  # noqa: BLE001 - reported to the runner, which names the rank
-        _emit({"event": "error", "rank": ns.rank, "error": type(exc).__name__, "message": str(exc),
-               "traceback": traceback.format_exc()[-4000:]})
+        _emit(
+            {
+                "event": "error",
+                "rank": ns.rank,
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "traceback": traceback.format_exc()[-4000:],
+            }
+        )
         return 1
     _emit({"event": "done", "rank": ns.rank})
     return 0

@@ -1,6 +1,10 @@
 """Collective jobs: the pydantic model a client submits, the states a job
 moves through, and the deterministic data a rank generates for (and checks
-after) a benchmark job. No networking here.
+after) a generated-data job. No networking here.
+
+What each collective takes, its bus-bandwidth factor and its test data come
+from the registry (:mod:`netcoll.collectives`); sizes parse with
+:func:`netcoll.sizes.parse_size`, as everywhere else.
 
 States: ``queued -> running -> succeeded | failed | cancelled`` (a queued job
 may also go straight to ``cancelled`` or ``failed``). A job always ends in
@@ -10,27 +14,33 @@ one of the last three, with a result or a reason.
 from __future__ import annotations
 
 import enum
-import re
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..ops import BFLOAT16, ReduceOp, check_dtype, check_op_dtype, finalize, parse_op, reduce_into
+from .. import collectives
+from ..collectives import Collective
+from ..ops import BFLOAT16, ReduceOp, check_dtype, check_op_dtype, parse_op
+from ..sizes import parse_size
+from ..testdata import TestData
 
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
-               "all_to_all", "barrier")
-BUFFER_OPS = ("put", "get", "delete")
-REDUCING = ("all_reduce", "reduce", "reduce_scatter")
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
-#: busbw = algbw x factor(n), as nccl-tests defines it
-BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "barrier": lambda n: 0.0,
-}
-MAX_JOB_BYTES = 1 << 34  # 16 GiB per rank
+__all__ = [
+    "BUFFER_OPS",
+    "COLLECTIVES",
+    "MAX_JOB_BYTES",
+    "JobSpec",
+    "JobState",
+    "generate_input",
+    "parse_size",
+    "verify",
+]
+
+#: Every collective a job can run (the registry's names).
+COLLECTIVES: Final = collectives.NAMES
+#: Jobs that manage named tensors kept on the ranks, not collectives.
+BUFFER_OPS: Final = ("put", "get", "delete")
+MAX_JOB_BYTES: Final = 1 << 34  # 16 GiB per rank
 
 
 class JobState(str, enum.Enum):
@@ -45,22 +55,6 @@ class JobState(str, enum.Enum):
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str | int) -> int:
-    """``4KiB``, ``64MiB``, ``1G``, ``512`` -> bytes (K/M/G/T are binary, 1024-based)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"size must be >= 0, got {text}")
-        return text
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ValueError(f"cannot parse size {text!r} (use e.g. 4096, 4KiB, 64MiB, 1G)")
-    value = float(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " ")
-    return int(value)
-
-
 class JobSpec(BaseModel):
     """What to run. ``data="generated"`` makes each rank build deterministic
     input and verify the result (benchmarks); ``"inline"`` uses arrays sent
@@ -68,8 +62,7 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    op: Literal["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
-                "all_to_all", "barrier", "put", "get", "delete"]
+    op: str = Field(description="a collective of netcoll.collectives, or put / get / delete")
     dtype: str = "float32"
     size: int | None = Field(default=None, ge=0, description="bytes per rank (generated data)")
     shape: list[int] | None = None
@@ -85,11 +78,19 @@ class JobSpec(BaseModel):
     output: str | None = None
     return_result: bool = True
 
+    @field_validator("op")
+    @classmethod
+    def _op(cls, v: str) -> str:
+        if v not in COLLECTIVES and v not in BUFFER_OPS:
+            raise ValueError(
+                f"unknown op {v!r}; choose a collective ({', '.join(COLLECTIVES)}) or {', '.join(BUFFER_OPS)}"
+            )
+        return v
+
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, v: str) -> str:
-        dt = np.dtype(v) if v != "bfloat16" else check_dtype(_bf16())
-        check_dtype(dt)
+        check_dtype(BFLOAT16 if v == "bfloat16" else np.dtype(v))
         return v
 
     @field_validator("reduce_op")
@@ -111,25 +112,45 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
-        if self.op in REDUCING:
-            check_op_dtype(ReduceOp(self.reduce_op), self.np_dtype)
-        if self.data == "generated" and self.op not in BUFFER_OPS and self.op != "barrier":
-            if self.size is None and self.shape is None:
-                self.size = 1 << 20
-            if self.size is not None and self.size % self.np_dtype.itemsize:
-                raise ValueError(f"size {self.size} is not a whole number of {self.dtype} elements "
-                                 f"({self.np_dtype.itemsize} bytes each)")
-            if self.nbytes > MAX_JOB_BYTES:
-                raise ValueError(f"job of {self.nbytes} bytes per rank exceeds the limit of {MAX_JOB_BYTES}")
+        coll = self.collective
+        if coll is not None:
+            self._check_collective(coll)
+        if self.data == "generated" and coll is not None and coll.has_data:
+            self._check_generated()
         if self.data == "buffer" and not self.input:
             raise ValueError("data='buffer' needs input=<name of a buffer put on the ranks>")
         if self.op in BUFFER_OPS and not (self.input or self.output):
             raise ValueError(f"{self.op} needs the buffer name (input= or output=)")
         return self
 
+    def _check_collective(self, coll: Collective) -> None:
+        """The reduction suits the dtype; the algorithm is one of the collective's."""
+        if coll.takes_op:
+            check_op_dtype(ReduceOp(self.reduce_op), self.np_dtype)
+        if self.algorithm not in coll.algorithms:
+            raise ValueError(
+                f"{coll.name} has no algorithm {self.algorithm!r}; choose one of {', '.join(coll.algorithms)}"
+            )
+
+    def _check_generated(self) -> None:
+        """A default size, whole elements, and the per-rank limit."""
+        if self.size is None and self.shape is None:
+            self.size = 1 << 20
+        if self.size is not None and self.size % self.np_dtype.itemsize:
+            raise ValueError(
+                f"size {self.size} is not a whole number of {self.dtype} elements ({self.np_dtype.itemsize} bytes each)"
+            )
+        if self.nbytes > MAX_JOB_BYTES:
+            raise ValueError(f"job of {self.nbytes} bytes per rank exceeds the limit of {MAX_JOB_BYTES}")
+
+    @property
+    def collective(self) -> Collective | None:
+        """The registry entry of ``op`` (None for put / get / delete)."""
+        return collectives.REGISTRY.get(self.op)
+
     @property
     def np_dtype(self) -> np.dtype:
-        return check_dtype(_bf16() if self.dtype == "bfloat16" else np.dtype(self.dtype))
+        return check_dtype(BFLOAT16 if self.dtype == "bfloat16" else np.dtype(self.dtype))
 
     @property
     def count(self) -> int:
@@ -143,84 +164,23 @@ class JobSpec(BaseModel):
         return self.count * self.np_dtype.itemsize
 
 
-def _bf16() -> np.dtype:
-    return BFLOAT16
-
-
-# -- generated data ----------------------------------------------------------------
-def _pattern(count: int, salt: int, dtype: np.dtype) -> np.ndarray:
-    """Small integers (exact in every dtype, bool included)."""
-    base = (np.arange(count, dtype=np.int64) + salt) % 7 + 1
-    if dtype.kind == "b":
-        return (base % 2).astype(dtype)
-    if dtype.kind in "fV":  # float16/32/64 and bfloat16: via float32, exact for small integers
-        return base.astype(np.float32).astype(dtype)
-    return base.astype(dtype)
+# -- generated data (the registry's generator and verifier) -----------------------------------------
+def _data(spec: JobSpec, world: int) -> TestData:
+    return TestData(spec.reduce_op, spec.np_dtype, world)
 
 
 def generate_input(spec: JobSpec, rank: int, world: int) -> np.ndarray | None:
     """This rank's input for a generated-data job (None where the rank sends nothing)."""
-    dt, n = spec.np_dtype, spec.count
-    if spec.op in ("scatter",) and rank != spec.root:
-        return None
-    if spec.op in ("broadcast",) and rank != spec.root:
-        return None
-    if spec.op in ("scatter", "reduce_scatter", "all_to_all"):
-        per = max(n // world, 0)
-        return np.stack([_pattern(per, rank * world + j, dt) for j in range(world)]) if world else None
-    return _pattern(n, rank, dt)
+    coll = spec.collective
+    if coll is None:  # put of generated data: this rank's pattern
+        return _data(spec, world).array((spec.count,), rank)
+    return coll.make_input(_data(spec, world), coll.block_of(spec.count, world), rank, spec.root)
 
 
-def expected_output(spec: JobSpec, rank: int, world: int) -> np.ndarray | None:
-    """What ``rank`` must hold after the job (None where it gets nothing)."""
-    dt, n, op = spec.np_dtype, spec.count, spec.op
-    rop = ReduceOp(spec.reduce_op)
-    if op == "broadcast":
-        return _pattern(n, spec.root, dt)
-    if op in ("all_gather", "gather"):
-        if op == "gather" and rank != spec.root:
-            return None
-        return np.stack([_pattern(n, r, dt) for r in range(world)])
-    if op == "scatter":
-        return _pattern(max(n // world, 0), spec.root * world + rank, dt)
-    if op == "all_to_all":
-        per = max(n // world, 0)
-        return np.stack([_pattern(per, j * world + rank, dt) for j in range(world)])
-    if op in ("all_reduce", "reduce"):
-        if op == "reduce" and rank != spec.root:
-            return None
-        parts = (lambda r: _pattern(n, r, dt))
-    elif op == "reduce_scatter":
-        per = max(n // world, 0)
-        parts = (lambda r: _pattern(per, r * world + rank, dt))
-    else:
-        return None
-    acc = parts(0).copy()
-    for r in range(1, world):
-        reduce_into(rop, acc, parts(r))
-    finalize(rop, acc, world)
-    return acc
-
-
-def verify(spec: JobSpec, rank: int, world: int, got: np.ndarray | None) -> tuple[bool, int]:
+def verify(spec: JobSpec, rank: int, world: int, got: Any) -> tuple[bool, int]:
     """(ok, number of wrong elements) for a generated-data job's result on ``rank``."""
-    want = expected_output(spec, rank, world)
-    if want is None:
-        return got is None, 0
-    if got is None or got.shape != want.shape:
-        return False, int(want.size)
-    if want.dtype.kind in "fcV":
-        a = got.astype(np.complex128 if want.dtype.kind == "c" else np.float64)
-        b = want.astype(np.complex128 if want.dtype.kind == "c" else np.float64)
-        wrong = int(np.count_nonzero(~np.isclose(a, b, rtol=1e-2, atol=1e-2)))
-    else:
-        wrong = int(np.count_nonzero(got != want))
+    coll = spec.collective
+    if coll is None:
+        return True, 0
+    wrong = coll.count_wrong(_data(spec, world), coll.block_of(spec.count, world), rank, spec.root, got)
     return wrong == 0, wrong
-
-
-def bandwidth(op: str, nbytes: int, seconds: float, world: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s for one iteration of ``op`` moving ``nbytes``."""
-    if seconds <= 0 or nbytes == 0:
-        return 0.0, 0.0
-    algbw = nbytes / seconds / 1e9
-    return algbw, algbw * BUS_FACTOR.get(op, lambda n: 1.0)(world)

@@ -6,7 +6,8 @@ Kept apart from the daemon so it can be tested over the in-memory transport.
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
@@ -18,53 +19,41 @@ Progress = Callable[[int, int], Awaitable[None]]
 
 async def call(comm: Communicator, spec: JobSpec, x: np.ndarray | None, out: np.ndarray | None = None) -> Any:
     """One call of the job's collective with this rank's input ``x``; ``out``
-    (optional): the result buffer of an earlier call, reused."""
-    op, root, algo = spec.op, spec.root, spec.algorithm
-    if op in ("broadcast", "scatter", "reduce", "gather") and root >= comm.world_size:
-        raise ValueError(f"root {root} is out of range for {comm.world_size} ranks")
-    if op == "all_reduce":
-        return await comm.all_reduce(x, op=spec.reduce_op, out=out, algorithm=algo)
-    if op == "broadcast":
-        return await comm.broadcast(x if comm.rank == root else out, root=root, algorithm=algo)
-    if op == "reduce":
-        return await comm.reduce(x, op=spec.reduce_op, root=root, out=out, algorithm=algo)
-    if op == "all_gather":
-        return await comm.all_gather(x, out=out, algorithm=algo)
-    if op == "gather":
-        return await comm.gather(x, root=root, out=out, algorithm=algo)
-    if op == "scatter":
-        return await comm.scatter(x if comm.rank == root else None, root=root, out=out, algorithm=algo)
-    if op == "reduce_scatter":
-        return await comm.reduce_scatter(x, op=spec.reduce_op, out=out, algorithm=algo)
-    if op == "all_to_all":
-        return await comm.all_to_all(x, out=out, algorithm=algo)
-    if op == "barrier":
-        return await comm.barrier(algorithm=algo)
-    if op in ("put", "get", "delete"):
+    (optional): the result buffer of an earlier call, reused. Buffer jobs
+    (put / get / delete) return ``x``."""
+    coll = spec.collective
+    if coll is None:
         return x
-    raise ValueError(f"unknown collective {op!r}")
+    if coll.takes_root and spec.root >= comm.world_size:
+        raise ValueError(f"root {spec.root} is out of range for {comm.world_size} ranks")
+    return await coll.call(comm, x, op=spec.reduce_op, root=spec.root, out=out, algorithm=spec.algorithm)
 
 
 def moved_bytes(spec: JobSpec, x: np.ndarray | None, y: Any, world: int) -> int:
-    """The nccl-tests "size" of one iteration: output bytes for all_gather/gather,
-    the (whole) input otherwise."""
-    if spec.op in ("all_gather", "gather") and isinstance(y, np.ndarray):
-        return int(y.nbytes)
-    if spec.op in ("all_gather", "gather") and x is not None:
-        return int(x.nbytes) * world
+    """The nccl-tests "size" of one iteration (:meth:`Collective.nbytes`): the larger
+    of the send and the receive buffer, from whichever of the two this rank holds."""
+    y = y if isinstance(y, np.ndarray) else None
+    coll = spec.collective
+    if coll is None or not coll.blocked:
+        return int(x.nbytes) if x is not None else (0 if y is None else int(y.nbytes))
     if x is not None:
-        return int(x.nbytes)
-    return int(y.nbytes) if isinstance(y, np.ndarray) else 0
+        block = x.nbytes // world if coll.input_blocks else x.nbytes
+    elif y is not None:
+        block = y.nbytes // world if coll.output_blocks else y.nbytes
+    else:
+        return 0
+    return int(block) * world
 
 
-async def run_collective(comm: Communicator, spec: JobSpec, x: np.ndarray | None,
-                         progress: Progress | None = None) -> tuple[Any, list[float], int]:
+async def run_collective(
+    comm: Communicator, spec: JobSpec, x: np.ndarray | None, progress: Progress | None = None
+) -> tuple[Any, list[float], int]:
     """Run the job: ``warmup`` untimed calls, then ``iters`` timed ones.
 
     Returns:
         (the last call's result, per-iteration seconds, bytes moved per iteration).
     """
-    if spec.op in ("put", "get", "delete"):
+    if spec.collective is None:  # put / get / delete: nothing to run
         return x, [], 0 if x is None else int(x.nbytes)
     y: Any = None
     timings = []

@@ -26,15 +26,15 @@ from typing import Any
 from ..rendezvous.coordinator import Coordinator
 from ..rendezvous.groups import is_loopback
 from ..rpc import Reply, Session
-from .jobs import JobSpec, JobState, bandwidth
+from .jobs import JobSpec, JobState
 from .records import Job, Member, assign_ranks, split_inputs
 
 log = logging.getLogger("netcoll.service")
 
-REPORT_GRACE = 5.0   # after a job's deadline (or a lost rank), how long to wait for the others' reports
+REPORT_GRACE = 5.0  # after a job's deadline (or a lost rank), how long to wait for the others' reports
 HISTORY = 1000
-RESULT_JOBS = 32          # finished jobs whose result arrays are kept for `wait`
-RESULT_BYTES = 2 << 30    # ... within this many bytes in all
+RESULT_JOBS = 32  # finished jobs whose result arrays are kept for `wait`
+RESULT_BYTES = 2 << 30  # ... within this many bytes in all
 
 
 class JobService:
@@ -56,8 +56,19 @@ class JobService:
         self.finished: collections.Counter[str] = collections.Counter()
         self._members_changed = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
-        for name in ("daemon_register", "daemon_drain", "job_result", "job_progress", "submit", "wait", "job",
-                     "cancel", "members", "cluster", "watch"):
+        for name in (
+            "daemon_register",
+            "daemon_drain",
+            "job_result",
+            "job_progress",
+            "submit",
+            "wait",
+            "job",
+            "cancel",
+            "members",
+            "cluster",
+            "watch",
+        ):
             coordinator.register(name, getattr(self, "_rpc_" + name))
         coordinator.close_hooks.append(self._on_close)
 
@@ -90,13 +101,17 @@ class JobService:
         seen = session.peer[0]
         host = advertise if isinstance(advertise, str) and advertise else seen
         if is_loopback(host) and not is_loopback(seen):
-            raise ValueError(f"daemon {member_id} advertises {host}, but it connects from {seen}: peers on "
-                             "other hosts cannot reach a loopback address (drop --advertise-host)")
+            raise ValueError(
+                f"daemon {member_id} advertises {host}, but it connects from {seen}: peers on "
+                "other hosts cannot reach a loopback address (drop --advertise-host)"
+            )
         others = [m for m in self.members.values() if m.member_id != member_id]
         if others and is_loopback(host) != is_loopback(others[0].host):
-            raise ValueError(f"daemon {member_id} at {host} cannot join daemons at {others[0].host}: "
-                             "a cluster cannot mix loopback and routable addresses (in a container, "
-                             "127.0.0.1 is the container itself)")
+            raise ValueError(
+                f"daemon {member_id} at {host} cannot join daemons at {others[0].host}: "
+                "a cluster cannot mix loopback and routable addresses (in a container, "
+                "127.0.0.1 is the container itself)"
+            )
         old = self.members.get(member_id)
         if old is not None and old.session is not session and old.session.proto.lost is None:
             raise ValueError(f"member id {member_id!r} is already registered from {old.host}:{old.port}")
@@ -116,13 +131,20 @@ class JobService:
     async def _on_close(self, session: Session) -> None:
         self._watchers_drop(session)
         member_id = session.data.get("daemon")
-        member = self.members.get(member_id) if member_id else None
+        member = self.members.get(member_id) if isinstance(member_id, str) else None
         if member is None or member.session is not session:
             return
+        assert isinstance(member_id, str)
         del self.members[member_id]
         reason = session.data.get("drop_reason", "connection closed")
-        log.log(logging.INFO if member.draining else logging.WARNING, "daemon %s at %s:%d left: %s",
-                member_id, member.host, member.port, "drained" if member.draining else reason)
+        log.log(
+            logging.INFO if member.draining else logging.WARNING,
+            "daemon %s at %s:%d left: %s",
+            member_id,
+            member.host,
+            member.port,
+            "drained" if member.draining else reason,
+        )
         job = self.current
         if job is not None and member_id in job.rank_of:
             r = job.rank_of[member_id]
@@ -155,7 +177,8 @@ class JobService:
         return job
 
     async def _rpc_job(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
-        return self._get(params).record()
+        rec: dict[str, Any] = self._get(params).record()
+        return rec
 
     async def _rpc_wait(self, session: Session, params: dict[str, Any], _: memoryview) -> Reply:
         job = self._get(params)
@@ -175,7 +198,8 @@ class JobService:
         elif job.state == JobState.RUNNING:
             job.cancel_requested = True
             job.changed.set()
-        return job.record()
+        rec: dict[str, Any] = job.record()
+        return rec
 
     async def _rpc_watch(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
         job = self._get(params)
@@ -184,7 +208,8 @@ class JobService:
             await job.done.wait()
         finally:
             job.watchers.discard(session)
-        return job.record()
+        rec: dict[str, Any] = job.record()
+        return rec
 
     def _watchers_drop(self, session: Session) -> None:
         for job in self.jobs.values():
@@ -219,20 +244,34 @@ class JobService:
 
     async def _rpc_cluster(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
         recent = [j.record() for j in list(self.jobs.values())[-20:]]
-        return {"epoch": self.epoch, "members": self._member_rows(), "queued": self.queue.qsize(),
-                "current_job": None if self.current is None else self.current.id, "jobs": recent}
+        return {
+            "epoch": self.epoch,
+            "members": self._member_rows(),
+            "queued": self.queue.qsize(),
+            "current_job": None if self.current is None else self.current.id,
+            "jobs": recent,
+        }
 
     def _member_rows(self) -> list[dict[str, Any]]:
         ranks = {mid: r for r, mid in enumerate(self.epoch_members or ())}
         job = self.current
         rows = []
         for m in sorted(self.members.values(), key=lambda m: (ranks.get(m.member_id, 1 << 30), m.member_id)):
-            busy = job is not None and m.member_id in job.rank_of
-            rows.append({"member_id": m.member_id, "rank": ranks.get(m.member_id), "address": f"{m.host}:{m.port}",
-                         "host": m.host, "port": m.port, "rank_hint": m.rank_hint, "epoch": self.epoch,
-                         "state": "draining" if m.draining else ("busy" if busy else "ready"),
-                         "current_job": job.id if busy else None,
-                         "registered_for": round(time.time() - m.since, 1)})
+            busy_job = job if job is not None and m.member_id in job.rank_of else None
+            rows.append(
+                {
+                    "member_id": m.member_id,
+                    "rank": ranks.get(m.member_id),
+                    "address": f"{m.host}:{m.port}",
+                    "host": m.host,
+                    "port": m.port,
+                    "rank_hint": m.rank_hint,
+                    "epoch": self.epoch,
+                    "state": "draining" if m.draining else ("busy" if busy_job else "ready"),
+                    "current_job": busy_job.id if busy_job else None,
+                    "registered_for": round(time.time() - m.since, 1),
+                }
+            )
         return rows
 
     def _trim(self) -> None:
@@ -265,7 +304,7 @@ class JobService:
             except asyncio.CancelledError:
                 job.finish(JobState.FAILED, "the coordinator shut down")
                 raise
-            except Exception as exc:  # noqa: BLE001 - a job failure never stops the queue
+            except Exception as exc:  # a job failure never stops the queue
                 log.exception("job %d failed inside the coordinator", job.id)
                 job.finish(JobState.FAILED, f"internal error in the coordinator: {exc!r}")
             finally:
@@ -284,8 +323,10 @@ class JobService:
             left = deadline - loop.time()
             if left <= 0:
                 have = ", ".join(m.describe() for m in ready) or "none"
-                job.finish(JobState.FAILED, f"waited {job.spec.deadline:g}s for "
-                                            f"{want or 'at least 1'} rank daemon(s); ready: {have}")
+                job.finish(
+                    JobState.FAILED,
+                    f"waited {job.spec.deadline:g}s for {want or 'at least 1'} rank daemon(s); ready: {have}",
+                )
                 return None
             await _wait(self._members_changed, min(left, 1.0))
 
@@ -304,9 +345,16 @@ class JobService:
         job.start(self.epoch, members)
         peers = [[m.host, m.port] for m in members]
         for rank, m in enumerate(members):
-            fields = {"job_id": job.id, "spec": job.spec.model_dump(), "rank": rank, "world_size": len(members),
-                      "epoch": self.epoch, "session": self.session, "peers": peers,
-                      "deadline": max(deadline - loop.time(), 0.001)}
+            fields = {
+                "job_id": job.id,
+                "spec": job.spec.model_dump(),
+                "rank": rank,
+                "world_size": len(members),
+                "epoch": self.epoch,
+                "session": self.session,
+                "peers": peers,
+                "deadline": max(deadline - loop.time(), 0.001),
+            }
             meta, data = job.inputs.for_rank(rank, job.spec) if job.inputs else (None, None)
             if meta is not None:
                 fields["input"] = meta
@@ -355,28 +403,46 @@ class JobService:
             return
         if job.lost or failures or missing:
             parts = [job.lost[r] for r in sorted(job.lost)]
-            primary = [f"rank {r}: {rep.get('error')}" for r, rep in sorted(failures.items())
-                       if rep.get("error_type") not in ("CollectiveAborted", "PeerLost")]
+            primary = [
+                f"rank {r}: {rep.get('error')}"
+                for r, rep in sorted(failures.items())
+                if rep.get("error_type") not in ("CollectiveAborted", "PeerLost")
+            ]
             parts += primary or [f"rank {r}: {rep.get('error')}" for r, rep in sorted(failures.items())][:2]
             quiet = [r for r in missing if r not in job.lost]
             if quiet:
                 parts.append(f"ranks {quiet} never reported within the deadline")
             job.finish(JobState.FAILED, "; ".join(parts))
             return
-        times = [max(rep["timings"][i] for rep in job.reports.values()) for i in range(spec.iters)] \
-            if all(len(rep.get("timings") or ()) == spec.iters for rep in job.reports.values()) else []
+        times = (
+            [max(rep["timings"][i] for rep in job.reports.values()) for i in range(spec.iters)]
+            if all(len(rep.get("timings") or ()) == spec.iters for rep in job.reports.values())
+            else []
+        )
         job.time_s = sum(times) / len(times) if times else None
         nbytes = job.reports[0].get("nbytes", 0)
         if job.time_s:
-            job.algbw, job.busbw = bandwidth(spec.op, nbytes, job.time_s, n)
+            job.algbw, job.busbw = _bandwidth(spec, nbytes, job.time_s, n)
         verified = [rep.get("verified") for rep in job.reports.values()]
         job.verified = None if any(v is None for v in verified) else all(verified)
         if job.verified is False:
             bad = [r for r, rep in sorted(job.reports.items()) if rep.get("verified") is False]
-            job.finish(JobState.FAILED, f"result did not verify on ranks {bad} "
-                                        f"({sum(job.reports[r].get('wrong', 0) for r in bad)} wrong elements)")
+            job.finish(
+                JobState.FAILED,
+                f"result did not verify on ranks {bad} "
+                f"({sum(job.reports[r].get('wrong', 0) for r in bad)} wrong elements)",
+            )
             return
         job.finish(JobState.SUCCEEDED, None)
+
+
+def _bandwidth(spec: JobSpec, nbytes: int, seconds: float, world: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s: the registry's nccl-tests factor; 1 for buffer jobs."""
+    coll = spec.collective
+    if coll is not None:
+        return coll.bandwidth(nbytes, seconds, world)
+    alg = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    return alg, alg
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:

@@ -30,7 +30,7 @@ log = logging.getLogger("netcoll.serve")
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s [%(who)s] %(name)s: %(message)s"
 LOG_DATEFMT = "%Y-%m-%dT%H:%M:%S"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-RANK_STOP_GRACE = 10.0   # `up`: SIGTERM -> SIGKILL for rank daemons
+RANK_STOP_GRACE = 10.0  # `up`: SIGTERM -> SIGKILL for rank daemons
 COORD_STOP_GRACE = 5.0
 
 
@@ -88,6 +88,7 @@ def _on_signals(callback: Callable[[int], None]) -> Callable[[], None]:
     def undo() -> None:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
     return undo
 
 
@@ -136,8 +137,11 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     state = {"stopping": False, "signals": 0}
     coord = Coordinator(cfg.host, cfg.port, token=cfg.token)
     svc = JobService(coord)
-    http = HttpServer(ready=coordinator_ready(coord, lambda: bool(state["stopping"])),
-                      metrics=lambda: coordinator_metrics(coord, svc, started), name="netcoll coordinator")
+    http = HttpServer(
+        ready=coordinator_ready(coord, lambda: bool(state["stopping"])),
+        metrics=lambda: coordinator_metrics(coord, svc, started),
+        name="netcoll coordinator",
+    )
     stop = asyncio.Event()
 
     def on_signal(sig: int) -> None:
@@ -158,16 +162,20 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
             raise _listen_error("the coordinator", cfg.host, cfg.port, exc) from None
         svc.start()
         url = await _start_http(cfg, http)
-        log.info("coordinator ready at %s%s; HTTP %s", coord.address,
-                 " (token auth)" if cfg.token else " (NO token: anyone who can reach this port can run jobs)",
-                 f"{url}/metrics" if url else "off")
-        write_ready_file(cfg.ready_file, {"role": "coordinator", "pid": os.getpid(), "address": coord.address,
-                                          "http": url})
+        log.info(
+            "coordinator ready at %s%s; HTTP %s",
+            coord.address,
+            " (token auth)" if cfg.token else " (NO token: anyone who can reach this port can run jobs)",
+            f"{url}/metrics" if url else "off",
+        )
+        write_ready_file(
+            cfg.ready_file, {"role": "coordinator", "pid": os.getpid(), "address": coord.address, "http": url}
+        )
         await stop.wait()
     finally:
         state["stopping"] = True
-        await svc.close()           # unfinished jobs end `failed` with a reason ...
-        await asyncio.sleep(0.05)   # ... and their waiting clients get the answer
+        await svc.close()  # unfinished jobs end `failed` with a reason ...
+        await asyncio.sleep(0.05)  # ... and their waiting clients get the answer
         await coord.close()
         await http.close()
         undo()
@@ -176,83 +184,128 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
 
 
 # -- netcoll rank ----------------------------------------------------------------------------------
-async def serve_rank(cfg: RankConfig, tag: _Who | None = None) -> int:
-    """Run a rank daemon until SIGTERM/SIGINT, then drain; return 0."""
-    from .daemon import RankDaemon
-    from .http import HttpServer, rank_metrics, rank_ready
+class _RankServer:
+    """``netcoll rank``'s process: the daemon's task, its HTTP server, and the signals:
+    the first drains (no new job; the running one finishes), the second stops at once."""
 
-    started = time.time()
-    daemon = RankDaemon(cfg.coordinator, host=cfg.host, port=cfg.port, token=cfg.token, rank_hint=cfg.rank_hint,
-                        advertise_host=cfg.advertise_host, member_id=cfg.member_id, local_host=cfg.local_host,
-                        heartbeat=cfg.heartbeat)
-    if tag is not None:
-        tag.who = f"rank {daemon.member_id}"
-    state = {"stopping": False, "signals": 0}
-    http = HttpServer(ready=rank_ready(daemon, lambda: bool(state["stopping"])),
-                      metrics=lambda: rank_metrics(daemon, started), name=f"netcoll rank {daemon.member_id}")
-    run = asyncio.create_task(daemon.run(), name="netcoll-rank-daemon")
-    stopper: asyncio.Task[None] | None = None
+    def __init__(self, cfg: RankConfig, daemon: Any) -> None:
+        from .http import HttpServer, rank_metrics, rank_ready
 
-    async def stop_when_idle() -> None:
+        started = time.time()
+        self.cfg, self.daemon = cfg, daemon
+        self.stopping, self.signals = False, 0
+        self.http = HttpServer(
+            ready=rank_ready(daemon, lambda: self.stopping),
+            metrics=lambda: rank_metrics(daemon, started),
+            name=f"netcoll rank {daemon.member_id}",
+        )
+        self.run_task: asyncio.Task[None] = asyncio.create_task(daemon.run(), name="netcoll-rank-daemon")
+        self.stopper: asyncio.Task[None] | None = None
+
+    async def _stop_when_idle(self) -> None:
         """Nothing to drain while not registered (the coordinator is unreachable, so no
         result could be reported): do not wait for a connection attempt to time out."""
-        while not run.done():
-            if not daemon.registered:
+        while not self.run_task.done():
+            if not self.daemon.registered:
                 await asyncio.sleep(1.0)
-                if not run.done() and not daemon.registered:
-                    run.cancel()
+                if not self.run_task.done() and not self.daemon.registered:
+                    self.run_task.cancel()
                 return
             await asyncio.sleep(0.1)
 
-    def on_signal(sig: int) -> None:
-        nonlocal stopper
-        state["signals"] += 1
-        if state["signals"] == 1:
-            log.info("%s: draining (no new jobs; finishing job %s), then leaving", _signal_name(sig),
-                     daemon.current_job)
-            state["stopping"] = True
-            daemon.request_stop()
-            stopper = asyncio.create_task(stop_when_idle())
+    def on_signal(self, sig: int) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.info(
+                "%s: draining (no new jobs; finishing job %s), then leaving", _signal_name(sig), self.daemon.current_job
+            )
+            self.stopping = True
+            self.daemon.request_stop()
+            self.stopper = asyncio.create_task(self._stop_when_idle())
         else:
             log.warning("%s again: stopping now", _signal_name(sig))
-            run.cancel()
+            self.run_task.cancel()
 
-    undo = _on_signals(on_signal)
-    try:
-        while daemon.listener.address[1] == 0 and not run.done():
+    async def _listening(self) -> tuple[str, int]:
+        """The peer listener's address, once bound (a StartupError if it could not be)."""
+        while self.daemon.listener.address[1] == 0 and not self.run_task.done():  # noqa: ASYNC110 - bounded by run
             await asyncio.sleep(0.01)
-        if run.done():
+        if self.run_task.done():
             try:
-                run.result()
+                self.run_task.result()
             except OSError as exc:
-                raise _listen_error("peers", cfg.host, cfg.port, exc) from None
-        host, port = daemon.listener.address[:2]
-        url = await _start_http(cfg, http)
-        log.info("rank daemon %s: peers on %s:%d, coordinator %s%s, HTTP %s", daemon.member_id, host, port,
-                 cfg.coordinator, f", rank hint {cfg.rank_hint}" if cfg.rank_hint is not None else "",
-                 f"{url}/metrics" if url else "off")
-        write_ready_file(cfg.ready_file, {"role": "rank", "pid": os.getpid(), "member_id": daemon.member_id,
-                                          "listen": f"{host}:{port}", "http": url})
+                raise _listen_error("peers", self.cfg.host, self.cfg.port, exc) from None
+        host, port = self.daemon.listener.address[:2]
+        return str(host), int(port)
+
+    async def run(self) -> None:
+        """Serve until the daemon stops (drained, or cancelled by a second signal)."""
+        cfg, daemon = self.cfg, self.daemon
+        host, port = await self._listening()
+        url = await _start_http(cfg, self.http)
+        log.info(
+            "rank daemon %s: peers on %s:%d, coordinator %s%s, HTTP %s",
+            daemon.member_id,
+            host,
+            port,
+            cfg.coordinator,
+            f", rank hint {cfg.rank_hint}" if cfg.rank_hint is not None else "",
+            f"{url}/metrics" if url else "off",
+        )
+        write_ready_file(
+            cfg.ready_file,
+            {
+                "role": "rank",
+                "pid": os.getpid(),
+                "member_id": daemon.member_id,
+                "listen": f"{host}:{port}",
+                "http": url,
+            },
+        )
         try:
-            await run
+            await self.run_task
         except asyncio.CancelledError:
-            if not state["stopping"]:
+            if not self.stopping:
                 raise
+
+    async def close(self) -> None:
+        if not self.run_task.done():
+            self.run_task.cancel()
+            await asyncio.gather(self.run_task, return_exceptions=True)
+        if self.stopper is not None:
+            self.stopper.cancel()
+        await self.http.close()
+
+
+async def serve_rank(cfg: RankConfig, tag: _Who | None = None) -> int:
+    """Run a rank daemon until SIGTERM/SIGINT, then drain; return 0 (1 after a second signal)."""
+    from .daemon import RankDaemon
+
+    daemon = RankDaemon(
+        cfg.coordinator,
+        host=cfg.host,
+        port=cfg.port,
+        token=cfg.token,
+        rank_hint=cfg.rank_hint,
+        advertise_host=cfg.advertise_host,
+        member_id=cfg.member_id,
+        local_host=cfg.local_host,
+        heartbeat=cfg.heartbeat,
+    )
+    if tag is not None:
+        tag.who = f"rank {daemon.member_id}"
+    server = _RankServer(cfg, daemon)
+    undo = _on_signals(server.on_signal)
+    try:
+        await server.run()
     finally:
-        if not run.done():
-            run.cancel()
-            await asyncio.gather(run, return_exceptions=True)
-        if stopper is not None:
-            stopper.cancel()
-        await http.close()
+        await server.close()
         undo()
-    log.info("rank daemon %s stopped (%d jobs ok, %d failed)", daemon.member_id, daemon.jobs_done,
-             daemon.jobs_failed)
-    return 1 if state["signals"] > 1 else 0
+    log.info("rank daemon %s stopped (%d jobs ok, %d failed)", daemon.member_id, daemon.jobs_done, daemon.jobs_failed)
+    return 1 if server.signals > 1 else 0
 
 
 # -- netcoll up ---------------------------------------------------------------------------------------
 
 
-__all__ = ["StartupError", "serve_coordinator", "serve_rank", "setup_logging",
-           "write_ready_file"]
+__all__ = ["StartupError", "serve_coordinator", "serve_rank", "setup_logging", "write_ready_file"]

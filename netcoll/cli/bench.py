@@ -1,0 +1,45 @@
+"""``netcoll bench``: the nccl-tests-style sweep of :mod:`netcoll.bench`, whose
+flags it takes as they are (``netcoll bench --help``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from .common import FORMATTER, PROG, CliError, Parser
+from .errors import one_line
+
+if TYPE_CHECKING:
+    from .common import Subparsers
+
+HELP = "nccl-tests-style benchmark sweep (netcoll bench --help)"
+
+
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
+    """A placeholder that takes every argument: :func:`run` parses them with the bench's parser."""
+    sp = sub.add_parser("bench", add_help=False, help=HELP)
+    sp.add_argument("bench_args", nargs=argparse.REMAINDER)
+    sp.set_defaults(handler=lambda ns: run(list(ns.bench_args)))
+    return sp
+
+
+def run(argv: list[str]) -> int:
+    """Parse ``argv`` with :func:`netcoll.bench.add_arguments` and run the sweep."""
+    import asyncio
+    import importlib
+
+    try:
+        bench = importlib.import_module("..bench", __package__)
+        add_arguments, run_bench = bench.add_arguments, bench.run
+    except ImportError as exc:
+        raise CliError(f"netcoll bench is not available in this installation ({one_line(exc)})") from None
+    except AttributeError:
+        raise CliError(
+            "netcoll bench is not available in this installation (netcoll.bench has no add_arguments/run)"
+        ) from None
+    parser = Parser(
+        prog=f"{PROG} bench", description=(bench.__doc__ or "").strip().split("\n\n")[0], formatter_class=FORMATTER
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return int(asyncio.run(run_bench(args)))

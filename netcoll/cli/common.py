@@ -1,0 +1,99 @@
+"""What every ``netcoll`` command shares: the parser class, the flag groups that
+several commands take, running a coroutine, and printing JSON.
+
+Nothing here imports numpy or pydantic: ``netcoll health`` runs every few
+seconds in healthchecks and must stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+PROG = "netcoll"
+#: Every command shows its help text as written (examples, aligned tables).
+FORMATTER = argparse.RawDescriptionHelpFormatter
+
+T = TypeVar("T")
+
+
+class CliError(Exception):
+    """An error for the user: one line, and the exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (plus a pointer to --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+if TYPE_CHECKING:
+    #: What each command module's ``add_parser`` adds its subparser to.
+    Subparsers = argparse._SubParsersAction[Parser]
+
+
+def add_server_arguments(sp: argparse.ArgumentParser) -> None:
+    """Flags of the long-running servers (coordinator, rank)."""
+    sp.add_argument(
+        "--log-level", metavar="LEVEL", help="debug, info, warning, error (env NETCOLL_LOG_LEVEL; default info)"
+    )
+    sp.add_argument(
+        "--ready-file", metavar="PATH", help="once serving, write the bound addresses there as JSON (for supervisors)"
+    )
+
+
+def add_client_arguments(sp: argparse.ArgumentParser) -> None:
+    """Flags of the commands that talk to a coordinator (submit, status)."""
+    sp.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="coordinator to talk to (env NETCOLL_COORDINATOR; default 127.0.0.1:29400)",
+    )
+    sp.add_argument(
+        "--json", dest="json_output", action="store_true", default=None, help="print one JSON object instead of text"
+    )
+    sp.add_argument("--connect-timeout", type=float, metavar="SECONDS", help="default 10")
+
+
+def flags(ns: argparse.Namespace) -> dict[str, Any]:
+    """The parsed flags of a command, as the config models load them."""
+    return {k: v for k, v in vars(ns).items() if k not in ("command", "handler")}
+
+
+def run_server(coro: Coroutine[Any, Any, int]) -> int:
+    """Run a server's main coroutine on netcoll's event loop (``netcoll.loop``:
+    asyncio with a briefly spinning selector; ``NETCOLL_LOOP=asyncio|uvloop``)."""
+    from ..loop import new_event_loop, run
+
+    try:
+        new_event_loop().close()  # a bad NETCOLL_LOOP is a clear error, before anything starts
+    except ValueError:
+        coro.close()
+        raise
+    return int(run(coro))
+
+
+def run_client(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a client command's coroutine on a plain asyncio loop."""
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def print_json(doc: Any) -> None:
+    """One JSON object on one line of stdout."""
+    sys.stdout.write(json.dumps(doc, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def mean_us(values: list[float]) -> float | None:
+    """The mean of ``values`` seconds, in microseconds (None for none)."""
+    return sum(values) / len(values) * 1e6 if values else None

@@ -1,0 +1,93 @@
+"""``netcoll status``: members, the queue and recent jobs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from .common import FORMATTER, add_client_arguments, flags, print_json, run_client
+from .connect import connected
+
+if TYPE_CHECKING:
+    from ..config import StatusConfig
+    from .common import Subparsers
+
+HELP = "show members, queue and recent jobs"
+
+
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
+    sp = sub.add_parser(
+        "status",
+        formatter_class=FORMATTER,
+        help=HELP,
+        description="Members (rank, address, epoch, state, current job), the queue and recent jobs.",
+    )
+    sp.add_argument("--jobs", type=int, metavar="N", help="recent jobs to show (default 10)")
+    add_client_arguments(sp)
+    sp.set_defaults(handler=run)
+    return sp
+
+
+def run(ns: argparse.Namespace) -> int:
+    from ..config import StatusConfig
+
+    cfg = StatusConfig.load(flags(ns))
+    status = run_client(_status(cfg))
+    if cfg.json_output:
+        print_json({"coordinator": cfg.coordinator, **status})
+    else:
+        print_status(status, cfg.coordinator, cfg.jobs)
+    return 0
+
+
+async def _status(cfg: StatusConfig) -> dict[str, Any]:
+    async with connected(cfg) as client:
+        return await client.status()
+
+
+def print_status(status: dict[str, Any], coordinator: str, njobs: int) -> None:
+    """The cluster as text: a summary line, the members, the recent jobs."""
+    members = status.get("members") or []
+    jobs = status.get("jobs") or []
+    current = status.get("current_job")
+    running = next((j for j in jobs if j.get("id") == current), None)
+    print(
+        f"coordinator {coordinator}: {len(members)} rank daemon{'s' if len(members) != 1 else ''}, "
+        f"epoch {status.get('epoch')}, {status.get('queued', 0)} queued"
+        + (f", running job {current} ({running['op'] if running else '?'})" if current is not None else "")
+    )
+    _print_members(members)
+    shown = jobs[-njobs:] if njobs else []
+    if shown:
+        _print_jobs(shown)
+
+
+def _print_members(members: list[dict[str, Any]]) -> None:
+    if not members:
+        print("  no rank daemons registered (start some: netcoll rank --coordinator HOST:PORT)")
+        return
+    print(f"  {'rank':>4}  {'member':<34}{'address':<22}{'state':<10}{'job':>5}  hint")
+    for m in members:
+        rank = "-" if m.get("rank") is None else str(m["rank"])
+        job = "-" if m.get("current_job") is None else str(m["current_job"])
+        hint = "-" if m.get("rank_hint") is None else str(m["rank_hint"])
+        print(f"  {rank:>4}  {m.get('member_id')!s:<34}{m.get('address')!s:<22}{m.get('state')!s:<10}{job:>5}  {hint}")
+    if any(m.get("rank") is None for m in members):
+        print("  (rank '-': joins at the next job, which starts a new epoch)")
+
+
+def _print_jobs(jobs: list[dict[str, Any]]) -> None:
+    from ..service.local import gbps, human_time
+
+    print("recent jobs:")
+    print(
+        f"  {'id':>4}  {'collective':<15}{'state':<11}{'ranks':>5}{'time/iter':>12}{'busbw GB/s':>12}  verified  error"
+    )
+    for j in jobs:
+        verified = {True: "yes", False: "NO", None: "-"}.get(j.get("verified"), "-")
+        err = j.get("error") or ""
+        print(
+            f"  {j.get('id'):>4}  {j.get('op')!s:<15}{j.get('state')!s:<11}{j.get('world_size') or 0:>5}"
+            f"{human_time(j.get('time_us')):>12}{gbps(j.get('busbw')):>12}  {verified:<8}  "
+            f"{err[:100] + ('...' if len(err) > 100 else '')}"
+        )

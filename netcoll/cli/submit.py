@@ -1,0 +1,187 @@
+"""``netcoll submit``: run one collective job on the rank daemons and wait for it.
+
+The collectives, their arguments and their algorithms come from the registry
+(:mod:`netcoll.collectives`); sizes parse with :func:`netcoll.sizes.parse_size`.
+Exit 0 iff the job succeeded; Ctrl-C cancels the job (exit 130).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from .. import collectives
+from ..sizes import format_size, size_arg
+from .common import FORMATTER, CliError, add_client_arguments, flags, mean_us, print_json, run_client
+from .connect import connected
+from .errors import one_line
+
+if TYPE_CHECKING:
+    from ..config import SubmitConfig
+    from ..service.client import Client
+    from ..service.jobs import JobSpec
+    from .common import Subparsers
+
+HELP = "run a collective job on the rank daemons"
+REDUCE_OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
+EXAMPLES = (
+    "examples:\n  netcoll submit all_reduce --size 64MiB --iters 5\n"
+    "  netcoll submit reduce --dtype int32 --op max --root 2 --json\n"
+)
+
+
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
+    names = collectives.NAMES
+    sp = sub.add_parser(
+        "submit",
+        formatter_class=FORMATTER,
+        help=HELP,
+        description="Submit a collective job on generated data (verified on every rank) and wait\n"
+        "for it. Exit 0 iff it succeeded.",
+        epilog=EXAMPLES
+        + "\nalgorithms (--algorithm; auto picks by size and number of ranks):\n"
+        + collectives.algorithms_help(),
+    )
+    sp.add_argument("op", choices=names, metavar="OP", help=" | ".join(names))
+    sp.add_argument(
+        "--size",
+        type=size_arg,
+        metavar="SIZE",
+        help="bytes per rank: 4096, 4KiB, 64MiB, 1.5M, 1G (units are powers of 1024; default 1MiB)",
+    )
+    sp.add_argument("--dtype", help="float32 (default), float64, float16, bfloat16, int32, int8, bool, ...")
+    sp.add_argument(
+        "--op",
+        dest="reduce_op",
+        type=str.lower,
+        choices=REDUCE_OPS,
+        metavar="REDOP",
+        help="reduction: " + " ".join(REDUCE_OPS) + " (default sum)",
+    )
+    sp.add_argument("--root", type=int, help="root rank of broadcast/reduce/gather/scatter (default 0)")
+    sp.add_argument("--algorithm", metavar="NAME", help="auto (default) or one of OP's algorithms (listed below)")
+    sp.add_argument("--iters", type=int, metavar="K", help="timed iterations (default 1)")
+    sp.add_argument("--warmup", type=int, metavar="W", help="untimed iterations first (default 0)")
+    sp.add_argument(
+        "--world-size",
+        type=int,
+        metavar="N",
+        help="run on exactly N ranks, waiting for them (default: every ready rank daemon)",
+    )
+    sp.add_argument("--deadline", type=float, metavar="SECONDS", help="the job's deadline once started (300)")
+    sp.add_argument("--input", metavar="NAME", help="use the named tensor kept on the ranks instead of generated data")
+    sp.add_argument("--output", metavar="NAME", help="keep the result on the ranks under this name")
+    add_client_arguments(sp)
+    sp.set_defaults(handler=run)
+    return sp
+
+
+def run(ns: argparse.Namespace) -> int:
+    from ..config import SubmitConfig
+    from ..service.jobs import JobSpec
+
+    cfg = SubmitConfig.load(flags(ns))
+    try:
+        spec = JobSpec(**cfg.job_fields())
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        raise CliError(f"invalid job: {one_line(exc)}", 2) from None
+    rec = run_client(_submit(cfg, spec))
+    if cfg.json_output:
+        print_json(job_json(rec, cfg.coordinator))
+    else:
+        print_job(rec)
+    if rec["state"] != "succeeded":
+        reason = " ".join(str(rec.get("error") or "no reason given").split())
+        raise CliError(f"job {rec['id']} {rec['state']}: {reason}")
+    return 0
+
+
+async def _submit(cfg: SubmitConfig, spec: JobSpec) -> dict[str, Any]:
+    """Submit, then wait for the job's record (Ctrl-C / SIGTERM cancel it)."""
+    async with connected(cfg) as client:
+        job_id = await client.submit(spec)
+        return await _wait_or_cancel(client, job_id)
+
+
+async def _wait_or_cancel(client: Client, job_id: int) -> dict[str, Any]:
+    """The finished job's record; on SIGINT/SIGTERM cancel the job and raise (exit 130)."""
+    import asyncio
+    import signal
+
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, interrupted.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+    wait = asyncio.ensure_future(client.wait(job_id))
+    stop = asyncio.ensure_future(interrupted.wait())
+    try:
+        await asyncio.wait({wait, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        stop.cancel()
+    if wait.done():
+        result: dict[str, Any] = wait.result()
+        return result
+    wait.cancel()
+    try:
+        await asyncio.wait_for(client.cancel(job_id), 5.0)
+        what = f"cancelled job {job_id}"
+    except Exception:  # noqa: BLE001 - best effort
+        what = f"job {job_id} may still run"
+    raise CliError(f"interrupted: {what}", 130)
+
+
+def job_json(rec: dict[str, Any], coordinator: str) -> dict[str, Any]:
+    """The ``--json`` document: the record without result arrays, plus mean time per rank."""
+    doc = {k: v for k, v in rec.items() if k != "result"}
+    doc["rank_time_us"] = {r: mean_us(t) for r, t in (rec.get("timings") or {}).items()}
+    doc["coordinator"] = coordinator
+    return doc
+
+
+def _job_data_line(rec: dict[str, Any]) -> str | None:
+    """What the job ran on: data, reduction, root, algorithm, iterations (None for barrier)."""
+    spec = rec.get("spec") or {}
+    coll = collectives.REGISTRY.get(rec["op"])
+    if coll is None or not coll.has_data:
+        return None
+    data = (
+        f"named tensor {spec.get('input')!r}"
+        if spec.get("data") == "buffer"
+        else f"{format_size(spec.get('size'))} {spec.get('dtype')} per rank"
+    )
+    extra = f", op {spec.get('reduce_op')}" if coll.takes_op else ""
+    extra += f", root {spec.get('root')}" if coll.takes_root else ""
+    warmup = f" + {spec.get('warmup')} warm-up" if spec.get("warmup") else ""
+    return f"  {data}{extra}, algorithm {spec.get('algorithm')}, {spec.get('iters')} iterations{warmup}"
+
+
+def print_job(rec: dict[str, Any]) -> None:
+    """The job as text: outcome, what ran, time and bandwidth, and time per rank."""
+    from ..service.local import gbps, human_time
+
+    state = rec["state"]
+    world = rec.get("world_size") or 0
+    where = f" on {world} ranks (epoch {rec.get('epoch')})" if world else ""
+    print(f"job {rec['id']} {rec['op']}: {state if state == 'succeeded' else state.upper()}{where}")
+    line = _job_data_line(rec)
+    if line is not None:
+        print(line)
+    if state == "succeeded":
+        verified = {True: "yes", False: "NO", None: "-"}[rec.get("verified")]
+        print(
+            f"  time {human_time(rec.get('time_us'))}/iter   algbw {gbps(rec.get('algbw'))} GB/s   "
+            f"busbw {gbps(rec.get('busbw'))} GB/s   verified {verified}"
+        )
+    timings = rec.get("timings") or {}
+    if timings:
+        addresses = {str(r["rank"]): r.get("address") for r in rec.get("ranks") or []}
+        print(f"  {'rank':>4}  {'address':<22}{'mean time':>12}")
+        for r in sorted(timings, key=int):
+            print(f"  {r:>4}  {addresses.get(r) or '-':<22}{human_time(mean_us(timings[r])):>12}")

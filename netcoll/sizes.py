@@ -1,0 +1,104 @@
+"""Byte sizes as people write them, and back: the one size grammar of netcoll.
+
+Every size netcoll reads — ``netcoll submit --size``, ``netcoll up --size``,
+``netcoll bench -b/-e/--segment-bytes``, a job's ``size`` field, ``bench/compare.py`` —
+goes through :func:`parse_size`, so they all accept the same text and reject
+bad text with the same message::
+
+    4096  4K  4KiB  4KB  64M  64MiB  1G  1.5M  0.5GiB  16B  2T
+
+Grammar: a number (digits, optionally with a decimal part), optional spaces, an
+optional unit ``K``, ``M``, ``G`` or ``T`` (any case), optionally followed by
+``iB`` or ``B``; or a bare ``B``. **Every unit is a power of two** (``K`` = 1024,
+``M`` = 1024², ``G`` = 1024³, ``T`` = 1024⁴), with or without ``i``, as in
+nccl-tests: ``64M``, ``64MB`` and ``64MiB`` are all 67108864 bytes. A decimal
+must come out a whole number of bytes (``1.5K`` is 1536; ``1.5`` and
+``0.1K`` are errors).
+
+:func:`format_size` is the inverse for display: the largest binary unit in
+which the size is written exactly with at most three decimals (``64 KiB``,
+``1.5 MiB``), else plain bytes (``1000 B``).
+
+No imports beyond the standard library: the command line parses sizes before
+it loads numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Final
+
+__all__ = ["UNITS", "format_size", "parse_size", "size_arg", "size_error"]
+
+#: Unit letter -> bytes. All binary (powers of 1024), with or without ``iB``/``B``.
+UNITS: Final[dict[str, int]] = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_HINT: Final = "use bytes with an optional K/M/G/T unit: 4096, 4K, 4KiB, 64MiB, 1.5M, 1G; units are powers of 1024"
+_DISPLAY: Final = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def size_error(text: object, reason: str = "") -> str:
+    """The one message for text that is not a size (the same from every command)."""
+    return f"not a size: {text!r}{': ' + reason if reason else ''} ({_HINT})"
+
+
+def _from_number(value: float) -> int:
+    """A size given as a number (a JSON field, a Python argument): whole bytes >= 0."""
+    if isinstance(value, bool):  # a ValueError, as every bad size (pydantic reports only those)
+        raise ValueError(size_error(value))  # noqa: TRY004
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(size_error(value, "not a whole number of bytes"))
+    if value < 0:
+        raise ValueError(size_error(value, "negative"))
+    return int(value)
+
+
+def parse_size(text: str | float) -> int:
+    """Bytes from ``4096``, ``4K``, ``4KiB``, ``64MiB``, ``1.5M``, ``1G`` ... (or an int).
+
+    Raises:
+        ValueError: with :func:`size_error`'s message for anything else, so that
+            every command reports a bad size the same way.
+    """
+    if isinstance(text, (int, float)):
+        return _from_number(text)
+    m = _SIZE.match(str(text))
+    if m is None:
+        raise ValueError(size_error(text))
+    number, unit, suffix = m.group(1), m.group(2).lower(), m.group(3).lower()
+    if suffix == "i" or (suffix == "ib" and not unit):
+        raise ValueError(size_error(text))  # "4Ki", "4iB": an i needs a unit before and a B after
+    try:
+        exact = Decimal(number) * UNITS[unit]
+    except InvalidOperation:  # pragma: no cover - the pattern only lets numbers through
+        raise ValueError(size_error(text)) from None
+    if exact != exact.to_integral_value():
+        raise ValueError(size_error(text, f"{exact.normalize():f} bytes is not a whole number"))
+    return int(exact)
+
+
+def size_arg(text: str) -> int:
+    """``type=`` of every size flag (``--size``, ``-b``, ``-e``, ...): :func:`parse_size`,
+    its message as the usage error, so every command words a bad size the same way."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def format_size(n: int | None) -> str:
+    """``4 B``, ``64 KiB``, ``1.5 MiB``, ``1000 B``; ``-`` for None (unknown).
+
+    Exact: the largest binary unit in which ``n`` has at most three decimals, so
+    ``parse_size(format_size(n)) == n`` for every size this prints with a unit.
+    """
+    if n is None:
+        return "-"
+    for unit, scale in _DISPLAY:
+        if n >= scale and (n * 1000) % scale == 0:
+            text = f"{Decimal(n * 1000 // scale) / 1000:f}"
+            return f"{text.rstrip('0').rstrip('.') if '.' in text else text} {unit}"
+    return f"{n} B"

@@ -1,0 +1,141 @@
+"""netcoll.sizes: the one size grammar, and every command speaking it the same way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netcoll.sizes import format_size, parse_size, size_error
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOOD = [
+    ("4", 4),
+    ("0", 0),
+    ("4096", 4096),
+    ("4K", 4096),
+    ("4k", 4096),
+    ("4KiB", 4096),
+    ("4KB", 4096),
+    ("4kb", 4096),
+    ("64M", 64 << 20),
+    ("64MiB", 64 << 20),
+    ("64MB", 64 << 20),
+    ("1G", 1 << 30),
+    ("1GiB", 1 << 30),
+    ("2T", 2 << 40),
+    ("16B", 16),
+    (" 2 M ", 2 << 20),
+    ("1.5M", 3 << 19),
+    ("1.5K", 1536),
+    ("0.5GiB", 1 << 29),
+    ("1.25 KiB", 1280),
+    ("3.0", 3),
+    (8, 8),
+    (0, 0),
+    (4096.0, 4096),
+]
+BAD = [
+    "",
+    "K",
+    "B",
+    "4X",
+    "-4",
+    "4iB",
+    "4Ki",
+    "M4",
+    "4 MB extra",
+    "lots",
+    "1e3",
+    "1,5M",
+    "0x10",
+    ".5M",
+    "1.",
+    "1.5",
+    "0.1K",
+    "4 K i B",
+]
+
+
+@pytest.mark.parametrize("text, n", GOOD)
+def test_parse_size(text: str | int | float, n: int) -> None:
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", BAD)
+def test_parse_size_rejects_with_one_message(text: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_size(text)
+    message = str(info.value)
+    assert message.startswith(f"not a size: {text!r}")
+    assert message.endswith(size_error(text).rpartition(" (")[2])  # the accepted forms, and how units count
+    assert "powers of 1024" in message
+
+
+@pytest.mark.parametrize("value", [True, False, -1, 1.5, float("nan"), float("inf")])
+def test_parse_size_rejects_bad_numbers(value: float) -> None:
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(value)
+
+
+def test_units_are_powers_of_1024_with_or_without_i() -> None:
+    for unit, power in (("K", 1), ("M", 2), ("G", 3), ("T", 4)):
+        assert parse_size(f"1{unit}") == parse_size(f"1{unit}B") == parse_size(f"1{unit}iB") == 1024**power
+
+
+def test_format_size() -> None:
+    assert format_size(4) == "4 B" and format_size(65536) == "64 KiB" and format_size(64 << 20) == "64 MiB"
+    assert format_size(1000) == "1000 B" and format_size(3 << 19) == "1.5 MiB" and format_size(1152) == "1.125 KiB"
+    assert format_size(1048572) == "1048572 B"  # never a rounded "1024 KiB"
+    assert format_size(1 << 40) == "1 TiB" and format_size(None) == "-"
+
+
+@pytest.mark.parametrize("n", [0, 1, 4, 1000, 1024, 1536, 1152, 65536, 3 << 19, 1048572, 5 << 30, 1 << 40])
+def test_format_size_round_trips(n: int) -> None:
+    assert parse_size(format_size(n)) == n
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return subprocess.run(
+        [sys.executable, "-m", "netcoll", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def test_submit_up_and_bench_take_the_same_sizes_in_process() -> None:
+    """The flags parse with one function: 1.5M is 1572864 bytes in every command."""
+    import argparse
+
+    from netcoll.bench import add_arguments
+    from netcoll.cli import build_parser
+
+    ns = build_parser().parse_args(["submit", "all_reduce", "--size", "1.5M"])
+    assert ns.size == 3 << 19
+    ns = build_parser().parse_args(["up", "--size", "1.5M"])
+    assert ns.size == 3 << 19
+    bench = argparse.ArgumentParser()
+    add_arguments(bench)
+    ns = bench.parse_args(["-b", "1.5M", "-e", "1.5M", "--segment-bytes", "1.5M"])
+    assert ns.minbytes == ns.maxbytes == ns.segment_bytes == 3 << 19
+
+
+@pytest.mark.parametrize("bad", ["lots", "1.5", "4Ki"])
+def test_submit_and_bench_reject_a_bad_size_with_the_same_message(bad: str) -> None:
+    submit, bench = _run("submit", "all_reduce", "--size", bad), _run("bench", "-b", bad)
+    for proc in (submit, bench):
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        with pytest.raises(ValueError) as info:
+            parse_size(bad)
+        assert str(info.value) in lines[0], (lines[0], str(info.value))
