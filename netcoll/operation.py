@@ -261,6 +261,7 @@ class Operation:
         if out is not None and out is not payload:
             if out.nbytes != payload.nbytes:
                 self._size_mismatch(key, header, payload.nbytes, out.nbytes)
+                _set_exception(fut, self.error)  # type: ignore[arg-type]  # (popped: fail() did not see it)
                 return
             out[:] = payload
             payload = out

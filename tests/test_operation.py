@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from netcoll.errors import CollectiveAborted, CollectiveCancelled, CollectiveClosed, PeerLost
+from netcoll.errors import CollectiveAborted, CollectiveCancelled, CollectiveClosed, MismatchError, PeerLost
 from netcoll.operation import Failure, Operation, Reason, State
 from netcoll.transport.mailbox import Mailbox
 
@@ -123,3 +123,14 @@ async def test_when_posted_before_the_operation_opens() -> None:
     mb.take(op3, (1, 0, 0), None)
     assert answers == [False, False, True]
     mb.close(op3)
+
+
+async def test_wrong_size_into_a_posted_buffer_fails_that_receive() -> None:
+    """The receive whose buffer did not fit must raise, not hang (its future
+    was already taken off the posted list when the frame arrived)."""
+    mb = Mailbox(rank=0)
+    op = mb.open("g", 0, "fp", (0, 1), "broadcast")
+    fut = mb.take(op, (1, 0, 0), memoryview(bytearray(8)))
+    mb.deliver(1, hdr(), memoryview(bytearray(6)))
+    with pytest.raises(MismatchError, match="6 bytes"):
+        await asyncio.wait_for(fut, 5)
