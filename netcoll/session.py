@@ -16,6 +16,7 @@ import os
 from typing import AsyncIterator
 
 from .comm import DEFAULT_TIMEOUT, Communicator
+from .links.factory import LinkConfig
 from .rendezvous import RendezvousClient
 from .transport.tcp import Listener, TcpTransport
 
@@ -37,7 +38,8 @@ async def connect(address: str, *, world_size: int, rank: int | None = None, gro
                   token: str | None = None, timeout: float = 60.0,
                   collective_timeout: float = DEFAULT_TIMEOUT, listen_host: str | None = None,
                   listen_port: int = 0, advertise_host: str | None = None, local_host: str | None = None,
-                  member_id: str | None = None, segment_bytes: int | None = None) -> AsyncIterator[Communicator]:
+                  member_id: str | None = None, segment_bytes: int | None = None,
+                  recv_window: int | None = None) -> AsyncIterator[Communicator]:
     """Join ``group`` at the coordinator at ``address`` as one of ``world_size`` ranks.
 
     Args:
@@ -52,8 +54,11 @@ async def connect(address: str, *, world_size: int, rank: int | None = None, gro
             local address of the coordinator connection, an ephemeral port).
         advertise_host: the host peers should dial (default: as the coordinator saw us).
         local_host: source address for the coordinator connection (e.g. ``127.0.0.3``).
+        recv_window: bytes each peer link holds for receives not posted yet before the
+            sender waits (default: ``$NETCOLL_RECV_WINDOW``, else 64 MiB; see docs/protocol.md).
     """
     _check_args(world_size, rank, group, timeout)
+    links = LinkConfig.from_env(window=recv_window)  # a bad window or NETCOLL_TRANSPORT fails before any I/O
     if token is None:
         token = os.environ.get("NETCOLL_TOKEN") or None
     async with contextlib.AsyncExitStack() as stack:
@@ -65,7 +70,7 @@ async def connect(address: str, *, world_size: int, rank: int | None = None, gro
         joined = await rdv.join(group=group, world_size=world_size, rank=rank, member_id=member_id,
                                 listen_port=listener.address[1], advertise_host=advertise_host, timeout=timeout)
         transport = TcpTransport(listener, rank=joined.rank, size=joined.world_size, session=joined.session,
-                                 peers=[(p.host, p.port) for p in joined.peers], token=token)
+                                 peers=[(p.host, p.port) for p in joined.peers], token=token, links=links)
         stack.push_async_callback(transport.close)
         await transport.connect(timeout)
         comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)

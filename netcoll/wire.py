@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Final
+from typing import Any, Final
 
 import msgpack
 
@@ -39,18 +40,28 @@ PREFIX_SIZE: Final = PREFIX.size  # 20
 class Kind(enum.IntEnum):
     """Frame kinds. Values are part of the protocol; never renumber."""
 
-    CHALLENGE = 1   # server -> client, first frame on every connection: {nonce, role}
-    HELLO = 2       # client -> server: who I am (+ HMAC proof when a token is set)
-    WELCOME = 3     # server -> client: accepted (+ server's HMAC proof)
-    DATA = 4        # collective payload chunk
-    ABORT = 5       # a collective failed on the sender; fail it here too
-    REQUEST = 6     # RPC request {id, method, params}
-    RESPONSE = 7    # RPC response {id, ok, result | error}
-    EVENT = 8       # server push {topic, ...}
-    ERROR = 9       # fatal: {message}; the sender closes the connection next
+    CHALLENGE = 1  # server -> client, first frame on every connection: {nonce, role}
+    HELLO = 2  # client -> server: who I am (+ HMAC proof when a token is set)
+    WELCOME = 3  # server -> client: accepted (+ server's HMAC proof)
+    DATA = 4  # collective payload chunk
+    ABORT = 5  # a collective failed on the sender; fail it here too
+    REQUEST = 6  # RPC request {id, method, params}
+    RESPONSE = 7  # RPC response {id, ok, result | error}
+    EVENT = 8  # server push {topic, ...}
+    ERROR = 9  # fatal: {message}; the sender closes the connection next
     PING = 10
     PONG = 11
-    BYE = 12        # orderly close: the sender will send nothing more on this link
+    BYE = 12  # orderly close: the sender will send nothing more on this link
+    CREDIT = 13  # receiver -> sender: {n}: n more bytes of eager DATA may be sent
+    RTS = 14  # sender -> receiver: {id, n, g, q, s, c}: may n bytes for this slot come?
+    CTS = 15  # receiver -> sender: {id, ok}: send them now (a receive is posted) / drop them
+
+
+#: Control kinds: never flow-controlled, no payload, headers of at most
+#: ``Limits.max_control_header`` bytes (checked at the prefix).
+CONTROL_KINDS: Final = frozenset(
+    {Kind.ABORT, Kind.ERROR, Kind.PING, Kind.PONG, Kind.BYE, Kind.CREDIT, Kind.RTS, Kind.CTS}
+)
 
 
 #: Required header keys and their accepted types, per kind. Extra keys are
@@ -70,26 +81,39 @@ SCHEMA: Final[dict[Kind, dict[str, tuple[type, ...]]]] = {
     Kind.PING: {},
     Kind.PONG: {},
     Kind.BYE: {},
+    Kind.CREDIT: {"n": _INT},
+    Kind.RTS: {"id": _INT, "n": _INT, "g": _STR, "q": _INT, "s": _INT, "c": _INT},
+    Kind.CTS: {"id": _INT, "ok": (bool,)},
 }
 
 
+#: by kind value: is it a control kind (a tuple lookup is the cheapest test on the hot path)
+_IS_CONTROL: Final[tuple[bool, ...]] = tuple(any(int(k) == i for k in CONTROL_KINDS) for i in range(max(Kind) + 1))
+
 #: SCHEMA as (field, exact types) pairs, for the decoder's hot path
 _SCHEMA_ITEMS: Final[dict[Kind, tuple[tuple[str, tuple[type, ...]], ...]]] = {
-    kind: tuple(fields.items()) for kind, fields in SCHEMA.items()}
+    kind: tuple(fields.items()) for kind, fields in SCHEMA.items()
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Upper bounds checked before any allocation."""
+    """Upper bounds checked before any allocation. Control kinds
+    (:data:`CONTROL_KINDS`) carry no payload and have a smaller header limit."""
 
     max_header: int = 64 * 1024
     max_payload: int = 1 << 40  # 1 TiB: 64-bit lengths, > 4 GiB frames work
+    max_control_header: int = 16 * 1024
 
-    def check(self, header_len: int, payload_len: int) -> None:
-        if header_len > self.max_header:
-            raise ProtocolError(f"frame header of {header_len} bytes exceeds the limit of {self.max_header}")
-        if payload_len > self.max_payload:
-            raise ProtocolError(f"frame payload of {payload_len} bytes exceeds the limit of {self.max_payload}")
+    def check(self, header_len: int, payload_len: int, kind: Kind | None = None) -> None:
+        control = kind is not None and _IS_CONTROL[kind]
+        max_header = min(self.max_header, self.max_control_header) if control else self.max_header
+        max_payload = 0 if control else self.max_payload
+        what = f"{kind.name} frame" if control and kind is not None else "frame"
+        if header_len > max_header:
+            raise ProtocolError(f"{what} header of {header_len} bytes exceeds the limit of {max_header}")
+        if payload_len > max_payload:
+            raise ProtocolError(f"{what} payload of {payload_len} bytes exceeds the limit of {max_payload}")
 
 
 DEFAULT_LIMITS: Final = Limits()
@@ -101,19 +125,27 @@ class Frame:
     header: dict[str, Any]
     payload: memoryview
     flags: int = 0
+    #: the payload stopped landing in its posted buffer part-way (:meth:`FrameDecoder.divert`); it is empty
+    diverted: bool = False
 
 
-def encode_header(kind: Kind, header: dict[str, Any], payload_len: int = 0, flags: int = 0,
-                  limits: Limits = DEFAULT_LIMITS) -> bytes:
+def encode_header(
+    kind: Kind, header: dict[str, Any], payload_len: int = 0, flags: int = 0, limits: Limits = DEFAULT_LIMITS
+) -> bytes:
     """Return prefix + msgpack header for a frame whose payload (``payload_len``
     bytes) the caller sends right after, unchanged."""
-    body = msgpack.packb(header, use_bin_type=True)
-    limits.check(len(body), payload_len)
+    body: bytes = msgpack.packb(header, use_bin_type=True)
+    limits.check(len(body), payload_len, kind)
     return PREFIX.pack(MAGIC, VERSION, int(kind), flags, len(body), payload_len) + body
 
 
-def encode(kind: Kind, header: dict[str, Any], payload: bytes | memoryview = b"",
-           flags: int = 0, limits: Limits = DEFAULT_LIMITS) -> list[bytes | memoryview]:
+def encode(
+    kind: Kind,
+    header: dict[str, Any],
+    payload: bytes | memoryview = b"",
+    flags: int = 0,
+    limits: Limits = DEFAULT_LIMITS,
+) -> list[bytes | memoryview]:
     """Return the pieces of a whole frame, ready for ``writelines``; the payload
     is passed through without a copy."""
     mv = memoryview(payload)
@@ -136,8 +168,12 @@ def decode_prefix(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> 
     k = _KINDS.get(kind)
     if k is None:
         raise ProtocolError(f"unknown frame kind {kind}")
-    if header_len > limits.max_header or payload_len > limits.max_payload:
-        limits.check(header_len, payload_len)
+    if (
+        header_len > limits.max_header
+        or payload_len > limits.max_payload
+        or (_IS_CONTROL[kind] and (payload_len or header_len > limits.max_control_header))
+    ):
+        limits.check(header_len, payload_len, k)
     return k, flags, header_len, payload_len
 
 
@@ -145,7 +181,7 @@ def decode_header(kind: Kind, data: bytes | memoryview) -> dict[str, Any]:
     """Unpack and validate a msgpack header against :data:`SCHEMA`."""
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
-    except Exception as exc:  # msgpack raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
         raise ProtocolError(f"malformed {kind.name} header: {exc}") from None
     if header.__class__ is not dict:
         raise ProtocolError(f"{kind.name} header must be a map, got {type(header).__name__}")
@@ -160,21 +196,55 @@ def decode_header(kind: Kind, data: bytes | memoryview) -> dict[str, Any]:
 #: ``payload_len`` bytes for the payload, or ``None`` to let the decoder allocate.
 Sink = Callable[[Kind, dict[str, Any], int], "memoryview | bytearray | None"]
 
+#: The decoder's own payload buffers grow in chunks of at most this many bytes,
+#: allocated as the bytes arrive: a declared length alone never allocates more.
+CHUNK: Final = 1 << 20
+_UNINIT_MIN: Final = 64 * 1024  # chunks this big skip zero-filling (numpy.empty)
+_DROP_BYTES: Final = 64 * 1024  # scratch that the rest of a diverted payload is read into
+
 _PREFIX, _HEADER, _PAYLOAD, _BROKEN = range(4)
+_SINK, _OWN, _DROP = range(3)  # where the current payload goes
+_EMPTY: Final = memoryview(b"")
+
+
+def _chunk(n: int) -> memoryview:
+    """``n`` writable bytes (n <= CHUNK), uninitialized when large."""
+    if n >= _UNINIT_MIN:
+        import numpy  # lazily: wire users that never see a large payload do not pay the import
+
+        return numpy.empty(n, dtype=numpy.uint8).data
+    return memoryview(bytearray(n))
+
+
+def _join(chunks: list[memoryview], size: int) -> memoryview:
+    import numpy
+
+    out = numpy.empty(size, dtype=numpy.uint8).data
+    pos = 0
+    for c in chunks:
+        out[pos : pos + len(c)] = c
+        pos += len(c)
+    return out
 
 
 class FrameDecoder:
     """Incremental decoder: ``feed`` bytes in any pieces, get whole frames out.
 
     Between frames the decoder buffers at most one prefix and one header
-    (bounded by ``limits.max_header``). While a payload is incomplete,
-    :meth:`payload_target` is the unfilled rest of its destination; an I/O
-    layer may write into it directly and report with :meth:`payload_written`.
+    (bounded by ``limits.max_header``). A payload goes into the buffer the
+    ``sink`` returns for it, or else into the decoder's own buffer, which grows
+    in chunks of at most :data:`CHUNK` bytes as the bytes arrive (joined when
+    the frame is complete): a frame that merely *declares* a large payload
+    costs nothing. While a payload is incomplete, :meth:`payload_target` is
+    the unfilled room of its current destination; an I/O layer may write into
+    it directly and report with :meth:`payload_written` (a view from
+    :meth:`payload_target` is valid until the next call into the decoder).
     After a :class:`ProtocolError` the decoder is broken and keeps raising.
     """
 
-    def __init__(self, limits: Limits = DEFAULT_LIMITS, sink: Sink | None = None,
-                 unlock: tuple[Kind, Limits] | None = None) -> None:
+    def __init__(
+        self, limits: Limits = DEFAULT_LIMITS, sink: Sink | None = None, unlock: tuple[Kind, Limits] | None = None
+    ) -> None:
         self.limits = limits
         self.sink = sink
         #: (kind, limits): once a frame of ``kind`` is decoded, later frames are
@@ -188,8 +258,13 @@ class FrameDecoder:
         self._header_len = 0
         self._payload_len = 0
         self._header: dict[str, Any] = {}
-        self._target: memoryview = memoryview(b"")
-        self._filled = 0
+        self._mode = _SINK
+        self._target: memoryview = _EMPTY  # the current destination: a posted buffer, a chunk, or scratch
+        self._tfill = 0  # bytes of _target filled
+        self._filled = 0  # bytes of the payload received
+        self._chunks: list[memoryview] = []  # own mode: the chunks filled before _target
+        self._diverted = False
+        self._drop: memoryview | None = None
 
     @property
     def at_boundary(self) -> bool:
@@ -199,54 +274,66 @@ class FrameDecoder:
     def payload_target(self) -> memoryview | None:
         if self._state != _PAYLOAD:
             return None
-        return self._target[self._filled:]
+        return self._target[self._tfill :]
 
     def payload_written(self, n: int) -> Frame | None:
         """``n`` bytes were written into :meth:`payload_target`; return the frame if complete."""
-        if self._state != _PAYLOAD or n < 0 or self._filled + n > len(self._target):
+        if self._state != _PAYLOAD or n < 0 or self._tfill + n > len(self._target):
             raise ProtocolError("payload_written outside a payload or past its end")
-        self._filled += n
-        return self._finish() if self._filled == len(self._target) else None
+        return self._advance(n)
 
     def divert(self) -> None:
-        """Stop writing the current payload into its destination: the rest of
-        it goes to a throw-away buffer (the receive it was posted for is gone)."""
-        if self._state == _PAYLOAD:
-            spare = memoryview(bytearray(len(self._target)))
-            spare[:self._filled] = self._target[:self._filled]
-            self._target = spare
+        """Stop writing the current payload into its posted buffer (the receive
+        it was posted for is gone): the rest of it is read and dropped, and the
+        frame comes out with ``diverted=True`` and an empty payload."""
+        if self._state == _PAYLOAD and self._mode == _SINK:
+            self._mode, self._diverted = _DROP, True
+            self._set_drop()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Decode ``data``; return the frames it completes. (The sink of a
+        later frame may run before an earlier frame is handled: use
+        :meth:`feed_each` when that matters.)"""
+        out: list[Frame] = []
+        self.feed_each(data, out.append)
+        return out
+
+    def feed_each(self, data: bytes | bytearray | memoryview, on_frame: Callable[[Frame], None]) -> None:
+        """Decode ``data``, calling ``on_frame`` for each frame as soon as it is
+        complete, before the next frame's header reaches the sink: a receiver
+        sees ``sink(frame 1)``, ``on_frame(frame 1)``, ``sink(frame 2)``, ... An
+        exception from ``on_frame`` breaks the decoder, like one from the sink."""
         if self._state == _BROKEN:
             raise ProtocolError("decoder is broken by an earlier protocol error")
-        if data.__class__ is memoryview and data.format == "B" and data.ndim == 1:  # type: ignore[union-attr]
+        if isinstance(data, memoryview) and data.format == "B" and data.ndim == 1:
             mv = data
         else:
             mv = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
         try:
-            return self._feed(mv)
+            self._feed(mv, on_frame)
         except BaseException:  # the stream position is now unknown (a sink may raise too)
             self._state = _BROKEN
             raise
 
-    def _feed(self, mv: memoryview) -> list[Frame]:
-        out: list[Frame] = []
+    def _feed(self, mv: memoryview, emit: Callable[[Frame], None]) -> None:
         pos, n = 0, len(mv)
         while pos < n:
             if self._state == _PREFIX and n - pos >= PREFIX_SIZE and not self._buf:
                 # fast path: a whole frame in this chunk (what small messages are)
-                kind, flags, hlen, plen = decode_prefix(mv[pos:pos + PREFIX_SIZE], self.limits)
+                kind, flags, hlen, plen = decode_prefix(mv[pos : pos + PREFIX_SIZE], self.limits)
                 start = pos + PREFIX_SIZE
                 end = start + hlen + plen
                 if hlen and end <= n:
-                    header = decode_header(kind, mv[start:start + hlen])
-                    target = self._target_for(kind, header, plen)
-                    if plen:
-                        target[:] = mv[start + hlen:end]
-                    out.append(Frame(kind, header, target, flags))
+                    header = decode_header(kind, mv[start : start + hlen])
+                    target = self._sink_buffer(kind, header, plen) if (self.sink and plen) else None
+                    if target is None:  # the bytes are all here: a copy of exactly them
+                        target = memoryview(bytearray(mv[start + hlen : end])) if plen else _EMPTY
+                    else:
+                        target[:] = mv[start + hlen : end]
                     if self.unlock is not None and kind == self.unlock[0]:
                         self.limits, self.unlock = self.unlock[1], None
                     pos = end
+                    emit(Frame(kind, header, target, flags))
                     continue
                 self._kind, self._flags, self._header_len, self._payload_len = kind, flags, hlen, plen
                 self._state = _HEADER
@@ -254,31 +341,31 @@ class FrameDecoder:
                 if hlen == 0:
                     frame = self._on_header(b"")
                     if frame is not None:
-                        out.append(frame)
+                        emit(frame)
                 continue
             if self._state == _PAYLOAD:
-                take = min(len(self._target) - self._filled, n - pos)
-                self._target[self._filled:self._filled + take] = mv[pos:pos + take]
-                self._filled += take
+                take = min(len(self._target) - self._tfill, n - pos)
+                if self._mode != _DROP:
+                    self._target[self._tfill : self._tfill + take] = mv[pos : pos + take]
                 pos += take
-                if self._filled == len(self._target):
-                    out.append(self._finish())
+                frame = self._advance(take)
+                if frame is not None:
+                    emit(frame)
                 continue
             want = PREFIX_SIZE if self._state == _PREFIX else self._header_len
             if not self._buf and n - pos >= want:  # fast path: whole piece in this chunk
-                piece: bytes | memoryview = mv[pos:pos + want]
+                piece: bytes | memoryview = mv[pos : pos + want]
                 pos += want
             else:
                 take = min(want - len(self._buf), n - pos)
-                self._buf += mv[pos:pos + take]
+                self._buf += mv[pos : pos + take]
                 pos += take
                 if len(self._buf) < want:
                     break
                 piece, self._buf = bytes(self._buf), bytearray()
             frame = self._on_prefix(piece) if self._state == _PREFIX else self._on_header(piece)
             if frame is not None:
-                out.append(frame)
-        return out
+                emit(frame)
 
     def _on_prefix(self, piece: bytes | memoryview) -> Frame | None:
         self._kind, self._flags, self._header_len, self._payload_len = decode_prefix(piece, self.limits)
@@ -290,19 +377,50 @@ class FrameDecoder:
     def _on_header(self, piece: bytes | memoryview) -> Frame | None:
         self._header = decode_header(self._kind, piece) if piece else self._empty_header()
         size = self._payload_len
-        self._target, self._filled, self._state = self._target_for(self._kind, self._header, size), 0, _PAYLOAD
-        return self._finish() if size == 0 else None
-
-    def _target_for(self, kind: Kind, header: dict[str, Any], size: int) -> memoryview:
-        """Where a payload of ``size`` bytes goes: the sink's buffer, else a new one."""
-        target = self.sink(kind, header, size) if (self.sink and size) else None
+        self._state, self._filled, self._tfill, self._diverted = _PAYLOAD, 0, 0, False
+        if size == 0:
+            self._target = _EMPTY
+            return self._finish()
+        target = self._sink_buffer(self._kind, self._header, size) if self.sink else None
         if target is None:
-            return memoryview(bytearray(size))
+            self._mode, self._target = _OWN, _chunk(min(size, CHUNK))
+        else:
+            self._mode, self._target = _SINK, target
+        return None
+
+    def _advance(self, n: int) -> Frame | None:
+        """``n`` more payload bytes are in place; move on to the next chunk, or finish."""
+        self._filled += n
+        self._tfill += n
+        left = self._payload_len - self._filled
+        if left == 0:
+            return self._finish()
+        if self._tfill == len(self._target):  # own chunk or drop scratch full (a posted buffer never is)
+            if self._mode == _OWN:
+                self._chunks.append(self._target)
+                self._target, self._tfill = _chunk(min(left, CHUNK)), 0
+            else:
+                self._set_drop()
+        return None
+
+    def _set_drop(self) -> None:
+        if self._drop is None:
+            self._drop = memoryview(bytearray(_DROP_BYTES))
+        self._target = self._drop[: min(_DROP_BYTES, self._payload_len - self._filled)]
+        self._tfill = 0
+
+    def _sink_buffer(self, kind: Kind, header: dict[str, Any], size: int) -> memoryview | None:
+        """The sink's buffer for a payload of ``size`` bytes, checked; None: allocate."""
+        target = self.sink(kind, header, size)  # type: ignore[misc]
+        if target is None:
+            return None
         try:  # always a flat byte view, so slicing and len() count bytes, not items
             tmv = memoryview(target).cast("B")
         except (TypeError, ValueError) as exc:  # not a buffer, not C-contiguous, or e.g. bfloat16
-            raise ProtocolError(f"the posted payload buffer is unusable ({exc}); post a C-contiguous "
-                                "writable byte view such as arr.view(numpy.uint8)") from None
+            raise ProtocolError(
+                f"the posted payload buffer is unusable ({exc}); post a C-contiguous "
+                "writable byte view such as arr.view(numpy.uint8)"
+            ) from None
         if tmv.readonly or tmv.nbytes != size:
             raise ProtocolError(f"payload of {size} bytes does not fit the posted buffer of {tmv.nbytes}")
         return tmv
@@ -313,12 +431,36 @@ class FrameDecoder:
         return {}
 
     def _finish(self) -> Frame:
-        frame = Frame(self._kind, self._header, self._target, self._flags)
+        if self._diverted:
+            payload = _EMPTY
+        elif self._chunks:
+            payload = _join([*self._chunks, self._target], self._payload_len)
+            self._chunks = []
+        else:
+            payload = self._target
+        frame = Frame(self._kind, self._header, payload, self._flags, self._diverted)
         if self.unlock is not None and self._kind == self.unlock[0]:
             self.limits, self.unlock = self.unlock[1], None
-        self._state, self._target, self._filled, self._header = _PREFIX, memoryview(b""), 0, {}
+        self._state, self._target, self._tfill, self._filled, self._header = _PREFIX, _EMPTY, 0, 0, {}
+        self._mode, self._diverted = _SINK, False
         return frame
 
 
-__all__ = ["MAGIC", "VERSION", "PREFIX_SIZE", "Kind", "SCHEMA", "Limits", "DEFAULT_LIMITS", "Frame",
-           "encode_header", "encode", "decode_prefix", "decode_header", "FrameDecoder", "Sink"]
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "PREFIX_SIZE",
+    "CHUNK",
+    "Kind",
+    "CONTROL_KINDS",
+    "SCHEMA",
+    "Limits",
+    "DEFAULT_LIMITS",
+    "Frame",
+    "encode_header",
+    "encode",
+    "decode_prefix",
+    "decode_header",
+    "FrameDecoder",
+    "Sink",
+]

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from netcoll.errors import NetcollError, ProtocolError
 from netcoll.wire import (
+    CHUNK,
+    CONTROL_KINDS,
     DEFAULT_LIMITS,
     MAGIC,
     PREFIX_SIZE,
@@ -51,10 +53,22 @@ def valid_header(kind: Kind) -> dict[str, Any]:
         Kind.CHALLENGE: {"nonce": os.urandom(16), "role": "rank"},
         Kind.HELLO: {"role": "rank", "nonce": os.urandom(16), "proof": os.urandom(32), "rank": 3},
         Kind.WELCOME: {"proof": os.urandom(32)},
-        Kind.DATA: {"g": "default", "q": 7, "s": 2, "c": 0, "f": "all_reduce(float32[1000], op=sum)",
-                    "m": {"dtype": "float32", "shape": [10, 100]}},
-        Kind.ABORT: {"g": "default", "q": 7, "reason": "peer 2 timed out", "origin": 1,
-                     "cause": "timeout", "ranks": [2]},
+        Kind.DATA: {
+            "g": "default",
+            "q": 7,
+            "s": 2,
+            "c": 0,
+            "f": "all_reduce(float32[1000], op=sum)",
+            "m": {"dtype": "float32", "shape": [10, 100]},
+        },
+        Kind.ABORT: {
+            "g": "default",
+            "q": 7,
+            "reason": "peer 2 timed out",
+            "origin": 1,
+            "cause": "timeout",
+            "ranks": [2],
+        },
         Kind.REQUEST: {"id": 1, "method": "submit", "params": {"op": "all_reduce"}},
         Kind.RESPONSE: {"id": 1, "ok": False, "error": {"type": "ValueError", "message": "no"}},
         Kind.EVENT: {"topic": "members", "epoch": 2},
@@ -62,6 +76,9 @@ def valid_header(kind: Kind) -> dict[str, Any]:
         Kind.PING: {},
         Kind.PONG: {},
         Kind.BYE: {},
+        Kind.CREDIT: {"n": 1 << 20},
+        Kind.RTS: {"id": 3, "n": 200 << 20, "g": "default", "q": 7, "s": 2, "c": 0},
+        Kind.CTS: {"id": 3, "ok": True},
     }[kind]
 
 
@@ -69,13 +86,24 @@ def required_only(kind: Kind) -> dict[str, Any]:
     return {k: v for k, v in valid_header(kind).items() if k in SCHEMA[kind]}
 
 
-def frame_bytes(kind: Kind, header: dict[str, Any], payload: bytes | memoryview = b"", flags: int = 0,
-                limits: Limits = DEFAULT_LIMITS) -> bytes:
+def frame_bytes(
+    kind: Kind,
+    header: dict[str, Any],
+    payload: bytes | memoryview = b"",
+    flags: int = 0,
+    limits: Limits = DEFAULT_LIMITS,
+) -> bytes:
     return b"".join(bytes(p) for p in encode(kind, header, payload, flags, limits))
 
 
-def raw_prefix(magic: bytes = MAGIC, version: int = VERSION, kind: int = int(Kind.DATA), flags: int = 0,
-               header_len: int = 0, payload_len: int = 0) -> bytes:
+def raw_prefix(
+    magic: bytes = MAGIC,
+    version: int = VERSION,
+    kind: int = int(Kind.DATA),
+    flags: int = 0,
+    header_len: int = 0,
+    payload_len: int = 0,
+) -> bytes:
     return struct.pack("!4sBBHIQ", magic, version, kind, flags, header_len, payload_len)
 
 
@@ -92,7 +120,7 @@ def pattern(n: int, seed: int = 0) -> bytes:
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     out, prev = [], 0
-    for p in points + [len(data)]:
+    for p in [*points, len(data)]:
         out.append(data[prev:p])
         prev = p
     return out
@@ -124,8 +152,14 @@ def assert_broken(dec: FrameDecoder) -> None:
 # --------------------------------------------------------------------------- strategies
 
 kinds = st.sampled_from(list(Kind))
-msgpack_scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
-                   | st.floats(allow_nan=False) | st.text(max_size=20) | st.binary(max_size=20))
+msgpack_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+)
 msgpack_values = st.recursive(
     msgpack_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -142,7 +176,8 @@ payloads = st.one_of(
 def frames(draw: st.DrawFn) -> tuple[Kind, dict[str, Any], bytes, int]:
     kind = draw(kinds)
     header = {**draw(extras), **required_only(kind)}
-    return kind, header, draw(payloads), draw(st.integers(0, 0xFFFF))
+    payload = b"" if kind in CONTROL_KINDS else draw(payloads)  # control kinds carry no payload
+    return kind, header, payload, draw(st.integers(0, 0xFFFF))
 
 
 # --------------------------------------------------------------------------- layout
@@ -151,8 +186,21 @@ def frames(draw: st.DrawFn) -> tuple[Kind, dict[str, Any], bytes, int]:
 def test_constants_and_kind_numbers_are_fixed() -> None:
     assert MAGIC == b"NCOL" and VERSION == 1 and PREFIX_SIZE == 20
     assert {k.name: k.value for k in Kind} == {
-        "CHALLENGE": 1, "HELLO": 2, "WELCOME": 3, "DATA": 4, "ABORT": 5, "REQUEST": 6,
-        "RESPONSE": 7, "EVENT": 8, "ERROR": 9, "PING": 10, "PONG": 11, "BYE": 12,
+        "CHALLENGE": 1,
+        "HELLO": 2,
+        "WELCOME": 3,
+        "DATA": 4,
+        "ABORT": 5,
+        "REQUEST": 6,
+        "RESPONSE": 7,
+        "EVENT": 8,
+        "ERROR": 9,
+        "PING": 10,
+        "PONG": 11,
+        "BYE": 12,
+        "CREDIT": 13,
+        "RTS": 14,
+        "CTS": 15,
     }
     assert set(SCHEMA) == set(Kind)
 
@@ -164,9 +212,9 @@ def test_prefix_layout_byte_by_byte() -> None:
     assert head[0:4] == b"NCOL"
     assert head[4] == 1
     assert head[5] == Kind.DATA == 4
-    assert head[6:8] == b"\xa1\xb2"                                   # flags, big-endian u16
-    assert head[8:12] == len(body).to_bytes(4, "big")                 # header_len, big-endian u32
-    assert head[12:20] == (0x0102030405).to_bytes(8, "big")           # payload_len, big-endian u64
+    assert head[6:8] == b"\xa1\xb2"  # flags, big-endian u16
+    assert head[8:12] == len(body).to_bytes(4, "big")  # header_len, big-endian u32
+    assert head[12:20] == (0x0102030405).to_bytes(8, "big")  # payload_len, big-endian u64
     assert head[20:] == body
     assert msgpack.unpackb(head[20:], raw=False) == header
 
@@ -177,9 +225,9 @@ def test_encode_passes_payload_through_without_copy() -> None:
     assert len(pieces) == 2
     body = pieces[1]
     assert isinstance(body, memoryview) and body.nbytes == arr.nbytes
-    assert addr(body) == arr.ctypes.data                              # same memory, no copy
+    assert addr(body) == arr.ctypes.data  # same memory, no copy
     assert bytes(body) == arr.tobytes()
-    assert encode(Kind.PING, {}) == [encode_header(Kind.PING, {})]    # no empty payload piece
+    assert encode(Kind.PING, {}) == [encode_header(Kind.PING, {})]  # no empty payload piece
 
 
 def test_encode_rejects_oversize_header() -> None:
@@ -197,6 +245,12 @@ def test_encode_rejects_oversize_header() -> None:
 def test_roundtrip_every_kind(kind: Kind, size: int) -> None:
     header, payload = valid_header(kind), pattern(size, seed=size)
     dec = FrameDecoder()
+    if kind in CONTROL_KINDS and size:  # control kinds carry no payload, on either side
+        with pytest.raises(ProtocolError, match=f"{kind.name} frame payload"):
+            encode(kind, header, payload)
+        with pytest.raises(ProtocolError, match=f"{kind.name} frame payload"):
+            dec.feed(raw_frame(kind, header, payload))
+        return
     [frame] = dec.feed(frame_bytes(kind, header, payload, flags=5))
     assert frame.kind is kind
     assert frame.header == header
@@ -209,8 +263,9 @@ def test_roundtrip_every_kind(kind: Kind, size: int) -> None:
 @pytest.mark.parametrize("kind", [k for k in Kind if not SCHEMA[k]])
 def test_header_len_zero_for_kinds_without_required_fields(kind: Kind) -> None:
     dec = FrameDecoder()
-    [frame] = dec.feed(raw_prefix(kind=int(kind), payload_len=3) + b"abc")
-    assert frame.kind is kind and frame.header == {} and bytes(frame.payload) == b"abc"
+    payload = b"" if kind in CONTROL_KINDS else b"abc"
+    [frame] = dec.feed(raw_prefix(kind=int(kind), payload_len=len(payload)) + payload)
+    assert frame.kind is kind and frame.header == {} and bytes(frame.payload) == payload
     assert dec.at_boundary
 
 
@@ -234,8 +289,7 @@ def test_roundtrip_random_split_points(f: tuple[Kind, dict[str, Any], bytes, int
 
 @FAST
 @given(st.lists(frames(), min_size=1, max_size=6), st.lists(st.integers(0, 1 << 20), max_size=10))
-def test_back_to_back_frames_random_splits(fs: list[tuple[Kind, dict[str, Any], bytes, int]],
-                                           cuts: list[int]) -> None:
+def test_back_to_back_frames_random_splits(fs: list[tuple[Kind, dict[str, Any], bytes, int]], cuts: list[int]) -> None:
     stream = b"".join(frame_bytes(*f) for f in fs)
     dec = FrameDecoder()
     got = feed_all(dec, split(stream, cuts))
@@ -244,9 +298,9 @@ def test_back_to_back_frames_random_splits(fs: list[tuple[Kind, dict[str, Any], 
 
 
 def test_back_to_back_in_one_feed_and_byte_by_byte() -> None:
-    specs = [(k, valid_header(k), pattern(i * 37, seed=i)) for i, k in enumerate(Kind)]
+    specs = [(k, valid_header(k), pattern(0 if k in CONTROL_KINDS else i * 37, seed=i)) for i, k in enumerate(Kind)]
     stream = b"".join(frame_bytes(k, h, p) for k, h, p in specs)
-    for pieces in ([stream], [stream[i:i + 1] for i in range(len(stream))]):
+    for pieces in ([stream], [stream[i : i + 1] for i in range(len(stream))]):
         dec = FrameDecoder()
         got = feed_all(dec, pieces)
         assert [(g.kind, g.header, bytes(g.payload)) for g in got] == specs
@@ -258,7 +312,7 @@ def test_back_to_back_in_one_feed_and_byte_by_byte() -> None:
 def test_feed_accepts_bytearray_and_typed_memoryviews() -> None:
     data = frame_bytes(Kind.DATA, valid_header(Kind.DATA), pattern(400))
     padded = data + b"\0" * (-len(data) % 4)
-    as_u32 = np.frombuffer(padded, dtype=np.uint32)                    # itemsize 4 view of the stream
+    as_u32 = np.frombuffer(padded, dtype=np.uint32)  # itemsize 4 view of the stream
     for chunk in (bytearray(data), memoryview(data), memoryview(as_u32)):
         [frame] = FrameDecoder().feed(chunk)[:1]
         assert bytes(frame.payload) == pattern(400)
@@ -271,14 +325,14 @@ def test_decoder_keeps_no_reference_to_fed_buffers() -> None:
     dec = FrameDecoder()
     buf = bytearray(len(data))
     got: list[Frame] = []
-    for start in range(0, len(data), 13):                             # cuts inside prefix and header
-        piece = data[start:start + 13]
-        buf[:len(piece)] = piece
-        got += dec.feed(memoryview(buf)[:len(piece)])
-        buf[:] = b"\xff" * len(buf)                                   # clobber after every feed
+    for start in range(0, len(data), 13):  # cuts inside prefix and header
+        piece = data[start : start + 13]
+        buf[: len(piece)] = piece
+        got += dec.feed(memoryview(buf)[: len(piece)])
+        buf[:] = b"\xff" * len(buf)  # clobber after every feed
     [frame] = got
     assert frame.header == header and bytes(frame.payload) == payload
-    buf.extend(b"x")                                                  # no buffer export left behind
+    buf.extend(b"x")  # no buffer export left behind
 
 
 def test_empty_feed_is_a_noop() -> None:
@@ -314,18 +368,21 @@ def test_sink_payload_lands_in_callers_buffer() -> None:
     [arr] = sink.buffers
     assert sink.calls == [(Kind.DATA, header, 5000)]
     assert arr.tobytes() == payload
-    assert frame.payload.obj is arr                                   # the frame's payload is the posted buffer
+    assert frame.payload.obj is arr  # the frame's payload is the posted buffer
     assert addr(frame.payload) == arr.ctypes.data and np.shares_memory(np.asarray(frame.payload), arr)
 
 
-@pytest.mark.parametrize("make", [
-    lambda n: np.empty(n // 4, dtype=np.float32),                      # typed array
-    lambda n: memoryview(np.empty(n // 4, dtype=np.float32)),          # typed memoryview (itemsize 4)
-    lambda n: np.empty((n // 8, 2), dtype=np.int32),                   # 2-D array
-    lambda n: memoryview(np.empty((4, n // 16), dtype=np.float32)),    # 2-D memoryview
-    lambda n: bytearray(n),
-    lambda n: memoryview(bytearray(n + 10))[5:-5],                    # contiguous slice of a bigger buffer
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: np.empty(n // 4, dtype=np.float32),  # typed array
+        lambda n: memoryview(np.empty(n // 4, dtype=np.float32)),  # typed memoryview (itemsize 4)
+        lambda n: np.empty((n // 8, 2), dtype=np.int32),  # 2-D array
+        lambda n: memoryview(np.empty((4, n // 16), dtype=np.float32)),  # 2-D memoryview
+        lambda n: bytearray(n),
+        lambda n: memoryview(bytearray(n + 10))[5:-5],  # contiguous slice of a bigger buffer
+    ],
+)
 def test_sink_typed_and_shaped_buffers(make) -> None:
     src = np.arange(256, dtype=np.float32) * 1.5
     sink = RecordingSink(make)
@@ -342,7 +399,7 @@ def test_sink_not_called_for_empty_payload_and_none_means_decoder_allocates() ->
     sink = RecordingSink(lambda n: None)
     dec = FrameDecoder(sink=sink)
     got = dec.feed(frame_bytes(Kind.DATA, valid_header(Kind.DATA)) + frame_bytes(Kind.EVENT, {"topic": "t"}, b"xyz"))
-    assert [c[0] for c in sink.calls] == [Kind.EVENT]                  # zero-length payload: no sink call
+    assert [c[0] for c in sink.calls] == [Kind.EVENT]  # zero-length payload: no sink call
     assert got[0].payload.nbytes == 0 and bytes(got[1].payload) == b"xyz"
 
 
@@ -356,15 +413,18 @@ def test_sink_is_consulted_as_soon_as_the_header_is_complete() -> None:
     assert target is not None and target.nbytes == 64 and addr(target) == sink.buffers[0].ctypes.data
 
 
-@pytest.mark.parametrize("make", [
-    lambda n: np.empty(n - 1, dtype=np.uint8),                         # too small
-    lambda n: np.empty(n + 1, dtype=np.uint8),                         # too big
-    lambda n: bytes(n),                                                # read-only
-    lambda n: np.frombuffer(bytes(n), dtype=np.uint8),                 # read-only numpy
-    lambda n: memoryview(bytearray(n)).toreadonly(),                   # read-only memoryview
-    lambda n: np.empty(2 * n, dtype=np.uint8)[::2],                    # right size, not contiguous
-    lambda n: 12345,                                                   # not a buffer at all
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: np.empty(n - 1, dtype=np.uint8),  # too small
+        lambda n: np.empty(n + 1, dtype=np.uint8),  # too big
+        lambda n: bytes(n),  # read-only
+        lambda n: np.frombuffer(bytes(n), dtype=np.uint8),  # read-only numpy
+        lambda n: memoryview(bytearray(n)).toreadonly(),  # read-only memoryview
+        lambda n: np.empty(2 * n, dtype=np.uint8)[::2],  # right size, not contiguous
+        lambda n: 12345,  # not a buffer at all
+    ],
+)
 def test_sink_returning_unusable_buffer_raises_protocol_error(make) -> None:
     dec = FrameDecoder(sink=RecordingSink(make))
     with pytest.raises(ProtocolError):
@@ -398,14 +458,14 @@ def test_payload_target_and_written_direct_path() -> None:
     data = frame_bytes(Kind.DATA, header, payload)
     head_len = len(data) - 1000
 
-    assert dec.payload_target() is None                                # at a boundary
+    assert dec.payload_target() is None  # at a boundary
     assert dec.feed(data[:10]) == [] and dec.payload_target() is None  # inside the prefix
-    assert dec.feed(data[10:head_len + 100]) == []                     # header + 100 payload bytes
+    assert dec.feed(data[10 : head_len + 100]) == []  # header + 100 payload bytes
     arr = sink.buffers[0]
     t = dec.payload_target()
     assert t.nbytes == 900 and addr(t) == arr.ctypes.data + 100 and not t.readonly
 
-    t[:300] = payload[100:400]                                         # like sock.recv_into(t)
+    t[:300] = payload[100:400]  # like sock.recv_into(t)
     assert dec.payload_written(300) is None
     assert dec.payload_written(0) is None
     t = dec.payload_target()
@@ -422,6 +482,18 @@ def test_payload_target_and_written_direct_path() -> None:
     assert dec.at_boundary and dec.payload_target() is None
     [ping] = dec.feed(nxt)
     assert ping.kind is Kind.PING
+
+
+@pytest.mark.parametrize("size", [CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5])
+def test_payloads_around_the_chunk_size_roundtrip(size: int) -> None:
+    """The decoder's own buffer grows chunk by chunk; the frame's payload is whole and writable."""
+    payload = pattern(size, seed=size)
+    data = frame_bytes(Kind.EVENT, {"topic": "big"}, payload)
+    for pieces in ([data], split(data, [30, 31, 70_000, CHUNK + 40, 2 * CHUNK + 1])):
+        dec = FrameDecoder()
+        [frame] = feed_all(dec, pieces)
+        assert bytes(frame.payload) == payload and not frame.payload.readonly and frame.payload.nbytes == size
+        assert dec.at_boundary
 
 
 def test_payload_target_without_sink_is_the_decoders_own_buffer() -> None:
@@ -442,46 +514,51 @@ def test_direct_writes_mixed_with_feed(f, steps, data) -> None:
     dec = FrameDecoder(sink=RecordingSink() if data.draw(st.booleans()) else None)
     got: list[Frame] = []
     pos = 0
-    for direct, n in steps + [(False, len(stream))]:
+    for direct, n in [*steps, (False, len(stream))]:
         t = dec.payload_target()
         if direct and t is not None and t.nbytes:
             n = min(n, t.nbytes)
-            t[:n] = stream[pos:pos + n]
+            t[:n] = stream[pos : pos + n]
             fr = dec.payload_written(n)
             got += [fr] if fr is not None else []
         else:
-            got += dec.feed(stream[pos:pos + n])
+            got += dec.feed(stream[pos : pos + n])
         pos += n
         if pos >= len(stream):
             break
     assert [(g.kind, g.header, bytes(g.payload), g.flags) for g in got] == [
-        (kind, header, payload, flags), (Kind.PONG, {}, b"", 0)]
+        (kind, header, payload, flags),
+        (Kind.PONG, {}, b"", 0),
+    ]
     assert dec.at_boundary
 
 
 def test_payload_written_misuse() -> None:
     dec = FrameDecoder()
     with pytest.raises(ProtocolError):
-        dec.payload_written(0)                                         # not inside a payload
+        dec.payload_written(0)  # not inside a payload
     dec.feed(frame_bytes(Kind.EVENT, {"topic": "x"}, b"abcdef")[:-6])
     with pytest.raises(ProtocolError):
-        dec.payload_written(7)                                         # past the end
+        dec.payload_written(7)  # past the end
     with pytest.raises(ProtocolError):
         dec.payload_written(-1)
-    [frame] = dec.feed(b"abcdef")                                      # misuse did not consume anything
+    [frame] = dec.feed(b"abcdef")  # misuse did not consume anything
     assert bytes(frame.payload) == b"abcdef"
 
 
 # --------------------------------------------------------------------------- prefix errors and limits
 
 
-@pytest.mark.parametrize("bad", [
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",                              # someone speaking HTTP to us
-    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(20),       # a TLS ClientHello
-    bytes(PREFIX_SIZE),
-    b"\xff" * 64,
-    b"ncol" + bytes(16),                                               # wrong case
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # someone speaking HTTP to us
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(20),  # a TLS ClientHello
+        bytes(PREFIX_SIZE),
+        b"\xff" * 64,
+        b"ncol" + bytes(16),  # wrong case
+    ],
+)
 def test_garbage_and_bad_magic(bad: bytes) -> None:
     dec = FrameDecoder()
     with pytest.raises(ProtocolError, match="magic"):
@@ -535,7 +612,7 @@ def test_decoder_passes_64_bit_payload_length_to_sink_without_allocating() -> No
 
     def sink(kind: Kind, header: dict[str, Any], n: int) -> Any:
         seen.append(n)
-        return np.empty(16, dtype=np.uint8)                           # not what was announced
+        return np.empty(16, dtype=np.uint8)  # not what was announced
 
     head = encode_header(Kind.DATA, required_only(Kind.DATA), payload_len=5 * GIB)
     dec = FrameDecoder(sink=sink)
@@ -551,14 +628,17 @@ def test_decoder_passes_64_bit_payload_length_to_sink_without_allocating() -> No
     assert_broken(dec)
 
 
-@pytest.mark.parametrize(("header_len", "payload_len", "limits", "what"), [
-    (0, 2**50, DEFAULT_LIMITS, "payload"),                             # 1 PiB with the default 1 TiB limit
-    (10, 2**64 - 1, DEFAULT_LIMITS, "payload"),
-    (2**32 - 1, 0, DEFAULT_LIMITS, "header"),
-    (DEFAULT_LIMITS.max_header + 1, 0, DEFAULT_LIMITS, "header"),
-    (10, 1001, Limits(max_payload=1000), "payload"),
-    (101, 0, Limits(max_header=100), "header"),
-])
+@pytest.mark.parametrize(
+    ("header_len", "payload_len", "limits", "what"),
+    [
+        (0, 2**50, DEFAULT_LIMITS, "payload"),  # 1 PiB with the default 1 TiB limit
+        (10, 2**64 - 1, DEFAULT_LIMITS, "payload"),
+        (2**32 - 1, 0, DEFAULT_LIMITS, "header"),
+        (DEFAULT_LIMITS.max_header + 1, 0, DEFAULT_LIMITS, "header"),
+        (10, 1001, Limits(max_payload=1000), "payload"),
+        (101, 0, Limits(max_header=100), "header"),
+    ],
+)
 def test_oversize_lengths_raise_at_the_prefix_before_allocating(header_len, payload_len, limits, what) -> None:
     prefix = raw_prefix(header_len=header_len, payload_len=payload_len)
     with pytest.raises(ProtocolError, match=what):
@@ -567,7 +647,7 @@ def test_oversize_lengths_raise_at_the_prefix_before_allocating(header_len, payl
     tracemalloc.start()
     try:
         with pytest.raises(ProtocolError, match=what):
-            dec.feed(prefix)                                           # the 20 bytes alone are enough
+            dec.feed(prefix)  # the 20 bytes alone are enough
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -589,7 +669,7 @@ def test_limits_are_inclusive() -> None:
 
 @pytest.mark.parametrize("kind", [Kind.DATA, Kind.PING, Kind.HELLO])
 def test_truncated_input_emits_nothing(kind: Kind) -> None:
-    data = frame_bytes(kind, valid_header(kind), pattern(50))
+    data = frame_bytes(kind, valid_header(kind), pattern(0 if kind in CONTROL_KINDS else 50))
     for cut in range(1, len(data)):
         dec = FrameDecoder()
         assert dec.feed(data[:cut]) == []
@@ -611,16 +691,19 @@ def test_truncated_stream_of_frames(f, data) -> None:
 # --------------------------------------------------------------------------- header errors
 
 
-@pytest.mark.parametrize("packed", [
-    b"\xc1",                                                           # never-used msgpack byte
-    b"\x82\xa1a",                                                      # truncated map
-    msgpack.packb({"topic": "t"}) + b"\x00",                           # trailing bytes after the map
-    b"\x81\xa5topic\xa2\xff\xfe",                                      # invalid UTF-8 in a str
-    msgpack.packb({1: "x", "topic": "t"}),                             # non-str map key
-    msgpack.packb({"topic": "t", "params": {1: 2}}),                   # non-str key in a nested map
-    b"\xdd\xff\xff\xff\xff",                                           # array32 announcing 4G items
-    b"\x91" * 2000 + b"\xc0",                                          # deeply nested arrays
-])
+@pytest.mark.parametrize(
+    "packed",
+    [
+        b"\xc1",  # never-used msgpack byte
+        b"\x82\xa1a",  # truncated map
+        msgpack.packb({"topic": "t"}) + b"\x00",  # trailing bytes after the map
+        b"\x81\xa5topic\xa2\xff\xfe",  # invalid UTF-8 in a str
+        msgpack.packb({1: "x", "topic": "t"}),  # non-str map key
+        msgpack.packb({"topic": "t", "params": {1: 2}}),  # non-str key in a nested map
+        b"\xdd\xff\xff\xff\xff",  # array32 announcing 4G items
+        b"\x91" * 2000 + b"\xc0",  # deeply nested arrays
+    ],
+)
 def test_malformed_msgpack_header(packed: bytes) -> None:
     dec = FrameDecoder()
     with pytest.raises(ProtocolError):
@@ -639,8 +722,12 @@ def test_header_not_a_map(obj: Any, kind: Kind) -> None:
     assert_broken(dec)
 
 
-WRONG_TYPES = {int: ["1", 1.0, None, True, b"\x01", [1]], str: [1, b"s", None, ["s"]],
-               bytes: ["n" * 16, 1, None, [1]], bool: [1, 0, "true", None]}
+WRONG_TYPES = {
+    int: ["1", 1.0, None, True, b"\x01", [1]],
+    str: [1, b"s", None, ["s"]],
+    bytes: ["n" * 16, 1, None, [1]],
+    bool: [1, 0, "true", None],
+}
 
 SCHEMA_CASES = [(k, field) for k in Kind for field in SCHEMA[k]]
 
@@ -648,13 +735,13 @@ SCHEMA_CASES = [(k, field) for k in Kind for field in SCHEMA[k]]
 @pytest.mark.parametrize(("kind", "field"), SCHEMA_CASES, ids=[f"{k.name}.{f}" for k, f in SCHEMA_CASES])
 def test_missing_or_wrongly_typed_required_field(kind: Kind, field: str) -> None:
     good = valid_header(kind)
-    FrameDecoder().feed(raw_frame(kind, good))                        # sanity: valid as is
+    FrameDecoder().feed(raw_frame(kind, good))  # sanity: valid as is
     missing = {k: v for k, v in good.items() if k != field}
     variants = [missing] + [{**good, field: bad} for bad in WRONG_TYPES[SCHEMA[kind][field][0]]]
     for header in variants:
         dec = FrameDecoder()
         with pytest.raises(ProtocolError, match=field):
-            dec.feed(raw_frame(kind, header, b"pay"))
+            dec.feed(raw_frame(kind, header, b"" if kind in CONTROL_KINDS else b"pay"))
         assert_broken(dec)
         with pytest.raises(ProtocolError):
             decode_header(kind, msgpack.packb(header, use_bin_type=True))
@@ -714,18 +801,29 @@ def test_fuzz_arbitrary_bytes(stream: bytes, cuts: list[int]) -> None:
 
 
 @FUZZ
-@given(st.integers(0, 3), st.integers(0, 15), st.integers(0, 0xFFFF), st.integers(0, 300),
-       st.integers(0, 300), st.binary(max_size=400), st.lists(st.integers(0, 500), max_size=4))
+@given(
+    st.integers(0, 3),
+    st.integers(0, 15),
+    st.integers(0, 0xFFFF),
+    st.integers(0, 300),
+    st.integers(0, 300),
+    st.binary(max_size=400),
+    st.lists(st.integers(0, 500), max_size=4),
+)
 def test_fuzz_plausible_prefix_then_garbage(version, kind, flags, header_len, payload_len, rest, cuts) -> None:
     """Valid magic, near-valid fields, then random header/payload bytes."""
-    _fuzz_feed(raw_prefix(version=version, kind=kind, flags=flags, header_len=header_len,
-                          payload_len=payload_len) + rest, cuts)
+    _fuzz_feed(
+        raw_prefix(version=version, kind=kind, flags=flags, header_len=header_len, payload_len=payload_len) + rest, cuts
+    )
 
 
 @FUZZ
-@given(st.lists(frames(), min_size=1, max_size=3),
-       st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=6),
-       st.lists(st.integers(0, 1 << 20), max_size=4), st.booleans())
+@given(
+    st.lists(frames(), min_size=1, max_size=3),
+    st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=6),
+    st.lists(st.integers(0, 1 << 20), max_size=4),
+    st.booleans(),
+)
 def test_fuzz_mutated_valid_streams(fs, mutations, cuts, use_sink) -> None:
     stream = bytearray(b"".join(frame_bytes(k, h, p[:2000], fl) for k, h, p, fl in fs))
     for pos, value in mutations:

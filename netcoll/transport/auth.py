@@ -36,7 +36,9 @@ def check(token: str | None, label: str, first: bytes, second: bytes, got: objec
     if token is None:
         return
     if not isinstance(got, bytes):
-        raise AuthenticationError(f"{who} sent no authentication proof, but a token is configured here "
-                                  "(set the same NETCOLL_TOKEN / token= on every process)")
+        raise AuthenticationError(
+            f"{who} sent no authentication proof, but a token is configured here "
+            "(set the same NETCOLL_TOKEN / token= on every process)"
+        )
     if not hmac.compare_digest(got, proof(token, label, first, second)):
         raise AuthenticationError(f"{who} failed authentication: wrong token")

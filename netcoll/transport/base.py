@@ -1,6 +1,7 @@
 """The seam between algorithms and transports.
 
-A :class:`Transport` moves frames between world ranks and feeds a
+A :class:`Transport` is the mesh of per-peer links
+(:mod:`netcoll.links`) that moves frames between world ranks and feeds a
 :class:`~netcoll.transport.mailbox.Mailbox`. A :class:`Channel` is what one
 algorithm run sees: ``send``/``recv`` of byte buffers to *group* ranks within
 one operation. Algorithms import nothing else from here, and the same
@@ -9,15 +10,18 @@ algorithm code runs over :mod:`.memory` and :mod:`.tcp`.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 from typing import Any
 
 import numpy as np
 
-from ..errors import CommunicatorClosed
+from ..errors import CollectiveError, CommunicatorClosed, PeerLost
+from ..links.base import Link, LinkStats
+from ..operation import Operation
 from ..wire import Kind
-from .mailbox import Mailbox, Operation
+from .mailbox import Mailbox
+
+CLOSE_TIMEOUT = 2.0  # how long an orderly close waits for the peers to close their ends
 
 
 def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
@@ -30,12 +34,14 @@ def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
     return mv if (mv.format == "B" and mv.ndim == 1) else mv.cast("B")
 
 
-class Transport(abc.ABC):
-    """Moves frames between world ranks ``0..size-1``.
+class Transport:
+    """The mesh: one :class:`~netcoll.links.base.Link` per peer among world
+    ranks ``0..size-1``, all feeding one :class:`Mailbox`.
 
     ``send`` returns once the payload has been handed off: the caller may
-    reuse its buffer immediately. Implementations apply backpressure by
-    awaiting while too much data is in flight to a peer.
+    reuse its buffer immediately. Links apply backpressure (socket buffers,
+    the receiver's credit) by awaiting. Subclasses make the links (over TCP,
+    in memory, ...) and :meth:`attach` them.
     """
 
     def __init__(self, rank: int, size: int) -> None:
@@ -43,10 +49,37 @@ class Transport(abc.ABC):
         self.size = size
         self.mailbox = Mailbox(rank)
         self.closed = False
+        self.links: dict[int, Link] = {}
+        self.mailbox.divert = self._divert
+        self.mailbox.released = self._released
 
-    @abc.abstractmethod
+    def attach(self, link: Link) -> None:
+        """Make ``link`` this rank's link to ``link.peer`` and start it."""
+        self.links[link.peer] = link
+        link.on_lost = self._on_lost
+        link.start()
+
     async def send(self, peer: int, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
-        """Send one frame to world rank ``peer``."""
+        """Send one frame to world rank ``peer`` (PeerLost when its link is gone)."""
+        link = self.links.get(peer)
+        if link is None or not link.usable:
+            if self.closed:
+                raise CommunicatorClosed("transport is closed")
+            cause = self.mailbox.dead.get(peer) or (link.lost if link else None) or (
+                "connection closing" if link else "not linked")
+            raise PeerLost(f"no connection to rank {peer}: {cause}", ranks=(peer,))
+        try:
+            await link.send(kind, header, payload)
+        except CollectiveError:  # the operation this send belongs to ended (a wait for clearance)
+            raise
+        except ConnectionError as exc:  # the link broke (or the peer left) under this send
+            if self.closed:
+                raise CommunicatorClosed("transport is closed") from None
+            raise PeerLost(f"lost connection to rank {peer}: {exc}", ranks=(peer,)) from None
+
+    def link_stats(self) -> dict[int, LinkStats]:
+        """Each peer's link: its kind, traffic, held bytes and credit."""
+        return {peer: link.stats() for peer, link in sorted(self.links.items())}
 
     async def abort(self, op: Operation, cause: str, reason: str, ranks: tuple[int, ...] = ()) -> None:
         """Tell every other live member of ``op`` that it failed here."""
@@ -63,9 +96,43 @@ class Transport(abc.ABC):
         if self.closed:
             raise CommunicatorClosed("transport is closed")
 
-    @abc.abstractmethod
     async def close(self) -> None:
-        """Close every link; pending operations fail with PeerLost/CommunicatorClosed."""
+        """Close every link in order (BYE); pending operations fail with CommunicatorClosed."""
+        if self.closed:
+            return
+        self.closed = True
+        self.mailbox.fail_all(lambda op: CommunicatorClosed(f"{op.where()}: communicator closed"))
+        await self.close_links()
+
+    async def close_links(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """BYE on every link, wait up to ``timeout`` for the peers to close
+        their ends, then abort what is left."""
+        links = list(self.links.values())
+        for link in links:
+            link.close()
+        waits = [asyncio.ensure_future(link.wait_closed()) for link in links]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            for link, task in zip(links, waits, strict=True):
+                if task in pending:
+                    link.abort()
+
+    # -- link events ----------------------------------------------------------------
+    def _on_lost(self, peer: int, cause: BaseException, graceful: bool) -> None:
+        if not self.closed:
+            self.mailbox.peer_lost(peer, cause, graceful)
+
+    def _released(self, src: int, nbytes: int) -> None:
+        link = self.links.get(src)
+        if link is not None:
+            link.released(nbytes)
+
+    def _divert(self, src: int) -> None:
+        link = self.links.get(src)
+        if link is not None:
+            link.divert()
 
 
 class Channel:

@@ -23,7 +23,8 @@ import asyncio
 import collections
 import inspect
 import socket
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .. import errors, wire
 from ..errors import AuthenticationError, NetcollError, ProtocolError
@@ -36,6 +37,7 @@ HIGH_WATER = 4 * 1024 * 1024
 COALESCE_MAX = 64 * 1024  # payloads up to this size are copied behind their header: one write
 HANDSHAKE_TIMEOUT = 10.0
 HANDSHAKE_LIMITS = wire.Limits(max_header=4096, max_payload=0)
+ERROR_MESSAGE_MAX = 4096  # characters of an ERROR frame's message (a control frame: small header)
 
 
 class FramedProtocol(asyncio.BufferedProtocol):
@@ -77,9 +79,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
                 frame = self.decoder.payload_written(nbytes)
                 if frame is not None:
                     self._dispatch(frame)
-            else:
-                for frame in self.decoder.feed(self._scratch[:nbytes]):
-                    self._dispatch(frame)
+            else:  # each frame is handled before the next one's header reaches the sink
+                self.decoder.feed_each(self._scratch[:nbytes], self._dispatch)
         except ProtocolError as exc:
             self.fail(exc, tell_peer=True)
         except Exception as exc:  # noqa: BLE001 - a handler bug must not kill the loop's reader
@@ -175,8 +176,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if self.transport is not None and not self.transport.is_closing():
             if tell_peer:
                 try:
-                    self.transport.write(wire.encode_header(
-                        Kind.ERROR, {"message": str(exc), "type": type(exc).__name__}))
+                    self.transport.write(
+                        wire.encode_header(
+                            Kind.ERROR, {"message": str(exc)[:ERROR_MESSAGE_MAX], "type": type(exc).__name__}
+                        )
+                    )
                 except Exception:  # noqa: BLE001
                     pass
             self.transport.close()
@@ -215,15 +219,21 @@ def _as_connection_error(exc: BaseException | None) -> BaseException:
     return ConnectionResetError(f"connection lost: {exc}" if exc else "connection closed")
 
 
-async def open_connection(host: str, port: int, *, local_host: str | None = None,
-                          limits: wire.Limits = wire.DEFAULT_LIMITS) -> FramedProtocol:
+async def open_connection(
+    host: str, port: int, *, local_host: str | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS
+) -> FramedProtocol:
     _, proto = await socketlink.connect(host, port, lambda: FramedProtocol(limits), local_host=local_host)
     return proto  # type: ignore[return-value]
 
 
-async def client_handshake(proto: FramedProtocol, *, token: str | None, role: str,
-                           hello: dict[str, Any] | None = None,
-                           timeout: float = HANDSHAKE_TIMEOUT) -> dict[str, Any]:
+async def client_handshake(
+    proto: FramedProtocol,
+    *,
+    token: str | None,
+    role: str,
+    hello: dict[str, Any] | None = None,
+    timeout: float = HANDSHAKE_TIMEOUT,
+) -> dict[str, Any]:
     """Answer the server's CHALLENGE; return the WELCOME header (raises on refusal)."""
     async with asyncio.timeout(timeout):
         challenge = await proto.next_frame()
@@ -237,14 +247,25 @@ async def client_handshake(proto: FramedProtocol, *, token: str | None, role: st
         welcome = await proto.next_frame()
     if welcome.kind != Kind.WELCOME:
         raise ProtocolError(f"expected WELCOME from the server, got {welcome.kind.name}")
-    auth.check(token, "welcome", mine, challenge.header["nonce"], welcome.header.get("proof"),
-               f"server {proto.peername[0]}:{proto.peername[1]}")
+    auth.check(
+        token,
+        "welcome",
+        mine,
+        challenge.header["nonce"],
+        welcome.header.get("proof"),
+        f"server {proto.peername[0]}:{proto.peername[1]}",
+    )
     return welcome.header
 
 
-async def server_handshake(proto: FramedProtocol, *, token: str | None, role: str,
-                           accept: Callable[[dict[str, Any]], Any] | None = None,
-                           timeout: float = HANDSHAKE_TIMEOUT) -> dict[str, Any]:
+async def server_handshake(
+    proto: FramedProtocol,
+    *,
+    token: str | None,
+    role: str,
+    accept: Callable[[dict[str, Any]], Any] | None = None,
+    timeout: float = HANDSHAKE_TIMEOUT,
+) -> dict[str, Any]:
     """Challenge a new client, check its HELLO (``accept`` may raise to refuse it
     or return extra WELCOME fields), and return the HELLO header. On failure the
     client gets an ERROR frame with the reason and the connection is closed."""
@@ -279,8 +300,9 @@ class Server:
     """A listening socket whose every accepted connection runs ``handler(proto)``
     in its own task; closing the server cancels those tasks and closes the links."""
 
-    def __init__(self, handler: Callable[[FramedProtocol], Awaitable[None]],
-                 limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+    def __init__(
+        self, handler: Callable[[FramedProtocol], Awaitable[None]], limits: wire.Limits = wire.DEFAULT_LIMITS
+    ) -> None:
         self.handler = handler
         self.limits = limits
         self.server: socketlink.Listener | None = None

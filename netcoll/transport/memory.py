@@ -1,10 +1,12 @@
 """In-memory transport: N ranks as tasks in one event loop, for testing
 algorithms and the Communicator without sockets.
 
-Frames are delivered synchronously and in order per (src, dst) link, through
-the same :class:`Mailbox` sink/deliver path the TCP transport uses (so posted
-buffers receive payloads directly). ``send`` copies the payload, like a real
-transport, so the sender may reuse its buffer. :meth:`MemoryHub.kill`
+Every pair of ranks is joined by a :class:`~netcoll.links.memory.MemoryLink`
+pair: frames are delivered synchronously and in order per (src, dst) link,
+through the same mailbox sink/deliver path and the same flow control as TCP
+(so posted buffers receive payloads directly, and a rank's unexpected bytes
+per peer stay under its receive window). ``send`` copies the payload, like a
+real transport, so the sender may reuse its buffer. :meth:`MemoryHub.kill`
 simulates a rank's process dying.
 """
 
@@ -14,16 +16,36 @@ import asyncio
 from typing import Any
 
 from ..errors import CommunicatorClosed, PeerLost
+from ..links.factory import DEFAULT_WINDOW, LinkConfig, LinkFactory
+from ..links.memory import MemoryLink
 from ..wire import Kind
 from .base import Transport
 
 
 class MemoryHub:
-    """Creates and connects ``size`` :class:`MemoryTransport` objects."""
+    """Creates and connects ``size`` :class:`MemoryTransport` objects.
 
-    def __init__(self, size: int) -> None:
+    Args:
+        size: the number of ranks.
+        window: every rank's receive window in bytes (default 64 MiB).
+    """
+
+    def __init__(self, size: int, *, window: int = DEFAULT_WINDOW) -> None:
         self.size = size
+        self.config = LinkConfig(window=window)
         self.transports = [MemoryTransport(r, size, self) for r in range(size)]
+        factory = LinkFactory(self.config, offers=("memory",))  # in-process: NETCOLL_TRANSPORT does not apply
+        factory.register("memory", MemoryLink)
+        caps = factory.capabilities()
+        kind = factory.choose(caps)
+        for i in range(size):
+            for j in range(i + 1, size):
+                ti, tj = self.transports[i], self.transports[j]
+                at_i = factory.make(kind, peer=j, mailbox=ti.mailbox, window=window, peer_window=caps.window)
+                at_j = factory.make(kind, peer=i, mailbox=tj.mailbox, window=window, peer_window=caps.window)
+                MemoryLink.join(at_i, at_j)  # type: ignore[arg-type]
+                ti.attach(at_i)
+                tj.attach(at_j)
 
     def kill(self, rank: int) -> None:
         """Drop rank ``rank`` as if its process died: its peers see the link break."""
@@ -31,11 +53,12 @@ class MemoryHub:
         if t.closed:
             return
         t.closed = True
-        t.mailbox.fail_all(lambda op: PeerLost(f"{op.where()}: this rank was killed", op=op.name,
-                                               seq=op.seq, ranks=(op.rank_of[rank],)))
-        for other in self.transports:
-            if other is not t and not other.closed:
-                other.mailbox.peer_lost(rank, ConnectionResetError("peer process died"))
+        t.mailbox.fail_all(
+            lambda op: PeerLost(
+                f"{op.where()}: this rank was killed", op=op.name, seq=op.seq, ranks=(op.rank_of[rank],)
+            )
+        )
+        t.sever(ConnectionResetError("peer process died"))
 
 
 class MemoryTransport(Transport):
@@ -48,30 +71,24 @@ class MemoryTransport(Transport):
         self.check_open()
         if not 0 <= peer < self.size or peer == self.rank:
             raise ValueError(f"no link from rank {self.rank} to rank {peer}")
-        dst = self.hub.transports[peer]
-        if dst.closed or peer in self.mailbox.dead:
+        if kind is not Kind.DATA and kind is not Kind.ABORT:
+            raise ValueError(f"memory transport carries DATA and ABORT frames, not {kind.name}")
+        if peer in self.mailbox.dead:
             raise PeerLost(f"rank {peer} is gone", ranks=(peer,))
         self.frames_sent += 1
-        if kind == Kind.DATA:
-            nbytes = 0 if payload is None else payload.nbytes
-            target = dst.mailbox.sink(self.rank, header, nbytes) if nbytes else None
-            if target is None:
-                target = memoryview(bytearray(nbytes))
-            if nbytes:
-                target[:] = payload  # type: ignore[index]
-            dst.mailbox.deliver(self.rank, header, target)
-        elif kind == Kind.ABORT:
-            dst.mailbox.on_abort(self.rank, header)
-        else:
-            raise ValueError(f"memory transport carries DATA and ABORT frames, not {kind.name}")
+        await super().send(peer, kind, header, payload)
         if self.frames_sent % 4 == 0:
             await asyncio.sleep(0)  # let other ranks run, like a real network would
+
+    def sever(self, cause: BaseException) -> None:
+        """Break every link of this rank without BYE: the peers see it lost."""
+        for link in self.links.values():
+            if isinstance(link, MemoryLink):
+                link.sever(cause)
 
     async def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         self.mailbox.fail_all(lambda op: CommunicatorClosed(f"{op.where()}: transport closed"))
-        for other in self.hub.transports:
-            if other is not self and not other.closed:
-                other.mailbox.peer_lost(self.rank, ConnectionResetError("peer closed its transport"))
+        self.sever(ConnectionResetError("peer closed its transport"))

@@ -27,7 +27,8 @@ import collections
 import errno
 import itertools
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 IOV_MAX = 64  # buffers per sendmsg call
 _RETRY = (BlockingIOError, InterruptedError)
@@ -46,8 +47,13 @@ class SocketTransport(asyncio.Transport):
     """An ``asyncio.Transport`` for a connected non-blocking socket and a
     ``BufferedProtocol`` (``get_buffer``/``buffer_updated``)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 protocol: asyncio.BufferedProtocol, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        protocol: asyncio.BufferedProtocol,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(extra)
         sock.setblocking(False)
         self._loop = loop
@@ -63,12 +69,13 @@ class SocketTransport(asyncio.Transport):
         self._closing = False
         self._eof_pending = False
         self._lost = False
-        self._extra.setdefault("socket", sock)
+        info: dict[str, Any] = self._extra  # type: ignore[attr-defined]  # set by BaseTransport.__init__
+        info.setdefault("socket", sock)
         for key, get in (("sockname", sock.getsockname), ("peername", sock.getpeername)):
             try:
-                self._extra.setdefault(key, get())
+                info.setdefault(key, get())
             except OSError:
-                self._extra.setdefault(key, None)
+                info.setdefault(key, None)
         protocol.connection_made(self)
         if not self._closing:
             self.resume_reading()
@@ -93,7 +100,7 @@ class SocketTransport(asyncio.Transport):
         pipelined collectives)."""
         try:
             buf = self._protocol.get_buffer(-1)
-            if not len(buf):
+            if not len(buf):  # type: ignore[arg-type]  # a memoryview or bytearray
                 raise RuntimeError("get_buffer() returned an empty buffer")
             n = self._sock.recv_into(buf)
             if n:
@@ -321,13 +328,15 @@ class SocketTransport(asyncio.Transport):
             self._sock.close()
 
 
-async def connect(host: str, port: int, protocol_factory: Callable[[], asyncio.BufferedProtocol], *,
-                  local_host: str | None = None) -> tuple[SocketTransport, asyncio.BufferedProtocol]:
+async def connect(
+    host: str, port: int, protocol_factory: Callable[[], asyncio.BufferedProtocol], *, local_host: str | None = None
+) -> tuple[SocketTransport, asyncio.BufferedProtocol]:
     """Connect to ``host:port`` (every address it resolves to, in turn) and
     return the transport and its protocol."""
     loop = asyncio.get_running_loop()
-    infos = _numeric(host, port) or await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                           proto=socket.IPPROTO_TCP)
+    infos = _numeric(host, port) or await loop.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
     if not infos:
         raise OSError(f"cannot resolve {host!r}")
     last: OSError | None = None

@@ -1,0 +1,105 @@
+"""A link over one authenticated TCP connection
+(:class:`~netcoll.transport.connection.FramedProtocol` on a zero-copy
+:class:`~netcoll.transport.socketlink.SocketTransport`).
+
+The decoder's sink is the link's (:meth:`FramedLink.sink`): a DATA payload is
+checked against the receive window as soon as its header is complete, before
+a byte of it is read, and written straight into a posted buffer when there is
+one. Frames the connection decoded before the link existed (those that came
+in the same read as the handshake's last frame) are accounted the same way
+when the link starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..errors import ProtocolError
+from ..transport.connection import FramedProtocol
+from ..transport.mailbox import Mailbox
+from ..wire import Kind
+from .framed import FramedLink
+
+
+class TcpLink(FramedLink):
+    """One peer over TCP.
+
+    Args:
+        peer: the world rank at the other end.
+        proto: the connection, handshake done.
+        mailbox: where received frames go.
+        window / peer_window: the two receive windows (from the handshake).
+    """
+
+    kind = "tcp"
+
+    def __init__(self, *, peer: int, proto: FramedProtocol, mailbox: Mailbox, window: int, peer_window: int) -> None:
+        super().__init__(peer, mailbox, window=window, peer_window=peer_window)
+        self.proto = proto
+        proto.decoder.sink = self.sink
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The connection's asyncio transport."""
+        return self.proto.transport
+
+    @property
+    def usable(self) -> bool:
+        t = self.proto.transport
+        return self.lost is None and self.proto.lost is None and t is not None and not t.is_closing()
+
+    def start(self) -> None:
+        proto = self.proto
+        proto.on_lost = self._lost
+        proto.on_frame = self.receive
+        try:
+            while proto.queue:  # decoded before the sink was ours: account them now
+                frame = proto.queue.popleft()
+                if frame.kind is Kind.DATA and frame.payload.nbytes:
+                    self.admit(frame.kind, frame.header, frame.payload.nbytes)
+                self.receive(frame)
+        except ProtocolError as exc:
+            proto.fail(exc, tell_peer=True)
+        if proto.lost is not None:
+            self._lost(proto.lost)
+
+    async def _transmit(self, kind: Kind, header: dict[str, Any], payload: memoryview | None) -> None:
+        await self.proto.send(kind, header, payload)
+
+    def _post(self, kind: Kind, header: dict[str, Any]) -> None:
+        self.proto.write(kind, header)
+
+    def _backlog(self) -> int:
+        t = self.proto.transport
+        return t.get_write_buffer_size() if t is not None else 0
+
+    def _on_bye(self) -> None:  # the peer reads until we close our side too
+        self.proto.close()
+
+    def divert(self) -> None:
+        self.proto.decoder.divert()
+
+    def close(self) -> None:
+        """BYE, then half-close: keep reading until the peer closes too (closing
+        with unread bytes would send a reset that can destroy what we sent)."""
+        proto, t = self.proto, self.proto.transport
+        if proto.lost is not None or t is None or t.is_closing():
+            return
+        try:
+            proto.write(Kind.BYE, {})
+            if t.can_write_eof():
+                t.write_eof()
+            else:
+                proto.close()
+        except Exception:  # noqa: BLE001 - closing anyway
+            proto.close()
+
+    def abort(self) -> None:
+        self.proto.abort()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self.proto.closed)
+
+
+__all__ = ["TcpLink"]

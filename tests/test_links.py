@@ -1,0 +1,280 @@
+"""Per-peer links: the interface, capability negotiation in the peer handshake
+(``NETCOLL_TRANSPORT=tcp`` included), the factory's choice, and the link kind
+per peer in the mesh's stats. Loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+
+from netcoll.comm import Communicator
+from netcoll.errors import ProtocolError
+from netcoll.links import Capabilities, Link, LinkConfig, LinkFactory, LinkStats, choose
+from netcoll.links import factory as factory_mod
+from netcoll.links.framed import ABORT_REASON_MAX
+from netcoll.links.memory import MemoryLink
+from netcoll.links.tcp import TcpLink
+from netcoll.transport import auth
+from netcoll.transport.base import Transport
+from netcoll.transport.memory import MemoryHub
+from netcoll.transport.tcp import Listener, TcpTransport
+from netcoll.wire import FrameDecoder, Kind, encode_header
+
+LOOPBACK = "127.0.0.1"
+MIB = 1 << 20
+_SESSIONS = itertools.count()
+
+
+@asynccontextmanager
+async def tcp_mesh(
+    n: int, *, token: str | None = "links-s3cret", configs: list[LinkConfig | None] | None = None
+) -> AsyncIterator[list[TcpTransport]]:
+    """``n`` TcpTransports on loopback (``configs[r]``: rank r's link settings,
+    None for the default from the environment)."""
+    listeners = [Listener(token=token) for _ in range(n)]
+    transports: list[TcpTransport] = []
+    try:
+        addresses = [await listener.start(LOOPBACK, 0) for listener in listeners]
+        session = f"links-{next(_SESSIONS)}"
+        for r in range(n):
+            transports.append(
+                TcpTransport(
+                    listeners[r],
+                    rank=r,
+                    size=n,
+                    session=session,
+                    peers=addresses,
+                    token=token,
+                    links=(configs or [None] * n)[r],
+                )
+            )
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(t.connect(10.0) for t in transports))
+        yield transports
+    finally:
+        await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+        for listener in listeners:
+            await listener.close()
+
+
+# --------------------------------------------------------------------------- the interface
+
+
+def test_link_kinds_implement_the_interface() -> None:
+    assert issubclass(TcpLink, Link) and issubclass(MemoryLink, Link)
+    assert (TcpLink.kind, MemoryLink.kind) == ("tcp", "memory")
+    hub = MemoryHub(2, window=2 * MIB)
+    link = hub.transports[0].links[1]
+    assert isinstance(link, MemoryLink) and link.peer == 1 and link.usable
+    stats = link.stats()
+    assert isinstance(stats, LinkStats)
+    assert stats.as_dict() == {
+        "kind": "memory",
+        "peer": 1,
+        "frames_sent": 0,
+        "bytes_sent": 0,
+        "frames_received": 0,
+        "bytes_received": 0,
+        "unexpected_bytes": 0,
+        "unexpected_peak": 0,
+        "send_backlog": 0,
+        "credit": 2 * MIB,
+        "peer_window": 2 * MIB,
+        "recv_window": 2 * MIB,
+        "rendezvous": 0,
+        "waiting": 0,
+        "credits_sent": 0,
+        "lost": None,
+    }
+
+
+async def test_memory_hub_links_every_pair_and_kill_breaks_them() -> None:
+    hub = MemoryHub(3)
+    for t in hub.transports:
+        assert sorted(t.link_stats()) == sorted(set(range(3)) - {t.rank})
+        assert {s.kind for s in t.link_stats().values()} == {"memory"}
+    hub.kill(2)
+    assert hub.transports[0].links[2].lost is not None and 2 in hub.transports[0].mailbox.dead
+    assert hub.transports[0].links[1].lost is None
+    assert not hub.transports[1].links[2].usable
+
+
+async def test_memory_link_close_is_an_orderly_leave() -> None:
+    hub = MemoryHub(2)
+    hub.transports[0].links[1].close()
+    assert hub.transports[1].mailbox.departed == {0}  # BYE first: graceful, not a crash
+
+
+# --------------------------------------------------------------------------- capabilities and the factory
+
+
+def test_capabilities_round_trip_and_refusals() -> None:
+    caps = Capabilities(bits=factory_mod.TCP | factory_mod.SHM, window=8 * MIB, extra={"host": "h1"})
+    wire_form = caps.to_wire()
+    assert wire_form == {"host": "h1", "v": 1, "caps": 0b101, "window": 8 * MIB}
+    assert Capabilities.from_wire(wire_form) == caps
+    for bad in (
+        None,
+        "tcp",
+        {"v": 1, "caps": 1},
+        {"v": True, "caps": 1, "window": MIB},
+        {"v": 1, "caps": 1, "window": 10},
+        {"v": 0, "caps": 1, "window": MIB},
+    ):
+        with pytest.raises(ProtocolError):
+            Capabilities.from_wire(bad, "rank 3")
+    with pytest.raises(ProtocolError, match="rank 3 announced no link capabilities"):
+        Capabilities.from_wire(None, "rank 3")
+
+
+def test_choose_prefers_shared_memory_then_tls_then_tcp() -> None:
+    every = Capabilities(bits=factory_mod.TCP | factory_mod.TLS | factory_mod.SHM)
+    tcp_only = Capabilities(bits=factory_mod.TCP)
+    assert choose(every, every) == "shm"
+    assert choose(every, every, available=("tcp", "tls")) == "tls"
+    assert choose(every, tcp_only) == choose(tcp_only, every) == "tcp"
+    with pytest.raises(ProtocolError, match="no common link kind"):
+        choose(tcp_only, Capabilities(bits=factory_mod.MEMORY))
+
+
+def test_factory_forced_kind_is_all_it_announces() -> None:
+    made: list[dict[str, Any]] = []
+    f = LinkFactory(LinkConfig(transport="tcp"), offers=("shm", "tcp"))
+    f.register("tcp", lambda **kw: made.append(kw) or "a tcp link")  # type: ignore[arg-type,func-returns-value]
+    f.register("shm", lambda **kw: "an shm link")  # type: ignore[arg-type,return-value]
+    assert f.capabilities().bits == factory_mod.TCP
+    assert f.choose(Capabilities(bits=factory_mod.TCP | factory_mod.SHM)) == "tcp"
+    assert f.make("tcp", peer=1) == "a tcp link" and made == [{"peer": 1}]  # type: ignore[comparison-overlap]
+    free = LinkFactory(LinkConfig(), offers=("shm", "tcp"))
+    free.register("tcp", TcpLink)
+    assert free.capabilities().bits == factory_mod.TCP | factory_mod.SHM
+    assert free.choose(Capabilities(bits=factory_mod.TCP | factory_mod.SHM)) == "tcp"  # no shm maker here
+    with pytest.raises(ValueError, match="NETCOLL_TRANSPORT=tls"):
+        LinkFactory(LinkConfig(transport="tls"), offers=("tcp",))
+    with pytest.raises(ProtocolError):
+        free.make("shm")
+
+
+def test_link_config_from_the_environment() -> None:
+    assert LinkConfig.from_env({}) == LinkConfig(window=64 * MIB, transport="auto")
+    env = {"NETCOLL_RECV_WINDOW": "4M", "NETCOLL_TRANSPORT": "TCP"}
+    assert LinkConfig.from_env(env) == LinkConfig(window=4 * MIB, transport="tcp")
+    assert LinkConfig.from_env(env, window=MIB, transport="auto") == LinkConfig(window=MIB)  # arguments win
+    for text, value in (("65536", 65536), ("64MiB", 64 * MIB), ("1g", 1 << 30), ("8 KiB", 8192)):
+        assert LinkConfig.from_env({"NETCOLL_RECV_WINDOW": text}).window == value
+    assert LinkConfig.from_env({"NETCOLL_RECV_WINDOW": "", "NETCOLL_TRANSPORT": ""}) == LinkConfig()
+    with pytest.raises(ValueError, match="NETCOLL_RECV_WINDOW"):
+        LinkConfig.from_env({"NETCOLL_RECV_WINDOW": "lots"})
+    with pytest.raises(ValueError, match="NETCOLL_TRANSPORT"):
+        LinkConfig.from_env({"NETCOLL_TRANSPORT": "carrier-pigeon"})
+    with pytest.raises(ValueError, match="at least"):
+        LinkConfig(window=10)
+
+
+# --------------------------------------------------------------------------- over TCP
+
+
+async def test_tcp_links_negotiate_windows_and_show_their_kind() -> None:
+    configs = [LinkConfig(window=2 * MIB), LinkConfig(window=8 * MIB), None]
+    async with tcp_mesh(3, configs=configs) as ts:
+        for t in ts:
+            stats = t.link_stats()
+            assert sorted(stats) == sorted(set(range(3)) - {t.rank})
+            assert all(s.kind == "tcp" and s.lost is None for s in stats.values())
+            assert all(isinstance(link, TcpLink) for link in t.links.values())
+        assert ts[0].link_stats()[1].credit == 8 * MIB  # the peer's window is our credit
+        assert ts[1].link_stats()[0].credit == 2 * MIB
+        assert ts[1].link_stats()[0].recv_window == 8 * MIB
+        assert ts[2].link_stats()[0].recv_window == 64 * MIB  # the default
+
+
+async def test_netcoll_transport_tcp_forces_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_TRANSPORT", "tcp")
+    monkeypatch.setenv("NETCOLL_RECV_WINDOW", "3M")
+    async with tcp_mesh(2) as ts:
+        assert ts[0].capabilities["caps"] == factory_mod.TCP
+        assert [s.kind for t in ts for s in t.link_stats().values()] == ["tcp", "tcp"]
+        assert ts[0].link_stats()[1].recv_window == 3 * MIB
+    monkeypatch.setenv("NETCOLL_TRANSPORT", "shm")
+    with pytest.raises(ValueError, match="NETCOLL_TRANSPORT=shm"):
+        TcpTransport(Listener(), rank=0, size=1, session="x", peers=[(LOOPBACK, 1)])
+
+
+async def test_link_stats_count_traffic_per_peer() -> None:
+    async with tcp_mesh(2) as ts:
+        comms = [Communicator(t) for t in ts]
+        async with asyncio.timeout(10):
+            ys = await asyncio.gather(*(c.all_reduce(np.ones(MIB // 4, np.float32)) for c in comms))
+        assert all((y == 2).all() for y in ys)
+        s0, s1 = ts[0].link_stats()[1], ts[1].link_stats()[0]
+        assert s0.bytes_sent == s1.bytes_received > 0 and s1.bytes_sent == s0.bytes_received > 0
+        assert s0.frames_sent >= 2 and s0.unexpected_bytes == s1.unexpected_bytes == 0
+
+
+async def test_a_peer_without_link_capabilities_is_refused() -> None:
+    listener = Listener(token=None)
+    address = await listener.start(LOOPBACK, 0)
+    mesh = TcpTransport(listener, rank=0, size=2, session="caps-test", peers=[address, address])
+    connecting = asyncio.ensure_future(mesh.connect(5.0))
+    try:
+        reader, writer = await asyncio.open_connection(*address)
+        decoder, frames = FrameDecoder(), []
+        async with asyncio.timeout(5):
+            while not frames:
+                frames += decoder.feed(await reader.read(65536))
+            assert frames[0].kind == Kind.CHALLENGE
+            writer.write(
+                encode_header(
+                    Kind.HELLO,
+                    {"role": "peer", "nonce": auth.new_nonce(), "session": "caps-test", "rank": 1, "size": 2},
+                )
+            )
+            while chunk := await reader.read(65536):
+                frames += decoder.feed(chunk)
+        writer.close()
+        [error] = [f for f in frames if f.kind == Kind.ERROR]
+        assert error.header["type"] == "ProtocolError"
+        assert "rank 1 announced no link capabilities" in error.header["message"]
+        assert mesh.links == {}
+    finally:
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        await mesh.close()
+        await listener.close()
+
+
+async def test_a_huge_abort_reason_is_trimmed_to_fit_a_control_frame() -> None:
+    async with tcp_mesh(2) as ts:
+        got: list[dict[str, Any]] = []
+        ts[1].mailbox.on_abort = lambda src, header: got.append(header)  # type: ignore[method-assign]
+        header = {"g": "g", "q": 5, "reason": "x" * 100_000, "origin": 0, "cause": "error", "ranks": list(range(5000))}
+        await ts[0].send(1, Kind.ABORT, header)
+        async with asyncio.timeout(5):
+            while not got:
+                await asyncio.sleep(0.01)
+        assert len(got[0]["reason"]) == ABORT_REASON_MAX and got[0]["reason"].endswith("...")
+        assert ts[0].links[1].usable and ts[1].links[0].usable
+
+
+async def test_orderly_close_is_seen_as_a_graceful_leave() -> None:
+    async with tcp_mesh(2) as ts:
+        await ts[1].close()
+        async with asyncio.timeout(5):
+            while ts[0].links[1].lost is None:
+                await asyncio.sleep(0.01)
+        assert ts[0].mailbox.departed == {1}
+
+
+def test_transport_is_the_generic_mesh() -> None:
+    t = Transport(0, 2)
+    hub = MemoryHub(2)
+    link = hub.transports[0].links[1]
+    t.attach(link)
+    assert t.links == {1: link} and link.on_lost is not None
+    assert list(t.link_stats()) == [1]
