@@ -178,6 +178,13 @@ class Communicator:
                             members=tuple(self.members[r] for _, r in mine), timeout=self.timeout,
                             segment_bytes=self.segment_bytes)
 
+    def link_stats(self) -> dict[int, dict[str, Any]]:
+        """This rank's link to each other member, by group rank: its kind
+        (``"tcp"``, ``"memory"``, ...), traffic, bytes held for receives not yet
+        posted, and flow-control credit (:class:`netcoll.links.base.LinkStats`)."""
+        stats = self.transport.link_stats()
+        return {r: stats[w].as_dict() for r, w in enumerate(self.members) if w in stats}
+
     async def close(self) -> None:
         """Close the communicator (and, for the one :func:`connect` made, its links)."""
         if self._engine.closed:

@@ -186,3 +186,13 @@ async def test_split_is_issued_too() -> None:
     assert [s.rank for s in subs] == [1, 1, 0, 0]
     got = await asyncio.gather(*(s.all_reduce(np.array([float(c.rank)])) for s, c in zip(subs, comms)))
     assert [float(g[0]) for g in got] == [2.0, 4.0, 2.0, 4.0]
+
+
+async def test_link_stats_show_the_link_kind_per_group_rank() -> None:
+    _, comms = memory_world(3)
+    subs = await asyncio.gather(*(c.split(0 if c.rank else None) for c in comms))
+    assert subs[0] is None
+    await asyncio.gather(*(s.all_reduce(np.ones(1000)) for s in subs[1:]))
+    stats = subs[1].link_stats()
+    assert list(stats) == [1] and stats[1]["kind"] == "memory" and stats[1]["peer"] == 2
+    assert stats[1]["bytes_sent"] > 0 and stats[1]["unexpected_bytes"] == 0

@@ -22,12 +22,12 @@ Environment (read by :meth:`LinkConfig.from_env`):
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..errors import ProtocolError
+from ..sizes import parse_size
 from .base import Link
 
 #: version of the link protocol announced in the handshake (1: credits + RTS/CTS)
@@ -42,17 +42,6 @@ MEMORY: Final = 1 << 3  # in-process links of the test hub
 BITS: Final[dict[str, int]] = {"tcp": TCP, "tls": TLS, "shm": SHM, "memory": MEMORY}
 #: most preferred first
 PREFERENCE: Final = ("shm", "tls", "tcp", "memory")
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str, what: str = "size") -> int:
-    """``"65536"``, ``"64K"``, ``"4MiB"``, ``"1g"`` -> bytes (binary units)."""
-    m = _SIZE.match(text)
-    if m is None:
-        raise ValueError(f"{what} must be a number of bytes such as 65536, 4M or 64MiB, got {text!r}")
-    return int(m.group(1)) << (10 * " kmgt".index((m.group(2) or " ").lower()))
-
 
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
@@ -81,7 +70,10 @@ class LinkConfig:
         env = os.environ if env is None else env
         if window is None:
             raw = env.get("NETCOLL_RECV_WINDOW") or ""
-            window = parse_size(raw, "NETCOLL_RECV_WINDOW") if raw else DEFAULT_WINDOW
+            try:
+                window = parse_size(raw) if raw else DEFAULT_WINDOW
+            except ValueError as exc:
+                raise ValueError(f"NETCOLL_RECV_WINDOW: {exc}") from None
         if transport is None:
             transport = (env.get("NETCOLL_TRANSPORT") or "auto").strip().lower()
             if transport != "auto" and transport not in BITS:
@@ -199,5 +191,4 @@ __all__ = [
     "LinkFactory",
     "choose",
     "kinds_of",
-    "parse_size",
 ]
