@@ -19,7 +19,13 @@ NETCOLL_RANK_HINT        preferred rank (a pod index)              rank
 NETCOLL_ADVERTISE_HOST   address peers should dial (default: the   rank
                          address the coordinator sees)
 NETCOLL_LOG_LEVEL        debug, info, warning, error               coordinator, rank, up
+NETCOLL_TRANSPORT        ``auto`` or a link kind to force (``tcp``) every rank (links)
+NETCOLL_RECV_WINDOW      bytes a peer may send ahead of posted     every rank (links)
+                         receives (default ``64MiB``)
 ======================== ========================================= ===================
+
+The last two are read where links are made (:class:`netcoll.links.factory.LinkConfig`),
+so they apply to rank daemons and embedded ranks alike.
 
 An empty variable counts as unset (compose passes ``NETCOLL_TOKEN:`` through
 empty when the caller has none). :meth:`Settings.load` raises
