@@ -18,9 +18,33 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Coordinator": ".rendezvous", "connect": ".session", "Communicator": ".comm", "Client": ".service",
-    "JobSpec": ".service", "ReduceOp": ".ops", "Work": ".operation", "Reason": ".operation",
-    **dict.fromkeys(("NetcollError", "ProtocolError", "AuthenticationError", "RendezvousError", "RendezvousTimeout", "CommunicatorClosed", "CollectiveError", "CollectiveTimeout", "PeerLost", "MismatchError", "CollectiveAborted", "CollectiveCancelled", "CollectiveClosed", "LimitExceeded"), ".errors"),
+    "Coordinator": ".rendezvous",
+    "connect": ".session",
+    "Communicator": ".comm",
+    "Client": ".service",
+    "JobSpec": ".service",
+    "ReduceOp": ".ops",
+    "Work": ".operation",
+    "Reason": ".operation",
+    **dict.fromkeys(
+        (
+            "NetcollError",
+            "ProtocolError",
+            "AuthenticationError",
+            "RendezvousError",
+            "RendezvousTimeout",
+            "CommunicatorClosed",
+            "CollectiveError",
+            "CollectiveTimeout",
+            "PeerLost",
+            "MismatchError",
+            "CollectiveAborted",
+            "CollectiveCancelled",
+            "CollectiveClosed",
+            "LimitExceeded",
+        ),
+        ".errors",
+    ),
 }
 
 __all__ = [

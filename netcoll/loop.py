@@ -22,16 +22,20 @@ import asyncio
 import os
 import selectors
 import time
-from typing import Any, Coroutine, TypeVar
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 T = TypeVar("T")
 DEFAULT_SPIN = 300e-6  # seconds of polling before sleeping (measured: 100 µs-1 ms all help; 300 µs best)
 LOOPS = ("spin", "asyncio", "uvloop")
 
-_Base: Any = getattr(selectors, "EpollSelector", selectors.DefaultSelector)
+if TYPE_CHECKING:
+    _Base = selectors.DefaultSelector
+else:  # epoll where there is one (DefaultSelector may be another kind), else the platform's best
+    _Base = getattr(selectors, "EpollSelector", selectors.DefaultSelector)
 
 
-class SpinSelector(_Base):  # type: ignore[misc]
+class SpinSelector(_Base):
     """A selector that polls (yielding the CPU) for ``spin`` seconds before blocking."""
 
     def __init__(self, spin: float = DEFAULT_SPIN) -> None:
@@ -71,7 +75,7 @@ def new_event_loop(kind: str | None = None) -> asyncio.AbstractEventLoop:
         except ImportError:
             raise ValueError("the uvloop event loop was asked for but uvloop is not installed "
                              "(pip install 'netcoll[uvloop]')") from None
-        return uvloop.new_event_loop()  # type: ignore[no-any-return]
+        return uvloop.new_event_loop()
     if choice == "spin" and hasattr(os, "sched_yield"):
         return asyncio.SelectorEventLoop(SpinSelector())
     return asyncio.new_event_loop()

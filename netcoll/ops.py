@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 import functools
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -107,7 +108,7 @@ def check_dtype(dtype: Any) -> np.dtype:
     if dtype is None:  # np.dtype(None) would silently mean float64
         raise TypeError(f"dtype must not be None; supported dtypes: {_SUPPORTED_NAMES}")
     try:
-        dt = np.dtype(dtype)
+        dt: np.dtype[Any] = np.dtype(dtype)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{dtype!r} is not a dtype ({exc}); "
                         f"supported dtypes: {_SUPPORTED_NAMES}") from None
@@ -205,7 +206,7 @@ def reduce_into(op: str | ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
     if (acc.__class__ is not np.ndarray or other.__class__ is not np.ndarray or acc.dtype != other.dtype
             or acc.shape != other.shape or not acc.flags.writeable):
         _check_pair(acc, other)  # raises with the reason (ndarray subclasses pass on)
-    ufunc, quiet = _fast(op, acc.dtype)  # type: ignore[arg-type]
+    ufunc, quiet = _fast(op, acc.dtype)
     if quiet:
         ufunc(acc, other, out=acc)
     else:
@@ -251,7 +252,7 @@ def finalize(op: str | ReduceOp, acc: np.ndarray, world_size: int) -> None:
             np.divide(acc, n, out=acc)
 
 
-_REFERENCE_BINARY = {
+_REFERENCE_BINARY: dict[ReduceOp, Callable[[Any, Any], Any]] = {
     ReduceOp.SUM: lambda a, b: a + b, ReduceOp.AVG: lambda a, b: a + b,
     ReduceOp.PROD: lambda a, b: a * b,
     ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,

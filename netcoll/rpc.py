@@ -18,7 +18,8 @@ import builtins
 import itertools
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from . import errors
 from .errors import NetcollError, ProtocolError
@@ -165,7 +166,7 @@ class RpcServer:
             header: dict[str, Any] = {"id": rid, "ok": True, "result": result}
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply
+        except Exception as exc:  # every failure becomes an error reply
             if not isinstance(exc, (NetcollError, ValueError, TypeError, KeyError, TimeoutError)):
                 log.exception("RPC %s failed", method)
             header = {"id": rid, "ok": False, "error": error_to_wire(exc)}

@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import netcoll  # noqa: E402
-from netcoll.ops import BFLOAT16, reduce_reference  # noqa: E402
+import netcoll
+from netcoll.ops import BFLOAT16, reduce_reference
 
 
 def data(rank: int, count: int, dtype: object) -> np.ndarray:
@@ -76,16 +76,18 @@ async def die(comm: netcoll.Communicator) -> dict[str, object]:
         asyncio.get_running_loop().call_later(0.05, os._exit, 3)
     t0 = time.monotonic()
     for _ in range(1000):
-        await comm.all_reduce(x, timeout=60)
+        await comm.all_reduce(x, timeout=3600)  # far beyond the test's limit: only the lost peer may end it
     return {"elapsed": time.monotonic() - t0}
 
 
 async def timeout(comm: netcoll.Communicator) -> dict[str, object]:
-    """The last rank never calls; the others time out naming it."""
+    """The last rank never calls; the others time out naming it. The last rank
+    stays in the group until the test says the others are done (a line on
+    stdin, see ``run_ranks(release_last=True)``)."""
     if comm.rank != comm.world_size - 1:
         await comm.all_reduce(np.ones(10), timeout=1.0)
     else:
-        await asyncio.sleep(3.0)
+        await asyncio.to_thread(sys.stdin.readline)
     return {}
 
 

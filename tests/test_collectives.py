@@ -1,6 +1,9 @@
 """Every collective of the public Communicator against a numpy reference, over
 the in-memory transport: a Gloo-style grid of world sizes x counts x dtypes x
 ops x algorithms. (The same calls over real TCP: test_tcp*.py.)"""
+# Rank bodies are lambdas over loop variables, always awaited within the
+# iteration that defines them:
+# ruff: noqa: B023
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pytest
 from netcoll import algorithms
 from netcoll.ops import BFLOAT16, ReduceOp, reduce_reference
 
-from .conftest import valid_ops, rank_data, run_world
+from .conftest import rank_data, run_world, valid_ops
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 COUNTS = [0, 1, 7, 1000]
@@ -208,7 +211,7 @@ async def test_out_buffers_are_filled_and_returned(n: int) -> None:
             np.testing.assert_array_equal(outs["g"], full)
         else:  # ignored away from the root
             assert got["g"] is None and (outs["g"] == -1).all()
-    for x, k in zip(xs, keep):
+    for x, k in zip(xs, keep, strict=True):
         np.testing.assert_array_equal(x, k)
 
 
@@ -326,7 +329,7 @@ async def test_ring_reading_the_input_in_place_gives_the_same_bits() -> None:
     xs = [np.random.default_rng(r).standard_normal(100_003).astype(np.float32) for r in range(4)]
     keep = [x.copy() for x in xs]
     direct = await run_world(4, lambda c: c.all_reduce(xs[c.rank], algorithm="ring"), segment_bytes=4096)
-    assert all((x == k).all() for x, k in zip(xs, keep))  # inputs untouched
+    assert all((x == k).all() for x, k in zip(xs, keep, strict=True))  # inputs untouched
     inplace = await run_world(4, lambda c: c.all_reduce(xs[c.rank], out=xs[c.rank], algorithm="ring"),
                               segment_bytes=4096)
     for r in range(4):
@@ -338,6 +341,7 @@ async def test_scatter_into_out_is_a_different_call_from_scatter_without() -> No
     """scatter with out= on some ranks and without on others is a mismatch
     (the two move different messages), reported on every rank, never a hang."""
     from netcoll import CollectiveError
+
     from .conftest import run_world_settled
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
 

@@ -135,7 +135,7 @@ def test_every_op_every_dtype(op, dt):
     assert_identical(got, plain_numpy(op, arrays))
     # string ops behave like the enum
     assert_identical(fold(op.value, arrays), got)
-    for a, c in zip(arrays, copies):  # inputs untouched
+    for a, c in zip(arrays, copies, strict=True):  # inputs untouched
         assert_identical(a, c)
 
 
@@ -212,7 +212,7 @@ def test_avg_world_size_one_and_other_ops_noop():
 # --------------------------------------------------------------------------- bfloat16 / fp16
 
 def test_bfloat16_basics():
-    assert BFLOAT16 == np.dtype(ml_dtypes.bfloat16)
+    assert np.dtype(ml_dtypes.bfloat16) == BFLOAT16
     assert check_dtype(ml_dtypes.bfloat16) == BFLOAT16
     assert check_dtype("bfloat16") == BFLOAT16
     a = np.array([1.5, -2.0, 256.0], dtype=BFLOAT16)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import msgpack
 import pytest
@@ -58,7 +59,7 @@ async def join_all(clients: list[RendezvousClient], group: str, ids: list[str],
     ranks = ranks or [None] * len(clients)
     return list(await asyncio.gather(*(
         c.join(group, world_size=len(clients), rank=r, member_id=m, listen_port=7000 + i, timeout=2, **kw)
-        for i, (c, m, r) in enumerate(zip(clients, ids, ranks)))))
+        for i, (c, m, r) in enumerate(zip(clients, ids, ranks, strict=True)))))
 
 
 async def failing(task: asyncio.Task[Any]) -> BaseException:
@@ -179,7 +180,8 @@ async def test_timeout_lists_joined_and_missing(coord: Coordinator, connect: Con
 
 async def test_timeout_with_explicit_ranks_names_missing_ranks(connect: Connect) -> None:
     a = await connect()
-    with pytest.raises(RendezvousTimeout, match=r"1 of 3 members joined \[rank 1: .*\]; 2 missing \(missing ranks: 0, 2\)"):
+    missing = r"1 of 3 members joined \[rank 1: .*\]; 2 missing \(missing ranks: 0, 2\)"
+    with pytest.raises(RendezvousTimeout, match=missing):
         await a.join("g", world_size=3, rank=1, timeout=0.2)
 
 
@@ -306,7 +308,7 @@ async def test_mixed_loopback_group_end_to_end(coord: Coordinator, connect: Conn
     waiting = asyncio.create_task(routable.join("m", world_size=2, member_id="r", advertise_host="10.1.2.3",
                                                 timeout=2))
     await until(lambda: pending_ids(coord, "m") == ["r"])
-    with pytest.raises(RendezvousError, match="loopback address.*container"):
+    with pytest.raises(RendezvousError, match=r"loopback address.*container"):
         await local.join("m", world_size=2, member_id="l", timeout=1)
     # the reverse order: the loopback member already waiting is the one refused
     evicted_client, r2 = await connect(), await connect()
@@ -332,7 +334,7 @@ async def test_kv_store(coord: Coordinator, connect: Connect) -> None:
     value = {"bytes": b"\x00\xff" * 100, 1: [1.5, None, True], "big": b"x" * 200_000}
     await a.kv_set("later", value)
     assert await getter == value
-    with pytest.raises(RendezvousTimeout, match="key 'never' of group 'g' was not set within 0.1s"):
+    with pytest.raises(RendezvousTimeout, match=r"key 'never' of group 'g' was not set within 0\.1s"):
         await a.kv_get("never", timeout=0.1)
     assert sorted(await asyncio.gather(*(c.kv_add("n", 1) for c in [a, b] * 5))) == list(range(1, 11))
     assert await a.kv_add("n", -10) == 0

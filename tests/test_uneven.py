@@ -13,7 +13,7 @@ from netcoll.comm import Communicator
 from netcoll.ops import BFLOAT16, ReduceOp, finalize, reduce_into
 from netcoll.transport.memory import MemoryHub
 
-from .conftest import valid_ops, memory_world, rank_data, run_world, run_world_settled
+from .conftest import memory_world, rank_data, run_world, run_world_settled, valid_ops
 
 WORLD_SIZES = [1, 2, 3, 5]
 DTYPES = [np.float32, np.int64, BFLOAT16, np.bool_, np.complex64, np.float16, np.uint8]
@@ -76,11 +76,11 @@ async def test_scatter_list(n: int, dtype: object) -> None:
     for root in sorted({0, n - 1}):
         blocks = [data(100 + k, shape_for(k, root), dtype) for k in range(n)]
         keep = [b.copy() for b in blocks]
-        res = await run_world(n, lambda c: c.scatter(blocks if c.rank == root else None, root=root),
+        res = await run_world(n, lambda c, b=blocks, root=root: c.scatter(b if c.rank == root else None, root=root),
                               segment_bytes=3)
         for r in range(n):
             same(res[r], keep[r])
-        for b, k in zip(blocks, keep):
+        for b, k in zip(blocks, keep, strict=True):
             same(b, k)
 
 
@@ -99,7 +99,7 @@ async def test_gather_and_all_gather_uneven(n: int, dtype: object) -> None:
     xs = [data(7 + r, shape_for(r, 1), dtype) for r in range(n)]
     keep = [x.copy() for x in xs]
     for root in sorted({0, n // 2}):
-        res = await run_world(n, lambda c: c.gather(xs[c.rank], root=root, uneven=True), segment_bytes=4)
+        res = await run_world(n, lambda c, root=root: c.gather(xs[c.rank], root=root, uneven=True), segment_bytes=4)
         for r in range(n):
             if r != root:
                 assert res[r] is None
@@ -111,7 +111,7 @@ async def test_gather_and_all_gather_uneven(n: int, dtype: object) -> None:
         assert isinstance(res[r], list) and len(res[r]) == n
         for k in range(n):
             same(res[r][k], keep[k])
-    for x, k in zip(xs, keep):
+    for x, k in zip(xs, keep, strict=True):
         same(x, k)
 
 
@@ -143,7 +143,7 @@ async def test_reduce_scatter_list(n: int, dtype: object) -> None:
             xs = [[np.asarray(np.clip(a.real if np.dtype(dtype).kind == "c" else a, -2, 2).astype(dtype)) for a in row]
                   for row in xs]
         keep = [[a.copy() for a in row] for row in xs]
-        res = await run_world(n, lambda c, op=op: c.reduce_scatter(xs[c.rank], op=op), segment_bytes=6)
+        res = await run_world(n, lambda c, xs=xs, op=op: c.reduce_scatter(xs[c.rank], op=op), segment_bytes=6)
         for r in range(n):
             want = documented_order(op, [keep[i][r] for i in range(n)], r)
             same(res[r], want)  # bit-exact: the documented fixed order
@@ -240,7 +240,7 @@ async def test_uneven_gather_dtype_disagreement_is_a_mismatch() -> None:
 ])
 async def test_different_segment_bytes_is_a_mismatch(call) -> None:  # type: ignore[no-untyped-def]
     hub = MemoryHub(2)
-    comms = [Communicator(t, segment_bytes=s) for t, s in zip(hub.transports, (64, 128))]
+    comms = [Communicator(t, segment_bytes=s) for t, s in zip(hub.transports, (64, 128), strict=True)]
     import asyncio
     async with asyncio.timeout(10):
         res = await asyncio.gather(*(call(c) for c in comms), return_exceptions=True)

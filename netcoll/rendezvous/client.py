@@ -24,8 +24,9 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 
@@ -140,7 +141,7 @@ class RendezvousClient:
         if self.on_event is not None:
             try:
                 self.on_event(event)
-            except Exception:  # noqa: BLE001 - a callback bug must not break the connection
+            except Exception:  # a callback bug must not break the connection
                 log.exception("rendezvous on_event callback failed")
 
     async def _beat(self, interval: float) -> None:

@@ -40,16 +40,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import msgpack
 
 from ..errors import RendezvousError, RendezvousTimeout
 from ..rpc import Handler, Reply, RpcServer, Session
 from ..wire import Kind
-from .groups import (Member, assign_ranks, barrier_timeout_message, check_join, group_name, key_param,
-                     loopback_conflict, parse_join, resolve_host, timeout_message, timeout_param)
+from .groups import (
+    Member,
+    assign_ranks,
+    barrier_timeout_message,
+    check_join,
+    group_name,
+    key_param,
+    loopback_conflict,
+    parse_join,
+    resolve_host,
+    timeout_message,
+    timeout_param,
+)
 
 log = logging.getLogger("netcoll.rendezvous")
 
@@ -293,7 +305,7 @@ class Coordinator:
                 m.session.proto.write(Kind.EVENT, event)  # tiny; never blocks on a slow reader
             except (ConnectionError, RendezvousError, OSError, RuntimeError):
                 pass
-            except Exception:  # noqa: BLE001 - one broken link must not stop the others' events
+            except Exception:  # one broken link must not stop the others' events
                 log.debug("could not notify %s", m.member_id, exc_info=True)
         if not alive:
             self._delete(group, f"every member of group {group.name!r} has gone")
@@ -329,7 +341,7 @@ class Coordinator:
     # -- key-value store and barrier ----------------------------------------------
     def _running(self, session: Session, params: dict[str, Any]) -> tuple[_Group, Member]:
         name = group_name(params)
-        entry = session.data.get(_SESSION_KEY, {}).get(name)
+        entry: tuple[_Group, Member] | None = session.data.get(_SESSION_KEY, {}).get(name)
         if entry is None:
             raise RendezvousError(f"this connection is not a member of group {name!r} (join it first)")
         if entry[0].state != RUNNING:

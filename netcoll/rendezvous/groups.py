@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import ipaddress
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import RendezvousError
 

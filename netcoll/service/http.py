@@ -235,7 +235,7 @@ class Exposition:
         self._lines: list[str] = []
 
     def add(self, name: str, kind: str, help_text: str,
-            samples: float | bool | None | Iterable[tuple[dict[str, Any], float | int | bool | None]]) -> None:
+            samples: float | bool | Iterable[tuple[dict[str, Any], float | int | bool | None]] | None) -> None:
         self._lines.append(f"# HELP {name} {help_text}")
         self._lines.append(f"# TYPE {name} {kind}")
         if samples is None or isinstance(samples, (int, float, bool)):
