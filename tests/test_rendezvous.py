@@ -279,8 +279,9 @@ def test_is_loopback() -> None:
 
 def test_loopback_advertisement_from_another_host_is_refused() -> None:
     for advertised in ("127.0.0.1", "localhost", "::1"):
-        with pytest.raises(RendezvousError, match=rf"peers on other hosts cannot reach {advertised}"):
+        with pytest.raises(RendezvousError, match=rf"peers on other hosts cannot reach {advertised}") as info:
             resolve_host("m", advertised, "10.0.0.5")
+        assert "NETCOLL_ADVERTISE_HOST" in str(info.value)  # the variable that exists
     assert resolve_host("m", "127.0.0.1", "127.0.0.1") == "127.0.0.1"  # everyone is local: fine
     assert resolve_host("m", None, "10.0.0.5") == "10.0.0.5"
     assert resolve_host("m", None, "::ffff:10.0.0.5") == "10.0.0.5"
@@ -482,3 +483,4 @@ def test_wire_values_are_plain_msgpack() -> None:
     assert JoinResult.from_wire(msgpack.unpackb(msgpack.packb(raw))).peers == (Peer(0, "h", 1, "m"),)
     with pytest.raises(RendezvousError, match="malformed join result"):
         JoinResult.from_wire({"rank": 1})
+

@@ -150,7 +150,7 @@ def resolve_host(member_id: str, advertise_host: str | None, seen_host: str) -> 
         raise RendezvousError(
             f"member {member_id!r} advertises {advertise_host}, but it connected to the coordinator "
             f"from {seen}: peers on other hosts cannot reach {advertise_host}; advertise a routable "
-            f"address (NETCOLL_ADVERTISE_ADDR / advertise_host) or leave it unset to use {seen}")
+            f"address (NETCOLL_ADVERTISE_HOST / advertise_host) or leave it unset to use {seen}")
     return _bare(advertise_host)
 
 
@@ -163,7 +163,7 @@ def loopback_conflict(member_id: str, host: str, other_id: str, other_host: str)
             f"the coordinator's own host, or a container with host port mapping) or advertises "
             f"loopback: inside a container, 127.0.0.1 is the container itself. Connect to the "
             f"coordinator through an address the other hosts also use, or set advertise_host "
-            f"(NETCOLL_ADVERTISE_ADDR) to a routable address of this member")
+            f"(NETCOLL_ADVERTISE_HOST) to a routable address of this member")
 
 
 # -- membership ----------------------------------------------------------------------

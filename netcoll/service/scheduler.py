@@ -146,8 +146,10 @@ class JobService:
             "drained" if member.draining else reason,
         )
         job = self.current
-        if job is not None and member_id in job.rank_of:
-            r = job.rank_of[member_id]
+        # A rank that has reported its part left in order (a draining daemon finishes
+        # its job, reports, then goes): only one that has not is lost to the job.
+        r = job.rank_of.get(member_id) if job is not None else None
+        if job is not None and r is not None and r not in job.reports:
             job.lost[r] = f"rank {r} ({member.describe()}) was lost: {reason}"
             job.changed.set()
         self._members_changed.set()
