@@ -3,7 +3,12 @@ an in-process coordinator, averaging a gradient-sized array over real TCP.
 
     python3 examples/embedded.py        # prints [1.5 1.5 1.5]
 """
-import asyncio, numpy as np, netcoll  # noqa: E401 - as in the README
+import asyncio
+
+import numpy as np
+
+import netcoll
+
 
 async def main():
     async with netcoll.Coordinator() as coord:            # or a `netcoll coordinator` process

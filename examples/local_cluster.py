@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(SCRIPT))
 sys.path.insert(0, ROOT)  # the netcoll next to this script, installed or not
 
 try:
@@ -97,7 +98,7 @@ async def collectives(comm: netcoll.Communicator) -> tuple[list[dict[str, Any]],
                 lambda y: all(np.array_equal(y[j], lists[j][r]) for j in range(n)))
     mine = [data(3000 + k, (k + 1,)) for k in range(n)]
     await c.run("all_gather (uneven)", lambda: comm.all_gather(mine[r], uneven=True),
-                lambda y: all(np.array_equal(a, b) for a, b in zip(y, mine)))
+                lambda y: all(np.array_equal(a, b) for a, b in zip(y, mine, strict=True)))
     await c.run("reduce_scatter (uneven list)",
                 lambda: comm.reduce_scatter([data(4000 + r * n + j, (j + 3,), np.int64) for j in range(n)]),
                 lambda y: np.array_equal(y, sum(data(4000 + i * n + r, (r + 3,), np.int64) for i in range(n))))
@@ -138,7 +139,7 @@ def watch_parent() -> None:
     def watch() -> None:
         try:
             sys.stdin.buffer.read()
-        except Exception:
+        except Exception:  # noqa: BLE001 - whatever ended the read, the parent is gone
             pass
         os._exit(3)
     threading.Thread(target=watch, daemon=True).start()
@@ -161,7 +162,7 @@ def worker_main(args: argparse.Namespace) -> int:
         result = asyncio.run(worker(args, me))
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as this rank's result
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", **me}
     print(json.dumps(result), flush=True)
     return 0
@@ -193,7 +194,7 @@ async def run_cluster(n: int, timeout: float) -> list[dict[str, Any]]:
                   f"({hosts[0]}{' .. ' + hosts[-1] if n > 1 and hosts[-1] != hosts[0] else ''})", flush=True)
             for i in range(n):
                 procs.append(await asyncio.create_subprocess_exec(
-                    sys.executable, os.path.abspath(__file__), "--worker", "--coordinator", coord.address,
+                    sys.executable, SCRIPT, "--worker", "--coordinator", coord.address,
                     "--ranks", str(n), "--host", hosts[i], "--timeout", str(timeout),
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE))
@@ -263,7 +264,7 @@ def summarize(results: list[dict[str, Any]], elapsed: float) -> bool:
     for k, name in enumerate(names):
         rows = [r["results"][k] for r in by_rank]
         good = all(row["ok"] for row in rows)
-        bad = [r["rank"] for r, row in zip(by_rank, rows) if not row["ok"]]
+        bad = [r["rank"] for r, row in zip(by_rank, rows, strict=True) if not row["ok"]]
         ok &= good
         print(f"{name:<{width}}{'OK' if good else 'FAIL':<8}{max(row['ms'] for row in rows):8.2f} ms"
               + (f"   wrong result on ranks {bad}" if bad else ""))

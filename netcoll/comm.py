@@ -33,7 +33,7 @@ import numpy as np
 
 from .calls import moving, p2p, reducing
 from .calls._common import Done, Plan
-from .engine import DEFAULT_TIMEOUT, Call, Engine
+from .engine import DEFAULT_TIMEOUT, Engine
 from .operation import Work
 from .ops import ReduceOp
 from .transport.base import Transport, as_bytes
@@ -163,10 +163,14 @@ class Communicator:
         index = self._splits
         self._splits += 1
         plan = moving.all_gather(self._engine, row, False, None, "auto")
-        post = (plan.post if isinstance(plan, Call) else None) or (lambda _: plan.value)  # type: ignore[union-attr]
-        finish = (lambda v: self._sub(post(v), color, index))
         if isinstance(plan, Done):
-            return Work.completed("split", finish(None))
+            return Work.completed("split", self._sub(plan.value, color, index))
+        gathered = plan.post
+        assert gathered is not None
+
+        def finish(value: Any) -> Communicator | None:
+            return self._sub(gathered(value), color, index)
+
         plan.name, plan.post = "split", finish
         return self._engine.issue(plan, timeout)
 

@@ -61,7 +61,7 @@ def _ranks(ranks: Any) -> str:
 
 
 def check_timeout(timeout: Any) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not float(timeout) > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     return float(timeout)
 
@@ -144,7 +144,8 @@ class Engine:
                 work.set_result(value)
         finally:
             mailbox.close(op)
-            self.running.discard(work._driver)  # type: ignore[arg-type]
+            if work._driver is not None:
+                self.running.discard(work._driver)
 
     async def _run(self, op: Operation, work: Work, body: Body, limit: float) -> Any:
         if self.closed:

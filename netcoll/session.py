@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from .comm import DEFAULT_TIMEOUT, Communicator
 from .links.factory import LinkConfig
@@ -24,12 +24,13 @@ from .transport.tcp import Listener, TcpTransport
 def _check_args(world_size: object, rank: object, group: object, timeout: object) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    size = int(world_size)
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, numbers.Integral)
-                             or not 0 <= rank < world_size):  # type: ignore[operator]
-        raise ValueError(f"rank must be None or an int in 0..{world_size - 1}, got {rank!r}")  # type: ignore[operator]
+                             or not 0 <= int(rank) < size):
+        raise ValueError(f"rank must be None or an int in 0..{size - 1}, got {rank!r}")
     if not isinstance(group, str) or not group or "/" in group:
         raise ValueError(f"group must be a non-empty name without '/', got {group!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not float(timeout) > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
 
 

@@ -240,15 +240,15 @@ def e2e_commands() -> list[list[str]]:
         out: list[list[str]] = [[]]
         for tok in tokens:
             if tok in ("$op", "${op}"):
-                out = [o + [op] for o in out for op in ops]
+                out = [[*o, op] for o in out for op in ops]
             elif tok == "$@":
                 continue
             elif tok.startswith("$"):
                 var = tok.strip("${}")
                 assert var in defaults, f"e2e.sh passes ${var} to netcoll: add a default to this test"
-                out = [o + [defaults[var]] for o in out]
+                out = [[*o, defaults[var]] for o in out]
             else:
-                out = [o + [tok] for o in out]
+                out = [[*o, tok] for o in out]
         return out
 
     commands: list[list[str]] = []

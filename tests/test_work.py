@@ -184,7 +184,7 @@ async def test_split_is_issued_too() -> None:
     works = [c.split(c.rank % 2, key=-c.rank + 10) for c in comms]
     subs = await asyncio.gather(*works)
     assert [s.rank for s in subs] == [1, 1, 0, 0]
-    got = await asyncio.gather(*(s.all_reduce(np.array([float(c.rank)])) for s, c in zip(subs, comms)))
+    got = await asyncio.gather(*(s.all_reduce(np.array([float(c.rank)])) for s, c in zip(subs, comms, strict=True)))
     assert [float(g[0]) for g in got] == [2.0, 4.0, 2.0, 4.0]
 
 

@@ -226,7 +226,7 @@ class RecvWindow:
 async def drain(tasks: Any) -> None:
     """Cancel and await ``tasks`` (their outcomes are dropped: the operation
     has already failed, or they are done)."""
-    tasks = [t for t in tasks]
+    tasks = list(tasks)
     for t in tasks:
         t.cancel()
     if tasks:

@@ -205,7 +205,7 @@ async def gather_list(ch: Channel, block: np.ndarray, root: int, *, meta: dict[s
     out[root] = _own(block, meta, "block")
     peers = [(root + k) % P for k in range(1, P)]
     tasks = [asyncio.ensure_future(recv_message(ch, p, segment_bytes=segment_bytes)) for p in peers]
-    for p, got in zip(peers, await gather_all(tasks)):
+    for p, got in zip(peers, await gather_all(tasks), strict=True):
         out[p] = got
     return out  # type: ignore[return-value]
 
@@ -239,7 +239,7 @@ async def scatter_list(ch: Channel, blocks: Sequence[np.ndarray] | None, root: i
     if len(metas) != P:
         raise ValueError(f"scatter_list: {len(metas)} metas for {P} blocks")
     datas = [as_u8(b, f"blocks[{k}]", writeable=False) for k, b in enumerate(blocks)]
-    sent = [dict(m or {}, nbytes=d.nbytes) for m, d in zip(metas, datas)]
+    sent = [dict(m or {}, nbytes=d.nbytes) for m, d in zip(metas, datas, strict=True)]
     # The same cut recv_message expects; segment-major across ranks so every
     # rank's stream starts at once.
     segs = [split(d.nbytes, num_segments(d.nbytes, segment_bytes)) for d in datas]

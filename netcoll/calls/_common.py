@@ -56,7 +56,7 @@ def pick_v(name: str, algorithm: str, only: str) -> str:
 
 
 def check_root(e: Engine, root: Any) -> int:
-    if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < e.world_size:
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= int(root) < e.world_size:
         raise ValueError(f"root must be a rank in 0..{e.world_size - 1}, got {root!r}")
     return int(root)
 

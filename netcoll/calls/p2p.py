@@ -16,7 +16,7 @@ import numpy as np
 from .. import algorithms
 from ..arrays import array_from_meta, as_array, meta_of
 from ..engine import Call, Engine
-from ..transport.base import Channel
+from ..transport.base import Channel, as_bytes
 from ._common import fp
 
 
@@ -25,7 +25,7 @@ def _route(e: Engine, src: Any, dst: Any, tag: Any) -> tuple[str, int, tuple[int
     if isinstance(tag, bool) or not isinstance(tag, numbers.Integral) or tag < 0:
         raise ValueError(f"tag must be a non-negative int, got {tag!r}")
     for what, r in (("dst", dst), ("src", src)):
-        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r < e.world_size:
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= int(r) < e.world_size:
             raise ValueError(f"{what} must be a rank in 0..{e.world_size - 1}, got {r!r}")
     if src == dst:
         raise ValueError(f"rank {src} cannot send to itself")
@@ -49,6 +49,6 @@ def recv(e: Engine, src: Any, tag: Any) -> Call:
 
     async def body(ch: Channel) -> np.ndarray:
         buf, meta = await algorithms.direct.recv_message(ch, 0, segment_bytes=e.segment_bytes)
-        return array_from_meta(meta, memoryview(buf))
+        return array_from_meta(meta, as_bytes(buf))
 
     return Call("recv", fp(e, "p2p"), body, group=group, seq=seq, members=members)

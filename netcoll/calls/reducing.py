@@ -49,7 +49,10 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
         kw["src"] = x.reshape(-1)
     else:
         buf = contiguous_copy(x, out)
-    post = (lambda _: _finalized(rop, buf, e.world_size)) if rop is ReduceOp.AVG else (lambda _: buf)
+
+    def post(_: Any) -> np.ndarray:
+        return _finalized(rop, buf, e.world_size) if rop is ReduceOp.AVG else buf
+
     if e.world_size == 1:
         return Done(post(None))
     fn = algorithms.ALGORITHMS["all_reduce"][algo]

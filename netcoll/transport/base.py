@@ -29,7 +29,7 @@ def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous:
             raise ValueError("buffers passed to a channel must be C-contiguous")
-        return memoryview(x.reshape(-1).view(np.uint8))
+        return x.reshape(-1).view(np.uint8).data
     mv = memoryview(x)
     return mv if (mv.format == "B" and mv.ndim == 1) else mv.cast("B")
 
