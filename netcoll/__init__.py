@@ -48,10 +48,28 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "AuthenticationError", "Client", "CollectiveAborted", "CollectiveCancelled", "CollectiveClosed",
-    "CollectiveError", "CollectiveTimeout", "LimitExceeded", "Reason", "Work",
-    "Communicator", "CommunicatorClosed", "Coordinator", "JobSpec", "MismatchError", "NetcollError",
-    "PeerLost", "ProtocolError", "ReduceOp", "RendezvousError", "RendezvousTimeout", "__version__",
+    "AuthenticationError",
+    "Client",
+    "CollectiveAborted",
+    "CollectiveCancelled",
+    "CollectiveClosed",
+    "CollectiveError",
+    "CollectiveTimeout",
+    "LimitExceeded",
+    "Reason",
+    "Work",
+    "Communicator",
+    "CommunicatorClosed",
+    "Coordinator",
+    "JobSpec",
+    "MismatchError",
+    "NetcollError",
+    "PeerLost",
+    "ProtocolError",
+    "ReduceOp",
+    "RendezvousError",
+    "RendezvousTimeout",
+    "__version__",
     "connect",
 ]
 

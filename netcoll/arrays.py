@@ -41,8 +41,7 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, what: str = "ou
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{what} must be a numpy array, not {type(out).__name__}")
     if out.shape != tuple(shape) or out.dtype != dtype:
-        raise ValueError(f"{what} must have shape {tuple(shape)} and dtype {dtype}, "
-                         f"got {out.shape} {out.dtype}")
+        raise ValueError(f"{what} must have shape {tuple(shape)} and dtype {dtype}, got {out.shape} {out.dtype}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"{what} must be C-contiguous and writeable")
     return out
@@ -50,8 +49,7 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, what: str = "ou
 
 def leading_ranks(x: np.ndarray, world_size: int, what: str) -> None:
     if x.ndim == 0 or x.shape[0] != world_size:
-        raise ValueError(f"{what} needs an array whose leading axis is world_size={world_size}, "
-                         f"got shape {x.shape}")
+        raise ValueError(f"{what} needs an array whose leading axis is world_size={world_size}, got shape {x.shape}")
 
 
 def dtype_to_wire(dt: np.dtype) -> str:

@@ -50,8 +50,15 @@ class Communicator:
         group: the group's name (sub-groups from :meth:`split` get derived names).
     """
 
-    def __init__(self, transport: Transport, *, group: str = "default", members: tuple[int, ...] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, segment_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        group: str = "default",
+        members: tuple[int, ...] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        segment_bytes: int | None = None,
+    ) -> None:
         self._engine = Engine(transport, group=group, members=members, timeout=timeout, segment_bytes=segment_bytes)
         self._splits = 0
         self._on_close: list[Callable[[], Awaitable[None]]] = []
@@ -74,29 +81,50 @@ class Communicator:
         return self._engine.issue(plan, timeout)
 
     # -- collectives ----------------------------------------------------------------
-    def all_reduce(self, x: Any, op: str | ReduceOp = "sum", *, out: Array | None = None,
-                   timeout: float | None = None, algorithm: str = "auto") -> Work:
+    def all_reduce(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        *,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+    ) -> Work:
         """Reduce ``x`` over all ranks; every rank gets the bit-identical result
         (``out`` if given: a C-contiguous array of ``x``'s shape and dtype)."""
         return self._issue(reducing.all_reduce(self._engine, x, op, out, algorithm), timeout)
 
-    def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None,
-                  algorithm: str = "auto") -> Work:
+    def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """Root's ``x`` to every rank. Non-roots pass ``None`` (shape and dtype
         travel with the data) or a buffer to receive into, which is returned.
         The root's result is ``x`` itself (sent without a copy, never
         modified) when it is a C-contiguous numpy array, else a contiguous copy."""
         return self._issue(moving.broadcast(self._engine, x, root, algorithm), timeout)
 
-    def reduce(self, x: Any, op: str | ReduceOp = "sum", root: int = 0, *, out: Array | None = None,
-               timeout: float | None = None, algorithm: str = "auto") -> Work:
+    def reduce(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        root: int = 0,
+        *,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+    ) -> Work:
         """Reduce ``x`` over all ranks into ``root``; others get ``None``.
         ``out`` (optional; used at the root, ignored elsewhere): a C-contiguous
         array of ``x``'s shape and dtype that receives and is the result."""
         return self._issue(reducing.reduce(self._engine, x, op, root, out, algorithm), timeout)
 
-    def all_gather(self, x: Any, *, uneven: bool = False, out: Array | None = None,
-                   timeout: float | None = None, algorithm: str = "auto") -> Work:
+    def all_gather(
+        self,
+        x: Any,
+        *,
+        uneven: bool = False,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+    ) -> Work:
         """Every rank's ``x`` stacked: an array of shape ``(world_size, *x.shape)``
         whose row ``r`` comes from rank ``r`` (``out`` if given; ``x`` may be
         ``out[rank]``, in place). ``uneven=True`` lets ranks pass different
@@ -104,15 +132,30 @@ class Communicator:
         then a list of ``world_size`` arrays."""
         return self._issue(moving.all_gather(self._engine, x, uneven, out, algorithm), timeout)
 
-    def gather(self, x: Any, root: int = 0, *, uneven: bool = False, out: Array | None = None,
-               timeout: float | None = None, algorithm: str = "auto") -> Work:
+    def gather(
+        self,
+        x: Any,
+        root: int = 0,
+        *,
+        uneven: bool = False,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+    ) -> Work:
         """Every rank's ``x`` stacked at ``root`` (shape ``(world_size, *x.shape)``,
         ``out`` if given there); others get ``None``. ``uneven=True``: per-rank
         shapes may differ and the root gets a list of arrays."""
         return self._issue(moving.gather(self._engine, x, root, uneven, out, algorithm), timeout)
 
-    def scatter(self, x: Any = None, root: int = 0, *, out: Array | None = None,
-                timeout: float | None = None, algorithm: str = "auto") -> Work:
+    def scatter(
+        self,
+        x: Any = None,
+        root: int = 0,
+        *,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+    ) -> Work:
         """Row ``rank`` of the root's ``x`` to each rank.
 
         The root passes an array of shape ``(world_size, *s)`` or a list of
@@ -122,16 +165,24 @@ class Communicator:
         into; every rank passes one or none (the root's ``x`` then an array)."""
         return self._issue(moving.scatter(self._engine, x, root, out, algorithm), timeout)
 
-    def reduce_scatter(self, x: Any, op: str | ReduceOp = "sum", *, out: Array | None = None,
-                       timeout: float | None = None, algorithm: str = "auto") -> Work:
+    def reduce_scatter(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        *,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+    ) -> Work:
         """Reduce ``x`` (shape ``(world_size, *s)``) over ranks; rank ``r`` gets
         reduced row ``r`` (``out`` if given). A list of ``world_size`` arrays of
         one dtype (``x[j]`` of one shape on every rank) reduces uneven rows, in
         the fixed order ``((x[r+1] op x[r+2]) op ...) op x[r]``."""
         return self._issue(reducing.reduce_scatter(self._engine, x, op, out, algorithm), timeout)
 
-    def all_to_all(self, x: Any, *, out: Array | None = None, timeout: float | None = None,
-                   algorithm: str = "auto") -> Work:
+    def all_to_all(
+        self, x: Any, *, out: Array | None = None, timeout: float | None = None, algorithm: str = "auto"
+    ) -> Work:
         """``y[j]`` = rank ``j``'s ``x[rank]``, for ``x`` of shape ``(world_size, *s)``
         (``out`` if given), or for a list of ``world_size`` arrays of one dtype
         and any shapes (as MPI's ``alltoallv``; shapes travel with the data)."""
@@ -157,8 +208,7 @@ class Communicator:
         Communicator (``None`` for ``color=None``, which joins none)."""
         for what, v in (("color", color), ("key", key)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0):
-                raise ValueError(f"{what} must be a non-negative int{' or None' if what == 'color' else ''}, "
-                                 f"got {v!r}")
+                raise ValueError(f"{what} must be a non-negative int{' or None' if what == 'color' else ''}, got {v!r}")
         row = np.array([-1 if color is None else color, key, self.rank], np.int64)
         index = self._splits
         self._splits += 1
@@ -178,9 +228,13 @@ class Communicator:
         if color is None:
             return None
         mine = sorted((int(k), int(r)) for c, k, r in table if c == color)
-        return Communicator(self.transport, group=f"{self.group}/split{index}:{color}",
-                            members=tuple(self.members[r] for _, r in mine), timeout=self.timeout,
-                            segment_bytes=self.segment_bytes)
+        return Communicator(
+            self.transport,
+            group=f"{self.group}/split{index}:{color}",
+            members=tuple(self.members[r] for _, r in mine),
+            timeout=self.timeout,
+            segment_bytes=self.segment_bytes,
+        )
 
     def link_stats(self) -> dict[int, dict[str, Any]]:
         """This rank's link to each other member, by group rank: its kind

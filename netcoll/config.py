@@ -65,8 +65,10 @@ def check_address(value: str, default_port: int = COORDINATOR_PORT) -> str:
     """``host:port``, ``[v6]:port`` or a bare ``host`` (default port) -> ``host:port``."""
     text = value.strip()
     if _SERVICE_LINK.match(text):
-        raise ValueError("looks like a Kubernetes/Docker service-link variable, not HOST:PORT "
-                         "(set enableServiceLinks: false, or pass the flag)")
+        raise ValueError(
+            "looks like a Kubernetes/Docker service-link variable, not HOST:PORT "
+            "(set enableServiceLinks: false, or pass the flag)"
+        )
     if not text:
         raise ValueError("address must be HOST:PORT, got an empty string")
     if text.startswith("["):
@@ -93,8 +95,10 @@ def _port(value: Any, *, allow_off: bool) -> Any:
     if isinstance(value, str):
         text = value.strip().lower()
         if _SERVICE_LINK.match(text):
-            raise ValueError("looks like a Kubernetes/Docker service-link variable, not a port "
-                             "(set enableServiceLinks: false, or pass the flag)")
+            raise ValueError(
+                "looks like a Kubernetes/Docker service-link variable, not a port "
+                "(set enableServiceLinks: false, or pass the flag)"
+            )
         if allow_off and text in _OFF:
             return None
     if isinstance(value, int) and allow_off and value == -1:
@@ -212,9 +216,13 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 class CoordinatorConfig(Settings):
     """``netcoll coordinator``."""
 
-    ENV: ClassVar[dict[str, str]] = {"host": "NETCOLL_HOST", "port": "NETCOLL_PORT",
-                                     "http_port": "NETCOLL_HTTP_PORT", "token": "NETCOLL_TOKEN",
-                                     "log_level": "NETCOLL_LOG_LEVEL"}
+    ENV: ClassVar[dict[str, str]] = {
+        "host": "NETCOLL_HOST",
+        "port": "NETCOLL_PORT",
+        "http_port": "NETCOLL_HTTP_PORT",
+        "token": "NETCOLL_TOKEN",
+        "log_level": "NETCOLL_LOG_LEVEL",
+    }
 
     host: str = "127.0.0.1"
     port: int = Field(default=COORDINATOR_PORT, ge=0, le=65535)
@@ -228,10 +236,16 @@ class CoordinatorConfig(Settings):
 class RankConfig(Settings):
     """``netcoll rank``."""
 
-    ENV: ClassVar[dict[str, str]] = {"coordinator": "NETCOLL_COORDINATOR", "host": "NETCOLL_HOST",
-                                     "port": "NETCOLL_PORT", "http_port": "NETCOLL_HTTP_PORT",
-                                     "rank_hint": "NETCOLL_RANK_HINT", "advertise_host": "NETCOLL_ADVERTISE_HOST",
-                                     "token": "NETCOLL_TOKEN", "log_level": "NETCOLL_LOG_LEVEL"}
+    ENV: ClassVar[dict[str, str]] = {
+        "coordinator": "NETCOLL_COORDINATOR",
+        "host": "NETCOLL_HOST",
+        "port": "NETCOLL_PORT",
+        "http_port": "NETCOLL_HTTP_PORT",
+        "rank_hint": "NETCOLL_RANK_HINT",
+        "advertise_host": "NETCOLL_ADVERTISE_HOST",
+        "token": "NETCOLL_TOKEN",
+        "log_level": "NETCOLL_LOG_LEVEL",
+    }
 
     coordinator: str = DEFAULT_COORDINATOR
     host: str = "0.0.0.0"
@@ -311,10 +325,18 @@ class SubmitConfig(ClientConfig):
 
     def job_fields(self) -> dict[str, Any]:
         """Keyword arguments of :class:`~netcoll.service.jobs.JobSpec`."""
-        fields: dict[str, Any] = {"op": self.op, "dtype": self.dtype, "reduce_op": self.reduce_op,
-                                  "root": self.root, "algorithm": self.algorithm, "iters": self.iters,
-                                  "warmup": self.warmup, "world_size": self.world_size,
-                                  "deadline": self.deadline, "output": self.output}
+        fields: dict[str, Any] = {
+            "op": self.op,
+            "dtype": self.dtype,
+            "reduce_op": self.reduce_op,
+            "root": self.root,
+            "algorithm": self.algorithm,
+            "iters": self.iters,
+            "warmup": self.warmup,
+            "world_size": self.world_size,
+            "deadline": self.deadline,
+            "output": self.output,
+        }
         if self.input:
             fields.update(data="buffer", input=self.input)
         elif self.op != "barrier":
@@ -325,8 +347,12 @@ class SubmitConfig(ClientConfig):
 class UpConfig(Settings):
     """``netcoll up``: a coordinator and ``ranks`` daemons as local processes."""
 
-    ENV: ClassVar[dict[str, str]] = {"host": "NETCOLL_HOST", "port": "NETCOLL_PORT", "token": "NETCOLL_TOKEN",
-                                     "log_level": "NETCOLL_LOG_LEVEL"}
+    ENV: ClassVar[dict[str, str]] = {
+        "host": "NETCOLL_HOST",
+        "port": "NETCOLL_PORT",
+        "token": "NETCOLL_TOKEN",
+        "log_level": "NETCOLL_LOG_LEVEL",
+    }
 
     ranks: int = Field(default=4, ge=1, le=256)
     host: str = "127.0.0.1"
@@ -354,6 +380,14 @@ class UpConfig(Settings):
 
 
 __all__ = [
-    "DEFAULT_COORDINATOR", "ClientConfig", "ConfigError", "CoordinatorConfig", "RankConfig", "Settings",
-    "StatusConfig", "SubmitConfig", "UpConfig", "check_address",
+    "DEFAULT_COORDINATOR",
+    "ClientConfig",
+    "ConfigError",
+    "CoordinatorConfig",
+    "RankConfig",
+    "Settings",
+    "StatusConfig",
+    "SubmitConfig",
+    "UpConfig",
+    "check_address",
 ]

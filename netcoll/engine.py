@@ -75,8 +75,15 @@ class Engine:
         timeout: the default deadline; segment_bytes: the message segment size.
     """
 
-    def __init__(self, transport: Transport, *, group: str, members: tuple[int, ...] | None,
-                 timeout: float, segment_bytes: int | None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        group: str,
+        members: tuple[int, ...] | None,
+        timeout: float,
+        segment_bytes: int | None,
+    ) -> None:
         self.transport = transport
         self.group = group
         self.members = tuple(members) if members is not None else tuple(range(transport.size))
@@ -127,8 +134,10 @@ class Engine:
         """Run ``call`` as operation (group, seq) under one deadline and hand
         its outcome to ``work``."""
         mailbox = self.transport.mailbox
-        op = mailbox.open(call.group or self.group, call.seq, call.fp,  # type: ignore[arg-type]
-                          call.members or self.members, call.name, work.get_loop())
+        assert call.seq is not None  # set by issue()
+        op = mailbox.open(
+            call.group or self.group, call.seq, call.fp, call.members or self.members, call.name, work.get_loop()
+        )
         work.op = op
         try:
             value = await self._run(op, work, call.body, limit)
@@ -188,8 +197,12 @@ class Engine:
         and listen briefly for theirs, so the error names the rank at the end
         of the wait chain rather than just our neighbour."""
         me, waiting = op.me(self.transport.rank), op.waiting_for()
-        op.fail_with(Reason.TIMEOUT, f"{op.where()} timed out after {limit:g}s on rank {me}: waiting for "
-                     f"{_ranks(waiting) or 'peers to read (send blocked)'}", waiting)
+        op.fail_with(
+            Reason.TIMEOUT,
+            f"{op.where()} timed out after {limit:g}s on rank {me}: waiting for "
+            f"{_ranks(waiting) or 'peers to read (send blocked)'}",
+            waiting,
+        )
         await self._abort(op)
         await asyncio.sleep(min(TIMEOUT_GRACE, limit / 10))  # peers' own timeouts arrive as reports
         reports = op.reports or {}
@@ -205,8 +218,10 @@ class Engine:
             else:
                 root.append(w)
         if chain:
-            message = (f"{op.error}; {'; '.join(chain)}; so {_ranks(sorted(root)) or 'no rank'} never delivered "
-                       "(not called yet, stuck, or too slow)")
+            message = (
+                f"{op.error}; {'; '.join(chain)}; so {_ranks(sorted(root)) or 'no rank'} never delivered "
+                "(not called yet, stuck, or too slow)"
+            )
             op.failure = Failure(Reason.TIMEOUT, message, tuple(sorted(root)) or tuple(waiting), told=True)
             op.error = op.failure.error(op)
 
@@ -215,8 +230,12 @@ class Engine:
         failure = op.failure
         assert failure is not None
         if failure.waiting:  # a peer timed out; tell everyone whom *we* were waiting for
-            await self.transport.abort(op, Reason.TIMEOUT.value, f"rank {op.me(self.transport.rank)} was waiting "
-                                       f"for {_ranks(failure.waiting)}", failure.waiting)
+            await self.transport.abort(
+                op,
+                Reason.TIMEOUT.value,
+                f"rank {op.me(self.transport.rank)} was waiting for {_ranks(failure.waiting)}",
+                failure.waiting,
+            )
         if failure.told:
             return
         await self.transport.abort(op, failure.reason.value, failure.message, failure.ranks)

@@ -63,8 +63,9 @@ class CollectiveError(NetcollError):
         ranks: the ranks the failure is about (missing, lost, mismatching).
     """
 
-    def __init__(self, message: str, *, op: str | None = None, seq: int | None = None,
-                 ranks: tuple[int, ...] | list[int] = ()) -> None:
+    def __init__(
+        self, message: str, *, op: str | None = None, seq: int | None = None, ranks: tuple[int, ...] | list[int] = ()
+    ) -> None:
         super().__init__(message)
         self.op = op
         self.seq = seq
@@ -105,8 +106,18 @@ class CollectiveClosed(CollectiveError, CommunicatorClosed):
 
 
 __all__ = [
-    "NetcollError", "ProtocolError", "AuthenticationError", "RendezvousError",
-    "RendezvousTimeout", "CommunicatorClosed", "CollectiveError", "CollectiveTimeout",
-    "PeerLost", "MismatchError", "CollectiveAborted", "CollectiveCancelled", "LimitExceeded",
+    "NetcollError",
+    "ProtocolError",
+    "AuthenticationError",
+    "RendezvousError",
+    "RendezvousTimeout",
+    "CommunicatorClosed",
+    "CollectiveError",
+    "CollectiveTimeout",
+    "PeerLost",
+    "MismatchError",
+    "CollectiveAborted",
+    "CollectiveCancelled",
+    "LimitExceeded",
     "CollectiveClosed",
 ]

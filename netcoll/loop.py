@@ -73,8 +73,9 @@ def new_event_loop(kind: str | None = None) -> asyncio.AbstractEventLoop:
         try:
             import uvloop
         except ImportError:
-            raise ValueError("the uvloop event loop was asked for but uvloop is not installed "
-                             "(pip install 'netcoll[uvloop]')") from None
+            raise ValueError(
+                "the uvloop event loop was asked for but uvloop is not installed (pip install 'netcoll[uvloop]')"
+            ) from None
         return uvloop.new_event_loop()
     if choice == "spin" and hasattr(os, "sched_yield"):
         return asyncio.SelectorEventLoop(SpinSelector())

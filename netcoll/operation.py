@@ -120,12 +120,36 @@ class Operation:
     """One collective (or one point-to-point message) on this rank: its
     state, its posted receives, what arrived early, and its failure."""
 
-    __slots__ = ("group", "seq", "fp", "members", "name", "rank_of", "state", "failure", "error",
-                 "arrived", "posted", "reports", "waiters", "rts", "_loop", "_release")
+    __slots__ = (
+        "group",
+        "seq",
+        "fp",
+        "members",
+        "name",
+        "rank_of",
+        "state",
+        "failure",
+        "error",
+        "arrived",
+        "posted",
+        "reports",
+        "waiters",
+        "rts",
+        "_loop",
+        "_release",
+    )
 
-    def __init__(self, group: str, seq: int, fp: str, members: tuple[int, ...], name: str,
-                 rank_of: dict[int, int] | None = None, loop: asyncio.AbstractEventLoop | None = None,
-                 release: Release | None = None) -> None:
+    def __init__(
+        self,
+        group: str,
+        seq: int,
+        fp: str,
+        members: tuple[int, ...],
+        name: str,
+        rank_of: dict[int, int] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        release: Release | None = None,
+    ) -> None:
         self.group, self.seq, self.fp, self.members, self.name = group, seq, fp, members, name
         self.rank_of = rank_of if rank_of is not None else {w: r for r, w in enumerate(members)}
         self.state = State.ISSUED
@@ -210,8 +234,9 @@ class Operation:
         receives the payload bytes."""
         fut: asyncio.Future[Any] = self._loop.create_future()
         if self.state is not State.RUNNING:
-            _set_exception(fut, self.error or CollectiveClosed(f"{self.where()} is not running",
-                                                               op=self.name, seq=self.seq))
+            _set_exception(
+                fut, self.error or CollectiveClosed(f"{self.where()} is not running", op=self.name, seq=self.seq)
+            )
             return fut
         got = self.arrived.pop(key, None)
         if got is None:
@@ -245,8 +270,12 @@ class Operation:
         if header["f"] != self.fp:
             if held:
                 self._released(src, payload)
-            self.fail_with(Reason.MISMATCH, f"mismatched collectives at {self.where()}: rank {self.me(src)} "
-                           f"called {header['f']} but this rank called {self.fp}", (self.me(src),))
+            self.fail_with(
+                Reason.MISMATCH,
+                f"mismatched collectives at {self.where()}: rank {self.me(src)} "
+                f"called {header['f']} but this rank called {self.fp}",
+                (self.me(src),),
+            )
             return
         key = (src, header["s"], header["c"])
         slot = self.posted.pop(key, None)
@@ -282,8 +311,15 @@ class Operation:
         if waiting and cause is Reason.TIMEOUT:
             also = f" (rank {me} itself was waiting for {_ranks(waiting)})"
         reason = cause if cause in (Reason.MISMATCH, Reason.CANCELLED) else Reason.ABORTED
-        self.fail(Failure(reason, f"{self.where()} aborted by rank {r} ({header['cause']}): {header['reason']}{also}",
-                          waiting if also else ranks, told=True, waiting=waiting if also else ()))
+        self.fail(
+            Failure(
+                reason,
+                f"{self.where()} aborted by rank {r} ({header['cause']}): {header['reason']}{also}",
+                waiting if also else ranks,
+                told=True,
+                waiting=waiting if also else (),
+            )
+        )
 
     def lost(self, peer: int, why: str, graceful: bool) -> None:
         """World rank ``peer``'s link is gone. A crash fails the operation; an
@@ -292,8 +328,9 @@ class Operation:
             return
         if graceful and not any(k[0] == peer for k in self.posted):
             return
-        self.fail_with(Reason.PEER_LOST, f"{self.where()} failed: lost connection to rank {self.me(peer)}: {why}",
-                       (self.me(peer),))
+        self.fail_with(
+            Reason.PEER_LOST, f"{self.where()} failed: lost connection to rank {self.me(peer)}: {why}", (self.me(peer),)
+        )
 
     def waiting_for(self) -> list[int]:
         """Group ranks this operation is currently blocked on."""
@@ -308,8 +345,9 @@ class Operation:
             self.waiters.append(fut)
             fut.add_done_callback(self._unwatch)
         elif not fut.done():
-            _set_exception(fut, self.error or CollectiveClosed(f"{self.where()} is finished",
-                                                               op=self.name, seq=self.seq))
+            _set_exception(
+                fut, self.error or CollectiveClosed(f"{self.where()} is finished", op=self.name, seq=self.seq)
+            )
 
     def _unwatch(self, fut: asyncio.Future[Any]) -> None:
         if self.waiters and fut in self.waiters:
@@ -340,8 +378,12 @@ class Operation:
 
     def _size_mismatch(self, key: SlotKey, header: dict[str, Any], got: int, want: int) -> None:
         r = self.me(key[0])
-        self.fail_with(Reason.MISMATCH, f"{self.where()}: rank {r} sent {got} bytes for step {key[1]} chunk "
-                       f"{key[2]} where {want} were expected ({header['f']} vs {self.fp})", (r,))
+        self.fail_with(
+            Reason.MISMATCH,
+            f"{self.where()}: rank {r} sent {got} bytes for step {key[1]} chunk "
+            f"{key[2]} where {want} were expected ({header['f']} vs {self.fp})",
+            (r,),
+        )
 
 
 def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
@@ -385,8 +427,13 @@ class Work(asyncio.Future[Any]):
         self._driver: asyncio.Task[Any] | None = None
 
     def __repr__(self) -> str:
-        state = "pending" if not self.done() else "cancelled" if self.cancelled() else (
-            "failed" if self.exception() is not None else "done")
+        state = (
+            "pending"
+            if not self.done()
+            else "cancelled"
+            if self.cancelled()
+            else ("failed" if self.exception() is not None else "done")
+        )
         return f"<Work {self.name} #{self.seq} {state}>"
 
     def __await__(self) -> Generator[Any, None, Any]:

@@ -89,13 +89,26 @@ def parse_op(op: str | ReduceOp) -> ReduceOp:
 BFLOAT16: np.dtype = np.dtype(ml_dtypes.bfloat16)
 
 #: Every dtype a collective accepts, in native byte order.
-SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
-    np.bool_,
-    np.int8, np.int16, np.int32, np.int64,
-    np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float16, BFLOAT16, np.float32, np.float64,
-    np.complex64, np.complex128,
-))
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(t)
+    for t in (
+        np.bool_,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.float16,
+        BFLOAT16,
+        np.float32,
+        np.float64,
+        np.complex64,
+        np.complex128,
+    )
+)
 _SUPPORTED_NAMES = ", ".join(str(dt) for dt in SUPPORTED_DTYPES)
 _CHECKED: dict[np.dtype, np.dtype] = {}  # dtypes already accepted (the hot path's cache)
 
@@ -110,14 +123,14 @@ def check_dtype(dtype: Any) -> np.dtype:
     try:
         dt: np.dtype[Any] = np.dtype(dtype)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{dtype!r} is not a dtype ({exc}); "
-                        f"supported dtypes: {_SUPPORTED_NAMES}") from None
+        raise TypeError(f"{dtype!r} is not a dtype ({exc}); supported dtypes: {_SUPPORTED_NAMES}") from None
     if dt in SUPPORTED_DTYPES:  # dtype equality: e.g. longlong == int64 where equivalent
         _CHECKED[dt] = dt
         return dt
     if not dt.isnative and dt.newbyteorder("=") in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype {dt.str!r} ({dt}) is not in native byte order; convert with "
-                        f".astype(dtype.newbyteorder('='))")
+        raise TypeError(
+            f"dtype {dt.str!r} ({dt}) is not in native byte order; convert with .astype(dtype.newbyteorder('='))"
+        )
     why = ""
     if dt.kind in "fc":  # only longdouble / clongdouble can get here
         why = " (longdouble/clongdouble have a platform-specific byte layout)"
@@ -145,25 +158,33 @@ def check_op_dtype(op: str | ReduceOp, dtype: Any) -> None:
     dt = check_dtype(dtype)
     cat = _category(dt)
     if op is ReduceOp.AVG and cat not in ("float", "complex"):
-        raise TypeError(f"op 'avg' needs a floating or complex dtype, got {dt}; "
-                        f"use 'sum' and divide, or cast to a float dtype first")
+        raise TypeError(
+            f"op 'avg' needs a floating or complex dtype, got {dt}; "
+            f"use 'sum' and divide, or cast to a float dtype first"
+        )
     if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and cat not in ("int", "bool"):
         raise TypeError(f"op {op.value!r} needs an integer or bool dtype, got {dt}")
     if op in (ReduceOp.MIN, ReduceOp.MAX) and cat == "complex":
-        raise TypeError(f"op {op.value!r} is not defined for complex dtype {dt} "
-                        f"(complex numbers are unordered)")
+        raise TypeError(f"op {op.value!r} is not defined for complex dtype {dt} (complex numbers are unordered)")
     if isinstance(dtype, np.dtype) and len(_VALID_PAIRS) < 1024:
         _VALID_PAIRS.add((op.value, dtype))
 
 
 _UFUNCS: dict[ReduceOp, np.ufunc] = {
-    ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
-    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
-    ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
 _BOOL_UFUNCS: dict[ReduceOp, np.ufunc] = {
-    ReduceOp.SUM: np.logical_or, ReduceOp.PROD: np.logical_and,
-    ReduceOp.MIN: np.logical_and, ReduceOp.MAX: np.logical_or,
+    ReduceOp.SUM: np.logical_or,
+    ReduceOp.PROD: np.logical_and,
+    ReduceOp.MIN: np.logical_and,
+    ReduceOp.MAX: np.logical_or,
 }
 
 
@@ -177,8 +198,7 @@ def _ufunc(op: ReduceOp, dt: np.dtype) -> np.ufunc:
 
 def _check_pair(acc: Any, other: Any) -> None:
     if not isinstance(acc, np.ndarray) or not isinstance(other, np.ndarray):
-        raise TypeError(f"acc and other must be numpy arrays, not "
-                        f"{type(acc).__name__} and {type(other).__name__}")
+        raise TypeError(f"acc and other must be numpy arrays, not {type(acc).__name__} and {type(other).__name__}")
     if acc.dtype != other.dtype:
         raise TypeError(f"dtype mismatch: acc is {acc.dtype}, other is {other.dtype}")
     if acc.shape != other.shape:
@@ -203,8 +223,13 @@ def reduce_into(op: str | ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
     """In place: ``acc = acc (op) other`` elementwise. ``avg`` accumulates as ``sum``."""
     if op.__class__ is not ReduceOp:
         op = parse_op(op)
-    if (acc.__class__ is not np.ndarray or other.__class__ is not np.ndarray or acc.dtype != other.dtype
-            or acc.shape != other.shape or not acc.flags.writeable):
+    if (
+        acc.__class__ is not np.ndarray
+        or other.__class__ is not np.ndarray
+        or acc.dtype != other.dtype
+        or acc.shape != other.shape
+        or not acc.flags.writeable
+    ):
         _check_pair(acc, other)  # raises with the reason (ndarray subclasses pass on)
     ufunc, quiet = _fast(op, acc.dtype)
     if quiet:
@@ -253,10 +278,13 @@ def finalize(op: str | ReduceOp, acc: np.ndarray, world_size: int) -> None:
 
 
 _REFERENCE_BINARY: dict[ReduceOp, Callable[[Any, Any], Any]] = {
-    ReduceOp.SUM: lambda a, b: a + b, ReduceOp.AVG: lambda a, b: a + b,
+    ReduceOp.SUM: lambda a, b: a + b,
+    ReduceOp.AVG: lambda a, b: a + b,
     ReduceOp.PROD: lambda a, b: a * b,
-    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
-    ReduceOp.BAND: lambda a, b: a & b, ReduceOp.BOR: lambda a, b: a | b,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: lambda a, b: a & b,
+    ReduceOp.BOR: lambda a, b: a | b,
     ReduceOp.BXOR: lambda a, b: a ^ b,
 }
 

@@ -80,10 +80,12 @@ class Session:
         #: loop time of the last frame received from the client (liveness checks)
         self.last_seen = asyncio.get_running_loop().time()
 
-    async def push(self, topic: str, fields: dict[str, Any] | None = None,
-                   payload: bytes | memoryview | None = None) -> None:
-        await self.proto.send(Kind.EVENT, dict(fields or {}, topic=topic),
-                              None if payload is None else memoryview(payload).cast("B"))
+    async def push(
+        self, topic: str, fields: dict[str, Any] | None = None, payload: bytes | memoryview | None = None
+    ) -> None:
+        await self.proto.send(
+            Kind.EVENT, dict(fields or {}, topic=topic), None if payload is None else memoryview(payload).cast("B")
+        )
 
 
 class RpcServer:
@@ -97,9 +99,15 @@ class RpcServer:
         on_open / on_close: called with each session (``on_open`` may raise to refuse).
     """
 
-    def __init__(self, methods: dict[str, Handler], *, token: str | None = None, role: str = "rpc",
-                 on_open: Callable[[Session], Awaitable[None]] | None = None,
-                 on_close: Callable[[Session], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        methods: dict[str, Handler],
+        *,
+        token: str | None = None,
+        role: str = "rpc",
+        on_open: Callable[[Session], Awaitable[None]] | None = None,
+        on_close: Callable[[Session], Awaitable[None]] | None = None,
+    ) -> None:
         self.methods = methods
         self.token = token
         self.role = role
@@ -171,8 +179,7 @@ class RpcServer:
                 log.exception("RPC %s failed", method)
             header = {"id": rid, "ok": False, "error": error_to_wire(exc)}
         try:
-            await session.proto.send(Kind.RESPONSE, header,
-                                     None if payload is None else memoryview(payload).cast("B"))
+            await session.proto.send(Kind.RESPONSE, header, None if payload is None else memoryview(payload).cast("B"))
         except (ConnectionError, NetcollError):
             pass
 
@@ -190,9 +197,16 @@ class RpcClient:
         proto.on_lost = self._on_lost
 
     @classmethod
-    async def connect(cls, address: str, *, token: str | None = None, role: str = "client",
-                      hello: dict[str, Any] | None = None, timeout: float = 10.0,
-                      local_host: str | None = None) -> RpcClient:
+    async def connect(
+        cls,
+        address: str,
+        *,
+        token: str | None = None,
+        role: str = "client",
+        hello: dict[str, Any] | None = None,
+        timeout: float = 10.0,
+        local_host: str | None = None,
+    ) -> RpcClient:
         host, port = split_address(address)
         try:
             async with asyncio.timeout(timeout):
@@ -229,8 +243,11 @@ class RpcClient:
             self.proto.fail(ProtocolError(f"unexpected {frame.kind.name} frame from server"), tell_peer=True)
 
     def _on_lost(self, exc: BaseException | None) -> None:
-        err = exc if isinstance(exc, (ConnectionError, NetcollError)) else ConnectionResetError(
-            f"connection to the server lost: {exc}")
+        err = (
+            exc
+            if isinstance(exc, (ConnectionError, NetcollError))
+            else ConnectionResetError(f"connection to the server lost: {exc}")
+        )
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -240,9 +257,13 @@ class RpcClient:
     def closed(self) -> bool:
         return self.proto.lost is not None
 
-    async def call_payload(self, method: str, params: dict[str, Any] | None = None,
-                           payload: bytes | memoryview | None = None,
-                           timeout: float | None = None) -> tuple[Any, memoryview]:
+    async def call_payload(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        payload: bytes | memoryview | None = None,
+        timeout: float | None = None,
+    ) -> tuple[Any, memoryview]:
         """Call ``method``; return (result, response payload)."""
         if self.proto.lost is not None:
             raise ConnectionResetError(f"connection to the server is closed ({self.proto.lost})")
@@ -250,8 +271,11 @@ class RpcClient:
         fut: asyncio.Future[tuple[Any, memoryview]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            await self.proto.send(Kind.REQUEST, {"id": rid, "method": method, "params": params or {}},
-                                  None if payload is None else memoryview(payload).cast("B"))
+            await self.proto.send(
+                Kind.REQUEST,
+                {"id": rid, "method": method, "params": params or {}},
+                None if payload is None else memoryview(payload).cast("B"),
+            )
             if timeout is None:
                 return await fut
             async with asyncio.timeout(timeout):
@@ -263,8 +287,13 @@ class RpcClient:
         finally:
             self._pending.pop(rid, None)
 
-    async def call(self, method: str, params: dict[str, Any] | None = None,
-                   payload: bytes | memoryview | None = None, timeout: float | None = None) -> Any:
+    async def call(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        payload: bytes | memoryview | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         result, _ = await self.call_payload(method, params, payload, timeout)
         return result
 

@@ -25,8 +25,9 @@ def _check_args(world_size: object, rank: object, group: object, timeout: object
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     size = int(world_size)
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, numbers.Integral)
-                             or not 0 <= int(rank) < size):
+    if rank is not None and (
+        isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= int(rank) < size
+    ):
         raise ValueError(f"rank must be None or an int in 0..{size - 1}, got {rank!r}")
     if not isinstance(group, str) or not group or "/" in group:
         raise ValueError(f"group must be a non-empty name without '/', got {group!r}")
@@ -35,12 +36,23 @@ def _check_args(world_size: object, rank: object, group: object, timeout: object
 
 
 @contextlib.asynccontextmanager
-async def connect(address: str, *, world_size: int, rank: int | None = None, group: str = "default",
-                  token: str | None = None, timeout: float = 60.0,
-                  collective_timeout: float = DEFAULT_TIMEOUT, listen_host: str | None = None,
-                  listen_port: int = 0, advertise_host: str | None = None, local_host: str | None = None,
-                  member_id: str | None = None, segment_bytes: int | None = None,
-                  recv_window: int | None = None) -> AsyncIterator[Communicator]:
+async def connect(
+    address: str,
+    *,
+    world_size: int,
+    rank: int | None = None,
+    group: str = "default",
+    token: str | None = None,
+    timeout: float = 60.0,
+    collective_timeout: float = DEFAULT_TIMEOUT,
+    listen_host: str | None = None,
+    listen_port: int = 0,
+    advertise_host: str | None = None,
+    local_host: str | None = None,
+    member_id: str | None = None,
+    segment_bytes: int | None = None,
+    recv_window: int | None = None,
+) -> AsyncIterator[Communicator]:
     """Join ``group`` at the coordinator at ``address`` as one of ``world_size`` ranks.
 
     Args:
@@ -68,10 +80,24 @@ async def connect(address: str, *, world_size: int, rank: int | None = None, gro
         listener = Listener(token=token)
         await listener.start(listen_host or rdv.local_address[0], listen_port)
         stack.push_async_callback(listener.close)
-        joined = await rdv.join(group=group, world_size=world_size, rank=rank, member_id=member_id,
-                                listen_port=listener.address[1], advertise_host=advertise_host, timeout=timeout)
-        transport = TcpTransport(listener, rank=joined.rank, size=joined.world_size, session=joined.session,
-                                 peers=[(p.host, p.port) for p in joined.peers], token=token, links=links)
+        joined = await rdv.join(
+            group=group,
+            world_size=world_size,
+            rank=rank,
+            member_id=member_id,
+            listen_port=listener.address[1],
+            advertise_host=advertise_host,
+            timeout=timeout,
+        )
+        transport = TcpTransport(
+            listener,
+            rank=joined.rank,
+            size=joined.world_size,
+            session=joined.session,
+            peers=[(p.host, p.port) for p in joined.peers],
+            token=token,
+            links=links,
+        )
         stack.push_async_callback(transport.close)
         await transport.connect(timeout)
         comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)

@@ -276,16 +276,18 @@ def memory_world(n: int, **kw: Any) -> tuple[MemoryHub, list[Communicator]]:
     return hub, [Communicator(t, **kw) for t in hub.transports]
 
 
-async def run_world(n: int, fn: Callable[[Communicator], Awaitable[Any]], *, limit: float = 60.0,
-                    **kw: Any) -> list[Any]:
+async def run_world(
+    n: int, fn: Callable[[Communicator], Awaitable[Any]], *, limit: float = 60.0, **kw: Any
+) -> list[Any]:
     """Run ``fn(comm)`` on every rank of a fresh in-memory world; return per-rank results."""
     _, comms = memory_world(n, **kw)
     async with asyncio.timeout(limit):
         return list(await asyncio.gather(*(fn(c) for c in comms)))
 
 
-async def run_world_settled(n: int, fn: Callable[[Communicator], Awaitable[Any]], *, limit: float = 30.0,
-                            **kw: Any) -> list[Any]:
+async def run_world_settled(
+    n: int, fn: Callable[[Communicator], Awaitable[Any]], *, limit: float = 30.0, **kw: Any
+) -> list[Any]:
     """Like run_world, but returns exceptions as results (for failure tests)."""
     _, comms = memory_world(n, **kw)
     async with asyncio.timeout(limit):

@@ -33,7 +33,7 @@ async def grid(comm: netcoll.Communicator) -> dict[str, object]:
     n, r = comm.world_size, comm.rank
     checked = 0
     for count in (0, 1, 7, 1000, 2**20 + 3):
-        for dtype in ((np.float32, np.int64, BFLOAT16) if count < 2**20 else (np.float32,)):
+        for dtype in (np.float32, np.int64, BFLOAT16) if count < 2**20 else (np.float32,):
             xs = [data(k, count, dtype) for k in range(n)]
             for algorithm in ("auto", "ring", "tree"):
                 y = await comm.all_reduce(xs[r], algorithm=algorithm)
@@ -105,12 +105,17 @@ async def main() -> None:
     token = os.environ.get("NETCOLL_TEST_TOKEN")
     result: dict[str, object]
     try:
-        async with netcoll.connect(address, world_size=world_size, local_host=f"127.0.0.{index + 2}",
-                                   token=token, timeout=30) as comm:
+        async with netcoll.connect(
+            address, world_size=world_size, local_host=f"127.0.0.{index + 2}", token=token, timeout=30
+        ) as comm:
             result = {"ok": True, "rank": comm.rank, **(await SCENARIOS[scenario](comm))}
     except netcoll.NetcollError as exc:
-        result = {"ok": False, "error": type(exc).__name__, "message": str(exc),
-                  "ranks": list(getattr(exc, "ranks", ()))}
+        result = {
+            "ok": False,
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "ranks": list(getattr(exc, "ranks", ())),
+        }
     print(json.dumps(result), flush=True)
 
 

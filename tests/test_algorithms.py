@@ -37,11 +37,17 @@ EXTRA_DTYPES = [np.dtype(np.bool_), np.dtype(np.float16), np.dtype(ml_dtypes.bfl
 FLOAT_OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG]
 INT_OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
 BOOL_OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
-RTOL = {np.dtype(np.float16): 2e-2, np.dtype(ml_dtypes.bfloat16): 8e-2,
-        np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.complex64): 1e-5}
+RTOL = {
+    np.dtype(np.float16): 2e-2,
+    np.dtype(ml_dtypes.bfloat16): 8e-2,
+    np.dtype(np.float32): 1e-5,
+    np.dtype(np.float64): 1e-12,
+    np.dtype(np.complex64): 1e-5,
+}
 
 
 # -- harness ------------------------------------------------------------------
+
 
 @pytest.fixture(autouse=True)
 async def no_lost_task_errors():
@@ -99,8 +105,9 @@ def check_reduced(got: np.ndarray, op: ReduceOp, inputs: list[np.ndarray], what:
         assert got.tobytes() == want.tobytes(), what
 
 
-async def check_all_reduce(group: Group, algo: str, dt: np.dtype, op: ReduceOp, count: int,
-                           segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def check_all_reduce(
+    group: Group, algo: str, dt: np.dtype, op: ReduceOp, count: int, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     P = group.size
     inputs = make_inputs(dt, op, P, count)
     fn = ALGORITHMS["all_reduce"][algo]
@@ -117,6 +124,7 @@ async def check_all_reduce(group: Group, algo: str, dt: np.dtype, op: ReduceOp, 
 
 
 # -- all_reduce ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("P", SIZES)
@@ -138,12 +146,15 @@ async def test_all_reduce_extra_dtypes(make_group: MakeGroup, algo: str, P: int)
                 await check_all_reduce(group, algo, dt, op, count)
 
 
-@pytest.mark.parametrize(("algo", "P", "dt", "op"), [
-    ("ring", 5, np.dtype(np.float32), ReduceOp.SUM),
-    ("ring", 8, np.dtype(np.int64), ReduceOp.BXOR),
-    ("tree", 3, np.dtype(np.float64), ReduceOp.AVG),
-    ("doubling", 3, np.dtype(np.float32), ReduceOp.MAX),
-])
+@pytest.mark.parametrize(
+    ("algo", "P", "dt", "op"),
+    [
+        ("ring", 5, np.dtype(np.float32), ReduceOp.SUM),
+        ("ring", 8, np.dtype(np.int64), ReduceOp.BXOR),
+        ("tree", 3, np.dtype(np.float64), ReduceOp.AVG),
+        ("doubling", 3, np.dtype(np.float32), ReduceOp.MAX),
+    ],
+)
 async def test_all_reduce_big(make_group: MakeGroup, algo: str, P: int, dt: np.dtype, op: ReduceOp) -> None:
     await check_all_reduce(await make_group(P), algo, dt, op, BIG)
 
@@ -160,10 +171,12 @@ async def test_all_reduce_bit_identical_with_nans_and_signed_zeros(make_group: M
     rng = rng_for("nan", algo, P)
     inputs = [pool[rng.integers(0, len(pool), size=257)] for _ in range(P)]
     for op in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX):
+
         async def body(ch: Channel) -> bytes:
             buf = inputs[ch.rank].copy()
             await ALGORITHMS["all_reduce"][algo](ch, buf, op, segment_bytes=128)
             return buf.tobytes()
+
         assert len(set(await group.run(body))) == 1, (algo, P, op)
 
 
@@ -171,10 +184,12 @@ async def test_all_reduce_keeps_shape_and_works_in_place(make_group: MakeGroup) 
     group = await make_group(3)
     inputs = [np.arange(24, dtype=np.int32).reshape(2, 3, 4) * (r + 1) for r in range(3)]
     for algo, fn in ALGORITHMS["all_reduce"].items():
+
         async def body(ch: Channel) -> np.ndarray:
             buf = inputs[ch.rank].copy()
             await fn(ch, buf, "sum")
             return buf
+
         for got in await group.run(body):
             assert got.shape == (2, 3, 4)
             np.testing.assert_array_equal(got, sum(inputs), err_msg=algo)
@@ -182,19 +197,26 @@ async def test_all_reduce_keeps_shape_and_works_in_place(make_group: MakeGroup) 
 
 # -- reduce / reduce_scatter ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("P", SIZES)
 async def test_reduce_tree(make_group: MakeGroup, P: int, count: int) -> None:
     group = await make_group(P)
-    for dt, op in [(np.dtype(np.float32), ReduceOp.SUM), (np.dtype(np.float64), ReduceOp.AVG),
-                   (np.dtype(np.int32), ReduceOp.BXOR), (np.dtype(np.int64), ReduceOp.MIN),
-                   (np.dtype(np.int64), ReduceOp.PROD)]:
+    for dt, op in [
+        (np.dtype(np.float32), ReduceOp.SUM),
+        (np.dtype(np.float64), ReduceOp.AVG),
+        (np.dtype(np.int32), ReduceOp.BXOR),
+        (np.dtype(np.int64), ReduceOp.MIN),
+        (np.dtype(np.int64), ReduceOp.PROD),
+    ]:
         inputs = make_inputs(dt, op, P, count)
         for root in range(P):
+
             async def body(ch: Channel) -> np.ndarray:
                 buf = inputs[ch.rank].copy()
                 await tree.reduce(ch, buf, op, root)
                 return buf
+
             results = await group.run(body)
             check_reduced(results[root], op, inputs, f"reduce P={P} n={count} {dt} {op} root={root}")
 
@@ -216,8 +238,12 @@ async def test_reduce_scatter_ring(make_group: MakeGroup, P: int, count: int) ->
 
             results = await group.run(body)
             for r, got in enumerate(results):
-                check_reduced(got, op, [x[r * count:(r + 1) * count] for x in inputs],
-                              f"reduce_scatter P={P} n={count} {dt} {op} rank {r}")
+                check_reduced(
+                    got,
+                    op,
+                    [x[r * count : (r + 1) * count] for x in inputs],
+                    f"reduce_scatter P={P} n={count} {dt} {op} rank {r}",
+                )
 
 
 @pytest.mark.parametrize("P", [3, 5])
@@ -225,7 +251,7 @@ async def test_reduce_and_reduce_scatter_extra_dtypes(make_group: MakeGroup, P: 
     group = await make_group(P)
     count = 7
     for dt in [*EXTRA_DTYPES, np.dtype(np.uint8), np.dtype(np.complex64)]:
-        for op in (ops_for(dt) if dt.kind != "c" else [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.AVG]):
+        for op in ops_for(dt) if dt.kind != "c" else [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.AVG]:
             inputs = make_inputs(dt, op, P, P * count)
 
             async def red(ch: Channel) -> np.ndarray:
@@ -241,7 +267,7 @@ async def test_reduce_and_reduce_scatter_extra_dtypes(make_group: MakeGroup, P: 
                 return out
 
             for r, got in enumerate(await group.run(rs)):
-                check_reduced(got, op, [x[r * count:(r + 1) * count] for x in inputs], f"reduce_scatter {dt} {op}")
+                check_reduced(got, op, [x[r * count : (r + 1) * count] for x in inputs], f"reduce_scatter {dt} {op}")
 
 
 @pytest.mark.parametrize("dt", EXTRA_DTYPES + MAIN_DTYPES, ids=str)
@@ -252,28 +278,44 @@ async def test_data_movement_dtypes(make_group: MakeGroup, dt: np.dtype) -> None
     parts = [make_inputs(dt, ReduceOp.MAX, P, count, seed=r)[0] for r in range(P)]
     whole = np.stack(parts)
     for algo, fn in ALGORITHMS["all_gather"].items():
+
         async def ag(ch: Channel) -> np.ndarray:
             buf = np.zeros((P, count), dt)
             buf[ch.rank] = parts[ch.rank]
             await fn(ch, buf, segment_bytes=3)
             return buf
+
         assert all(g.tobytes() == whole.tobytes() for g in await group.run(ag)), algo
     for algo, fn in ALGORITHMS["broadcast"].items():
+
         async def bc(ch: Channel) -> np.ndarray:
             buf = parts[2] if ch.rank == 2 else np.zeros(count, dt)
             return (await fn(ch, buf, 2, segment_bytes=5))[0]
+
         assert all(g.tobytes() == parts[2].tobytes() for g in await group.run(bc)), algo
 
     async def a2a(ch: Channel) -> np.ndarray:
         recv = np.zeros((P, count), dt)
         await ALGORITHMS["all_to_all"]["pairwise"](ch, whole, recv, segment_bytes=3)
         return recv
+
     assert all(g.tobytes() == np.stack([parts[r]] * P).tobytes() for r, g in enumerate(await group.run(a2a)))
 
 
-@pytest.mark.parametrize("name", ["broadcast/tree", "broadcast/ring", "reduce/tree", "all_gather/ring",
-                                  "all_gather/doubling", "reduce_scatter/ring", "all_to_all/pairwise",
-                                  "gather/direct", "scatter/direct"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "broadcast/tree",
+        "broadcast/ring",
+        "reduce/tree",
+        "all_gather/ring",
+        "all_gather/doubling",
+        "reduce_scatter/ring",
+        "all_to_all/pairwise",
+        "gather/direct",
+        "scatter/direct",
+    ],
+)
 async def test_big_buffers(make_group: MakeGroup, name: str) -> None:
     """2**20+3 elements (about 4 MiB), default 1 MiB segments."""
     P = 3
@@ -282,52 +324,69 @@ async def test_big_buffers(make_group: MakeGroup, name: str) -> None:
     fn = ALGORITHMS[coll][algo]
     x = [np.arange(BIG, dtype=np.float32) + r for r in range(P)]
     if coll == "broadcast":
+
         async def body(ch: Channel) -> Any:
             return (await fn(ch, x[0] if ch.rank == 0 else None, 0))[0]
+
         assert all(g.tobytes() == x[0].tobytes() for g in await group.run(body))
     elif coll == "reduce":
+
         async def body(ch: Channel) -> Any:
             buf = x[ch.rank].copy()
             await fn(ch, buf, "max", 0)
             return buf
+
         assert (await group.run(body))[0].tobytes() == x[2].tobytes()
     elif coll == "all_gather":
+
         async def body(ch: Channel) -> Any:
             buf = np.zeros((P, BIG), np.float32)
             buf[ch.rank] = x[ch.rank]
             await fn(ch, buf)
             return buf
+
         assert all(g.tobytes() == np.stack(x).tobytes() for g in await group.run(body))
     elif coll == "reduce_scatter":
+
         async def body(ch: Channel) -> Any:
             out = np.empty(BIG // P, np.float32)
-            await fn(ch, x[ch.rank][:BIG // P * P], "min", out)
+            await fn(ch, x[ch.rank][: BIG // P * P], "min", out)
             return out
+
         for r, got in enumerate(await group.run(body)):
-            assert got.tobytes() == x[0][r * (BIG // P):(r + 1) * (BIG // P)].tobytes()
+            assert got.tobytes() == x[0][r * (BIG // P) : (r + 1) * (BIG // P)].tobytes()
     elif coll == "all_to_all":
+
         async def body(ch: Channel) -> Any:
             recv = np.empty(BIG // P * P, np.float32)
-            await fn(ch, x[ch.rank][:BIG // P * P], recv)
+            await fn(ch, x[ch.rank][: BIG // P * P], recv)
             return recv.reshape(P, -1)
+
         for r, got in enumerate(await group.run(body)):
-            assert got.tobytes() == np.stack([x[j].reshape(-1)[:BIG // P * P].reshape(P, -1)[r]
-                                              for j in range(P)]).tobytes()
+            assert (
+                got.tobytes()
+                == np.stack([x[j].reshape(-1)[: BIG // P * P].reshape(P, -1)[r] for j in range(P)]).tobytes()
+            )
     elif coll == "gather":
+
         async def body(ch: Channel) -> Any:
             recv = np.empty((P, BIG), np.float32) if ch.rank == 1 else None
             await fn(ch, x[ch.rank], recv, 1)
             return recv
+
         assert (await group.run(body))[1].tobytes() == np.stack(x).tobytes()
     else:
+
         async def body(ch: Channel) -> Any:
             recv = np.empty(BIG, np.float32)
             await fn(ch, np.stack(x) if ch.rank == 1 else None, recv, 1)
             return recv
+
         assert all(g.tobytes() == x[r].tobytes() for r, g in enumerate(await group.run(body)))
 
 
 # -- data movement ------------------------------------------------------------------------
+
 
 def blocks(P: int, count: int, seed: Any = 0) -> list[np.ndarray]:
     rng = rng_for("blocks", P, count, seed)
@@ -344,6 +403,7 @@ async def test_broadcast(make_group: MakeGroup, algo: str, P: int, count: int) -
         data = blocks(1, count, root)[0]
         meta = {"dtype": "float32", "shape": [count]}
         for preallocated in (False, True):
+
             async def body(ch: Channel) -> tuple[np.ndarray, dict[str, Any]]:
                 if ch.rank == root:
                     return await fn(ch, data, root, dict(meta))
@@ -381,11 +441,13 @@ async def test_broadcast_size_mismatch(
 async def test_broadcast_root_meta_nbytes_checked(make_group: MakeGroup) -> None:
     group = await make_group(1)
     for fn in ALGORITHMS["broadcast"].values():
+
         async def body(ch: Channel) -> Any:
             with pytest.raises(ValueError):
                 await fn(ch, np.zeros(4, np.uint8), 0, {"nbytes": 5})
             return await fn(ch, np.zeros(4, np.uint8), 0, {"nbytes": 4})
-        (_, meta), = await group.run(body)
+
+        ((_, meta),) = await group.run(body)
         assert meta == {"nbytes": 4}
 
 
@@ -427,6 +489,7 @@ async def test_gather_and_scatter(make_group: MakeGroup, P: int, count: int) -> 
     group = await make_group(P)
     parts = blocks(P, count)
     for root in range(P):
+
         async def gather_body(ch: Channel) -> np.ndarray | None:
             recv = np.full((P, count), np.nan, np.float32) if ch.rank == root else None
             await ALGORITHMS["gather"]["direct"](ch, parts[ch.rank], recv, root)
@@ -471,10 +534,10 @@ async def test_send_recv_message(make_group: MakeGroup, count: int) -> None:
     data = blocks(1, count)[0]
     for segment_bytes in (1, 64, DEFAULT_SEGMENT_BYTES):
         for preallocated in (False, True):
+
             async def body(ch: Channel) -> Any:
                 if ch.rank == 2:
-                    return await direct.send_message(ch, 0, data, meta={"tag": 7}, step=3,
-                                                     segment_bytes=segment_bytes)
+                    return await direct.send_message(ch, 0, data, meta={"tag": 7}, step=3, segment_bytes=segment_bytes)
                 if ch.rank == 0:
                     out = np.empty(count, np.float32) if preallocated else None
                     return await direct.recv_message(ch, 2, out, step=3, segment_bytes=segment_bytes)
@@ -487,42 +550,53 @@ async def test_send_recv_message(make_group: MakeGroup, count: int) -> None:
 
 # -- pipelining, failures, posted buffers ------------------------------------------------------
 
+
 @pytest.mark.parametrize("P", [3, 4, 5])
 async def test_deep_pipelining_small_segments(make_group: MakeGroup, P: int) -> None:
     """64-byte segments: dozens of segments per chunk, all families."""
     group = await make_group(P)
     count, seg = 1000, 64
     for algo in ALGORITHMS["all_reduce"]:
-        for dt, op in [(np.dtype(np.float32), ReduceOp.SUM), (np.dtype(np.int64), ReduceOp.BXOR),
-                       (np.dtype(np.float64), ReduceOp.MIN)]:
+        for dt, op in [
+            (np.dtype(np.float32), ReduceOp.SUM),
+            (np.dtype(np.int64), ReduceOp.BXOR),
+            (np.dtype(np.float64), ReduceOp.MIN),
+        ]:
             await check_all_reduce(group, algo, dt, op, count, segment_bytes=seg)
             await check_all_reduce(group, algo, dt, op, 7, segment_bytes=1)
     parts = blocks(P, count)
     whole = np.stack(parts)
     for algo, fn in ALGORITHMS["all_gather"].items():
+
         async def ag(ch: Channel) -> np.ndarray:
             buf = np.zeros((P, count), np.float32)
             buf[ch.rank] = parts[ch.rank]
             await fn(ch, buf, segment_bytes=seg)
             return buf
+
         assert all(g.tobytes() == whole.tobytes() for g in await group.run(ag)), algo
     for algo, fn in ALGORITHMS["broadcast"].items():
+
         async def bc(ch: Channel) -> np.ndarray:
             return (await fn(ch, parts[1] if ch.rank == 1 else None, 1, segment_bytes=seg))[0]
+
         assert all(g.tobytes() == parts[1].tobytes() for g in await group.run(bc)), algo
 
     async def red(ch: Channel) -> np.ndarray:
         buf = parts[ch.rank].copy()
         await tree.reduce(ch, buf, "max", 2, segment_bytes=seg)
         return buf
+
     assert (await group.run(red))[2].tobytes() == np.max(whole, axis=0).tobytes()
 
     async def rs(ch: Channel) -> np.ndarray:
         out = np.empty(count // 10, np.float32)
-        await ring.reduce_scatter(ch, whole[:, :count // 10 * P].reshape(P, P, -1)[ch.rank].copy(),
-                                  "max", out, segment_bytes=seg)
+        await ring.reduce_scatter(
+            ch, whole[:, : count // 10 * P].reshape(P, P, -1)[ch.rank].copy(), "max", out, segment_bytes=seg
+        )
         return out
-    expect = np.max(whole[:, :count // 10 * P].reshape(P, P, -1), axis=0)
+
+    expect = np.max(whole[:, : count // 10 * P].reshape(P, P, -1), axis=0)
     for r, got in enumerate(await group.run(rs)):
         assert got.tobytes() == expect[r].tobytes()
 
@@ -530,6 +604,7 @@ async def test_deep_pipelining_small_segments(make_group: MakeGroup, P: int) -> 
         recv = np.empty((P, count), np.float32)
         await ALGORITHMS["all_to_all"]["pairwise"](ch, np.stack(blocks(P, count, ch.rank)), recv, segment_bytes=seg)
         return recv
+
     for r, got in enumerate(await group.run(a2a)):
         assert got.tobytes() == np.stack([blocks(P, count, j)[r] for j in range(P)]).tobytes()
 
@@ -537,12 +612,14 @@ async def test_deep_pipelining_small_segments(make_group: MakeGroup, P: int) -> 
         recv = np.empty((P, count), np.float32) if ch.rank == 0 else None
         await direct.gather(ch, parts[ch.rank], recv, 0, segment_bytes=seg)
         return recv
+
     assert (await group.run(ga))[0].tobytes() == whole.tobytes()
 
     async def sc(ch: Channel) -> np.ndarray:
         recv = np.empty(count, np.float32)
         await direct.scatter(ch, whole if ch.rank == 0 else None, recv, 0, segment_bytes=seg)
         return recv
+
     assert all(g.tobytes() == parts[r].tobytes() for r, g in enumerate(await group.run(sc)))
 
 
@@ -558,15 +635,17 @@ def _collective_calls(P: int, count: int) -> dict[str, Callable[[Channel], Await
     for algo, fn in ALGORITHMS["all_gather"].items():
         calls[f"all_gather/{algo}"] = lambda ch, fn=fn: fn(ch, np.ones(P * count, np.float32), segment_bytes=256)
     calls["reduce_scatter/ring"] = lambda ch: ring.reduce_scatter(
-        ch, np.ones(P * count, np.float32), "sum", np.empty(count, np.float32), segment_bytes=256)
+        ch, np.ones(P * count, np.float32), "sum", np.empty(count, np.float32), segment_bytes=256
+    )
     calls["all_to_all/pairwise"] = lambda ch: ALGORITHMS["all_to_all"]["pairwise"](
-        ch, np.ones(P * count, np.float32), np.empty(P * count, np.float32), segment_bytes=256)
+        ch, np.ones(P * count, np.float32), np.empty(P * count, np.float32), segment_bytes=256
+    )
     calls["gather/direct"] = lambda ch: direct.gather(
-        ch, np.ones(count, np.float32), np.empty(P * count, np.float32) if ch.rank == 0 else None, 0,
-        segment_bytes=256)
+        ch, np.ones(count, np.float32), np.empty(P * count, np.float32) if ch.rank == 0 else None, 0, segment_bytes=256
+    )
     calls["scatter/direct"] = lambda ch: direct.scatter(
-        ch, np.ones(P * count, np.float32) if ch.rank == 0 else None, np.empty(count, np.float32), 0,
-        segment_bytes=256)
+        ch, np.ones(P * count, np.float32) if ch.rank == 0 else None, np.empty(count, np.float32), 0, segment_bytes=256
+    )
     calls["barrier/doubling"] = lambda ch: doubling.barrier(ch)
     return calls
 
@@ -600,8 +679,7 @@ async def test_killed_rank_raises_peer_lost(make_group: MakeGroup, name: str) ->
             group.kill(missing)
 
         async with asyncio.timeout(5):
-            outcomes, _ = await asyncio.gather(
-                group.run(body, ranks=[r for r in range(P) if r != missing]), killer())
+            outcomes, _ = await asyncio.gather(group.run(body, ranks=[r for r in range(P) if r != missing]), killer())
         lost += outcomes.count("lost")
     assert lost, f"{name}: no rank noticed the lost peer"
 
@@ -648,10 +726,12 @@ def _count_sinks(group: Group) -> dict[str, int]:
     buffered and copied later ('miss')."""
     stats = {"hit": 0, "miss": 0}
     for t in group.transports:
+
         def sink(src: int, header: dict[str, Any], nbytes: int, orig: Any = t.mailbox.sink) -> Any:
             out = orig(src, header, nbytes)
             stats["hit" if out is not None else "miss"] += 1
             return out
+
         t.mailbox.sink = sink  # type: ignore[method-assign]
     return stats
 
@@ -822,10 +902,15 @@ async def test_ring_reduce_argument_errors(make_group: MakeGroup) -> None:
 
     async def bad(ch: Channel) -> list[str]:
         errors = []
-        for call in (lambda: ring.reduce(ch, None, "sum", 0),
-                     lambda: ring.reduce(ch, np.ones(3), "sum", 5),
-                     lambda: ring.reduce(ch, np.ones(3), "sum", 0, src=np.ones(4)) if ch.rank == 0 else
-                     ring.reduce(ch, None, "sum", 0, segment_bytes=0)):
+        for call in (
+            lambda: ring.reduce(ch, None, "sum", 0),
+            lambda: ring.reduce(ch, np.ones(3), "sum", 5),
+            lambda: (
+                ring.reduce(ch, np.ones(3), "sum", 0, src=np.ones(4))
+                if ch.rank == 0
+                else ring.reduce(ch, None, "sum", 0, segment_bytes=0)
+            ),
+        ):
             with pytest.raises(ValueError) as info:
                 await call()
             errors.append(str(info.value))

@@ -22,8 +22,6 @@ DTYPES = [np.float32, np.float64, np.int32, np.int64]
 EXTRA_DTYPES = [np.bool_, np.float16, BFLOAT16, np.complex64, np.uint8, np.int8]
 
 
-
-
 def inputs(n: int, shape: tuple[int, ...], dtype: object, op: ReduceOp | None = None) -> list[np.ndarray]:
     xs = [rank_data(r, shape, dtype) for r in range(n)]
     if op is ReduceOp.PROD and np.dtype(dtype).kind not in "b":  # keep products exact in every dtype
@@ -34,9 +32,12 @@ def inputs(n: int, shape: tuple[int, ...], dtype: object, op: ReduceOp | None = 
 def assert_close(got: np.ndarray, want: np.ndarray) -> None:
     assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
     if got.dtype.kind in "fc" or got.dtype == BFLOAT16:
-        np.testing.assert_allclose(got.astype(np.complex128 if got.dtype.kind == "c" else np.float64),
-                                   want.astype(np.complex128 if want.dtype.kind == "c" else np.float64),
-                                   rtol=1e-2, atol=1e-2)
+        np.testing.assert_allclose(
+            got.astype(np.complex128 if got.dtype.kind == "c" else np.float64),
+            want.astype(np.complex128 if want.dtype.kind == "c" else np.float64),
+            rtol=1e-2,
+            atol=1e-2,
+        )
     else:
         np.testing.assert_array_equal(got, want)
 
@@ -66,8 +67,9 @@ async def test_all_reduce_grid(n: int, dtype: object, algorithm: str) -> None:
 @pytest.mark.parametrize("algorithm", algos("all_reduce"))
 async def test_all_reduce_big(n: int, algorithm: str) -> None:
     xs = [np.random.default_rng(r).standard_normal(BIG).astype(np.float32) for r in range(n)]
-    res = await run_world(n, lambda c: c.all_reduce(xs[c.rank], op="sum", algorithm=algorithm),
-                          segment_bytes=256 * 1024)
+    res = await run_world(
+        n, lambda c: c.all_reduce(xs[c.rank], op="sum", algorithm=algorithm), segment_bytes=256 * 1024
+    )
     np.testing.assert_allclose(res[0], np.sum(xs, axis=0, dtype=np.float64), rtol=1e-4, atol=1e-4)
     assert all(r.tobytes() == res[0].tobytes() for r in res)
 
@@ -103,8 +105,9 @@ async def test_broadcast_grid(n: int, algorithm: str) -> None:
         for count in COUNTS:
             for root in {0, n // 2, n - 1}:
                 x = rank_data(99, (count, 3), dtype)
-                res = await run_world(n, lambda c: c.broadcast(x if c.rank == root else None, root=root,
-                                                               algorithm=algorithm))
+                res = await run_world(
+                    n, lambda c: c.broadcast(x if c.rank == root else None, root=root, algorithm=algorithm)
+                )
                 for r in range(n):
                     np.testing.assert_array_equal(res[r], x)
                     assert res[r].dtype == x.dtype and res[r].shape == x.shape
@@ -188,14 +191,18 @@ async def test_out_buffers_are_filled_and_returned(n: int) -> None:
 
     async def run(c):  # type: ignore[no-untyped-def]
         x = xs[c.rank]
-        outs = {name: np.full(shape, -1, np.float32) for name, shape in
-                (("ag", (n, n, 5)), ("g", (n, n, 5)), ("rs", (5,)), ("a2a", (n, 5)))}
+        outs = {
+            name: np.full(shape, -1, np.float32)
+            for name, shape in (("ag", (n, n, 5)), ("g", (n, n, 5)), ("rs", (5,)), ("a2a", (n, 5)))
+        }
         outs["sc"] = np.full((5,), -1, np.float32)
-        got = {"ag": await c.all_gather(x, out=outs["ag"]),
-               "g": await c.gather(x, root=n - 1, out=outs["g"]),
-               "rs": await c.reduce_scatter(x, out=outs["rs"]),
-               "a2a": await c.all_to_all(x, out=outs["a2a"]),
-               "sc": await c.scatter(xs[0] if c.rank == 0 else None, root=0, out=outs["sc"])}
+        got = {
+            "ag": await c.all_gather(x, out=outs["ag"]),
+            "g": await c.gather(x, root=n - 1, out=outs["g"]),
+            "rs": await c.reduce_scatter(x, out=outs["rs"]),
+            "a2a": await c.all_to_all(x, out=outs["a2a"]),
+            "sc": await c.scatter(xs[0] if c.rank == 0 else None, root=0, out=outs["sc"]),
+        }
         return outs, got
 
     res = await run_world(n, run)
@@ -249,20 +256,24 @@ async def test_bad_out_buffers_are_refused_before_sending() -> None:
 
     async def run(c):  # type: ignore[no-untyped-def]
         errors = []
-        for call in (lambda: c.all_gather(x, out=np.empty((2, 2, 2), np.float32)),
-                     lambda: c.all_gather(x, out=np.empty((2, 2, 3), np.float64)),
-                     lambda: c.all_gather(x, out=np.empty((2, 3, 2), np.float32).transpose(0, 2, 1)),
-                     lambda: c.all_gather(x, out=[[0.0]]),
-                     lambda: c.all_gather(x, uneven=True, out=np.empty((2, 2, 3), np.float32)),
-                     lambda: c.gather(x, uneven=True, out=np.empty((2, 2, 3), np.float32)),
-                     lambda: c.reduce_scatter(x, out=np.empty((4,), np.float32)),
-                     lambda: c.reduce_scatter([x[0], x[1]], out=np.empty((3,), np.float32)),
-                     lambda: c.all_to_all(x, out=np.empty((3, 2), np.float32)),
-                     lambda: c.all_to_all([x[0], x[1]], out=np.empty((2, 3), np.float32)),
-                     lambda: c.scatter(x, out=np.empty((2,), np.float32)) if c.rank == 0 else
-                     c.scatter(None, out=[0.0, 1.0]),
-                     lambda: c.scatter([x[0], x[1]], out=np.empty((3,), np.float32)) if c.rank == 0 else
-                     c.scatter(None, out=np.empty((3,), np.float32)[::-1])):
+        for call in (
+            lambda: c.all_gather(x, out=np.empty((2, 2, 2), np.float32)),
+            lambda: c.all_gather(x, out=np.empty((2, 2, 3), np.float64)),
+            lambda: c.all_gather(x, out=np.empty((2, 3, 2), np.float32).transpose(0, 2, 1)),
+            lambda: c.all_gather(x, out=[[0.0]]),
+            lambda: c.all_gather(x, uneven=True, out=np.empty((2, 2, 3), np.float32)),
+            lambda: c.gather(x, uneven=True, out=np.empty((2, 2, 3), np.float32)),
+            lambda: c.reduce_scatter(x, out=np.empty((4,), np.float32)),
+            lambda: c.reduce_scatter([x[0], x[1]], out=np.empty((3,), np.float32)),
+            lambda: c.all_to_all(x, out=np.empty((3, 2), np.float32)),
+            lambda: c.all_to_all([x[0], x[1]], out=np.empty((2, 3), np.float32)),
+            lambda: c.scatter(x, out=np.empty((2,), np.float32)) if c.rank == 0 else c.scatter(None, out=[0.0, 1.0]),
+            lambda: (
+                c.scatter([x[0], x[1]], out=np.empty((3,), np.float32))
+                if c.rank == 0
+                else c.scatter(None, out=np.empty((3,), np.float32)[::-1])
+            ),
+        ):
             with pytest.raises((ValueError, TypeError)) as info:
                 await call()
             errors.append(str(info.value))
@@ -330,8 +341,9 @@ async def test_ring_reading_the_input_in_place_gives_the_same_bits() -> None:
     keep = [x.copy() for x in xs]
     direct = await run_world(4, lambda c: c.all_reduce(xs[c.rank], algorithm="ring"), segment_bytes=4096)
     assert all((x == k).all() for x, k in zip(xs, keep, strict=True))  # inputs untouched
-    inplace = await run_world(4, lambda c: c.all_reduce(xs[c.rank], out=xs[c.rank], algorithm="ring"),
-                              segment_bytes=4096)
+    inplace = await run_world(
+        4, lambda c: c.all_reduce(xs[c.rank], out=xs[c.rank], algorithm="ring"), segment_bytes=4096
+    )
     for r in range(4):
         assert inplace[r] is xs[r]
         assert direct[r].tobytes() == inplace[r].tobytes() == direct[0].tobytes()
@@ -343,6 +355,7 @@ async def test_scatter_into_out_is_a_different_call_from_scatter_without() -> No
     from netcoll import CollectiveError
 
     from .conftest import run_world_settled
+
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
 
     async def run(c):  # type: ignore[no-untyped-def]

@@ -30,8 +30,11 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 K8S = ROOT / "deploy" / "k8s"
 E2E = ROOT / "deploy" / "e2e.sh"
 MODELS: dict[str, type[config.Settings]] = {
-    "coordinator": config.CoordinatorConfig, "rank": config.RankConfig, "submit": config.SubmitConfig,
-    "status": config.StatusConfig, "up": config.UpConfig,
+    "coordinator": config.CoordinatorConfig,
+    "rank": config.RankConfig,
+    "submit": config.SubmitConfig,
+    "status": config.StatusConfig,
+    "up": config.UpConfig,
 }
 
 
@@ -86,8 +89,9 @@ def test_compose_commands_exist_in_the_cli(compose: dict[str, Any]) -> None:
             assert test[:3] == ["CMD", "netcoll", "health"], f"{name}: healthcheck must use `netcoll health`"
             ns = check_command(test[2:], where=f"compose {name} healthcheck")
             http_port = flag([str(c) for c in command], "--http-port")
-            assert http_port and ns.url.startswith(f"http://127.0.0.1:{http_port}/"), \
+            assert http_port and ns.url.startswith(f"http://127.0.0.1:{http_port}/"), (
                 f"{name}: healthcheck {ns.url} does not hit the service's --http-port {http_port}"
+            )
 
 
 def test_compose_rank_service_scales(compose: dict[str, Any]) -> None:
@@ -144,8 +148,7 @@ def test_dockerfile_entrypoint_is_the_cli() -> None:
     user = [rest for w, rest in ins if w == "USER"][-1]
     assert user.split(":")[0].isdigit() and int(user.split(":")[0]) != 0, "numeric non-root USER"
     exposed = {int(p) for w, rest in ins if w == "EXPOSE" for p in rest.split()}
-    assert {config.COORDINATOR_PORT, config.COORDINATOR_HTTP_PORT, config.RANK_PORT,
-            config.RANK_HTTP_PORT} <= exposed
+    assert {config.COORDINATOR_PORT, config.COORDINATOR_HTTP_PORT, config.RANK_PORT, config.RANK_HTTP_PORT} <= exposed
     assert not any(w == "RUN" and "--mount" in rest for w, rest in ins), "no RUN --mount (classic builder)"
 
 
@@ -258,7 +261,7 @@ def e2e_commands() -> list[list[str]]:
         if m and not code.lstrip().startswith(("nc_exec()", "nc_exec ()")):
             rest = re.split(r"\s(?:[12]?>|\||&|\\$)", m.group(1))[0]
             commands += subst(shlex.split(rest))
-        m = re.match(r'\s*submit_check\s+(.*)', code)
+        m = re.match(r"\s*submit_check\s+(.*)", code)
         if m and "()" not in code:
             words = shlex.split(re.split(r"\s(?:\|\||&&)", m.group(1))[0])
             commands += subst(["submit", words[3], *words[4:]])

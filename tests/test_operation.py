@@ -41,8 +41,15 @@ async def test_life_and_first_cause_wins() -> None:
     assert not done.fail(Failure(Reason.ERROR, "after the end"))
 
 
-@pytest.mark.parametrize(("cause", "cls"), [("cancelled", CollectiveCancelled), ("timeout", CollectiveAborted),
-                                            ("error", CollectiveAborted), ("whatever", CollectiveAborted)])
+@pytest.mark.parametrize(
+    ("cause", "cls"),
+    [
+        ("cancelled", CollectiveCancelled),
+        ("timeout", CollectiveAborted),
+        ("error", CollectiveAborted),
+        ("whatever", CollectiveAborted),
+    ],
+)
 async def test_abort_frames_become_typed_failures(cause: str, cls: type) -> None:
     op = Operation("g", 0, "fp", (0, 1, 2), "all_reduce")
     op.start()

@@ -75,8 +75,12 @@ def plain_numpy(op: ReduceOp, arrays: list[np.ndarray]) -> np.ndarray:
     n = len(arrays)
     if dt == np.bool_:
         return {
-            ReduceOp.SUM: np.any, ReduceOp.MAX: np.any, ReduceOp.BOR: np.any,
-            ReduceOp.PROD: np.all, ReduceOp.MIN: np.all, ReduceOp.BAND: np.all,
+            ReduceOp.SUM: np.any,
+            ReduceOp.MAX: np.any,
+            ReduceOp.BOR: np.any,
+            ReduceOp.PROD: np.all,
+            ReduceOp.MIN: np.all,
+            ReduceOp.BAND: np.all,
             ReduceOp.BXOR: lambda s, axis: s.sum(axis=axis) % 2 == 1,
         }[op](stack, axis=0)
     wide = {"int": np.int64, "float": np.float64, "complex": np.complex128}[category(dt)]
@@ -86,8 +90,10 @@ def plain_numpy(op: ReduceOp, arrays: list[np.ndarray]) -> np.ndarray:
         res = s.real / n + 1j * (s.imag / n) if np.iscomplexobj(s) else s / n
     else:
         res = {
-            ReduceOp.SUM: lambda: w.sum(axis=0), ReduceOp.PROD: lambda: w.prod(axis=0),
-            ReduceOp.MIN: lambda: w.min(axis=0), ReduceOp.MAX: lambda: w.max(axis=0),
+            ReduceOp.SUM: lambda: w.sum(axis=0),
+            ReduceOp.PROD: lambda: w.prod(axis=0),
+            ReduceOp.MIN: lambda: w.min(axis=0),
+            ReduceOp.MAX: lambda: w.max(axis=0),
             ReduceOp.BAND: lambda: np.bitwise_and.reduce(w, axis=0),
             ReduceOp.BOR: lambda: np.bitwise_or.reduce(w, axis=0),
             ReduceOp.BXOR: lambda: np.bitwise_xor.reduce(w, axis=0),
@@ -109,6 +115,7 @@ def fold(op, arrays):
 
 
 # --------------------------------------------------------------------------- ops x dtypes
+
 
 @pytest.mark.parametrize("dt", SUPPORTED_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("op", ALL_OPS, ids=[o.value for o in ALL_OPS])
@@ -183,6 +190,7 @@ def test_zero_d_and_empty(dt, shape):
 
 # --------------------------------------------------------------------------- avg rounding
 
+
 @pytest.mark.parametrize("dt", FLOAT_LIKE + COMPLEX, ids=str)
 @pytest.mark.parametrize("n", [2, 3, 7, 1000, 3001])
 def test_avg_finalize_correctly_rounded(dt, n):
@@ -210,6 +218,7 @@ def test_avg_world_size_one_and_other_ops_noop():
 
 
 # --------------------------------------------------------------------------- bfloat16 / fp16
+
 
 def test_bfloat16_basics():
     assert np.dtype(ml_dtypes.bfloat16) == BFLOAT16
@@ -241,6 +250,7 @@ def test_min_max_propagate_nan_without_warnings(dt):
 
 # --------------------------------------------------------------------------- overflow
 
+
 def test_integer_overflow_wraps_silently():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -269,6 +279,7 @@ def test_float_overflow_to_inf_silently(dt):
 
 # --------------------------------------------------------------------------- in place
 
+
 @pytest.mark.parametrize("dt", SUPPORTED_DTYPES, ids=DTYPE_IDS)
 def test_in_place_on_acc_buffer(dt):
     a, b = make_arrays(dt, 2, shape=(4, 6), seed=3)
@@ -293,9 +304,18 @@ def test_in_place_on_acc_buffer(dt):
     assert_identical(other, other_before)
 
 
-@pytest.mark.parametrize("dt", [np.dtype(np.float32), np.dtype(np.int64), BFLOAT16,
-                                np.dtype(np.float16), np.dtype(np.bool_),
-                                np.dtype(np.complex128)], ids=str)
+@pytest.mark.parametrize(
+    "dt",
+    [
+        np.dtype(np.float32),
+        np.dtype(np.int64),
+        BFLOAT16,
+        np.dtype(np.float16),
+        np.dtype(np.bool_),
+        np.dtype(np.complex128),
+    ],
+    ids=str,
+)
 def test_reduce_into_allocates_no_temporary(dt):
     n = 1 << 18
     acc = np.ones(n, dtype=dt)
@@ -325,14 +345,14 @@ def test_half_avg_finalize_has_no_full_size_temporary(dt):
 
 # --------------------------------------------------------------------------- parse_op
 
+
 def test_parse_op():
     assert parse_op("sum") is ReduceOp.SUM
     assert parse_op("SUM") is ReduceOp.SUM
     assert parse_op("Avg") is ReduceOp.AVG
     assert parse_op(ReduceOp.BXOR) is ReduceOp.BXOR
     assert ReduceOp.MIN == "min" and str(ReduceOp.MIN) == "min"
-    assert [o.value for o in ReduceOp] == ["sum", "prod", "min", "max", "avg",
-                                           "band", "bor", "bxor"]
+    assert [o.value for o in ReduceOp] == ["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
 
 
 @pytest.mark.parametrize("bad", ["mean", "", "add", "sum2"])
@@ -353,23 +373,39 @@ def test_parse_op_wrong_type(bad):
 
 # --------------------------------------------------------------------------- dtypes
 
+
 def test_supported_dtypes_list():
     names = [str(dt) for dt in SUPPORTED_DTYPES]
-    assert names == ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                     "uint64", "float16", "bfloat16", "float32", "float64", "complex64",
-                     "complex128"]
+    assert names == [
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    ]
     assert all(dt.isnative for dt in SUPPORTED_DTYPES)
 
 
-@pytest.mark.parametrize("spec", [np.float32, "float32", "f4", np.dtype("=f4"), bool, "?",
-                                  np.longlong, np.intc, np.uint64, "c8", "|i1", ">u1"])
+@pytest.mark.parametrize(
+    "spec",
+    [np.float32, "float32", "f4", np.dtype("=f4"), bool, "?", np.longlong, np.intc, np.uint64, "c8", "|i1", ">u1"],
+)
 def test_check_dtype_accepts(spec):
     dt = check_dtype(spec)
     assert isinstance(dt, np.dtype) and dt in SUPPORTED_DTYPES
 
 
-UNSUPPORTED = [object, "U4", "S3", "M8[ns]", "m8[s]", "V4", np.dtype([("a", "f4")]),
-               np.dtype(("f4", (2,)))]
+UNSUPPORTED = [object, "U4", "S3", "M8[ns]", "m8[s]", "V4", np.dtype([("a", "f4")]), np.dtype(("f4", (2,)))]
 if np.dtype(np.longdouble) != np.dtype(np.float64):
     UNSUPPORTED += [np.longdouble, np.clongdouble]
 
@@ -397,8 +433,7 @@ def test_check_dtype_not_a_dtype(spec):
         check_dtype(spec)
 
 
-@pytest.mark.parametrize("dt", [d for d in SUPPORTED_DTYPES if d.itemsize > 1 and d != BFLOAT16],
-                         ids=str)
+@pytest.mark.parametrize("dt", [d for d in SUPPORTED_DTYPES if d.itemsize > 1 and d != BFLOAT16], ids=str)
 def test_non_native_byte_order_refused(dt):
     swapped = dt.newbyteorder("S")
     with pytest.raises(TypeError, match=r"newbyteorder\('='\)") as ei:
@@ -412,6 +447,7 @@ def test_non_native_byte_order_refused(dt):
 
 
 # --------------------------------------------------------------------------- argument errors
+
 
 def test_reduce_into_argument_errors():
     a = np.zeros(4, np.float32)
@@ -451,8 +487,7 @@ def test_reduce_reference_errors_and_order():
     with pytest.raises(ValueError):
         reduce_reference("sum", [np.zeros(2, np.float32), np.zeros(3, np.float32)])
     # left fold in list order: (1e8 + 1) - 1e8 == 0 in float32, 1e8 + (1 - 1e8) != that
-    xs = [np.array([1e8], np.float32), np.array([1.0], np.float32),
-          np.array([-1e8], np.float32)]
+    xs = [np.array([1e8], np.float32), np.array([1.0], np.float32), np.array([-1e8], np.float32)]
     assert reduce_reference("sum", xs)[0] == 0.0
     assert_identical(fold("sum", xs), reduce_reference("sum", xs))
     single = np.arange(3, dtype=np.float64)

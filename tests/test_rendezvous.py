@@ -54,12 +54,18 @@ def pending_ids(coord: Coordinator, group: str) -> list[str]:
     return []
 
 
-async def join_all(clients: list[RendezvousClient], group: str, ids: list[str],
-                   ranks: list[int | None] | None = None, **kw: Any) -> list[JoinResult]:
+async def join_all(
+    clients: list[RendezvousClient], group: str, ids: list[str], ranks: list[int | None] | None = None, **kw: Any
+) -> list[JoinResult]:
     ranks = ranks or [None] * len(clients)
-    return list(await asyncio.gather(*(
-        c.join(group, world_size=len(clients), rank=r, member_id=m, listen_port=7000 + i, timeout=2, **kw)
-        for i, (c, m, r) in enumerate(zip(clients, ids, ranks, strict=True)))))
+    return list(
+        await asyncio.gather(
+            *(
+                c.join(group, world_size=len(clients), rank=r, member_id=m, listen_port=7000 + i, timeout=2, **kw)
+                for i, (c, m, r) in enumerate(zip(clients, ids, ranks, strict=True))
+            )
+        )
+    )
 
 
 async def failing(task: asyncio.Task[Any]) -> BaseException:
@@ -70,6 +76,7 @@ async def failing(task: asyncio.Task[Any]) -> BaseException:
 
 # -- ranks and groups ------------------------------------------------------------------
 
+
 async def test_explicit_ranks_are_honoured(connect: Connect) -> None:
     clients = [await connect() for _ in range(3)]
     results = await join_all(clients, "g", ["m-a", "m-b", "m-c"], ranks=[2, 0, 1])
@@ -77,8 +84,11 @@ async def test_explicit_ranks_are_honoured(connect: Connect) -> None:
     first = results[0]
     assert all(r.peers == first.peers and r.session == first.session for r in results)
     assert first.world_size == 3 and first.generation == 1 and len(first.session) == 16
-    assert first.peers == (Peer(0, "127.0.0.1", 7001, "m-b"), Peer(1, "127.0.0.1", 7002, "m-c"),
-                           Peer(2, "127.0.0.1", 7000, "m-a"))
+    assert first.peers == (
+        Peer(0, "127.0.0.1", 7001, "m-b"),
+        Peer(1, "127.0.0.1", 7002, "m-c"),
+        Peer(2, "127.0.0.1", 7000, "m-a"),
+    )
     assert first.peers[0].address == "127.0.0.1:7001"
 
 
@@ -107,14 +117,14 @@ async def test_several_groups_meet_at_one_coordinator(coord: Coordinator, connec
     assert [r.world_size for r in rx] == [2, 2] and [r.world_size for r in ry] == [3, 3, 3]
     assert rx[0].session != ry[0].session
     status = coord.status()["groups"]
-    assert [(g["name"], g["state"], len(g["members"])) for g in status] == [("x", "running", 2),
-                                                                              ("y", "running", 3)]
+    assert [(g["name"], g["state"], len(g["members"])) for g in status] == [("x", "running", 2), ("y", "running", 3)]
     await xs[0].kv_set("k", "from x")
     with pytest.raises(RendezvousTimeout):
         await ys[0].kv_get("k", timeout=0.1)
 
 
 # -- refusals ------------------------------------------------------------------------------
+
 
 async def test_duplicate_explicit_rank_names_the_holder(coord: Coordinator, connect: Connect) -> None:
     a, b = await connect(), await connect()
@@ -132,16 +142,25 @@ async def test_rank_out_of_range(coord: Coordinator, connect: Connect) -> None:
     with pytest.raises(RendezvousError, match=r"rank 5 is out of range for world_size 2 \(valid ranks are 0..1\)"):
         await client.join("g", world_size=2, rank=5, timeout=1)
     with pytest.raises(RendezvousError, match="out of range"):  # the coordinator checks it too
-        await client.rpc.call("join", {"group": "g", "world_size": 2, "rank": -1, "member_id": "m",
-                                       "listen_port": 1, "timeout": 1})
+        await client.rpc.call(
+            "join", {"group": "g", "world_size": 2, "rank": -1, "member_id": "m", "listen_port": 1, "timeout": 1}
+        )
     assert coord.status()["groups"] == []
 
 
 async def test_bad_param_types(connect: Connect) -> None:
     client = await connect()
     base = {"group": "g", "world_size": 2, "rank": None, "member_id": "m", "listen_port": 1, "timeout": 1}
-    for bad in ({"world_size": "2"}, {"world_size": 0}, {"rank": True}, {"member_id": ""},
-                {"listen_port": 70000}, {"timeout": -1}, {"group": 3}, {"advertise_host": 5}):
+    for bad in (
+        {"world_size": "2"},
+        {"world_size": 0},
+        {"rank": True},
+        {"member_id": ""},
+        {"listen_port": 70000},
+        {"timeout": -1},
+        {"group": 3},
+        {"advertise_host": 5},
+    ):
         with pytest.raises((TypeError, ValueError)):
             await client.rpc.call("join", dict(base, **bad))
     with pytest.raises(ValueError, match="unknown method"):
@@ -198,6 +217,7 @@ async def test_dropped_joiner_is_removed(coord: Coordinator, connect: Connect) -
 
 # -- authentication and hostile input ---------------------------------------------------------
 
+
 async def test_token_auth() -> None:
     async with Coordinator(token="s3cret") as coord:
         for token in ("wrong", None):
@@ -222,8 +242,7 @@ async def _raw_exchange(address: str, junk: bytes) -> bytes:
         writer.close()
 
 
-async def test_garbage_and_silent_clients_do_not_hurt_the_coordinator(coord: Coordinator,
-                                                                      connect: Connect) -> None:
+async def test_garbage_and_silent_clients_do_not_hurt_the_coordinator(coord: Coordinator, connect: Connect) -> None:
     host, port = coord.address.rsplit(":", 1)
     _, silent = await asyncio.open_connection(host, int(port))  # connects and says nothing
     try:
@@ -244,8 +263,7 @@ async def test_garbage_and_silent_clients_do_not_hurt_the_coordinator(coord: Coo
         silent.close()
 
 
-async def test_malformed_request_after_handshake_closes_only_that_client(coord: Coordinator,
-                                                                         connect: Connect) -> None:
+async def test_malformed_request_after_handshake_closes_only_that_client(coord: Coordinator, connect: Connect) -> None:
     rogue = await RpcClient.connect(coord.address)
     rogue.proto.transport.write(PREFIX.pack(MAGIC, VERSION, int(Kind.REQUEST), 0, 3, 0) + b"\x93\x01\x02")
     await until(lambda: rogue.closed)
@@ -255,6 +273,7 @@ async def test_malformed_request_after_handshake_closes_only_that_client(coord: 
 
 
 # -- addresses and the loopback rules ----------------------------------------------------------
+
 
 async def test_peer_table_uses_the_seen_address(connect: Connect) -> None:
     client = await connect(local_host="127.0.0.2")
@@ -270,8 +289,16 @@ async def test_advertised_host_wins(connect: Connect) -> None:
 
 
 def test_is_loopback() -> None:
-    for host in ("127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost", "LOCALHOST", "::ffff:127.0.0.1",
-                 "foo.localhost"):
+    for host in (
+        "127.0.0.1",
+        "127.8.9.10",
+        "::1",
+        "[::1]",
+        "localhost",
+        "LOCALHOST",
+        "::ffff:127.0.0.1",
+        "foo.localhost",
+    ):
         assert is_loopback(host), host
     for host in ("10.0.0.1", "172.17.0.2", "::ffff:10.0.0.1", "fe80::1", "rank-1", "coordinator"):
         assert not is_loopback(host), host
@@ -306,8 +333,7 @@ def test_mixed_loopback_group_rule() -> None:
 
 async def test_mixed_loopback_group_end_to_end(coord: Coordinator, connect: Connect) -> None:
     routable, local = await connect(), await connect()
-    waiting = asyncio.create_task(routable.join("m", world_size=2, member_id="r", advertise_host="10.1.2.3",
-                                                timeout=2))
+    waiting = asyncio.create_task(routable.join("m", world_size=2, member_id="r", advertise_host="10.1.2.3", timeout=2))
     await until(lambda: pending_ids(coord, "m") == ["r"])
     with pytest.raises(RendezvousError, match=r"loopback address.*container"):
         await local.join("m", world_size=2, member_id="l", timeout=1)
@@ -326,6 +352,7 @@ async def test_mixed_loopback_group_end_to_end(coord: Coordinator, connect: Conn
 
 
 # -- key-value store and barriers --------------------------------------------------------------
+
 
 async def test_kv_store(coord: Coordinator, connect: Connect) -> None:
     a, b = await connect(), await connect()
@@ -364,6 +391,7 @@ async def test_barrier_and_its_timeout(connect: Connect) -> None:
 
 # -- lifecycle ---------------------------------------------------------------------------------
 
+
 async def test_member_lost_event_and_barrier_fails_fast(connect: Connect) -> None:
     clients = [await connect() for _ in range(3)]
     await join_all(clients, "g", ["a", "b", "c"])
@@ -393,8 +421,7 @@ async def test_silent_member_is_dropped_after_missed_heartbeats(coord: Coordinat
     healthy = await connect(heartbeat=0.1)
     mute = await RpcClient.connect(coord.address, hello={"heartbeat": 0.05})  # promises pings, never sends
     try:
-        params = {"group": "g", "world_size": 2, "rank": 1, "member_id": "mute", "listen_port": 1,
-                  "timeout": 2}
+        params = {"group": "g", "world_size": 2, "rank": 1, "member_id": "mute", "listen_port": 1, "timeout": 2}
         mute_join = asyncio.create_task(mute.call("join", params))
         await healthy.join("g", world_size=2, rank=0, member_id="ok", timeout=2)
         await mute_join
@@ -478,9 +505,13 @@ async def test_client_gives_up_on_a_coordinator_that_stops_answering() -> None:
 
 def test_wire_values_are_plain_msgpack() -> None:
     # JoinResult.from_wire accepts what the coordinator sends
-    raw = {"rank": 1, "world_size": 2, "generation": 3, "session": "ab",
-           "peers": [{"rank": 0, "host": "h", "port": 1, "member_id": "m"}]}
+    raw = {
+        "rank": 1,
+        "world_size": 2,
+        "generation": 3,
+        "session": "ab",
+        "peers": [{"rank": 0, "host": "h", "port": 1, "member_id": "m"}],
+    }
     assert JoinResult.from_wire(msgpack.unpackb(msgpack.packb(raw))).peers == (Peer(0, "h", 1, "m"),)
     with pytest.raises(RendezvousError, match="malformed join result"):
         JoinResult.from_wire({"rank": 1})
-

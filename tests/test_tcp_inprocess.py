@@ -25,25 +25,33 @@ pytestmark = pytest.mark.tcp
 
 
 @contextlib.asynccontextmanager
-async def world(n: int, *, coord: netcoll.Coordinator | None = None, group: str = "default", first_host: int = 2,
-                **kw: Any) -> AsyncIterator[list[Communicator]]:
+async def world(
+    n: int, *, coord: netcoll.Coordinator | None = None, group: str = "default", first_host: int = 2, **kw: Any
+) -> AsyncIterator[list[Communicator]]:
     """``n`` connected ranks (sorted by rank) at ``coord`` (or a fresh coordinator)."""
     async with contextlib.AsyncExitStack() as stack:
         if coord is None:
             coord = await stack.enter_async_context(netcoll.Coordinator(token=kw.get("token")))
 
         async def one(i: int) -> Communicator:
-            return await stack.enter_async_context(netcoll.connect(
-                coord.address, world_size=n, group=group, local_host=f"127.0.0.{first_host + i}",
-                timeout=15, **kw))
+            return await stack.enter_async_context(
+                netcoll.connect(
+                    coord.address, world_size=n, group=group, local_host=f"127.0.0.{first_host + i}", timeout=15, **kw
+                )
+            )
 
         async with asyncio.timeout(20):
             comms = await asyncio.gather(*(one(i) for i in range(n)))
         yield sorted(comms, key=lambda c: c.rank)
 
 
-async def each(comms: list[Communicator], fn: Callable[[Communicator], Awaitable[Any]], *,
-               limit: float = 30.0, settled: bool = False) -> list[Any]:
+async def each(
+    comms: list[Communicator],
+    fn: Callable[[Communicator], Awaitable[Any]],
+    *,
+    limit: float = 30.0,
+    settled: bool = False,
+) -> list[Any]:
     async with asyncio.timeout(limit):
         return list(await asyncio.gather(*(fn(c) for c in comms), return_exceptions=settled))
 
@@ -108,6 +116,7 @@ async def test_collective_set_over_tcp(n: int) -> None:
 
 async def test_several_groups_at_one_coordinator() -> None:
     async with netcoll.Coordinator() as coord:
+
         async def group_run(name: str, n: int, first: int) -> list[Any]:
             async with world(n, coord=coord, group=name, first_host=first) as comms:
                 return await each(comms, lambda c: c.all_reduce(np.full(100, c.rank + 1, np.int64)))
@@ -119,10 +128,14 @@ async def test_several_groups_at_one_coordinator() -> None:
 
 async def test_concurrent_collectives_on_one_group() -> None:
     async with world(4, segment_bytes=8192) as comms:
+
         async def body(c: Communicator) -> list[Any]:
             xs = [np.full(5000 * (i + 1), c.rank + i, np.float64) for i in range(5)]
-            return await asyncio.gather(*(c.all_reduce(x) for x in xs), c.all_gather(np.array([c.rank] * 3)),
-                                        c.all_reduce(np.ones(300_000, np.float32), algorithm="ring"))
+            return await asyncio.gather(
+                *(c.all_reduce(x) for x in xs),
+                c.all_gather(np.array([c.rank] * 3)),
+                c.all_reduce(np.ones(300_000, np.float32), algorithm="ring"),
+            )
 
         res = await each(comms, body)
     for r in res:
@@ -134,6 +147,7 @@ async def test_concurrent_collectives_on_one_group() -> None:
 
 async def test_split_over_tcp() -> None:
     async with world(5) as comms:
+
         async def body(c: Communicator) -> tuple[int, int, int, int]:
             sub = await c.split(c.rank % 2, key=c.rank)
             assert sub is not None
@@ -148,8 +162,10 @@ async def test_split_over_tcp() -> None:
 
 # -- bad clients on a rank's peer port ---------------------------------------------------------
 
-async def raw_client(address: tuple[str, int], script: Callable[[dict[str, Any]], list[bytes]], *,
-                     limit: float) -> list[tuple[Kind, dict[str, Any]]]:
+
+async def raw_client(
+    address: tuple[str, int], script: Callable[[dict[str, Any]], list[bytes]], *, limit: float
+) -> list[tuple[Kind, dict[str, Any]]]:
     """Connect, read the CHALLENGE, send ``script(challenge_header)``, and return
     every frame received until the server closes the connection."""
     reader, writer = await asyncio.open_connection(*address)
@@ -201,8 +217,7 @@ async def test_bad_clients_on_the_peer_port(monkeypatch: pytest.MonkeyPatch) -> 
         dup = raw_client(address, lambda ch: hello(ch, token=token, session=session, rank=2), limit=5)
         # an authenticated HELLO for a session this rank does not run: refused once the
         # listener has waited (SESSION_WAIT) for that session to be registered
-        unknown = raw_client(address, lambda ch: hello(ch, token=token, session="no-such-session", rank=2),
-                             limit=6)
+        unknown = raw_client(address, lambda ch: hello(ch, token=token, session="no-such-session", rank=2), limit=6)
         bad = asyncio.gather(garbage, wrong, no_proof, bad_rank, dup, unknown)
 
         async def keep_working(c: Communicator) -> int:  # the ranks keep running collectives meanwhile
@@ -237,8 +252,9 @@ async def test_unauthenticated_client_cannot_send_big_frames() -> None:
         address = comms[0].transport.listener.address
 
         def big(ch: dict[str, Any]) -> list[bytes]:
-            head = encode_header(Kind.HELLO, {"role": "peer", "nonce": b"x" * 16, "session": "s", "rank": 1},
-                                 payload_len=1 << 30)
+            head = encode_header(
+                Kind.HELLO, {"role": "peer", "nonce": b"x" * 16, "session": "s", "rank": 1}, payload_len=1 << 30
+            )
             return [head]
 
         frames = await raw_client(address, big, limit=5)
@@ -248,6 +264,7 @@ async def test_unauthenticated_client_cannot_send_big_frames() -> None:
 
 
 # -- deadlines and cancellation ---------------------------------------------------------------
+
 
 async def test_deadline_names_the_rank_that_never_called() -> None:
     async with world(3) as comms:
@@ -338,10 +355,12 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 async def run_example(*args: str, limit: float = 60) -> tuple[int, str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(EXAMPLES),
-                                                                     os.environ.get("PYTHONPATH")])))
-    proc = await asyncio.create_subprocess_exec(sys.executable, *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE, env=env)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(EXAMPLES), os.environ.get("PYTHONPATH")]))
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
     try:
         async with asyncio.timeout(limit):
             out, err = await proc.communicate()
@@ -356,8 +375,15 @@ async def test_local_cluster_example() -> None:
     rc, out, err = await run_example(os.path.join(EXAMPLES, "local_cluster.py"), "--ranks", "3")
     assert rc == 0, out + err
     assert "all checks passed: 3 ranks" in out, out
-    for name in ("all_reduce sum float32", "broadcast", "reduce_scatter", "all_to_all (uneven list)",
-                 "send / recv", "barrier", "all_reduce bit-identical"):
+    for name in (
+        "all_reduce sum float32",
+        "broadcast",
+        "reduce_scatter",
+        "all_to_all (uneven list)",
+        "send / recv",
+        "barrier",
+        "all_reduce bit-identical",
+    ):
         assert any(line.startswith(name) and " OK " in line + " " for line in out.splitlines()), (name, out)
     assert "all_reduce 16 MiB" in out
 

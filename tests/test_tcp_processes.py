@@ -74,8 +74,9 @@ async def run_ranks(
     results = []
     for p, (out, err) in zip(procs, outs, strict=True):
         lines = out.decode().strip().splitlines()
-        results.append({"returncode": p.returncode, "stderr": err.decode()[-3000:],
-                        **(json.loads(lines[-1]) if lines else {})})
+        results.append(
+            {"returncode": p.returncode, "stderr": err.decode()[-3000:], **(json.loads(lines[-1]) if lines else {})}
+        )
     return results
 
 

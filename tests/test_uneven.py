@@ -23,8 +23,6 @@ def dt_id(d: object) -> str:
     return "bfloat16" if d is BFLOAT16 else np.dtype(d).name
 
 
-
-
 def data(seed: int, shape: tuple[int, ...], dtype: object) -> np.ndarray:
     return np.asarray(rank_data(seed, shape, dtype))  # 0-d: an array, not a numpy scalar
 
@@ -61,8 +59,10 @@ async def test_all_to_all_list(n: int, dtype: object) -> None:
 async def test_all_to_all_list_big_and_noncontiguous() -> None:
     n = 3
     rng = np.random.default_rng(1)
-    big = [[rng.standard_normal((200 + 1000 * i + 37 * j, 3)).astype(np.float64)[:, ::2] for j in range(n)]
-           for i in range(n)]  # non-contiguous views
+    big = [
+        [rng.standard_normal((200 + 1000 * i + 37 * j, 3)).astype(np.float64)[:, ::2] for j in range(n)]
+        for i in range(n)
+    ]  # non-contiguous views
     res = await run_world(n, lambda c: c.all_to_all(tuple(big[c.rank])), segment_bytes=4096)
     for r in range(n):
         for j in range(n):
@@ -76,8 +76,9 @@ async def test_scatter_list(n: int, dtype: object) -> None:
     for root in sorted({0, n - 1}):
         blocks = [data(100 + k, shape_for(k, root), dtype) for k in range(n)]
         keep = [b.copy() for b in blocks]
-        res = await run_world(n, lambda c, b=blocks, root=root: c.scatter(b if c.rank == root else None, root=root),
-                              segment_bytes=3)
+        res = await run_world(
+            n, lambda c, b=blocks, root=root: c.scatter(b if c.rank == root else None, root=root), segment_bytes=3
+        )
         for r in range(n):
             same(res[r], keep[r])
         for b, k in zip(blocks, keep, strict=True):
@@ -140,8 +141,10 @@ async def test_reduce_scatter_list(n: int, dtype: object) -> None:
     for op in valid_ops(dtype):
         xs = [[data(i * 31 + j, shapes[j], dtype) for j in range(n)] for i in range(n)]
         if op is ReduceOp.PROD and np.dtype(dtype).kind != "b":
-            xs = [[np.asarray(np.clip(a.real if np.dtype(dtype).kind == "c" else a, -2, 2).astype(dtype)) for a in row]
-                  for row in xs]
+            xs = [
+                [np.asarray(np.clip(a.real if np.dtype(dtype).kind == "c" else a, -2, 2).astype(dtype)) for a in row]
+                for row in xs
+            ]
         keep = [[a.copy() for a in row] for row in xs]
         res = await run_world(n, lambda c, xs=xs, op=op: c.reduce_scatter(xs[c.rank], op=op), segment_bytes=6)
         for r in range(n):
@@ -157,12 +160,10 @@ async def test_reduce_scatter_list_floats_deterministic_and_big() -> None:
     rng = np.random.default_rng(5)
     shapes = [(5000,), (0,), (123, 7), (65537,)]
     xs = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(n)]
-    runs = [await run_world(n, lambda c: c.reduce_scatter(xs[c.rank], op="sum"), segment_bytes=4096)
-            for _ in range(2)]
+    runs = [await run_world(n, lambda c: c.reduce_scatter(xs[c.rank], op="sum"), segment_bytes=4096) for _ in range(2)]
     for r in range(n):
         assert runs[0][r].tobytes() == runs[1][r].tobytes()
-        np.testing.assert_allclose(runs[0][r], sum(xs[i][r].astype(np.float64) for i in range(n)),
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(runs[0][r], sum(xs[i][r].astype(np.float64) for i in range(n)), rtol=1e-5, atol=1e-5)
         same(runs[0][r], documented_order(ReduceOp.SUM, [xs[i][r] for i in range(n)], r))
     avg = await run_world(n, lambda c: c.reduce_scatter(xs[c.rank], op="avg"))
     for r in range(n):
@@ -171,26 +172,30 @@ async def test_reduce_scatter_list_floats_deterministic_and_big() -> None:
 
 # -- argument checks: raised on the caller before any byte is sent -------------------
 
+
 def _untouched(hub: MemoryHub) -> bool:
     return all(t.frames_sent == 0 for t in hub.transports)
 
 
-@pytest.mark.parametrize("call", [
-    lambda c: c.all_to_all([np.zeros(2)] * 2),                              # wrong length
-    lambda c: c.all_to_all([np.zeros(2, np.float32), np.zeros(2), np.zeros(2)]),  # mixed dtypes
-    lambda c: c.all_to_all([np.zeros(2), None, np.zeros(1)]),              # not an array
-    lambda c: c.all_to_all([np.zeros(2)] * 3, algorithm="ring"),
-    lambda c: c.scatter([np.zeros(1)] * 4),
-    lambda c: c.scatter([np.zeros(1, np.int8), np.zeros(1), np.zeros(1)]),
-    lambda c: c.reduce_scatter([np.zeros(1)] * 2),
-    lambda c: c.reduce_scatter([np.zeros(1, np.int32), np.zeros(1), np.zeros(1)]),
-    lambda c: c.reduce_scatter([np.zeros(1)] * 3, op="band"),              # op x dtype
-    lambda c: c.reduce_scatter([np.zeros(1)] * 3, algorithm="ring"),
-    lambda c: c.gather(np.zeros(1), uneven=1),
-    lambda c: c.all_gather(np.zeros(1), uneven="yes"),
-    lambda c: c.all_gather(np.zeros(1), uneven=True, algorithm="doubling"),
-    lambda c: c.gather(np.zeros(1), uneven=True, algorithm="tree"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.all_to_all([np.zeros(2)] * 2),  # wrong length
+        lambda c: c.all_to_all([np.zeros(2, np.float32), np.zeros(2), np.zeros(2)]),  # mixed dtypes
+        lambda c: c.all_to_all([np.zeros(2), None, np.zeros(1)]),  # not an array
+        lambda c: c.all_to_all([np.zeros(2)] * 3, algorithm="ring"),
+        lambda c: c.scatter([np.zeros(1)] * 4),
+        lambda c: c.scatter([np.zeros(1, np.int8), np.zeros(1), np.zeros(1)]),
+        lambda c: c.reduce_scatter([np.zeros(1)] * 2),
+        lambda c: c.reduce_scatter([np.zeros(1, np.int32), np.zeros(1), np.zeros(1)]),
+        lambda c: c.reduce_scatter([np.zeros(1)] * 3, op="band"),  # op x dtype
+        lambda c: c.reduce_scatter([np.zeros(1)] * 3, algorithm="ring"),
+        lambda c: c.gather(np.zeros(1), uneven=1),
+        lambda c: c.all_gather(np.zeros(1), uneven="yes"),
+        lambda c: c.all_gather(np.zeros(1), uneven=True, algorithm="doubling"),
+        lambda c: c.gather(np.zeros(1), uneven=True, algorithm="tree"),
+    ],
+)
 async def test_bad_arguments_fail_before_sending(call) -> None:  # type: ignore[no-untyped-def]
     hub, comms = memory_world(3)
     with pytest.raises((TypeError, ValueError)):
@@ -203,45 +208,54 @@ async def test_bad_arguments_fail_before_sending(call) -> None:  # type: ignore[
 
 async def run_on(comms: list[Communicator], fn):  # type: ignore[no-untyped-def]
     import asyncio
+
     async with asyncio.timeout(10):
         return await asyncio.gather(*(fn(c) for c in comms))
 
 
 # -- mismatches between ranks --------------------------------------------------------
 
+
 async def test_list_vs_array_all_to_all_is_a_mismatch() -> None:
-    res = await run_world_settled(2, lambda c: c.all_to_all(
-        [np.zeros(1), np.zeros(1)] if c.rank == 0 else np.zeros((2, 1))), limit=10)
+    res = await run_world_settled(
+        2, lambda c: c.all_to_all([np.zeros(1), np.zeros(1)] if c.rank == 0 else np.zeros((2, 1))), limit=10
+    )
     for r in res:
         assert isinstance(r, MismatchError), r
         assert "list of float64" in str(r) and "float64[2,1]" in str(r)
 
 
 async def test_reduce_scatter_list_shape_disagreement_is_a_mismatch() -> None:
-    res = await run_world_settled(3, lambda c: c.reduce_scatter(
-        [np.zeros(2), np.zeros(3 + (c.rank == 2)), np.zeros(1)]), limit=10)
+    res = await run_world_settled(
+        3, lambda c: c.reduce_scatter([np.zeros(2), np.zeros(3 + (c.rank == 2)), np.zeros(1)]), limit=10
+    )
     for r in res:
         assert isinstance(r, MismatchError), r
 
 
 async def test_uneven_gather_dtype_disagreement_is_a_mismatch() -> None:
-    res = await run_world_settled(3, lambda c: c.all_gather(
-        np.zeros(c.rank, np.float32 if c.rank else np.float64), uneven=True), limit=10)
+    res = await run_world_settled(
+        3, lambda c: c.all_gather(np.zeros(c.rank, np.float32 if c.rank else np.float64), uneven=True), limit=10
+    )
     for r in res:
         assert isinstance(r, MismatchError), r
         assert "float32[uneven]" in str(r) and "float64[uneven]" in str(r)
 
 
-@pytest.mark.parametrize("call", [
-    lambda c: c.all_reduce(np.ones(1000)),
-    lambda c: c.broadcast(np.ones(10) if c.rank == 0 else None),
-    lambda c: c.all_to_all([np.ones(5)] * c.world_size),
-    lambda c: c.scatter(np.ones((2, 3)) if c.rank == 0 else None),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.all_reduce(np.ones(1000)),
+        lambda c: c.broadcast(np.ones(10) if c.rank == 0 else None),
+        lambda c: c.all_to_all([np.ones(5)] * c.world_size),
+        lambda c: c.scatter(np.ones((2, 3)) if c.rank == 0 else None),
+    ],
+)
 async def test_different_segment_bytes_is_a_mismatch(call) -> None:  # type: ignore[no-untyped-def]
     hub = MemoryHub(2)
     comms = [Communicator(t, segment_bytes=s) for t, s in zip(hub.transports, (64, 128), strict=True)]
     import asyncio
+
     async with asyncio.timeout(10):
         res = await asyncio.gather(*(call(c) for c in comms), return_exceptions=True)
     for rank, r in enumerate(res):
@@ -259,11 +273,11 @@ async def test_lists_of_equal_rows_match_the_array_forms_bitwise(n: int) -> None
     """A list of the rows of an array gives the array form's result, bit for bit
     (reduce_scatter: the pairwise list algorithm folds in the ring's order)."""
     rng = np.random.default_rng(n)
-    xs = [(rng.standard_normal((n, 999)) * 10.0 ** rng.integers(-3, 3, (n, 999))).astype(np.float32)
-          for _ in range(n)]
+    xs = [(rng.standard_normal((n, 999)) * 10.0 ** rng.integers(-3, 3, (n, 999))).astype(np.float32) for _ in range(n)]
     for op in ("sum", "prod", "min", "max", "avg"):
-        ring = await run_world(n, lambda c, op=op: c.reduce_scatter(xs[c.rank], op=op, algorithm="ring"),
-                               segment_bytes=512)
+        ring = await run_world(
+            n, lambda c, op=op: c.reduce_scatter(xs[c.rank], op=op, algorithm="ring"), segment_bytes=512
+        )
         lst = await run_world(n, lambda c, op=op: c.reduce_scatter(list(xs[c.rank]), op=op), segment_bytes=512)
         for r in range(n):
             same(lst[r], ring[r])

@@ -80,8 +80,13 @@ BROADCAST_CHAIN_MIN_BYTES: Final = 16 * 1024 * 1024
 BROADCAST_CHAIN_MIN_RANKS: Final = 4
 
 ALGORITHMS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
-    "all_reduce": {"ring": ring.all_reduce, "tree": tree.all_reduce, "doubling": doubling.all_reduce,
-                   "allpairs": allpairs.all_reduce, "halving": halving.all_reduce},
+    "all_reduce": {
+        "ring": ring.all_reduce,
+        "tree": tree.all_reduce,
+        "doubling": doubling.all_reduce,
+        "allpairs": allpairs.all_reduce,
+        "halving": halving.all_reduce,
+    },
     "broadcast": {"tree": tree.broadcast, "ring": ring.broadcast},
     "reduce": {"tree": tree.reduce, "ring": ring.reduce},
     "all_gather": {"ring": ring.all_gather, "doubling": doubling.all_gather},

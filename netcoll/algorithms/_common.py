@@ -138,7 +138,7 @@ def scratch(depth: int, count: int, dtype: Any) -> Iterator[list[np.ndarray]]:
     seg = count * dt.itemsize
     raw = SCRATCH_POOL.take(depth * seg)
     try:
-        yield [raw[i * seg:(i + 1) * seg].view(dt) for i in range(depth)]
+        yield [raw[i * seg : (i + 1) * seg].view(dt) for i in range(depth)]
     finally:
         SCRATCH_POOL.give(raw)
 
@@ -242,8 +242,15 @@ async def gather_all(tasks: Sequence[asyncio.Future[Any]]) -> list[Any]:
         raise
 
 
-async def exchange(ch: Channel, peer: int, step: int, send: np.ndarray | None, recv: np.ndarray | None,
-                   segment_bytes: int, fold: tuple[ReduceOp, np.ndarray, np.ndarray] | None = None) -> None:
+async def exchange(
+    ch: Channel,
+    peer: int,
+    step: int,
+    send: np.ndarray | None,
+    recv: np.ndarray | None,
+    segment_bytes: int,
+    fold: tuple[ReduceOp, np.ndarray, np.ndarray] | None = None,
+) -> None:
     """Send ``send`` to ``peer`` and/or receive ``recv`` from it, each cut into
     segments by its own size (the peer cuts the same sizes the same way), the
     receives posted before anything is sent. With ``fold = (op, acc, other)``
@@ -280,8 +287,14 @@ def power_of_two_below(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-async def fold_extra_ranks(ch: Channel, data: np.ndarray, op: ReduceOp, final_step: int, segment_bytes: int,
-                           core: Callable[[], Awaitable[None]]) -> None:
+async def fold_extra_ranks(
+    ch: Channel,
+    data: np.ndarray,
+    op: ReduceOp,
+    final_step: int,
+    segment_bytes: int,
+    core: Callable[[], Awaitable[None]],
+) -> None:
     """Run ``core`` (an all_reduce of ``data`` among the first ``P'`` ranks,
     ``P'`` the largest power of two ``<= P``, using steps ``1..final_step-1``)
     on any ``P``: each extra rank ``r >= P'`` first hands its data to
@@ -302,9 +315,17 @@ async def fold_extra_ranks(ch: Channel, data: np.ndarray, op: ReduceOp, final_st
         await exchange(ch, r + p2, final_step, data, None, segment_bytes)
 
 
-async def relay(ch: Channel, src: int | None, dsts: Sequence[int], buf: np.ndarray | None,
-                meta: dict[str, Any] | None, *, step: int, segment_bytes: int,
-                what: str = "broadcast") -> tuple[np.ndarray, dict[str, Any]]:
+async def relay(
+    ch: Channel,
+    src: int | None,
+    dsts: Sequence[int],
+    buf: np.ndarray | None,
+    meta: dict[str, Any] | None,
+    *,
+    step: int,
+    segment_bytes: int,
+    what: str = "broadcast",
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Receive one segmented message from ``src`` and forward every segment to
     each of ``dsts`` as soon as it has arrived (the pipelined core of the chain
     and tree broadcasts and of point-to-point messages).
@@ -343,8 +364,11 @@ async def relay(ch: Channel, src: int | None, dsts: Sequence[int], buf: np.ndarr
         segs = split(nbytes, num_segments(nbytes, segment_bytes))
         a, b = segs[0]
         if payload.nbytes != b - a:
-            raise MismatchError(f"{what}: segment 0 has {payload.nbytes} bytes, expected {b - a} "
-                                f"(ranks disagree on segment_bytes?)", ranks=(src,), **where(ch))
+            raise MismatchError(
+                f"{what}: segment 0 has {payload.nbytes} bytes, expected {b - a} (ranks disagree on segment_bytes?)",
+                ranks=(src,),
+                **where(ch),
+            )
         data[a:b] = np.frombuffer(payload, dtype=np.uint8)
         buf = data
         first = 1
@@ -367,8 +391,11 @@ async def relay(ch: Channel, src: int | None, dsts: Sequence[int], buf: np.ndarr
                 got_meta = m
                 nbytes = _nbytes_of(ch, got_meta, what)
                 if nbytes != data.nbytes:
-                    raise MismatchError(f"{what}: rank {src} sends {nbytes} bytes but this rank's buffer "
-                                        f"has {data.nbytes}", ranks=(src, ch.rank), **where(ch))
+                    raise MismatchError(
+                        f"{what}: rank {src} sends {nbytes} bytes but this rank's buffer has {data.nbytes}",
+                        ranks=(src, ch.rank),
+                        **where(ch),
+                    )
             a, b = segs[j]
             for d in dsts:
                 await ch.send(d, data[a:b], step=step, chunk=j, meta=got_meta if j == 0 else None)
@@ -379,6 +406,5 @@ async def relay(ch: Channel, src: int | None, dsts: Sequence[int], buf: np.ndarr
 def _nbytes_of(ch: Channel, meta: dict[str, Any] | None, what: str) -> int:
     n = None if meta is None else meta.get("nbytes")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise MismatchError(f"{what}: the first segment carries no valid meta['nbytes'] ({meta!r})",
-                            **where(ch))
+        raise MismatchError(f"{what}: the first segment carries no valid meta['nbytes'] ({meta!r})", **where(ch))
     return n

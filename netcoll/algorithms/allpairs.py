@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["all_reduce"]
 
 
-async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
-                     segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def all_reduce(
+    ch: Channel, buf: np.ndarray, op: ReduceOp | str, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     """All-pairs all_reduce of ``buf`` in place (``avg`` left as a sum).
 
     Args:
@@ -49,8 +50,9 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
         return
     segs = split(data.size, num_segments(data.nbytes, segment_bytes))
     parts = {p: (data if p == r else np.empty_like(data)) for p in range(P)}
-    posted = [ch.post(p, step=0, chunk=j, out=parts[p][a:b])
-              for p in range(P) if p != r for j, (a, b) in enumerate(segs)]
+    posted = [
+        ch.post(p, step=0, chunk=j, out=parts[p][a:b]) for p in range(P) if p != r for j, (a, b) in enumerate(segs)
+    ]
     for k in range(1, P):
         for j, (a, b) in enumerate(segs):
             await ch.send((r + k) % P, data[a:b], step=0, chunk=j)

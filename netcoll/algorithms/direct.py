@@ -65,8 +65,9 @@ def _blocks(ch: Channel, block: int, whole: np.ndarray, name: str) -> None:
         raise ValueError(f"{name} has {whole.nbytes} bytes, not {ch.size} blocks of {block}")
 
 
-async def gather(ch: Channel, send: np.ndarray, recv: np.ndarray | None, root: int, *,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def gather(
+    ch: Channel, send: np.ndarray, recv: np.ndarray | None, root: int, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     """Direct gather: the root's ``recv`` block ``k`` = rank ``k``'s ``send``.
 
     Args:
@@ -90,14 +91,14 @@ async def gather(ch: Channel, send: np.ndarray, recv: np.ndarray | None, root: i
         raise ValueError("gather: the root must pass a recv buffer")
     whole = as_u8(recv, "recv")
     _blocks(ch, block, whole, "gather recv")
-    whole[root * block:(root + 1) * block] = mine
+    whole[root * block : (root + 1) * block] = mine
     peers = [(root + k) % P for k in range(1, P)]
     n = len(peers)
 
     def plan(i: int) -> tuple[int, int, int, np.ndarray]:
         j, k = divmod(i, n)
         a, b = segs[j]
-        return peers[k], 0, j, whole[peers[k] * block + a:peers[k] * block + b]
+        return peers[k], 0, j, whole[peers[k] * block + a : peers[k] * block + b]
 
     async with RecvWindow(ch, plan, n * len(segs), RELAY_WINDOW * n) as window:
         await window.start()
@@ -105,8 +106,9 @@ async def gather(ch: Channel, send: np.ndarray, recv: np.ndarray | None, root: i
             await window.get(i)
 
 
-async def scatter(ch: Channel, send: np.ndarray | None, recv: np.ndarray, root: int, *,
-                  segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def scatter(
+    ch: Channel, send: np.ndarray | None, recv: np.ndarray, root: int, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     """Direct scatter: ``recv`` = block ``ch.rank`` of the root's ``send``.
 
     Args:
@@ -125,11 +127,11 @@ async def scatter(ch: Channel, send: np.ndarray | None, recv: np.ndarray, root: 
             raise ValueError("scatter: the root must pass a send buffer")
         whole = as_u8(send, "send", writeable=False)
         _blocks(ch, block, whole, "scatter send")
-        mine[:] = whole[root * block:(root + 1) * block]
+        mine[:] = whole[root * block : (root + 1) * block]
         for j, (a, b) in enumerate(segs):
             for k in range(1, P):
                 peer = (root + k) % P
-                await ch.send(peer, whole[peer * block + a:peer * block + b], step=0, chunk=j)
+                await ch.send(peer, whole[peer * block + a : peer * block + b], step=0, chunk=j)
         return
 
     def plan(j: int) -> tuple[int, int, int, np.ndarray]:
@@ -142,8 +144,15 @@ async def scatter(ch: Channel, send: np.ndarray | None, recv: np.ndarray, root: 
             await window.get(j)
 
 
-async def send_message(ch: Channel, peer: int, data: np.ndarray, *, meta: dict[str, Any] | None = None,
-                       step: int = 0, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> dict[str, Any]:
+async def send_message(
+    ch: Channel,
+    peer: int,
+    data: np.ndarray,
+    *,
+    meta: dict[str, Any] | None = None,
+    step: int = 0,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> dict[str, Any]:
     """Send ``data`` (any C-contiguous array) to ``peer`` in segments.
 
     Returns:
@@ -154,8 +163,9 @@ async def send_message(ch: Channel, peer: int, data: np.ndarray, *, meta: dict[s
     return sent
 
 
-async def recv_message(ch: Channel, peer: int, out: np.ndarray | None = None, *, step: int = 0,
-                       segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
+async def recv_message(
+    ch: Channel, peer: int, out: np.ndarray | None = None, *, step: int = 0, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Receive one :func:`send_message` from ``peer``.
 
     Args:
@@ -180,8 +190,14 @@ def _own(block: np.ndarray, meta: dict[str, Any] | None, name: str) -> Message:
     return data.copy(), dict(meta or {}, nbytes=data.nbytes)
 
 
-async def gather_list(ch: Channel, block: np.ndarray, root: int, *, meta: dict[str, Any] | None = None,
-                      segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> list[Message] | None:
+async def gather_list(
+    ch: Channel,
+    block: np.ndarray,
+    root: int,
+    *,
+    meta: dict[str, Any] | None = None,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> list[Message] | None:
     """Direct gather of blocks of any (per-rank different) byte size.
 
     Args:
@@ -210,9 +226,14 @@ async def gather_list(ch: Channel, block: np.ndarray, root: int, *, meta: dict[s
     return out  # type: ignore[return-value]
 
 
-async def scatter_list(ch: Channel, blocks: Sequence[np.ndarray] | None, root: int, *,
-                       metas: Sequence[dict[str, Any] | None] | None = None,
-                       segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Message:
+async def scatter_list(
+    ch: Channel,
+    blocks: Sequence[np.ndarray] | None,
+    root: int,
+    *,
+    metas: Sequence[dict[str, Any] | None] | None = None,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> Message:
     """Direct scatter of blocks of any (per-rank different) byte size.
 
     Args:
@@ -232,8 +253,9 @@ async def scatter_list(ch: Channel, blocks: Sequence[np.ndarray] | None, root: i
     if r != root:
         return await recv_message(ch, root, segment_bytes=segment_bytes)
     if blocks is None or len(blocks) != P:
-        raise ValueError(f"scatter_list: the root must pass {P} blocks, got "
-                         f"{'None' if blocks is None else len(blocks)}")
+        raise ValueError(
+            f"scatter_list: the root must pass {P} blocks, got {'None' if blocks is None else len(blocks)}"
+        )
     if metas is None:
         metas = [None] * P
     if len(metas) != P:

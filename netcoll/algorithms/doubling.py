@@ -68,8 +68,9 @@ __all__ = ["all_gather", "all_reduce", "barrier"]
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
-async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
-                     segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def all_reduce(
+    ch: Channel, buf: np.ndarray, op: ReduceOp | str, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     """Recursive-doubling all_reduce of ``buf`` in place (``avg`` left as a sum).
 
     Args:
@@ -105,6 +106,7 @@ async def barrier(ch: Channel, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) ->
     P, r = ch.size, ch.rank
     dist, step = 1, 0
     while dist < P:
+
         def plan(_: int, src: int = (r - dist) % P, step: int = step) -> tuple[int, int, int, None]:
             return src, step, 0, None
 

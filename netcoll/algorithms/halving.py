@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["all_reduce"]
 
 
-async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
-                     segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def all_reduce(
+    ch: Channel, buf: np.ndarray, op: ReduceOp | str, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     """Halving-doubling all_reduce of ``buf`` in place (``avg`` left as a sum).
 
     Args:
@@ -58,21 +59,22 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
                 partner = r ^ (p2 >> (i + 1))
                 mid = lo + (hi - lo) // 2
                 keep, give = ((lo, mid), (mid, hi)) if r < partner else ((mid, hi), (lo, mid))
-                other = tmp[:keep[1] - keep[0]]
-                await exchange(ch, partner, 1 + i, data[give[0]:give[1]], other, segment_bytes)
-                mine = data[keep[0]:keep[1]]
+                other = tmp[: keep[1] - keep[0]]
+                await exchange(ch, partner, 1 + i, data[give[0] : give[1]], other, segment_bytes)
+                mine = data[keep[0] : keep[1]]
                 if r < partner:
-                    reduce_into(op, mine, other)       # mine op theirs
+                    reduce_into(op, mine, other)  # mine op theirs
                 else:
-                    reduce_to(op, mine, other, mine)   # theirs op mine
+                    reduce_to(op, mine, other, mine)  # theirs op mine
                 ranges.append((lo, hi, mid))
                 lo, hi = keep
         for i in reversed(range(rounds)):  # all-gather: retrace the rounds
             partner = r ^ (p2 >> (i + 1))
             plo, phi, mid = ranges[i]
             theirs = (mid, phi) if r < partner else (plo, mid)
-            await exchange(ch, partner, 1 + rounds + (rounds - 1 - i), data[lo:hi], data[theirs[0]:theirs[1]],
-                           segment_bytes)
+            await exchange(
+                ch, partner, 1 + rounds + (rounds - 1 - i), data[lo:hi], data[theirs[0] : theirs[1]], segment_bytes
+            )
             lo, hi = plo, phi
 
     await fold_extra_ranks(ch, data, op, 2 * rounds + 1, segment_bytes, core)

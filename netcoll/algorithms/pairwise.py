@@ -75,8 +75,9 @@ __all__ = ["all_gather_list", "all_to_all", "all_to_all_list", "reduce_scatter_l
 Message = tuple[np.ndarray, dict[str, Any]]
 
 
-async def all_to_all(ch: Channel, send: np.ndarray, recv: np.ndarray, *,
-                     segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def all_to_all(
+    ch: Channel, send: np.ndarray, recv: np.ndarray, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     """Pairwise all_to_all: ``recv`` block ``j`` = rank ``j``'s ``send`` block ``ch.rank``.
 
     Args:
@@ -89,12 +90,14 @@ async def all_to_all(ch: Channel, send: np.ndarray, recv: np.ndarray, *,
     dst_buf = as_u8(recv, "recv")
     P, r = ch.size, ch.rank
     if src_buf.nbytes != dst_buf.nbytes or src_buf.nbytes % P:
-        raise ValueError(f"all_to_all: send ({src_buf.nbytes} bytes) and recv ({dst_buf.nbytes} bytes) "
-                         f"must be {P} equal blocks of the same size")
+        raise ValueError(
+            f"all_to_all: send ({src_buf.nbytes} bytes) and recv ({dst_buf.nbytes} bytes) "
+            f"must be {P} equal blocks of the same size"
+        )
     if np.may_share_memory(src_buf, dst_buf) and src_buf.nbytes:
         raise ValueError("all_to_all: send and recv must not overlap")
     block = src_buf.nbytes // P
-    dst_buf[r * block:(r + 1) * block] = src_buf[r * block:(r + 1) * block]
+    dst_buf[r * block : (r + 1) * block] = src_buf[r * block : (r + 1) * block]
     if P == 1:
         return
     segs = split(block, num_segments(block, segment_bytes))
@@ -104,21 +107,25 @@ async def all_to_all(ch: Channel, send: np.ndarray, recv: np.ndarray, *,
         k, j = divmod(i, S)
         peer = (r - k - 1) % P
         a, b = segs[j]
-        return peer, k + 1, j, dst_buf[peer * block + a:peer * block + b]
+        return peer, k + 1, j, dst_buf[peer * block + a : peer * block + b]
 
     async with RecvWindow(ch, plan, (P - 1) * S, 2 * S) as window:
         await window.start()
         for k in range(1, P):
             peer = (r + k) % P
             for j, (a, b) in enumerate(segs):
-                await ch.send(peer, src_buf[peer * block + a:peer * block + b], step=k, chunk=j)
+                await ch.send(peer, src_buf[peer * block + a : peer * block + b], step=k, chunk=j)
             for j in range(S):
                 await window.get((k - 1) * S + j)
 
 
-async def all_to_all_list(ch: Channel, blocks: Sequence[np.ndarray], *,
-                          metas: Sequence[dict[str, Any] | None] | None = None,
-                          segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> list[Message]:
+async def all_to_all_list(
+    ch: Channel,
+    blocks: Sequence[np.ndarray],
+    *,
+    metas: Sequence[dict[str, Any] | None] | None = None,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> list[Message]:
     """Pairwise all_to_all of blocks of any byte size (``alltoallv``).
 
     Args:
@@ -158,16 +165,23 @@ async def all_to_all_list(ch: Channel, blocks: Sequence[np.ndarray], *,
                 tasks[k + 1] = post(k + 1)
             await asyncio.sleep(0)  # let the posted receives reach the mailbox
             peer = (r + k) % P
-            await send_message(ch, peer, datas[peer], meta=dict(metas[peer] or {}, nbytes=datas[peer].nbytes),
-                               step=k, segment_bytes=segment_bytes)
+            await send_message(
+                ch,
+                peer,
+                datas[peer],
+                meta=dict(metas[peer] or {}, nbytes=datas[peer].nbytes),
+                step=k,
+                segment_bytes=segment_bytes,
+            )
             out[(r - k) % P] = await tasks.pop(k)
     finally:
         await drain(tasks.values())
     return out  # type: ignore[return-value]
 
 
-async def all_gather_list(ch: Channel, block: np.ndarray, *, meta: dict[str, Any] | None = None,
-                          segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> list[Message]:
+async def all_gather_list(
+    ch: Channel, block: np.ndarray, *, meta: dict[str, Any] | None = None, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> list[Message]:
     """All_gather of blocks of any (per-rank different) byte size
     (``allgatherv``): :func:`all_to_all_list` with ``block`` sent to every rank.
 
@@ -177,8 +191,14 @@ async def all_gather_list(ch: Channel, block: np.ndarray, *, meta: dict[str, Any
     return await all_to_all_list(ch, [block] * ch.size, metas=[meta] * ch.size, segment_bytes=segment_bytes)
 
 
-async def reduce_scatter_list(ch: Channel, blocks: Sequence[np.ndarray], op: ReduceOp | str, out: np.ndarray, *,
-                              segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def reduce_scatter_list(
+    ch: Channel,
+    blocks: Sequence[np.ndarray],
+    op: ReduceOp | str,
+    out: np.ndarray,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> None:
     """Pairwise reduce_scatter of blocks of different sizes (``reduce_scatter_v``):
     ``out = op over ranks of blocks[ch.rank]``, reduced in the fixed order
     ``((x[r+1] op x[r+2]) op ...) op x[r]``.
@@ -224,7 +244,7 @@ async def reduce_scatter_list(ch: Channel, blocks: Sequence[np.ndarray], op: Red
         k, j = divmod(i, S)
         a, b = mine[j]
         # step k+1 brings rank r+k+1's contribution; the first lands in out
-        return (r + k + 1) % P, k + 1, j, dst[a:b] if k == 0 else scratch[i % depth][:b - a]
+        return (r + k + 1) % P, k + 1, j, dst[a:b] if k == 0 else scratch[i % depth][: b - a]
 
     async with RecvWindow(ch, plan, (P - 1) * S, depth) as window:
         await window.start()
@@ -238,5 +258,5 @@ async def reduce_scatter_list(ch: Channel, blocks: Sequence[np.ndarray], op: Red
                 await window.get(i)
                 if k > 1:
                     a, b = mine[j]
-                    reduce_into(op, dst[a:b], scratch[i % depth][:b - a])
+                    reduce_into(op, dst[a:b], scratch[i % depth][: b - a])
     reduce_into(op, dst, datas[r])

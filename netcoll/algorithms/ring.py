@@ -84,8 +84,14 @@ def _segments(bounds: list[tuple[int, int]], itemsize: int, segment_bytes: int) 
     return [[(a + s, a + e) for s, e in split(b - a, nseg)] for a, b in bounds]
 
 
-async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
-                     segment_bytes: int = DEFAULT_SEGMENT_BYTES, src: np.ndarray | None = None) -> None:
+async def all_reduce(
+    ch: Channel,
+    buf: np.ndarray,
+    op: ReduceOp | str,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    src: np.ndarray | None = None,
+) -> None:
     """Ring all_reduce of ``buf`` in place (``op`` folded with :func:`reduce_into`;
     ``avg`` is left as a sum for the caller to :func:`~netcoll.ops.finalize`).
 
@@ -112,8 +118,15 @@ async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
     await _ring(ch, data, op, segs, first=r, reduce_steps=P - 1, total_steps=2 * (P - 1), src=src)
 
 
-async def reduce(ch: Channel, buf: np.ndarray | None, op: ReduceOp | str, root: int, *,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, src: np.ndarray | None = None) -> None:
+async def reduce(
+    ch: Channel,
+    buf: np.ndarray | None,
+    op: ReduceOp | str,
+    root: int,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    src: np.ndarray | None = None,
+) -> None:
     """Ring reduce: a ring reduce-scatter of ``P`` nearly equal chunks (rank
     ``r`` ends with chunk ``r`` reduced), then every rank sends its chunk
     straight to ``root``. Bytes per rank: ``(P-1)/P N`` sent and reduced, plus
@@ -145,8 +158,12 @@ async def reduce(ch: Channel, buf: np.ndarray | None, op: ReduceOp | str, root: 
     data = None
     if r == root:
         data = flat(buf, "buf") if buf is not None else None
-        if data is None or data.dtype != src.dtype or data.size != src.size or (
-                data.size and np.may_share_memory(data, src)):
+        if (
+            data is None
+            or data.dtype != src.dtype
+            or data.size != src.size
+            or (data.size and np.may_share_memory(data, src))
+        ):
             raise ValueError("reduce: the root's buf must match src in size and dtype and not overlap it")
     if P == 1:
         if data is not None:
@@ -172,7 +189,7 @@ async def reduce(ch: Channel, buf: np.ndarray | None, op: ReduceOp | str, root: 
             with scratch(1, hi - lo, src.dtype) as (mine,):
                 await _reduce_scatter_chunks(ch, src, mine, op, chunks)
                 for j, (a, b) in enumerate(chunks[r]):
-                    await ch.send(root, mine[a - lo:b - lo], step=P - 1, chunk=j)
+                    await ch.send(root, mine[a - lo : b - lo], step=P - 1, chunk=j)
         for i in range(count):
             await finals.get(i)
 
@@ -193,8 +210,9 @@ async def all_gather(ch: Channel, buf: np.ndarray, *, segment_bytes: int = DEFAU
     await _ring(ch, data, None, segs, first=r, reduce_steps=0, total_steps=P - 1)
 
 
-async def reduce_scatter(ch: Channel, buf: np.ndarray, op: ReduceOp | str, out: np.ndarray, *,
-                         segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def reduce_scatter(
+    ch: Channel, buf: np.ndarray, op: ReduceOp | str, out: np.ndarray, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     """Ring reduce_scatter: ``out = op over ranks of block ch.rank of buf``.
 
     Args:
@@ -211,8 +229,7 @@ async def reduce_scatter(ch: Channel, buf: np.ndarray, op: ReduceOp | str, out: 
     check_op_dtype(op, dst.dtype)
     P = ch.size
     if data.size % P or dst.size != data.size // P:
-        raise ValueError(f"reduce_scatter: buf has {data.size} elements, not {P} blocks of "
-                         f"out's {dst.size}")
+        raise ValueError(f"reduce_scatter: buf has {data.size} elements, not {P} blocks of out's {dst.size}")
     if dst.dtype != data.dtype:
         raise TypeError(f"reduce_scatter: out is {dst.dtype} but buf is {data.dtype}")
     if dst.size and np.may_share_memory(dst, data):
@@ -225,16 +242,23 @@ async def reduce_scatter(ch: Channel, buf: np.ndarray, op: ReduceOp | str, out: 
     await _reduce_scatter_chunks(ch, data, dst, op, chunks)
 
 
-async def _reduce_scatter_chunks(ch: Channel, data: np.ndarray, dst: np.ndarray, op: ReduceOp,
-                                 chunks: list[list[tuple[int, int]]]) -> None:
+async def _reduce_scatter_chunks(
+    ch: Channel, data: np.ndarray, dst: np.ndarray, op: ReduceOp, chunks: list[list[tuple[int, int]]]
+) -> None:
     longest = max(b - a for chunk in chunks for a, b in chunk)
     depth = scratch_depth(len(chunks[0]) + 2, longest * data.itemsize)
     with scratch(depth, longest, data.dtype) as bufs:
         await _reduce_scatter_steps(ch, data, dst, op, chunks, bufs)
 
 
-async def _reduce_scatter_steps(ch: Channel, data: np.ndarray, dst: np.ndarray, op: ReduceOp,
-                                chunks: list[list[tuple[int, int]]], scratch: list[np.ndarray]) -> None:
+async def _reduce_scatter_steps(
+    ch: Channel,
+    data: np.ndarray,
+    dst: np.ndarray,
+    op: ReduceOp,
+    chunks: list[list[tuple[int, int]]],
+    scratch: list[np.ndarray],
+) -> None:
     """``chunks[c]``: the ``S`` segments (element bounds in ``data``) of block
     ``c``; blocks may differ in size. ``dst``: block ``ch.rank``'s size."""
     P, r, S, depth = ch.size, ch.rank, len(chunks[0]), len(scratch)
@@ -247,7 +271,7 @@ async def _reduce_scatter_steps(ch: Channel, data: np.ndarray, dst: np.ndarray, 
     def plan(i: int) -> tuple[int, int, int, np.ndarray]:
         t, j = divmod(i, S)
         a, b = chunks[(r - 2 - t) % P][j]
-        dest = dst[a - base:b - base] if t == P - 2 else scratch[i % depth][:b - a]
+        dest = dst[a - base : b - base] if t == P - 2 else scratch[i % depth][: b - a]
         return left, t, j, dest
 
     async with RecvWindow(ch, plan, (P - 1) * S, depth) as window:
@@ -265,8 +289,17 @@ async def _reduce_scatter_steps(ch: Channel, data: np.ndarray, dst: np.ndarray, 
                 await ch.send(right, acc, step=t + 1, chunk=j)
 
 
-async def _ring(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: list[list[tuple[int, int]]], *,
-                first: int, reduce_steps: int, total_steps: int, src: np.ndarray | None = None) -> None:
+async def _ring(
+    ch: Channel,
+    data: np.ndarray,
+    op: ReduceOp | None,
+    segs: list[list[tuple[int, int]]],
+    *,
+    first: int,
+    reduce_steps: int,
+    total_steps: int,
+    src: np.ndarray | None = None,
+) -> None:
     """The pipelined ring core: at step ``t`` send chunk ``first-t`` and
     receive chunk ``first-t-1``; steps below ``reduce_steps`` reduce the
     incoming segment into ``data`` (via scratch), later ones receive in place."""
@@ -277,13 +310,23 @@ async def _ring(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: list[l
     else:  # all destinations are distinct places in ``data``: no scratch to bound
         depth = max(S + 2, RELAY_WINDOW)
     with scratch(depth if reduce_steps else 0, longest, data.dtype) as bufs:
-        await _ring_steps(ch, data, op, segs, bufs, first, reduce_steps, total_steps, depth,
-                          data if src is None else src)
+        await _ring_steps(
+            ch, data, op, segs, bufs, first, reduce_steps, total_steps, depth, data if src is None else src
+        )
 
 
-async def _ring_steps(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: list[list[tuple[int, int]]],
-                      scratch: list[np.ndarray], first: int, reduce_steps: int, total_steps: int,
-                      depth: int, src: np.ndarray) -> None:
+async def _ring_steps(
+    ch: Channel,
+    data: np.ndarray,
+    op: ReduceOp | None,
+    segs: list[list[tuple[int, int]]],
+    scratch: list[np.ndarray],
+    first: int,
+    reduce_steps: int,
+    total_steps: int,
+    depth: int,
+    src: np.ndarray,
+) -> None:
     """``src``: where this rank's own contribution is read (``data`` itself, or
     the caller's input: each chunk is reduced at most once per rank, so it is
     read before ``data`` holds anything there)."""
@@ -295,7 +338,7 @@ async def _ring_steps(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: 
     def plan_reduce(i: int) -> tuple[int, int, int, np.ndarray]:
         t, j = divmod(i, S)
         a, b = segs[(first - t - 1) % P][j]
-        return left, t, j, scratch[i % depth][:b - a]
+        return left, t, j, scratch[i % depth][: b - a]
 
     def plan_gather(k: int) -> tuple[int, int, int, np.ndarray]:
         t, j = divmod(R + k, S)
@@ -307,8 +350,10 @@ async def _ring_steps(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: 
     # never has its segments buffered (and copied) here. Posting before the
     # first send is safe even for slots that still hold data to send: their
     # payload cannot exist before ours left.
-    async with RecvWindow(ch, plan_reduce, R, depth) as reduced, \
-            RecvWindow(ch, plan_gather, count - R, count - R) as in_place:
+    async with (
+        RecvWindow(ch, plan_reduce, R, depth) as reduced,
+        RecvWindow(ch, plan_gather, count - R, count - R) as in_place,
+    ):
         await reduced.start()
         await in_place.start()
         for i in range(count):
@@ -320,13 +365,19 @@ async def _ring_steps(ch: Channel, data: np.ndarray, op: ReduceOp | None, segs: 
             a, b = segs[(first - t - 1) % P][j]
             if t < reduce_steps:
                 assert op is not None
-                reduce_to(op, data[a:b], src[a:b], scratch[i % depth][:b - a])
+                reduce_to(op, data[a:b], src[a:b], scratch[i % depth][: b - a])
             if t + 1 < total_steps:
                 await ch.send(right, data[a:b], step=t + 1, chunk=j)
 
 
-async def broadcast(ch: Channel, buf: np.ndarray | None, root: int, meta: dict[str, Any] | None = None, *,
-                    segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
+async def broadcast(
+    ch: Channel,
+    buf: np.ndarray | None,
+    root: int,
+    meta: dict[str, Any] | None = None,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Pipelined chain broadcast ``root -> root+1 -> ... -> root+P-1``.
 
     Same contract as :func:`netcoll.algorithms.tree.broadcast`: the root's

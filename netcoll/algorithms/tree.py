@@ -86,8 +86,14 @@ def _links(ch: Channel, root: int) -> tuple[int | None, list[int]]:
     return (None if parent is None else (parent + root) % P), [(c + root) % P for c in children]
 
 
-async def broadcast(ch: Channel, buf: np.ndarray | None, root: int, meta: dict[str, Any] | None = None, *,
-                    segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> tuple[np.ndarray, dict[str, Any]]:
+async def broadcast(
+    ch: Channel,
+    buf: np.ndarray | None,
+    root: int,
+    meta: dict[str, Any] | None = None,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Pipelined binomial-tree broadcast of the root's ``buf``.
 
     Args:
@@ -107,8 +113,9 @@ async def broadcast(ch: Channel, buf: np.ndarray | None, root: int, meta: dict[s
     return await relay(ch, parent, children, buf, meta, step=0, segment_bytes=segment_bytes)
 
 
-async def reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, root: int, *,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def reduce(
+    ch: Channel, buf: np.ndarray, op: ReduceOp | str, root: int, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     """Binomial-tree reduce in place: the root's ``buf`` ends as the reduction
     (``avg`` left as a sum); other ranks' ``buf`` are used as scratch."""
     op = parse_op(op)
@@ -116,8 +123,9 @@ async def reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, root: int, *,
     await _reduce(ch, flat(buf), op, root, step=0, segment_bytes=segment_bytes)
 
 
-async def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp | str, *,
-                     segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+async def all_reduce(
+    ch: Channel, buf: np.ndarray, op: ReduceOp | str, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
     """Tree all_reduce in place: reduce to rank 0, then broadcast from it."""
     op = parse_op(op)
     data = flat(buf)
@@ -153,7 +161,7 @@ async def _reduce(ch: Channel, data: np.ndarray, op: ReduceOp, root: int, *, ste
         def plan(i: int) -> tuple[int, int, int, np.ndarray]:
             j, k = divmod(i, K)
             a, b = segs[j]
-            return kids[k], step, j, bufs[i % depth][:b - a]
+            return kids[k], step, j, bufs[i % depth][: b - a]
 
         async with RecvWindow(ch, plan, S * K, depth) as window:
             await window.start()
@@ -161,6 +169,6 @@ async def _reduce(ch: Channel, data: np.ndarray, op: ReduceOp, root: int, *, ste
                 j, k = divmod(i, K)
                 a, b = segs[j]
                 await window.get(i)
-                reduce_into(op, data[a:b], bufs[i % depth][:b - a])
+                reduce_into(op, data[a:b], bufs[i % depth][: b - a])
                 if k == K - 1 and parent is not None:
                     await ch.send(parent, data[a:b], step=step, chunk=j)

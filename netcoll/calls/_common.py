@@ -42,16 +42,16 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> str:
     if algorithm == "auto":
         return algorithms.choose(name, nbytes, e.world_size)
     if algorithm not in table:
-        raise ValueError(f"{name} has no algorithm {algorithm!r}; choose one of "
-                         f"{', '.join(['auto', *sorted(table)])}")
+        raise ValueError(f"{name} has no algorithm {algorithm!r}; choose one of {', '.join(['auto', *sorted(table)])}")
     return algorithm
 
 
 def pick_v(name: str, algorithm: str, only: str) -> str:
     """The algorithm of an uneven ("v") collective: there is one, ``only``."""
     if algorithm not in ("auto", only):
-        raise ValueError(f"{name} of uneven sizes (a list / uneven=True) has no algorithm {algorithm!r}; "
-                         f"choose 'auto' or {only!r}")
+        raise ValueError(
+            f"{name} of uneven sizes (a list / uneven=True) has no algorithm {algorithm!r}; choose 'auto' or {only!r}"
+        )
     return only
 
 
@@ -106,8 +106,12 @@ def unaliased(x: np.ndarray, out: np.ndarray, in_place: np.ndarray | None = None
     would overwrite while it is still being sent."""
     if not np.may_share_memory(x, out):
         return x
-    if (in_place is not None and x.shape == in_place.shape and x.strides == in_place.strides
-            and x.__array_interface__["data"][0] == in_place.__array_interface__["data"][0]):
+    if (
+        in_place is not None
+        and x.shape == in_place.shape
+        and x.strides == in_place.strides
+        and x.__array_interface__["data"][0] == in_place.__array_interface__["data"][0]
+    ):
         return x
     return np.array(x, order="C", copy=True)
 
@@ -117,8 +121,7 @@ def array_list(x: Any, world_size: int, what: str) -> list[np.ndarray]:
     dtype (any shapes). Raises before any byte is sent."""
     arrs = [as_array(a, f"{what}[{k}]") for k, a in enumerate(x)]
     if len(arrs) != world_size:
-        raise ValueError(f"{what} needs one array per rank: a list of world_size={world_size} arrays, "
-                         f"got {len(arrs)}")
+        raise ValueError(f"{what} needs one array per rank: a list of world_size={world_size} arrays, got {len(arrs)}")
     dtypes = sorted({dtype_name(a.dtype) for a in arrs})
     if len(dtypes) > 1:
         raise TypeError(f"{what}: every array of the list must have the same dtype, got {', '.join(dtypes)}")

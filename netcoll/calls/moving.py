@@ -55,14 +55,21 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str) -> Plan:
         if arr is None:
             return np.frombuffer(data, dtype=got.dtype).reshape(got.shape) if got.size else got
         if arr.shape != got.shape or arr.dtype != got.dtype:
-            raise MismatchError(f"broadcast from rank {root} sent {describe(got.dtype, got.shape)} but "
-                                f"rank {e.rank} passed a {describe(arr.dtype, arr.shape)} buffer",
-                                op="broadcast", ranks=(e.rank, root))
+            raise MismatchError(
+                f"broadcast from rank {root} sent {describe(got.dtype, got.shape)} but "
+                f"rank {e.rank} passed a {describe(arr.dtype, arr.shape)} buffer",
+                op="broadcast",
+                ranks=(e.rank, root),
+            )
         return arr
 
     send = None if arr is None else flat_bytes(arr)
-    return Call("broadcast", fp(e, "broadcast", root=root, algorithm=algo),
-                lambda ch: fn(ch, send, root, meta=meta, segment_bytes=e.segment_bytes), post)
+    return Call(
+        "broadcast",
+        fp(e, "broadcast", root=root, algorithm=algo),
+        lambda ch: fn(ch, send, root, meta=meta, segment_bytes=e.segment_bytes),
+        post,
+    )
 
 
 def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str) -> Plan:
@@ -75,16 +82,24 @@ def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str) -> Plan
             return Done([contiguous_copy(x)])
         send = contiguous(x)
         name = fp(e, "all_gather", x=f"{dtype_name(x.dtype)}[uneven]", uneven=True, algorithm=algo)
-        return Call("all_gather", name, lambda ch: algorithms.pairwise.all_gather_list(
-            ch, send, meta=meta_of(send), segment_bytes=e.segment_bytes), _arrays)
+        return Call(
+            "all_gather",
+            name,
+            lambda ch: algorithms.pairwise.all_gather_list(ch, send, meta=meta_of(send), segment_bytes=e.segment_bytes),
+            _arrays,
+        )
     res = result(out, (e.world_size, *x.shape), x.dtype)
     res[e.rank] = unaliased(x, res, res[e.rank])
     algo = pick(e, "all_gather", algorithm, res.nbytes)
     if e.world_size == 1:
         return Done(res)
     fn = algorithms.ALGORITHMS["all_gather"][algo]
-    return Call("all_gather", fp(e, "all_gather", x=describe(x.dtype, x.shape), algorithm=algo),
-                lambda ch: fn(ch, flat_bytes(res), segment_bytes=e.segment_bytes), lambda _: res)
+    return Call(
+        "all_gather",
+        fp(e, "all_gather", x=describe(x.dtype, x.shape), algorithm=algo),
+        lambda ch: fn(ch, flat_bytes(res), segment_bytes=e.segment_bytes),
+        lambda _: res,
+    )
 
 
 def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str) -> Plan:
@@ -98,9 +113,12 @@ def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str) 
             return Done([contiguous_copy(x)])
         send = contiguous(x)
         name = fp(e, "gather", x=f"{dtype_name(x.dtype)}[uneven]", root=root, uneven=True, algorithm=algo)
-        return Call("gather", name, lambda ch: algorithms.direct.gather_list(
-            ch, send, root, meta=meta_of(send), segment_bytes=e.segment_bytes),
-            lambda got: None if got is None else _arrays(got))
+        return Call(
+            "gather",
+            name,
+            lambda ch: algorithms.direct.gather_list(ch, send, root, meta=meta_of(send), segment_bytes=e.segment_bytes),
+            lambda got: None if got is None else _arrays(got),
+        )
     algo = pick(e, "gather", algorithm, x.nbytes * e.world_size)
     send = contiguous(x)
     res: np.ndarray | None = None
@@ -112,8 +130,12 @@ def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str) 
         return Done(res)
     fn = algorithms.ALGORITHMS["gather"][algo]
     recv = None if res is None else flat_bytes(res)
-    return Call("gather", fp(e, "gather", x=describe(x.dtype, x.shape), root=root, algorithm=algo),
-                lambda ch: fn(ch, flat_bytes(send), recv, root, segment_bytes=e.segment_bytes), lambda _: res)
+    return Call(
+        "gather",
+        fp(e, "gather", x=describe(x.dtype, x.shape), root=root, algorithm=algo),
+        lambda ch: fn(ch, flat_bytes(send), recv, root, segment_bytes=e.segment_bytes),
+        lambda _: res,
+    )
 
 
 def scatter(e: Engine, x: Any, root: Any, out: Any, algorithm: str) -> Plan:
@@ -133,8 +155,12 @@ def scatter(e: Engine, x: Any, root: Any, out: Any, algorithm: str) -> Plan:
         return Done(contiguous_copy(blocks[0]))  # type: ignore[index]
     metas = None if blocks is None else [meta_of(b) for b in blocks]
     # direct scatter; each block carries its dtype/shape so non-roots need no buffer
-    return Call("scatter", fp(e, "scatter", root=root, algorithm=algo), lambda ch: algorithms.direct.scatter_list(
-        ch, blocks, root, metas=metas, segment_bytes=e.segment_bytes), lambda got: _array(*got))
+    return Call(
+        "scatter",
+        fp(e, "scatter", root=root, algorithm=algo),
+        lambda ch: algorithms.direct.scatter_list(ch, blocks, root, metas=metas, segment_bytes=e.segment_bytes),
+        lambda got: _array(*got),
+    )
 
 
 def _scatter_into(e: Engine, x: Any, root: int, out: Any, algo: str) -> Plan:
@@ -150,16 +176,22 @@ def _scatter_into(e: Engine, x: Any, root: int, out: Any, algo: str) -> Plan:
         whole = contiguous(as_array(x))
         leading_ranks(whole, e.world_size, "scatter")
         if whole.shape[1:] != out.shape or whole.dtype != out.dtype:
-            raise ValueError(f"scatter: out is {describe(out.dtype, out.shape)} but the rows of x are "
-                             f"{describe(whole.dtype, whole.shape[1:])}")
+            raise ValueError(
+                f"scatter: out is {describe(out.dtype, out.shape)} but the rows of x are "
+                f"{describe(whole.dtype, whole.shape[1:])}"
+            )
         whole = unaliased(whole, out, whole[root])
     if e.world_size == 1:
         out[...] = whole[0]  # type: ignore[index]
         return Done(out)
     name = fp(e, "scatter", x=describe(out.dtype, out.shape), root=root, algorithm=algo, out=True)
     send = None if whole is None else flat_bytes(whole)
-    return Call("scatter", name, lambda ch: algorithms.direct.scatter(
-        ch, send, flat_bytes(out), root, segment_bytes=e.segment_bytes), lambda _: out)
+    return Call(
+        "scatter",
+        name,
+        lambda ch: algorithms.direct.scatter(ch, send, flat_bytes(out), root, segment_bytes=e.segment_bytes),
+        lambda _: out,
+    )
 
 
 def all_to_all(e: Engine, x: Any, out: Any, algorithm: str) -> Plan:
@@ -171,8 +203,14 @@ def all_to_all(e: Engine, x: Any, out: Any, algorithm: str) -> Plan:
         if e.world_size == 1:
             return Done([contiguous_copy(blocks[0])])
         name = fp(e, "all_to_all", x=f"list of {dtype_name(blocks[0].dtype)}", algorithm=algo)
-        return Call("all_to_all", name, lambda ch: algorithms.pairwise.all_to_all_list(
-            ch, blocks, metas=[meta_of(b) for b in blocks], segment_bytes=e.segment_bytes), _arrays)
+        return Call(
+            "all_to_all",
+            name,
+            lambda ch: algorithms.pairwise.all_to_all_list(
+                ch, blocks, metas=[meta_of(b) for b in blocks], segment_bytes=e.segment_bytes
+            ),
+            _arrays,
+        )
     x = as_array(x)
     leading_ranks(x, e.world_size, "all_to_all")
     algo = pick(e, "all_to_all", algorithm, x.nbytes)
@@ -182,16 +220,24 @@ def all_to_all(e: Engine, x: Any, out: Any, algorithm: str) -> Plan:
         res[...] = send
         return Done(res)
     fn = algorithms.ALGORITHMS["all_to_all"][algo]
-    return Call("all_to_all", fp(e, "all_to_all", x=describe(x.dtype, x.shape), algorithm=algo),
-                lambda ch: fn(ch, flat_bytes(send), flat_bytes(res), segment_bytes=e.segment_bytes), lambda _: res)
+    return Call(
+        "all_to_all",
+        fp(e, "all_to_all", x=describe(x.dtype, x.shape), algorithm=algo),
+        lambda ch: fn(ch, flat_bytes(send), flat_bytes(res), segment_bytes=e.segment_bytes),
+        lambda _: res,
+    )
 
 
 def barrier(e: Engine, algorithm: str) -> Plan:
     algo = pick(e, "barrier", algorithm, 0)
     if e.world_size == 1:
         return Done(None)
-    return Call("barrier", fp(e, "barrier", segmented=False, algorithm=algo), algorithms.ALGORITHMS["barrier"][algo],
-                lambda _: None)
+    return Call(
+        "barrier",
+        fp(e, "barrier", segmented=False, algorithm=algo),
+        algorithms.ALGORITHMS["barrier"][algo],
+        lambda _: None,
+    )
 
 
 def _array(buf: Any, meta: Any) -> np.ndarray:

@@ -39,9 +39,15 @@ def send(e: Engine, x: Any, dst: Any, tag: Any) -> Call:
     arr = as_array(x)
     data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
     group, seq, members = _route(e, e.rank, dst, tag)
-    return Call("send", fp(e, "p2p"), lambda ch: algorithms.direct.send_message(
-        ch, 1, data, meta=meta_of(data), segment_bytes=e.segment_bytes), lambda _: None,
-        group=group, seq=seq, members=members)
+    return Call(
+        "send",
+        fp(e, "p2p"),
+        lambda ch: algorithms.direct.send_message(ch, 1, data, meta=meta_of(data), segment_bytes=e.segment_bytes),
+        lambda _: None,
+        group=group,
+        seq=seq,
+        members=members,
+    )
 
 
 def recv(e: Engine, src: Any, tag: Any) -> Call:

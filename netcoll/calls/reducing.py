@@ -42,8 +42,13 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
     check_op_dtype(rop, x.dtype)
     algo = pick(e, "all_reduce", algorithm, x.nbytes)
     kw: dict[str, Any] = {"segment_bytes": e.segment_bytes}
-    if (algo == "ring" and e.world_size > 1 and out is not x and x.flags.c_contiguous
-            and (out is None or not np.may_share_memory(out, x))):
+    if (
+        algo == "ring"
+        and e.world_size > 1
+        and out is not x
+        and x.flags.c_contiguous
+        and (out is None or not np.may_share_memory(out, x))
+    ):
         # the ring reads our input where it needs it: no up-front copy into the result
         buf = np.empty(x.shape, x.dtype) if out is None else check_out(out, x.shape, x.dtype)
         kw["src"] = x.reshape(-1)
@@ -109,9 +114,12 @@ def reduce_scatter(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan
         return Done(_finalized(rop, res, 1))
     fn = algorithms.ALGORITHMS["reduce_scatter"][algo]
     name = fp(e, "reduce_scatter", x=describe(x.dtype, x.shape), op=rop.value, algorithm=algo)
-    return Call("reduce_scatter", name, lambda ch: fn(ch, buf.reshape(-1), rop, res.reshape(-1),
-                                                      segment_bytes=e.segment_bytes),
-                lambda _: _finalized(rop, res, e.world_size))
+    return Call(
+        "reduce_scatter",
+        name,
+        lambda ch: fn(ch, buf.reshape(-1), rop, res.reshape(-1), segment_bytes=e.segment_bytes),
+        lambda _: _finalized(rop, res, e.world_size),
+    )
 
 
 def _reduce_scatter_list(e: Engine, blocks: list[np.ndarray], rop: ReduceOp, algorithm: str) -> Plan:
@@ -120,7 +128,12 @@ def _reduce_scatter_list(e: Engine, blocks: list[np.ndarray], rop: ReduceOp, alg
     res = contiguous_copy(blocks[e.rank])
     if e.world_size == 1:
         return Done(_finalized(rop, res, 1))
-    name = fp(e, "reduce_scatter", x=f"list of {dtype_name(res.dtype)}", shapes=shapes(blocks),
-              op=rop.value, algorithm=algo)
-    return Call("reduce_scatter", name, lambda ch: algorithms.pairwise.reduce_scatter_list(
-        ch, blocks, rop, res, segment_bytes=e.segment_bytes), lambda _: _finalized(rop, res, e.world_size))
+    name = fp(
+        e, "reduce_scatter", x=f"list of {dtype_name(res.dtype)}", shapes=shapes(blocks), op=rop.value, algorithm=algo
+    )
+    return Call(
+        "reduce_scatter",
+        name,
+        lambda ch: algorithms.pairwise.reduce_scatter_list(ch, blocks, rop, res, segment_bytes=e.segment_bytes),
+        lambda _: _finalized(rop, res, e.world_size),
+    )

@@ -43,6 +43,7 @@ BITS: Final[dict[str, int]] = {"tcp": TCP, "tls": TLS, "shm": SHM, "memory": MEM
 #: most preferred first
 PREFERENCE: Final = ("shm", "tls", "tcp", "memory")
 
+
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
     """Settings of every link a transport makes.

@@ -70,10 +70,12 @@ class JoinResult:
     @classmethod
     def from_wire(cls, result: dict[str, Any]) -> JoinResult:
         try:
-            peers = tuple(Peer(int(p["rank"]), str(p["host"]), int(p["port"]), str(p["member_id"]))
-                          for p in result["peers"])
-            return cls(int(result["rank"]), int(result["world_size"]), int(result["generation"]),
-                       str(result["session"]), peers)
+            peers = tuple(
+                Peer(int(p["rank"]), str(p["host"]), int(p["port"]), str(p["member_id"])) for p in result["peers"]
+            )
+            return cls(
+                int(result["rank"]), int(result["world_size"]), int(result["generation"]), str(result["session"]), peers
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise RendezvousError(f"malformed join result from the coordinator: {exc!r}") from None
 
@@ -105,9 +107,15 @@ class RendezvousClient:
             self._heartbeat_task = loop.create_task(self._beat(heartbeat), name="netcoll-rendezvous-heartbeat")
 
     @classmethod
-    async def connect(cls, address: str, *, token: str | None = None, timeout: float = 10.0,
-                      local_host: str | None = None, heartbeat: float | None = DEFAULT_HEARTBEAT,
-                      ) -> RendezvousClient:
+    async def connect(
+        cls,
+        address: str,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        local_host: str | None = None,
+        heartbeat: float | None = DEFAULT_HEARTBEAT,
+    ) -> RendezvousClient:
         """Connect and authenticate (``AuthenticationError`` on a token mismatch).
 
         ``heartbeat=None`` sends no heartbeats; the coordinator then relies on
@@ -115,8 +123,9 @@ class RendezvousClient:
         if heartbeat is not None and not (isinstance(heartbeat, (int, float)) and heartbeat > 0):
             raise ValueError(f"heartbeat must be a positive number of seconds or None, got {heartbeat!r}")
         hello = {"heartbeat": float(heartbeat)} if heartbeat else {}
-        rpc = await RpcClient.connect(address, token=token, role="rendezvous", hello=hello, timeout=timeout,
-                                      local_host=local_host)
+        rpc = await RpcClient.connect(
+            address, token=token, role="rendezvous", hello=hello, timeout=timeout, local_host=local_host
+        )
         return cls(rpc, address=address, heartbeat=heartbeat)
 
     # -- frames, events, liveness ---------------------------------------------------
@@ -155,8 +164,13 @@ class RendezvousClient:
                 now = loop.time()
                 silent = 0.0 if self._unanswered_since is None else now - self._unanswered_since
                 if silent > LIVENESS_FACTOR * interval:
-                    proto.fail(RendezvousError(f"the coordinator at {self.address} has not answered for "
-                                               f"{silent:.1f}s; closing the connection"), tell_peer=True)
+                    proto.fail(
+                        RendezvousError(
+                            f"the coordinator at {self.address} has not answered for "
+                            f"{silent:.1f}s; closing the connection"
+                        ),
+                        tell_peer=True,
+                    )
                     if proto.transport is not None and proto.transport.get_write_buffer_size():
                         proto.abort()
                     return
@@ -177,14 +191,28 @@ class RendezvousClient:
     def _wait(timeout: float | None) -> float | None:
         return None if timeout is None else timeout + _REPLY_MARGIN
 
-    async def join(self, group: str = "default", *, world_size: int, rank: int | None = None,
-                   member_id: str | None = None, listen_port: int = 0, advertise_host: str | None = None,
-                   timeout: float | None = DEFAULT_JOIN_TIMEOUT) -> JoinResult:
+    async def join(
+        self,
+        group: str = "default",
+        *,
+        world_size: int,
+        rank: int | None = None,
+        member_id: str | None = None,
+        listen_port: int = 0,
+        advertise_host: str | None = None,
+        timeout: float | None = DEFAULT_JOIN_TIMEOUT,
+    ) -> JoinResult:
         """Wait until ``world_size`` members have joined ``group``; return this
         member's rank and the peer table (``RendezvousTimeout`` lists who is missing)."""
-        params = {"group": group, "world_size": world_size, "rank": rank,
-                  "member_id": member_id if member_id is not None else self.member_id,
-                  "listen_port": listen_port, "advertise_host": advertise_host, "timeout": timeout}
+        params = {
+            "group": group,
+            "world_size": world_size,
+            "rank": rank,
+            "member_id": member_id if member_id is not None else self.member_id,
+            "listen_port": listen_port,
+            "advertise_host": advertise_host,
+            "timeout": timeout,
+        }
         parse_join(params)  # bad arguments fail here, before any byte is sent
         result = JoinResult.from_wire(await self.rpc.call("join", params, timeout=self._wait(timeout)))
         self.member_id, self.group, self.result = str(params["member_id"]), group, result
@@ -197,8 +225,9 @@ class RendezvousClient:
 
     async def kv_get(self, key: str, timeout: float | None = None, *, group: str | None = None) -> Any:
         """The value of ``key``, waiting until some member sets it."""
-        _, payload = await self.rpc.call_payload("kv_get", {"group": self._group(group), "key": key,
-                                                            "timeout": timeout}, timeout=self._wait(timeout))
+        _, payload = await self.rpc.call_payload(
+            "kv_get", {"group": self._group(group), "key": key, "timeout": timeout}, timeout=self._wait(timeout)
+        )
         return msgpack.unpackb(payload, raw=False, strict_map_key=False)
 
     async def kv_add(self, key: str, amount: int = 1, *, group: str | None = None) -> int:
@@ -210,11 +239,11 @@ class RendezvousClient:
         result = await self.rpc.call("kv_delete", {"group": self._group(group), "key": key})
         return bool(result["deleted"])
 
-    async def barrier(self, name: str = "barrier", timeout: float | None = None, *,
-                      group: str | None = None) -> None:
+    async def barrier(self, name: str = "barrier", timeout: float | None = None, *, group: str | None = None) -> None:
         """Return once every member of the group has reached barrier ``name``."""
-        await self.rpc.call("barrier", {"group": self._group(group), "name": name, "timeout": timeout},
-                            timeout=self._wait(timeout))
+        await self.rpc.call(
+            "barrier", {"group": self._group(group), "name": name, "timeout": timeout}, timeout=self._wait(timeout)
+        )
 
     async def leave(self, *, group: str | None = None) -> None:
         """Leave the group (the others get a ``member_left`` event)."""

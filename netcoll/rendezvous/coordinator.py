@@ -116,8 +116,13 @@ class Coordinator:
         self.port = port
         self.token = token
         self.methods: dict[str, Handler] = {
-            "join": self._join, "leave": self._leave, "status": self._status, "barrier": self._barrier,
-            "kv_set": self._kv_set, "kv_get": self._kv_get, "kv_add": self._kv_add,
+            "join": self._join,
+            "leave": self._leave,
+            "status": self._status,
+            "barrier": self._barrier,
+            "kv_set": self._kv_set,
+            "kv_get": self._kv_get,
+            "kv_add": self._kv_add,
             "kv_delete": self._kv_delete,
         }
         self.groups: dict[str, _Group] = {}
@@ -151,12 +156,14 @@ class Coordinator:
             return self
         self._stopped = asyncio.Event()
         self._wake_reaper = asyncio.Event()
-        self._rpc = RpcServer(self.methods, token=self.token, role="coordinator", on_open=self._on_open,
-                              on_close=self._on_close)
+        self._rpc = RpcServer(
+            self.methods, token=self.token, role="coordinator", on_open=self._on_open, on_close=self._on_close
+        )
         await self._rpc.start(self.host, self.port)
         self._reaper = asyncio.create_task(self._reap(), name="netcoll-rendezvous-liveness")
-        log.info("rendezvous coordinator listening on %s%s", self.address,
-                 " (token auth)" if self.token is not None else "")
+        log.info(
+            "rendezvous coordinator listening on %s%s", self.address, " (token auth)" if self.token is not None else ""
+        )
         return self
 
     async def close(self) -> None:
@@ -196,12 +203,14 @@ class Coordinator:
         if group is not None and group.state == RUNNING:
             raise RendezvousError(
                 f"group {req.group!r} is already running with {group.world_size} ranks (generation "
-                f"{group.generation}); use another group name or wait until it closes")
+                f"{group.generation}); use another group name or wait until it closes"
+            )
         mine: dict[str, tuple[_Group, Member]] = session.data.setdefault(_SESSION_KEY, {})
         if req.group in mine:
             raise RendezvousError(f"this connection is already a member of group {req.group!r}")
-        evicted = check_join(req.group, group.world_size if group else req.world_size,
-                             group.pending if group else [], req, host)
+        evicted = check_join(
+            req.group, group.world_size if group else req.world_size, group.pending if group else [], req, host
+        )
         if group is None:
             group = self._create(req.group, req.world_size)
         member = Member(req.member_id, req.rank, host, req.listen_port, session.peer, session=session)
@@ -210,10 +219,17 @@ class Coordinator:
         group.waiters[member] = fut
         mine[group.name] = (group, member)
         for other in evicted:
-            self._drop_pending(group, other, RendezvousError(
-                loopback_conflict(other.member_id, other.host, req.member_id, host)))
-        log.info("group %r: %s joined from %s:%s (%d/%d)", group.name, member.member_id, *session.peer,
-                 len(group.pending), group.world_size)
+            self._drop_pending(
+                group, other, RendezvousError(loopback_conflict(other.member_id, other.host, req.member_id, host))
+            )
+        log.info(
+            "group %r: %s joined from %s:%s (%d/%d)",
+            group.name,
+            member.member_id,
+            *session.peer,
+            len(group.pending),
+            group.world_size,
+        )
         if len(group.pending) == group.world_size:
             self._complete(group)
         message = ""
@@ -242,10 +258,21 @@ class Coordinator:
         for m in group.members:
             fut = group.waiters.pop(m)
             if not fut.done():
-                fut.set_result({"rank": m.rank, "world_size": group.world_size, "generation": group.generation,
-                                "session": group.session_id, "peers": peers})
-        log.info("group %r generation %d complete: %s", group.name, group.generation,
-                 ", ".join(f"{p['rank']}={p['member_id']}@{p['host']}:{p['port']}" for p in peers))
+                fut.set_result(
+                    {
+                        "rank": m.rank,
+                        "world_size": group.world_size,
+                        "generation": group.generation,
+                        "session": group.session_id,
+                        "peers": peers,
+                    }
+                )
+        log.info(
+            "group %r generation %d complete: %s",
+            group.name,
+            group.generation,
+            ", ".join(f"{p['rank']}={p['member_id']}@{p['host']}:{p['port']}" for p in peers),
+        )
 
     def _drop_pending(self, group: _Group, member: Member, exc: BaseException | None) -> None:
         """Remove a joiner from a pending group (failing its join with ``exc``)."""
@@ -295,10 +322,15 @@ class Coordinator:
         for b in group.barriers.values():
             _fail(b.done, RendezvousError(f"barrier cannot complete: {group.broken}"))
         group.barriers.clear()
-        log.log(logging.INFO if topic == "member_left" else logging.WARNING, "group %r: %s",
-                group.name, group.broken)
-        event = {"topic": topic, "group": group.name, "generation": group.generation, "rank": member.rank,
-                 "member_id": member.member_id, "reason": reason}
+        log.log(logging.INFO if topic == "member_left" else logging.WARNING, "group %r: %s", group.name, group.broken)
+        event = {
+            "topic": topic,
+            "group": group.name,
+            "generation": group.generation,
+            "rank": member.rank,
+            "member_id": member.member_id,
+            "reason": reason,
+        }
         alive = [m for m in group.members if m.connected]
         for m in alive:
             try:
@@ -434,13 +466,25 @@ class Coordinator:
         out = []
         for group in sorted(self.groups.values(), key=lambda g: g.name):
             members = group.members if group.state == RUNNING else group.pending
-            out.append({
-                "name": group.name, "world_size": group.world_size, "state": group.state,
-                "generation": group.generation, "session": group.session_id,
-                "members": [{"rank": m.rank if m.rank is not None else m.requested_rank,
-                             "member_id": m.member_id, "host": m.host, "port": m.port,
-                             "connected": m.connected} for m in members],
-            })
+            out.append(
+                {
+                    "name": group.name,
+                    "world_size": group.world_size,
+                    "state": group.state,
+                    "generation": group.generation,
+                    "session": group.session_id,
+                    "members": [
+                        {
+                            "rank": m.rank if m.rank is not None else m.requested_rank,
+                            "member_id": m.member_id,
+                            "host": m.host,
+                            "port": m.port,
+                            "connected": m.connected,
+                        }
+                        for m in members
+                    ],
+                }
+            )
         return {"groups": out}
 
     async def _reap(self) -> None:

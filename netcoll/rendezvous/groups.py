@@ -28,6 +28,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost
 
 # -- parameters ----------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class JoinRequest:
     """The validated parameters of one ``join`` call."""
@@ -41,8 +42,7 @@ class JoinRequest:
     timeout: float | None
 
 
-def _int(params: dict[str, Any], key: str, *, lo: int, hi: int | None = None,
-         optional: bool = False) -> int | None:
+def _int(params: dict[str, Any], key: str, *, lo: int, hi: int | None = None, optional: bool = False) -> int | None:
     value = params.get(key)
     if value is None and optional:
         return None
@@ -85,8 +85,9 @@ def parse_join(params: dict[str, Any]) -> JoinRequest:
     assert world_size is not None
     rank = _int(params, "rank", lo=-(2**63), optional=True)
     if rank is not None and not 0 <= rank < world_size:
-        raise RendezvousError(f"rank {rank} is out of range for world_size {world_size} "
-                              f"(valid ranks are 0..{world_size - 1})")
+        raise RendezvousError(
+            f"rank {rank} is out of range for world_size {world_size} (valid ranks are 0..{world_size - 1})"
+        )
     member_id = params.get("member_id")
     if not isinstance(member_id, str) or not member_id or len(member_id) > 256:
         raise TypeError(f"member_id must be a non-empty string (at most 256 characters), got {member_id!r}")
@@ -95,11 +96,19 @@ def parse_join(params: dict[str, Any]) -> JoinRequest:
     advertise = params.get("advertise_host")
     if advertise is not None and (not isinstance(advertise, str) or not advertise.strip()):
         raise TypeError(f"advertise_host must be a host name or address, or None; got {advertise!r}")
-    return JoinRequest(group_name(params), world_size, rank, member_id, listen_port,
-                       advertise.strip() if advertise else None, timeout_param(params))
+    return JoinRequest(
+        group_name(params),
+        world_size,
+        rank,
+        member_id,
+        listen_port,
+        advertise.strip() if advertise else None,
+        timeout_param(params),
+    )
 
 
 # -- hosts and the loopback rules -------------------------------------------------
+
 
 def is_loopback(host: str) -> bool:
     """True for 127.0.0.0/8, ::1, IPv4-mapped loopback and the ``localhost`` names."""
@@ -145,28 +154,33 @@ def resolve_host(member_id: str, advertise_host: str | None, seen_host: str) -> 
         raise RendezvousError(
             f"member {member_id!r} advertises {advertise_host}, which is a listen-on-all address, not one "
             f"peers can dial; advertise a routable address or leave advertise_host unset to use the "
-            f"address the coordinator saw ({seen})")
+            f"address the coordinator saw ({seen})"
+        )
     if is_loopback(advertise_host) and not is_loopback(seen):
         raise RendezvousError(
             f"member {member_id!r} advertises {advertise_host}, but it connected to the coordinator "
             f"from {seen}: peers on other hosts cannot reach {advertise_host}; advertise a routable "
-            f"address (NETCOLL_ADVERTISE_HOST / advertise_host) or leave it unset to use {seen}")
+            f"address (NETCOLL_ADVERTISE_HOST / advertise_host) or leave it unset to use {seen}"
+        )
     return _bare(advertise_host)
 
 
 def loopback_conflict(member_id: str, host: str, other_id: str, other_host: str) -> str:
     """The refusal for ``member_id`` (published as loopback ``host``) in a group
     where ``other_id`` is on the non-loopback ``other_host``."""
-    return (f"member {member_id!r} would be published as {host}, a loopback address, but member "
-            f"{other_id!r} of the same group is on {other_host} and cannot reach it there. This "
-            f"happens when a rank reaches the coordinator through 127.0.0.1 (for example a rank on "
-            f"the coordinator's own host, or a container with host port mapping) or advertises "
-            f"loopback: inside a container, 127.0.0.1 is the container itself. Connect to the "
-            f"coordinator through an address the other hosts also use, or set advertise_host "
-            f"(NETCOLL_ADVERTISE_HOST) to a routable address of this member")
+    return (
+        f"member {member_id!r} would be published as {host}, a loopback address, but member "
+        f"{other_id!r} of the same group is on {other_host} and cannot reach it there. This "
+        f"happens when a rank reaches the coordinator through 127.0.0.1 (for example a rank on "
+        f"the coordinator's own host, or a container with host port mapping) or advertises "
+        f"loopback: inside a container, 127.0.0.1 is the container itself. Connect to the "
+        f"coordinator through an address the other hosts also use, or set advertise_host "
+        f"(NETCOLL_ADVERTISE_HOST) to a routable address of this member"
+    )
 
 
 # -- membership ----------------------------------------------------------------------
+
 
 @dataclass(eq=False)
 class Member:
@@ -182,8 +196,11 @@ class Member:
     session: Any = field(default=None, repr=False)
 
     def describe(self) -> str:
-        who = f"rank {self.rank}" if self.rank is not None else (
-            f"rank {self.requested_rank}" if self.requested_rank is not None else "unranked")
+        who = (
+            f"rank {self.rank}"
+            if self.rank is not None
+            else (f"rank {self.requested_rank}" if self.requested_rank is not None else "unranked")
+        )
         return f"{who}: {self.member_id} at {self.host}:{self.port}"
 
     def peer(self) -> dict[str, Any]:
@@ -220,7 +237,8 @@ def check_join(name: str, world_size: int, pending: list[Member], req: JoinReque
         raise RendezvousError(
             f"world_size disagreement in group {name!r}: it has world_size {world_size} (set by its "
             f"first joiner; {len(pending)} waiting), but member {req.member_id!r} asked for "
-            f"world_size {req.world_size}")
+            f"world_size {req.world_size}"
+        )
     if is_loopback(host):
         for m in pending:
             if not is_loopback(m.host):
@@ -234,41 +252,70 @@ def check_join(name: str, world_size: int, pending: list[Member], req: JoinReque
         if m.member_id == req.member_id:
             raise RendezvousError(
                 f"member id {req.member_id!r} has already joined group {name!r} (from {m.seen[0]}:"
-                f"{m.seen[1]}); every member needs a unique member_id")
+                f"{m.seen[1]}); every member needs a unique member_id"
+            )
         if req.rank is not None and m.requested_rank == req.rank:
             raise RendezvousError(
                 f"rank {req.rank} in group {name!r} is already held by member {m.member_id!r} "
-                f"({m.seen[0]}:{m.seen[1]}); each explicit rank may be claimed once")
+                f"({m.seen[0]}:{m.seen[1]}); each explicit rank may be claimed once"
+            )
     if len(pending) - len(evicted) >= world_size:
-        raise RendezvousError(f"group {name!r} already has {len(pending)} joiners for world_size "
-                              f"{world_size}; member {req.member_id!r} is one too many")
+        raise RendezvousError(
+            f"group {name!r} already has {len(pending)} joiners for world_size "
+            f"{world_size}; member {req.member_id!r} is one too many"
+        )
     return evicted
 
 
 def timeout_message(name: str, world_size: int, members: list[Member], waited: float | None) -> str:
     """Who joined and what is missing, for a group that did not fill in time."""
-    joined = "; ".join(m.describe() for m in sorted(
-        members, key=lambda m: (m.requested_rank is None, m.requested_rank or 0, m.member_id))) or "nobody"
+    joined = (
+        "; ".join(
+            m.describe()
+            for m in sorted(members, key=lambda m: (m.requested_rank is None, m.requested_rank or 0, m.member_id))
+        )
+        or "nobody"
+    )
     missing = world_size - len(members)
     unclaimed = [r for r in range(world_size) if r not in {m.requested_rank for m in members}]
     n_unranked = sum(m.requested_rank is None for m in members)
     ranks = ", ".join(map(str, unclaimed[:32])) + (", ..." if len(unclaimed) > 32 else "")
-    where = (f"missing ranks: {ranks}" if n_unranked == 0 else
-             f"unclaimed ranks: {ranks} ({n_unranked} unranked joiner(s) will take some of them)")
+    where = (
+        f"missing ranks: {ranks}"
+        if n_unranked == 0
+        else f"unclaimed ranks: {ranks} ({n_unranked} unranked joiner(s) will take some of them)"
+    )
     within = f" within {waited:g}s" if waited is not None else ""
-    return (f"group {name!r} did not fill{within}: {len(members)} of {world_size} members joined "
-            f"[{joined}]; {missing} missing ({where})")
+    return (
+        f"group {name!r} did not fill{within}: {len(members)} of {world_size} members joined "
+        f"[{joined}]; {missing} missing ({where})"
+    )
 
 
-def barrier_timeout_message(name: str, barrier: str, world_size: int, arrived: Iterable[int],
-                            waited: float | None) -> str:
+def barrier_timeout_message(
+    name: str, barrier: str, world_size: int, arrived: Iterable[int], waited: float | None
+) -> str:
     came = sorted(set(arrived))
     absent = [r for r in range(world_size) if r not in came]
     within = f" within {waited:g}s" if waited is not None else ""
-    return (f"barrier {barrier!r} of group {name!r} did not complete{within}: arrived ranks "
-            f"{came or 'none'}, missing ranks {absent}")
+    return (
+        f"barrier {barrier!r} of group {name!r} did not complete{within}: arrived ranks "
+        f"{came or 'none'}, missing ranks {absent}"
+    )
 
 
-__all__ = ["JoinRequest", "Member", "parse_join", "group_name", "timeout_param", "key_param",
-           "is_loopback", "resolve_host", "loopback_conflict", "assign_ranks", "check_join",
-           "timeout_message", "barrier_timeout_message"]
+__all__ = [
+    "JoinRequest",
+    "Member",
+    "parse_join",
+    "group_name",
+    "timeout_param",
+    "key_param",
+    "is_loopback",
+    "resolve_host",
+    "loopback_conflict",
+    "assign_ranks",
+    "check_join",
+    "timeout_message",
+    "barrier_timeout_message",
+]

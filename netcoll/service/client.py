@@ -1,10 +1,10 @@
 """``netcoll.Client``: submit collective jobs to a coordinator and get results.
 
-    async with netcoll.Client("coord:29400") as client:
-        job = await client.run("all_reduce", size="64MiB", iters=5)     # generated + verified
-        print(job["state"], job["busbw"], job["verified"])
-        y = await client.run("all_reduce", inputs=[a0, a1, a2, a3])      # your arrays, one per rank
-        print(y["result"])
+async with netcoll.Client("coord:29400") as client:
+    job = await client.run("all_reduce", size="64MiB", iters=5)     # generated + verified
+    print(job["state"], job["busbw"], job["verified"])
+    y = await client.run("all_reduce", inputs=[a0, a1, a2, a3])      # your arrays, one per rank
+    print(y["result"])
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ class Client:
             raise RuntimeError("use `async with Client(...)` first")
         return self.rpc
 
-    async def submit(self, op: str | JobSpec, *, inputs: Any = None, inputs_mode: str | None = None,
-                     **fields: Any) -> int:
+    async def submit(
+        self, op: str | JobSpec, *, inputs: Any = None, inputs_mode: str | None = None, **fields: Any
+    ) -> int:
         """Queue a job; return its id. ``inputs``: one array (every rank gets it;
         for broadcast/scatter only the root) or a list with one array per rank."""
         if not isinstance(op, JobSpec) and inputs is not None:
@@ -83,11 +84,15 @@ class Client:
     async def wait(self, job_id: int, timeout: float | None = None) -> dict[str, Any]:
         """Wait for the job to end (or ``timeout``); return its record with
         ``result`` (an array, a list of per-rank arrays, or None)."""
-        rec, payload = await self._rpc().call_payload("wait", {"id": job_id, "timeout": timeout},
-                                                      timeout=None if timeout is None else timeout + 30)
+        rec, payload = await self._rpc().call_payload(
+            "wait", {"id": job_id, "timeout": timeout}, timeout=None if timeout is None else timeout + 30
+        )
         results = rec.pop("results", [])
-        arrays = {r["rank"]: array_from_meta(r["meta"], payload[r["offset"]:r["offset"] + r["nbytes"]]).copy()
-                  for r in results if r.get("meta")}
+        arrays = {
+            r["rank"]: array_from_meta(r["meta"], payload[r["offset"] : r["offset"] + r["nbytes"]]).copy()
+            for r in results
+            if r.get("meta")
+        }
         if not arrays:
             rec["result"] = None
         elif rec["op"] in _SHARED or rec["op"] in ("reduce", "gather"):

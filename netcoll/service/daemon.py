@@ -28,7 +28,7 @@ from .runner import Progress, run_collective
 
 log = logging.getLogger("netcoll.daemon")
 
-RETRY = 1.0       # first reconnect delay; doubles up to RETRY_MAX
+RETRY = 1.0  # first reconnect delay; doubles up to RETRY_MAX
 RETRY_MAX = 10.0
 
 
@@ -40,15 +40,25 @@ def _reason(exc: BaseException) -> str:
 
 class RankDaemon:
     """Args:
-        coordinator: ``host:port`` of the coordinator.
-        host, port: where to listen for peers (one port for everything).
-        rank_hint: preferred rank (a pod index), honoured when free.
-        advertise_host: what peers should dial (default: as the coordinator sees us).
+    coordinator: ``host:port`` of the coordinator.
+    host, port: where to listen for peers (one port for everything).
+    rank_hint: preferred rank (a pod index), honoured when free.
+    advertise_host: what peers should dial (default: as the coordinator sees us).
     """
 
-    def __init__(self, coordinator: str, *, host: str = "0.0.0.0", port: int = 29500, token: str | None = None,
-                 rank_hint: int | None = None, advertise_host: str | None = None, member_id: str | None = None,
-                 local_host: str | None = None, heartbeat: float = 2.0) -> None:
+    def __init__(
+        self,
+        coordinator: str,
+        *,
+        host: str = "0.0.0.0",
+        port: int = 29500,
+        token: str | None = None,
+        rank_hint: int | None = None,
+        advertise_host: str | None = None,
+        member_id: str | None = None,
+        local_host: str | None = None,
+        heartbeat: float = 2.0,
+    ) -> None:
         self.coordinator = coordinator
         self.host, self.port = host, port
         self.token = token
@@ -74,10 +84,17 @@ class RankDaemon:
 
     # -- lifecycle -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        return {"member_id": self.member_id, "registered": self.registered, "epoch": self.epoch,
-                "rank": self.rank, "current_job": self.current_job, "jobs_done": self.jobs_done,
-                "jobs_failed": self.jobs_failed, "buffers": sorted(self.buffers),
-                "listen": f"{self.listener.address[0]}:{self.listener.address[1]}"}
+        return {
+            "member_id": self.member_id,
+            "registered": self.registered,
+            "epoch": self.epoch,
+            "rank": self.rank,
+            "current_job": self.current_job,
+            "jobs_done": self.jobs_done,
+            "jobs_failed": self.jobs_failed,
+            "buffers": sorted(self.buffers),
+            "listen": f"{self.listener.address[0]}:{self.listener.address[1]}",
+        }
 
     def request_stop(self) -> None:
         """Drain and stop (what SIGTERM does)."""
@@ -96,8 +113,14 @@ class RankDaemon:
                 except (OSError, NetcollError, TimeoutError) as exc:
                     failures += 1
                     level = logging.WARNING if failures in (1, 3) or failures % 30 == 0 else logging.DEBUG
-                    log.log(level, "coordinator %s unreachable (%s); retrying every %gs (attempt %d)",
-                            self.coordinator, _reason(exc), delay, failures)
+                    log.log(
+                        level,
+                        "coordinator %s unreachable (%s); retrying every %gs (attempt %d)",
+                        self.coordinator,
+                        _reason(exc),
+                        delay,
+                        failures,
+                    )
                 self.registered = False
                 if not self._stopping.is_set():
                     try:
@@ -115,8 +138,9 @@ class RankDaemon:
 
     async def _session(self) -> None:
         """One connection to the coordinator: register, then serve until it drops or we stop."""
-        rdv = await RendezvousClient.connect(self.coordinator, token=self.token, timeout=10.0,
-                                             local_host=self.local_host, heartbeat=self.heartbeat)
+        rdv = await RendezvousClient.connect(
+            self.coordinator, token=self.token, timeout=10.0, local_host=self.local_host, heartbeat=self.heartbeat
+        )
         self.rdv = rdv
         lost = asyncio.Event()
 
@@ -134,9 +158,16 @@ class RankDaemon:
 
         rdv.on_event = on_event
         try:
-            await rdv.rpc.call("daemon_register", {
-                "member_id": self.member_id, "listen_port": self.listener.address[1],
-                "rank_hint": self.rank_hint, "advertise_host": self.advertise_host}, timeout=10.0)
+            await rdv.rpc.call(
+                "daemon_register",
+                {
+                    "member_id": self.member_id,
+                    "listen_port": self.listener.address[1],
+                    "rank_hint": self.rank_hint,
+                    "advertise_host": self.advertise_host,
+                },
+                timeout=10.0,
+            )
             self.registered = True
             log.info("registered with the coordinator at %s as %s", self.coordinator, self.member_id)
             stop = asyncio.create_task(self._stopping.wait())
@@ -188,8 +219,14 @@ class RankDaemon:
         if event["epoch"] != self.epoch or self.comm is None:
             await self._drop_links()
             peers = [(str(h), int(p)) for h, p in event["peers"]]
-            transport = TcpTransport(self.listener, rank=event["rank"], size=event["world_size"],
-                                     session=event["session"], peers=peers, token=self.token)
+            transport = TcpTransport(
+                self.listener,
+                rank=event["rank"],
+                size=event["world_size"],
+                session=event["session"],
+                peers=peers,
+                token=self.token,
+            )
             self.transport = transport
             await transport.connect(timeout=min(30.0, float(event["deadline"])))
             self.epoch, self.rank = event["epoch"], event["rank"]
@@ -246,8 +283,9 @@ class RankDaemon:
         async def report(i: int, of: int) -> None:
             try:
                 if self.rdv is not None:
-                    await self.rdv.rpc.call("job_progress", {"job_id": job_id, "rank": rank, "iteration": i,
-                                                             "of": of}, timeout=5.0)
+                    await self.rdv.rpc.call(
+                        "job_progress", {"job_id": job_id, "rank": rank, "iteration": i, "of": of}, timeout=5.0
+                    )
             except (OSError, NetcollError, TimeoutError):
                 pass
 

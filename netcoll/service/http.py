@@ -42,9 +42,17 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Ready = Callable[[], "tuple[bool, str]"]
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable",
-            505: "HTTP Version Not Supported"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
+}
 
 
 class _BadRequest(Exception):
@@ -108,8 +116,14 @@ class HttpServer:
                 return
             self.requests += 1
             status, body, ctype = self._route(method, path)
-            await self._send(writer, status, body, ctype=ctype, head=method == "HEAD",
-                             extra="Allow: GET, HEAD\r\n" if status == 405 else "")
+            await self._send(
+                writer,
+                status,
+                body,
+                ctype=ctype,
+                head=method == "HEAD",
+                extra="Allow: GET, HEAD\r\n" if status == 405 else "",
+            )
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             pass
         except Exception:
@@ -195,12 +209,21 @@ class HttpServer:
             return 500, f"internal error: {exc!r}\n", text
 
     @staticmethod
-    async def _send(writer: asyncio.StreamWriter, status: int, body: str, *, ctype: str = "text/plain; charset=utf-8",
-                    head: bool = False, extra: str = "") -> None:
+    async def _send(
+        writer: asyncio.StreamWriter,
+        status: int,
+        body: str,
+        *,
+        ctype: str = "text/plain; charset=utf-8",
+        head: bool = False,
+        extra: str = "",
+    ) -> None:
         data = body.encode("utf-8")
-        header = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
-                  f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
-                  f"Cache-Control: no-store\r\nConnection: close\r\n{extra}\r\n").encode("ascii")
+        header = (
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
+            f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
+            f"Cache-Control: no-store\r\nConnection: close\r\n{extra}\r\n"
+        ).encode("ascii")
         writer.write(header if head else header + data)
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT):
@@ -234,16 +257,20 @@ class Exposition:
     def __init__(self) -> None:
         self._lines: list[str] = []
 
-    def add(self, name: str, kind: str, help_text: str,
-            samples: float | bool | Iterable[tuple[dict[str, Any], float | int | bool | None]] | None) -> None:
+    def add(
+        self,
+        name: str,
+        kind: str,
+        help_text: str,
+        samples: float | bool | Iterable[tuple[dict[str, Any], float | int | bool | None]] | None,
+    ) -> None:
         self._lines.append(f"# HELP {name} {help_text}")
         self._lines.append(f"# TYPE {name} {kind}")
         if samples is None or isinstance(samples, (int, float, bool)):
             samples = [({}, samples)]
         for labels, value in samples:
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            self._lines.append(f"{name}{{{label_text}}} {_number(value)}" if label_text
-                               else f"{name} {_number(value)}")
+            self._lines.append(f"{name}{{{label_text}}} {_number(value)}" if label_text else f"{name} {_number(value)}")
 
     def render(self) -> str:
         return "\n".join(self._lines) + "\n"
@@ -252,6 +279,7 @@ class Exposition:
 def _version() -> str:
     try:
         from .. import __version__
+
         return str(__version__)
     except Exception:  # noqa: BLE001
         return "unknown"
@@ -262,8 +290,12 @@ def coordinator_metrics(coord: Coordinator, svc: JobService, started: float | No
     from .jobs import JobState
 
     out = Exposition()
-    out.add("netcoll_info", "gauge", "Constant 1, labelled with the role and version.",
-            [({"role": "coordinator", "version": _version()}, 1)])
+    out.add(
+        "netcoll_info",
+        "gauge",
+        "Constant 1, labelled with the role and version.",
+        [({"role": "coordinator", "version": _version()}, 1)],
+    )
     if started is not None:
         out.add("netcoll_start_time_seconds", "gauge", "Unix time the process started serving.", started)
     members = list(svc.members.values())
@@ -273,23 +305,45 @@ def coordinator_metrics(coord: Coordinator, svc: JobService, started: float | No
     out.add("netcoll_epoch", "gauge", "Current membership epoch (0 before the first job).", svc.epoch)
     out.add("netcoll_groups", "gauge", "Rendezvous groups (embedded use) at this coordinator.", len(coord.groups))
     totals = getattr(svc, "finished", None) or {}
-    out.add("netcoll_jobs_total", "counter", "Jobs that ended, by final state.",
-            [({"state": s.value}, int(totals.get(s.value, 0)))
-             for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)])
-    out.add("netcoll_jobs_submitted_total", "counter", "Jobs accepted by the coordinator.",
-            int(getattr(svc, "submitted", 0)))
+    out.add(
+        "netcoll_jobs_total",
+        "counter",
+        "Jobs that ended, by final state.",
+        [
+            ({"state": s.value}, int(totals.get(s.value, 0)))
+            for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+        ],
+    )
+    out.add(
+        "netcoll_jobs_submitted_total",
+        "counter",
+        "Jobs accepted by the coordinator.",
+        int(getattr(svc, "submitted", 0)),
+    )
     jobs = list(svc.jobs.values())
     out.add("netcoll_jobs_queued", "gauge", "Jobs waiting to run.", sum(j.state == JobState.QUEUED for j in jobs))
     out.add("netcoll_jobs_running", "gauge", "Jobs running now (at most one at a time).", int(svc.current is not None))
     last = next((j for j in reversed(jobs) if j.state == JobState.SUCCEEDED and j.busbw is not None), None)
     if last is not None:
         labels = {"op": last.spec.op, "dtype": last.spec.dtype}
-        out.add("netcoll_job_busbw_gbps", "gauge", "Bus bandwidth of the last succeeded job (GB/s, nccl-tests).",
-                [(labels, last.busbw)])
-        out.add("netcoll_job_algbw_gbps", "gauge", "Algorithm bandwidth of the last succeeded job (GB/s).",
-                [(labels, last.algbw)])
-        out.add("netcoll_job_time_seconds", "gauge", "Mean time per iteration of the last succeeded job.",
-                [(labels, last.time_s)])
+        out.add(
+            "netcoll_job_busbw_gbps",
+            "gauge",
+            "Bus bandwidth of the last succeeded job (GB/s, nccl-tests).",
+            [(labels, last.busbw)],
+        )
+        out.add(
+            "netcoll_job_algbw_gbps",
+            "gauge",
+            "Algorithm bandwidth of the last succeeded job (GB/s).",
+            [(labels, last.algbw)],
+        )
+        out.add(
+            "netcoll_job_time_seconds",
+            "gauge",
+            "Mean time per iteration of the last succeeded job.",
+            [(labels, last.time_s)],
+        )
         out.add("netcoll_job_world_size", "gauge", "Ranks of the last succeeded job.", [(labels, last.world_size)])
     return out.render()
 
@@ -297,23 +351,47 @@ def coordinator_metrics(coord: Coordinator, svc: JobService, started: float | No
 def rank_metrics(daemon: RankDaemon, started: float | None = None) -> str:
     """``/metrics`` of a rank daemon."""
     out = Exposition()
-    out.add("netcoll_info", "gauge", "Constant 1, labelled with the role, member id and version.",
-            [({"role": "rank", "member_id": daemon.member_id, "version": _version()}, 1)])
+    out.add(
+        "netcoll_info",
+        "gauge",
+        "Constant 1, labelled with the role, member id and version.",
+        [({"role": "rank", "member_id": daemon.member_id, "version": _version()}, 1)],
+    )
     if started is not None:
         out.add("netcoll_start_time_seconds", "gauge", "Unix time the process started serving.", started)
-    out.add("netcoll_rank_registered", "gauge", "Whether registered with the coordinator (1) or not (0).",
-            bool(daemon.registered))
+    out.add(
+        "netcoll_rank_registered",
+        "gauge",
+        "Whether registered with the coordinator (1) or not (0).",
+        bool(daemon.registered),
+    )
     out.add("netcoll_rank_epoch", "gauge", "Epoch of the current links (0: none yet).", daemon.epoch or 0)
-    out.add("netcoll_rank_rank", "gauge", "Rank in the current epoch (-1: none yet).",
-            -1 if daemon.rank is None else daemon.rank)
-    out.add("netcoll_rank_busy", "gauge", "Whether a job runs on this rank now (1) or not (0).",
-            daemon.current_job is not None)
-    out.add("netcoll_rank_jobs_total", "counter", "Jobs this daemon ran, by result.",
-            [({"result": "ok"}, daemon.jobs_done), ({"result": "failed"}, daemon.jobs_failed)])
+    out.add(
+        "netcoll_rank_rank",
+        "gauge",
+        "Rank in the current epoch (-1: none yet).",
+        -1 if daemon.rank is None else daemon.rank,
+    )
+    out.add(
+        "netcoll_rank_busy",
+        "gauge",
+        "Whether a job runs on this rank now (1) or not (0).",
+        daemon.current_job is not None,
+    )
+    out.add(
+        "netcoll_rank_jobs_total",
+        "counter",
+        "Jobs this daemon ran, by result.",
+        [({"result": "ok"}, daemon.jobs_done), ({"result": "failed"}, daemon.jobs_failed)],
+    )
     buffers = list(daemon.buffers.values())
     out.add("netcoll_rank_buffers", "gauge", "Named tensors kept on this rank.", len(buffers))
-    out.add("netcoll_rank_buffer_bytes", "gauge", "Bytes held by named tensors.",
-            sum(int(getattr(b, "nbytes", 0)) for b in buffers))
+    out.add(
+        "netcoll_rank_buffer_bytes",
+        "gauge",
+        "Bytes held by named tensors.",
+        sum(int(getattr(b, "nbytes", 0)) for b in buffers),
+    )
     return out.render()
 
 
@@ -326,6 +404,7 @@ def coordinator_ready(coord: Coordinator, stopping: Callable[[], bool] = lambda:
         except RuntimeError:
             return False, "not listening"
         return True, "listening"
+
     return ready
 
 
@@ -336,10 +415,16 @@ def rank_ready(daemon: RankDaemon, stopping: Callable[[], bool] = lambda: False)
         if not daemon.registered:
             return False, f"not registered with the coordinator at {daemon.coordinator}"
         return True, "registered"
+
     return ready
 
 
 __all__ = [
-    "PATHS", "Exposition", "HttpServer", "coordinator_metrics", "coordinator_ready", "rank_metrics",
+    "PATHS",
+    "Exposition",
+    "HttpServer",
+    "coordinator_metrics",
+    "coordinator_ready",
+    "rank_metrics",
     "rank_ready",
 ]

@@ -92,10 +92,10 @@ def split_inputs(spec: JobSpec, inputs: Any, payload: memoryview) -> Inputs | No
         nbytes = meta.get("nbytes") if isinstance(meta, dict) else None
         if not isinstance(nbytes, int) or nbytes < 0 or offset + nbytes > payload.nbytes:
             raise ValueError("inputs.arrays do not match the payload sent")
-        arr = array_from_meta(meta, payload[offset:offset + nbytes])  # validates dtype/shape/size
+        arr = array_from_meta(meta, payload[offset : offset + nbytes])  # validates dtype/shape/size
         if spec.op != "put" and arr.dtype != spec.np_dtype:
             raise ValueError(f"the job says dtype={spec.dtype} but the array sent is {arr.dtype}")
-        blobs.append(bytes(payload[offset:offset + nbytes]))
+        blobs.append(bytes(payload[offset : offset + nbytes]))
         offset += nbytes
     if offset != payload.nbytes:
         raise ValueError(f"payload has {payload.nbytes - offset} bytes beyond the arrays described")
@@ -156,14 +156,25 @@ class Job:
 
     def record(self, with_results: bool = False) -> Any:
         rec: dict[str, Any] = {
-            "id": self.id, "state": self.state.value, "op": self.spec.op, "error": self.error,
-            "spec": self.spec.model_dump(), "submitted_at": self.submitted_at, "started_at": self.started_at,
-            "finished_at": self.finished_at, "epoch": self.epoch, "world_size": self.world_size,
-            "ranks": [{"rank": r, "member_id": mid, "address": self.addresses.get(r)}
-                      for r, mid in sorted(self.members.items())],
+            "id": self.id,
+            "state": self.state.value,
+            "op": self.spec.op,
+            "error": self.error,
+            "spec": self.spec.model_dump(),
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "epoch": self.epoch,
+            "world_size": self.world_size,
+            "ranks": [
+                {"rank": r, "member_id": mid, "address": self.addresses.get(r)}
+                for r, mid in sorted(self.members.items())
+            ],
             "timings": {str(r): rep.get("timings", []) for r, rep in sorted(self.reports.items())},
             "time_us": None if self.time_s is None else self.time_s * 1e6,
-            "algbw": self.algbw, "busbw": self.busbw, "verified": self.verified,
+            "algbw": self.algbw,
+            "busbw": self.busbw,
+            "verified": self.verified,
             "wrong": sum(int(rep.get("wrong") or 0) for rep in self.reports.values()),
             "progress": self.progress or None,
         }

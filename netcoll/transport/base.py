@@ -65,8 +65,11 @@ class Transport:
         if link is None or not link.usable:
             if self.closed:
                 raise CommunicatorClosed("transport is closed")
-            cause = self.mailbox.dead.get(peer) or (link.lost if link else None) or (
-                "connection closing" if link else "not linked")
+            cause = (
+                self.mailbox.dead.get(peer)
+                or (link.lost if link else None)
+                or ("connection closing" if link else "not linked")
+            )
             raise PeerLost(f"no connection to rank {peer}: {cause}", ranks=(peer,))
         try:
             await link.send(kind, header, payload)
@@ -83,8 +86,14 @@ class Transport:
 
     async def abort(self, op: Operation, cause: str, reason: str, ranks: tuple[int, ...] = ()) -> None:
         """Tell every other live member of ``op`` that it failed here."""
-        header = {"g": op.group, "q": op.seq, "reason": reason, "origin": self.rank, "cause": cause,
-                  "ranks": list(ranks)}
+        header = {
+            "g": op.group,
+            "q": op.seq,
+            "reason": reason,
+            "origin": self.rank,
+            "cause": cause,
+            "ranks": list(ranks),
+        }
         for peer in op.members:
             if peer != self.rank and peer not in self.mailbox.dead:
                 try:
@@ -154,34 +163,45 @@ class Channel:
         self._mailbox = transport.mailbox
         self._head = {"g": op.group, "q": op.seq, "f": op.fp}
 
-    async def send(self, peer: int, data: np.ndarray | memoryview | bytes, *, step: int, chunk: int = 0,
-                   meta: dict[str, Any] | None = None) -> None:
+    async def send(
+        self,
+        peer: int,
+        data: np.ndarray | memoryview | bytes,
+        *,
+        step: int,
+        chunk: int = 0,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         """Send ``data`` (any C-contiguous buffer) to group rank ``peer``."""
         header = dict(self._head, s=step, c=chunk)
         if meta is not None:
             header["m"] = meta
         await self.transport.send(self.members[peer], Kind.DATA, header, as_bytes(data))
 
-    def post(self, peer: int, *, step: int, chunk: int = 0,
-             out: np.ndarray | memoryview | None = None) -> asyncio.Future[tuple[memoryview, dict[str, Any]]]:
+    def post(
+        self, peer: int, *, step: int, chunk: int = 0, out: np.ndarray | memoryview | None = None
+    ) -> asyncio.Future[tuple[memoryview, dict[str, Any]]]:
         """Post a receive now (no await) and return its future of ``(payload,
         header)``. A receive posted before its message arrives gets the bytes
         written straight into ``out``. Awaiting the future is :meth:`recv_meta`."""
-        return self._mailbox.take(self.op, (self.members[peer], step, chunk),
-                                  None if out is None else as_bytes(out))
+        return self._mailbox.take(self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out))
 
-    async def recv(self, peer: int, *, step: int, chunk: int = 0,
-                   out: np.ndarray | memoryview | None = None) -> memoryview:
+    async def recv(
+        self, peer: int, *, step: int, chunk: int = 0, out: np.ndarray | memoryview | None = None
+    ) -> memoryview:
         """Receive the matching message from group rank ``peer``. With ``out``
         the bytes land in it (sizes must match exactly) and a byte view of
         ``out`` is returned; without, a fresh writable buffer is returned."""
         payload, _ = await self._mailbox.take(
-            self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out))
+            self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out)
+        )
         return payload  # type: ignore[no-any-return]
 
-    async def recv_meta(self, peer: int, *, step: int, chunk: int = 0,
-                        out: np.ndarray | memoryview | None = None) -> tuple[memoryview, dict[str, Any] | None]:
+    async def recv_meta(
+        self, peer: int, *, step: int, chunk: int = 0, out: np.ndarray | memoryview | None = None
+    ) -> tuple[memoryview, dict[str, Any] | None]:
         """Like :meth:`recv`, also returning the sender's ``meta`` (or None)."""
         payload, header = await self._mailbox.take(
-            self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out))
+            self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out)
+        )
         return payload, header.get("m")

@@ -77,8 +77,15 @@ class Mailbox:
         self._rank_of: dict[tuple[int, ...], dict[int, int]] = {}  # members -> {world rank: group rank}
 
     # -- operation lifecycle (the engine) ----------------------------------------------
-    def open(self, group: str, seq: int, fp: str, members: tuple[int, ...], name: str,
-             loop: asyncio.AbstractEventLoop | None = None) -> Operation:
+    def open(
+        self,
+        group: str,
+        seq: int,
+        fp: str,
+        members: tuple[int, ...],
+        name: str,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Operation:
         """Open and start operation ``(group, seq)``: it receives what arrived for it."""
         key = (group, seq)
         if key in self.ops:
@@ -226,8 +233,12 @@ class Mailbox:
             return
         r = op.me(late["origin"])
         earlier = self.succeeded.get(op.group, {}).get(late["q"], "collective")
-        op.fail_with(Reason.ABORTED, f"{op.where()} not started: {earlier} #{late['q']} failed on rank {r} after "
-                     f"this rank had finished its part ({late['cause']}: {late['reason']})", (r,))
+        op.fail_with(
+            Reason.ABORTED,
+            f"{op.where()} not started: {earlier} #{late['q']} failed on rank {r} after "
+            f"this rank had finished its part ({late['cause']}: {late['reason']})",
+            (r,),
+        )
 
 
 def _reason_of_error(exc: BaseException) -> Reason:
