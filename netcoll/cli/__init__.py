@@ -51,7 +51,7 @@ __all__ = ["COLLECTIVES", "COMMANDS", "PROG", "REDUCE_OPS", "CliError", "build_p
 #: Every command, in ``--help`` order; each is the module ``netcoll.cli.<command>``.
 COMMANDS = ("coordinator", "rank", "up", "submit", "status", "health", "bench")
 
-_flags = flags  # the name tests/test_deploy_static.py uses
+_flags = flags  # the name tests/deploy/test_deploy_static.py uses
 
 
 def _command_module(name: str) -> ModuleType:

@@ -35,6 +35,7 @@ import pytest
 import netcoll
 from netcoll.collectives import NAMES as OPS
 from netcoll.config import ConfigError, RankConfig, SubmitConfig, UpConfig
+from tests.support import REPO
 
 pytestmark = [
     pytest.mark.tcp,
@@ -43,7 +44,6 @@ pytestmark = [
     ),
 ]
 
-REPO = Path(__file__).resolve().parent.parent
 TOKEN = "cli-test-" + secrets.token_hex(8)
 
 

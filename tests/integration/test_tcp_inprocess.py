@@ -20,6 +20,7 @@ from netcoll import CollectiveAborted, CollectiveTimeout, Communicator, PeerLost
 from netcoll.ops import BFLOAT16, reduce_reference
 from netcoll.transport import auth, tcp
 from netcoll.wire import FrameDecoder, Kind, encode_header
+from tests.support import REPO
 
 pytestmark = pytest.mark.tcp
 
@@ -351,7 +352,7 @@ async def test_broadcast_256_mib_over_tcp() -> None:
 
 # -- the examples (the README's first command runs examples/local_cluster.py) ------------------
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+EXAMPLES = str(REPO / "examples")
 
 
 async def run_example(*args: str, limit: float = 60) -> tuple[int, str, str]:

@@ -21,8 +21,7 @@ from netcoll.collectives import NAMES, REGISTRY, WITH_DATA, Collective
 from netcoll.comm import Communicator
 from netcoll.ops import BFLOAT16, reduce_reference
 from netcoll.testdata import PERIOD, TestData
-
-from .conftest import run_world
+from tests.support import run_world
 
 
 def _collective_methods() -> dict[str, inspect.Signature]:

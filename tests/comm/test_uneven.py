@@ -12,8 +12,7 @@ from netcoll import CollectiveAborted, MismatchError
 from netcoll.comm import Communicator
 from netcoll.ops import BFLOAT16, ReduceOp, finalize, reduce_into
 from netcoll.transport.memory import MemoryHub
-
-from .conftest import memory_world, rank_data, run_world, run_world_settled, valid_ops
+from tests.support import memory_world, rank_data, run_world, run_world_settled, valid_ops
 
 WORLD_SIZES = [1, 2, 3, 5]
 DTYPES = [np.float32, np.int64, BFLOAT16, np.bool_, np.complex64, np.float16, np.uint8]

@@ -26,8 +26,7 @@ from netcoll.algorithms import ALGORITHMS, DEFAULT_SEGMENT_BYTES, choose, direct
 from netcoll.errors import CommunicatorClosed, MismatchError, PeerLost
 from netcoll.ops import ReduceOp, finalize, reduce_reference
 from netcoll.transport.base import Channel
-
-from .conftest import Group, MakeGroup
+from tests.support import Group, MakeGroup
 
 SIZES = [1, 2, 3, 4, 5, 8]
 COUNTS = [0, 1, 7, 1000]

@@ -20,8 +20,7 @@ from netcoll.errors import (
     PeerLost,
 )
 from netcoll.operation import Reason, Work
-
-from .conftest import memory_world
+from tests.support import memory_world
 
 
 async def test_calls_return_work_and_await_unchanged() -> None:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from netcoll.sizes import format_size, parse_size, size_error
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
 
 GOOD = [
     ("4", 4),

@@ -336,8 +336,7 @@ async def test_job_iterations_reuse_the_first_result_buffer(op: str, monkeypatch
     """A job's calls after the first write into the first call's result (no
     allocation per iteration) and the last result still verifies."""
     import netcoll.service.runner as runner
-
-    from .conftest import run_world
+    from tests.support import run_world
 
     spec = JobSpec(op=op, size=4096, iters=3, warmup=2, root=1)
     seen: dict[int, list[int]] = {}

@@ -21,10 +21,11 @@ import pytest
 
 from netcoll import cli, config
 from netcoll.service.http import PATHS
+from tests.support import REPO
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the compose and Kubernetes files")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 K8S = ROOT / "deploy" / "k8s"

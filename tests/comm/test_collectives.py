@@ -12,8 +12,7 @@ import pytest
 
 from netcoll import algorithms
 from netcoll.ops import BFLOAT16, ReduceOp, reduce_reference
-
-from .conftest import rank_data, run_world, valid_ops
+from tests.support import rank_data, run_world, valid_ops
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 COUNTS = [0, 1, 7, 1000]
@@ -353,8 +352,7 @@ async def test_scatter_into_out_is_a_different_call_from_scatter_without() -> No
     """scatter with out= on some ranks and without on others is a mismatch
     (the two move different messages), reported on every rank, never a hang."""
     from netcoll import CollectiveError
-
-    from .conftest import run_world_settled
+    from tests.support import run_world_settled
 
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
 

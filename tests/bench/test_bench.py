@@ -19,8 +19,9 @@ from netcoll.bench import add_arguments, config_from_args, report
 from netcoll.bench.common import OPS, SweepConfig, geometry, make_row, parse_ops, sweep_sizes
 from netcoll.bench.local import run_local
 from netcoll.sizes import format_size
+from tests.support import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 
 
 # -- pure parts ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""One rank as its own OS process, for the TCP tests (tests/test_tcp_processes.py).
+"""One rank as its own OS process, for the TCP tests (tests/integration/test_tcp_processes.py).
 
-    python tests/tcp_worker.py ADDRESS WORLD_SIZE SCENARIO INDEX
+    python tests/integration/tcp_worker.py ADDRESS WORLD_SIZE SCENARIO INDEX
 
 Joins at ADDRESS from source address 127.0.0.(INDEX+2) (standing in for a
 separate host), runs SCENARIO, and prints one JSON line: {"ok": true, ...} or
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import netcoll
 from netcoll.ops import BFLOAT16, reduce_reference

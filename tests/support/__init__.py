@@ -1,0 +1,18 @@
+"""Helpers shared by the tests (fixtures themselves live in tests/conftest.py)."""
+
+from .groups import TRANSPORTS, Group, MakeGroup, memory_group, tcp_group
+from .worlds import REPO, memory_world, rank_data, run_world, run_world_settled, valid_ops
+
+__all__ = [
+    "REPO",
+    "TRANSPORTS",
+    "Group",
+    "MakeGroup",
+    "memory_group",
+    "memory_world",
+    "rank_data",
+    "run_world",
+    "run_world_settled",
+    "tcp_group",
+    "valid_ops",
+]
