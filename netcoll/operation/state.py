@@ -1,115 +1,17 @@
-"""One operation's life, and every way it can end (no I/O here).
-
-An *operation* is one collective (or one point-to-point message) of one
-group, numbered ``seq`` when it is issued. Its states::
-
-    ISSUED ──start()──▶ RUNNING ──succeed()──▶ SUCCEEDED
-       │                   │
-       └──────fail()───────┴──────────────────▶ FAILED
-
-and it fails for exactly one :class:`Reason`, the first one that happens
-(later failures are ignored). :class:`Failure` is that reason with its
-message and the ranks it names; :meth:`Failure.error` is the typed exception
-users see (its ``.reason`` is the same value). The rules that decide *what* a
-frame or an event means for an operation are the methods of
-:class:`Operation` — a frame with another call's fingerprint is a mismatch,
-an ABORT is the sender's failure, a lost peer is ``PEER_LOST`` unless it
-left in order after finishing its part — so the mailbox only routes frames
-to operations and the engine only drives them.
-
-:class:`Work` is the public handle of an issued operation (``netcoll.Work``):
-an awaitable future with ``done/result/exception/add_done_callback/cancel``
-and a thread-safe blocking :meth:`Work.wait`.
-"""
+"""One operation on this rank: its state, posted receives, what arrived
+early, and the rules that decide what a frame or an event means for it."""
 
 from __future__ import annotations
 
 import asyncio
-import enum
-import threading
-from collections.abc import Callable, Coroutine, Generator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from .errors import (
-    CollectiveAborted,
-    CollectiveCancelled,
-    CollectiveClosed,
-    CollectiveError,
-    CollectiveTimeout,
-    LimitExceeded,
-    MismatchError,
-    PeerLost,
-)
+from ..errors import CollectiveClosed
+from .reasons import Failure, Reason, State, reason_of
 
 SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
 Release = Callable[[int, int], None]  # (src world rank, payload bytes) no longer held
-
-
-class State(enum.Enum):
-    ISSUED = "issued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
-class Reason(str, enum.Enum):
-    """Why an operation failed. The values are the ``cause`` of ABORT frames."""
-
-    PEER_LOST = "lost"  # a link to a member broke (or it left before sending its part)
-    TIMEOUT = "timeout"  # the deadline passed; names whom we waited for
-    MISMATCH = "mismatch"  # ranks called different collectives / shapes / sizes
-    CANCELLED = "cancelled"  # Work.cancel() or the awaiting task was cancelled
-    CLOSED = "closed"  # the communicator or transport closed under it
-    LIMIT = "limit"  # a peer declared more than a configured limit
-    ABORTED = "aborted"  # another member failed it and told us why
-    ERROR = "error"  # an unexpected error (a bug) in an algorithm
-
-
-ERROR_CLASSES: dict[Reason, type[CollectiveError]] = {
-    Reason.PEER_LOST: PeerLost,
-    Reason.TIMEOUT: CollectiveTimeout,
-    Reason.MISMATCH: MismatchError,
-    Reason.CANCELLED: CollectiveCancelled,
-    Reason.CLOSED: CollectiveClosed,
-    Reason.LIMIT: LimitExceeded,
-    Reason.ABORTED: CollectiveAborted,
-    Reason.ERROR: CollectiveError,
-}
-
-
-def reason_of(cause: str) -> Reason:
-    """The :class:`Reason` an ABORT frame's ``cause`` names (unknown: ERROR)."""
-    try:
-        return Reason(cause)
-    except ValueError:
-        return Reason.ERROR
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """How an operation ended, as one value.
-
-    Attributes:
-        reason: the typed reason.
-        message: the user-facing message (names the operation and the ranks).
-        ranks: group ranks the failure is about (lost, missing, mismatching, cancelling).
-        told: the other members already know (it came from one of them, or we
-            told them), so no ABORT is sent for it.
-        waiting: on a timeout reported by a peer, the group ranks *this* rank was
-            itself waiting for (sent on, so the chain of waits can be explained).
-    """
-
-    reason: Reason
-    message: str
-    ranks: tuple[int, ...] = ()
-    told: bool = False
-    waiting: tuple[int, ...] = ()
-
-    def error(self, op: Operation) -> CollectiveError:
-        exc = ERROR_CLASSES[self.reason](self.message, op=op.name, seq=op.seq, ranks=self.ranks)
-        exc.reason = self.reason
-        return exc
 
 
 def _ranks(ranks: Any) -> str:
@@ -390,95 +292,3 @@ def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)
         fut.exception()  # retrieved: the operation raises its error itself
-
-
-_future_init = asyncio.Future.__init__
-
-
-class Work(asyncio.Future[Any]):
-    """An issued operation (``netcoll.Work``): its place in the group's
-    sequence was fixed when the collective was called.
-
-    Await it (``y = await comm.all_reduce(x)``), or keep it and await it
-    later, in any order with other Works. ``done()``, ``result()``,
-    ``exception()``, ``add_done_callback(fn)`` are those of an asyncio
-    future. :meth:`cancel` (also what cancelling a task that awaits the Work
-    does) aborts the collective on every rank of the group: the others fail
-    with :class:`~netcoll.errors.CollectiveCancelled` naming this rank, the
-    communicator stays usable and the next collective is correct.
-    :meth:`wait` blocks a thread other than the event loop's.
-
-    Attributes:
-        name: the collective (``"all_reduce"``...).
-        seq: its sequence number in its group (``None`` when it needed no
-            communication, e.g. on a group of one).
-    """
-
-    __slots__ = ("name", "seq", "op", "_drive", "_driver")
-
-    def __init__(self, name: str, seq: int | None, *, loop: asyncio.AbstractEventLoop) -> None:
-        _future_init(self, loop=loop)  # (not super(): this is on every collective's path)
-        self.name = name
-        self.seq = seq
-        self.op: Operation | None = None
-        #: the operation's driver coroutine function, until a task claims it
-        self._drive: Callable[[], Coroutine[Any, Any, None]] | None = None
-        #: the task running the operation (the first awaiting task, or one of its own)
-        self._driver: asyncio.Task[Any] | None = None
-
-    def __repr__(self) -> str:
-        state = (
-            "pending"
-            if not self.done()
-            else "cancelled"
-            if self.cancelled()
-            else ("failed" if self.exception() is not None else "done")
-        )
-        return f"<Work {self.name} #{self.seq} {state}>"
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        drive = self._drive
-        if drive is None or self.done():
-            return (yield from super().__await__())
-        self._drive = None  # run it in this task: no task of its own, no extra wake-ups
-        yield from drive().__await__()
-        return self.result()
-
-    @classmethod
-    def completed(cls, name: str, value: Any) -> Work:
-        """A Work that needed no communication, done with ``value``."""
-        work = cls(name, None, loop=asyncio.get_running_loop())
-        work.set_result(value)
-        return work
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        """Cancel the operation here and abort it on every other rank."""
-        if self.done():
-            return False
-        driver = self._driver
-        if driver is not None and self.op is not None and not driver.done():
-            driver.cancel(msg)  # interrupts the running body; it aborts on the peers
-            return True
-        return super().cancel(msg)  # not started: it aborts on the peers when it starts
-
-    def wait(self, timeout: float | None = None) -> Any:
-        """Block this thread until the operation ends; return its result or
-        raise its error (``TimeoutError`` if ``timeout`` seconds pass first:
-        the operation goes on). Not from the event loop's own thread: there,
-        ``await`` the Work."""
-        loop = self.get_loop()
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            raise RuntimeError("Work.wait() would block the event loop that runs it; use `await work`")
-        if not self.done():
-            ended = threading.Event()
-            loop.call_soon_threadsafe(self.add_done_callback, lambda _: ended.set())
-            if not ended.wait(timeout):
-                raise TimeoutError(f"{self.name} #{self.seq} did not end within {timeout:g}s")
-        return self.result()
-
-
-__all__ = ["ERROR_CLASSES", "Failure", "Operation", "Reason", "SlotKey", "State", "Work", "reason_of"]
