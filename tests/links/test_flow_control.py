@@ -526,7 +526,7 @@ def test_feed_each_hands_over_each_frame_before_the_next_sink() -> None:
 
 
 def test_decoder_joins_chunks_direct_writes_and_feeds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wire, "CHUNK", 1000)
+    monkeypatch.setattr(wire.decoder, "CHUNK", 1000)
     payload = np.random.default_rng(3).integers(0, 256, 4567, dtype=np.uint8).tobytes()
     stream = b"".join(bytes(p) for p in encode(Kind.DATA, {"g": "g", "q": 1, "s": 0, "c": 0, "f": "x"}, payload))
     stream += b"".join(bytes(p) for p in encode(Kind.PING, {}))
