@@ -323,6 +323,14 @@ def coordinator_metrics(coord: Coordinator, svc: JobService, started: float | No
     jobs = list(svc.jobs.values())
     out.add("netcoll_jobs_queued", "gauge", "Jobs waiting to run.", sum(j.state == JobState.QUEUED for j in jobs))
     out.add("netcoll_jobs_running", "gauge", "Jobs running now (at most one at a time).", int(svc.current is not None))
+    _last_job(out, jobs)
+    return out.render()
+
+
+def _last_job(out: Exposition, jobs: list[Any]) -> None:
+    """The gauges of the last succeeded job (issue 13 replaces them with histograms)."""
+    from .jobs import JobState
+
     last = next((j for j in reversed(jobs) if j.state == JobState.SUCCEEDED and j.busbw is not None), None)
     if last is not None:
         labels = {"op": last.spec.op, "dtype": last.spec.dtype}
@@ -345,7 +353,6 @@ def coordinator_metrics(coord: Coordinator, svc: JobService, started: float | No
             [(labels, last.time_s)],
         )
         out.add("netcoll_job_world_size", "gauge", "Ranks of the last succeeded job.", [(labels, last.world_size)])
-    return out.render()
 
 
 def rank_metrics(daemon: RankDaemon, started: float | None = None) -> str:
