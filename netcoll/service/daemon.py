@@ -246,7 +246,7 @@ class RankDaemon:
                 # in a thread (numpy releases the GIL), so heartbeats and links stay served.
                 x = await asyncio.to_thread(self._input, spec, event, rank, world)
                 y, timings, nbytes = await run_collective(comm, spec, x, self._progress(job_id, rank))
-            report.update(timings=timings, nbytes=nbytes)
+            report.update(timings=timings, nbytes=nbytes, links=_link_kinds(comm))
             if spec.data == "generated" and spec.op not in ("barrier",):
                 report["verified"], report["wrong"] = await asyncio.to_thread(verify, spec, rank, world, y)
             payload = self._output(spec, rank, y, report)
@@ -334,3 +334,8 @@ class RankDaemon:
         arr = np.ascontiguousarray(y)
         report["result"] = meta_of(arr)
         return arr.reshape(-1).view(np.uint8).tobytes()
+
+
+def _link_kinds(comm: Communicator) -> dict[str, str]:
+    """The kind of link ("tcp", ...) this rank used to each peer, by group rank."""
+    return {str(peer): str(stats["kind"]) for peer, stats in comm.link_stats().items()}

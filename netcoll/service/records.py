@@ -171,6 +171,8 @@ class Job:
                 for r, mid in sorted(self.members.items())
             ],
             "timings": {str(r): rep.get("timings", []) for r, rep in sorted(self.reports.items())},
+            # rank -> {peer rank: link kind}: which connection each pair of ranks used
+            "links": {str(r): rep.get("links", {}) for r, rep in sorted(self.reports.items())},
             "time_us": None if self.time_s is None else self.time_s * 1e6,
             "algbw": self.algbw,
             "busbw": self.busbw,

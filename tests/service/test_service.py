@@ -78,6 +78,8 @@ async def test_every_collective_generated_and_verified() -> None:
                 rec = await client.run(op, size="64KiB", dtype=dtype, iters=2, warmup=1, root=2 % 3)
                 assert rec["state"] == "succeeded", rec
                 assert rec["world_size"] == 3 and len(rec["timings"]) == 3
+                # the kind of link each rank used to each other rank shows in the job's stats
+                assert rec["links"] == {str(r): {str(p): "tcp" for p in range(3) if p != r} for r in range(3)}
                 assert rec["verified"] is (None if op == "barrier" else True)
                 if op != "barrier":
                     assert rec["busbw"] > 0 and rec["time_us"] > 0
