@@ -176,6 +176,8 @@ class Engine:
             except asyncio.CancelledError:
                 if not deadline.expired or task.uncancel() > deadline.cancelling:
                     # cancelled: the Work, the task awaiting it, or the loop shutting down
+                    if work._cancelling:  # work.cancel(): the task that ran it was not cancelled itself
+                        task.uncancel()
                     op.fail(self._cancelled(op))
                     await self._abort(op)
                     if not work.done():

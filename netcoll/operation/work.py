@@ -31,7 +31,7 @@ class Work(asyncio.Future[Any]):
             communication, e.g. on a group of one).
     """
 
-    __slots__ = ("name", "seq", "op", "_drive", "_driver")
+    __slots__ = ("name", "seq", "op", "_drive", "_driver", "_cancelling")
 
     def __init__(self, name: str, seq: int | None, *, loop: asyncio.AbstractEventLoop) -> None:
         _future_init(self, loop=loop)  # (not super(): this is on every collective's path)
@@ -42,6 +42,8 @@ class Work(asyncio.Future[Any]):
         self._drive: Callable[[], Coroutine[Any, Any, None]] | None = None
         #: the task running the operation (the first awaiting task, or one of its own)
         self._driver: asyncio.Task[Any] | None = None
+        #: cancel() interrupted the driver (undone on it: the Work was cancelled, not the task)
+        self._cancelling = False
 
     def __repr__(self) -> str:
         state = (
@@ -74,6 +76,7 @@ class Work(asyncio.Future[Any]):
             return False
         driver = self._driver
         if driver is not None and self.op is not None and not driver.done():
+            self._cancelling = True
             driver.cancel(msg)  # interrupts the running body; it aborts on the peers
             return True
         return super().cancel(msg)  # not started: it aborts on the peers when it starts

@@ -195,3 +195,29 @@ async def test_link_stats_show_the_link_kind_per_group_rank() -> None:
     stats = subs[1].link_stats()
     assert list(stats) == [1] and stats[1]["kind"] == "memory" and stats[1]["peer"] == 2
     assert stats[1]["bytes_sent"] > 0 and stats[1]["unexpected_bytes"] == 0
+
+
+async def test_cancelling_a_work_run_inline_leaves_the_awaiting_task_uncancelled() -> None:
+    """As with any asyncio future: the awaiting task sees CancelledError, but
+    it was not itself cancelled (asyncio.timeout and TaskGroups rely on that)."""
+    _, comms = memory_world(2)
+    issued: list[Work] = []
+
+    async def waiter() -> int:
+        issued.append(comms[0].barrier())
+        try:
+            await issued[0]  # runs the barrier inline in this task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            assert me is not None
+            return me.cancelling()
+        return -1
+
+    task = asyncio.ensure_future(waiter())
+    await asyncio.sleep(0.01)
+    work = issued[0]
+    assert work._driver is task and work.cancel()
+    assert await task == 0
+    assert work.cancelled()
+    with pytest.raises(CollectiveCancelled):
+        await comms[1].barrier()
