@@ -15,12 +15,20 @@ per frame kind live in :class:`netcoll.wire.Limits`, built from these.
 limit                               default      bounds
 ==================================  ===========  ==================================================
 max_world_size                      4096         ranks a group or job may declare (coordinator)
+max_kv_keys                         65536        keys, awaited keys, open barriers per group
+max_kv_key_bytes                    4 KiB        one key-value store key or barrier name (UTF-8)
+max_kv_value_bytes                  16 MiB       one value in the key-value store
+max_kv_bytes                        256 MiB      all values of one group's key-value store
+max_array_bytes                     16 GiB       logical size of one array argument (before any copy)
+max_result_jobs                     32           finished jobs whose result arrays the coordinator keeps
+max_result_bytes                    256 MiB      ... within this many bytes in all (older ones expire)
 max_header_bytes                    64 KiB       msgpack header of a DATA/RPC frame
 max_rpc_payload_bytes               16 GiB       payload of one RPC frame (job inputs, results)
 max_job_bytes                       16 GiB       a job's data per rank
 max_queued_jobs                     1024         jobs waiting at the coordinator
 max_deadline_s                      86400        the longest job deadline accepted
-max_conns_per_source                64           connections from one IP address at once
+max_conns_per_source                256          connections from one IP address at once (one host may
+                                                 run many ranks: each accepts a link from every higher one)
 max_unauth_conns_per_source         8            of those, still in the handshake
 idle_timeout_s                      300          an authenticated RPC connection with no frame
 handshake_timeout_s                 10           from connect to an accepted HELLO
@@ -49,12 +57,19 @@ class Limits:
     """The limits of one process (see the module table)."""
 
     max_world_size: int = 4096
+    max_kv_keys: int = 65536
+    max_kv_key_bytes: int = 4 << 10
+    max_kv_value_bytes: int = 16 << 20
+    max_kv_bytes: int = 256 << 20
+    max_array_bytes: int = 16 << 30
+    max_result_jobs: int = 32
+    max_result_bytes: int = 256 << 20
     max_header_bytes: int = 64 << 10
     max_rpc_payload_bytes: int = 16 << 30
     max_job_bytes: int = 16 << 30
     max_queued_jobs: int = 1024
     max_deadline_s: float = 86400.0
-    max_conns_per_source: int = 64
+    max_conns_per_source: int = 256
     max_unauth_conns_per_source: int = 8
     idle_timeout_s: float = 300.0
     handshake_timeout_s: float = 10.0

@@ -13,8 +13,16 @@ in its HELLO; the coordinator drops it after ``3 x heartbeat`` of silence, and
 the client likewise closes a connection on which the coordinator has been
 silent that long, so both sides notice a dead peer without relying on TCP
 timeouts. Server pushes (``member_lost`` / ``member_left`` and, locally,
-``coordinator_lost``) arrive as dicts on :attr:`RendezvousClient.events` and,
-when set, through the ``on_event`` callback.
+``coordinator_lost``) arrive through the ``on_event`` callback when one is
+set, else as dicts on :attr:`RendezvousClient.events` -- a bounded queue
+(:data:`EVENT_QUEUE_MAX`; when nobody reads it the oldest events are dropped,
+counted in ``events_dropped`` and logged once), so a subscriber that never
+reads cannot make the process grow: the rank daemon gets every job (with its
+inline input bytes) as an event and consumes them through ``on_event``.
+
+When the connection is lost the client unhooks itself from the protocol (and
+drops ``on_event``), so a closed client is freed by reference counting alone,
+without waiting for the cycle collector.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any
 import msgpack
 
 from ..errors import NetcollError, RendezvousError
+from ..escape import escape
 from ..rpc import RpcClient
 from ..wire import Frame, Kind
 from .coordinator import LIVENESS_FACTOR
@@ -41,6 +50,8 @@ log = logging.getLogger("netcoll.rendezvous")
 DEFAULT_HEARTBEAT = 2.0
 DEFAULT_JOIN_TIMEOUT = 300.0
 _REPLY_MARGIN = 5.0  # extra client-side wait so the coordinator's own timeout error wins
+#: events kept for a reader of :attr:`RendezvousClient.events` (oldest dropped beyond)
+EVENT_QUEUE_MAX = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +106,16 @@ class RendezvousClient:
         self.member_id = new_member_id()
         self.group: str | None = None
         self.result: JoinResult | None = None
-        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        #: pushed events while no ``on_event`` is set (bounded: the oldest are dropped)
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue(EVENT_QUEUE_MAX)
+        self.events_dropped = 0
+        #: called with every pushed event instead of queueing it on :attr:`events`
         self.on_event: Callable[[dict[str, Any]], None] | None = None
         self._closing = False
         loop = asyncio.get_running_loop()
         self._unanswered_since: float | None = None  # when the oldest unanswered PING went out
-        self._inner_frame, self._inner_lost = rpc.proto.on_frame, rpc.proto.on_lost
+        self._inner_frame: Callable[[Frame], None] | None = rpc.proto.on_frame
+        self._inner_lost: Callable[[BaseException | None], None] | None = rpc.proto.on_lost
         rpc.proto.on_frame, rpc.proto.on_lost = self._on_frame, self._on_lost
         self._heartbeat_task: asyncio.Task[None] | None = None
         if heartbeat:
@@ -140,18 +155,43 @@ class RendezvousClient:
             self._inner_frame(frame)
 
     def _on_lost(self, exc: BaseException | None) -> None:
-        if self._inner_lost is not None:
-            self._inner_lost(exc)
-        if not self._closing:
-            self._emit({"topic": "coordinator_lost", "reason": str(exc) if exc else "connection closed"})
+        try:
+            if self._inner_lost is not None:
+                self._inner_lost(exc)
+            if not self._closing:
+                self._emit({"topic": "coordinator_lost", "reason": str(exc) if exc else "connection closed"})
+        finally:
+            self._unhook()
+
+    def _unhook(self) -> None:
+        """Break the reference cycles through the protocol (proto -> our bound
+        methods -> self -> rpc -> proto) once nothing more can arrive on it."""
+        proto = self.rpc.proto
+        if proto.on_frame == self._on_frame:
+            proto.on_frame = None
+        if proto.on_lost == self._on_lost:
+            proto.on_lost = None
+        self._inner_frame = self._inner_lost = None
+        self.on_event = None
 
     def _emit(self, event: dict[str, Any]) -> None:
-        self.events.put_nowait(event)
         if self.on_event is not None:
             try:
                 self.on_event(event)
             except Exception:  # a callback bug must not break the connection
                 log.exception("rendezvous on_event callback failed")
+            return
+        if self.events.full():
+            self.events.get_nowait()  # nobody reads: keep the newest, bounded
+            self.events_dropped += 1
+            if self.events_dropped == 1:
+                log.warning(
+                    "rendezvous events from %s are not being read; keeping the last %d (dropped %s)",
+                    escape(self.address),
+                    EVENT_QUEUE_MAX,
+                    escape(event.get("topic")),
+                )
+        self.events.put_nowait(event)
 
     async def _beat(self, interval: float) -> None:
         loop = asyncio.get_running_loop()
@@ -280,7 +320,10 @@ class RendezvousClient:
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
             await asyncio.gather(self._heartbeat_task, return_exceptions=True)
+            self._heartbeat_task = None
         await self.rpc.close()
+        if self.rpc.proto.closed.done():  # connection_lost ran (else _on_lost unhooks us when it does)
+            self._unhook()
 
     async def __aenter__(self) -> RendezvousClient:
         return self

@@ -33,6 +33,16 @@ status     (none)                                                       {groups:
 Values in the store travel as an opaque msgpack payload, so they are not
 bound by the frame header limit and may use any msgpack type (bytes, int map
 keys...).
+
+Limits (:mod:`netcoll.limits`, ``Coordinator(limits=...)``): every count or
+size a request declares is checked before anything is allocated or looped
+over by it -- ``world_size`` against ``max_world_size``, timeouts against
+``max_deadline_s``, keys and barrier names against ``max_kv_key_bytes``,
+values against ``max_kv_value_bytes``, a group's keys (plus keys being waited
+for, plus open barriers) against ``max_kv_keys`` and its stored bytes against
+``max_kv_bytes``. A refusal is a ``RendezvousError`` naming the limit and its
+``NETCOLL_LIMIT_*`` variable, and a WARNING log line here. Peer-supplied
+strings are logged through :func:`netcoll.escape.escape`.
 """
 
 from __future__ import annotations
@@ -47,18 +57,24 @@ from typing import Any
 import msgpack
 
 from ..errors import RendezvousError, RendezvousTimeout
+from ..escape import escape
+from ..limits import DEFAULT, Limits
 from ..rpc import Handler, Reply, RpcServer, Session
 from ..wire import Kind
 from .groups import (
+    INT64_MAX,
+    INT64_MIN,
     Member,
     assign_ranks,
     barrier_timeout_message,
     check_join,
     group_name,
     key_param,
+    limit_error,
     loopback_conflict,
     parse_join,
     resolve_host,
+    show,
     timeout_message,
     timeout_param,
 )
@@ -90,6 +106,7 @@ class _Group:
     waiters: dict[Member, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     members: list[Member] = field(default_factory=list)  # by rank, once running
     kv: dict[str, bytes] = field(default_factory=dict)
+    kv_bytes: int = 0  # sum of the stored values' sizes
     kv_waiters: dict[str, set[asyncio.Future[None]]] = field(default_factory=dict)
     barriers: dict[str, _Barrier] = field(default_factory=dict)
     broken: str | None = None  # why barriers can no longer complete (a member is gone)
@@ -111,11 +128,14 @@ class Coordinator:
     methods with :meth:`register` (the job service does).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, token: str | None = None, *, limits: Limits | None = None
+    ) -> None:
         self.host = host
         self.port = port
         self.token = token
-        self.methods: dict[str, Handler] = {
+        self.limits = DEFAULT if limits is None else limits
+        own: dict[str, Handler] = {
             "join": self._join,
             "leave": self._leave,
             "status": self._status,
@@ -125,6 +145,7 @@ class Coordinator:
             "kv_add": self._kv_add,
             "kv_delete": self._kv_delete,
         }
+        self.methods: dict[str, Handler] = {name: _logged(name, h) for name, h in own.items()}
         self.groups: dict[str, _Group] = {}
         self._generations: dict[str, int] = {}
         self._rpc: RpcServer | None = None
@@ -197,7 +218,7 @@ class Coordinator:
 
     # -- join / leave ------------------------------------------------------------
     async def _join(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
-        req = parse_join(params)
+        req = parse_join(params, self.limits)  # every size checked before anything is sized by it
         host = resolve_host(req.member_id, req.advertise_host, session.peer[0])
         group = self.groups.get(req.group)
         if group is not None and group.state == RUNNING:
@@ -225,7 +246,7 @@ class Coordinator:
         log.info(
             "group %r: %s joined from %s:%s (%d/%d)",
             group.name,
-            member.member_id,
+            escape(member.member_id),
             *session.peer,
             len(group.pending),
             group.world_size,
@@ -240,7 +261,7 @@ class Coordinator:
                 message = timeout_message(group.name, group.world_size, group.pending, req.timeout)
                 self._drop_pending(group, member, None)
         if not fut.done():
-            log.info("group %r: %s timed out: %s", group.name, member.member_id, message)
+            log.info("group %r: %s timed out: %s", group.name, escape(member.member_id), escape(message, 1000))
             raise RendezvousTimeout(message)
         return fut.result()
 
@@ -271,7 +292,7 @@ class Coordinator:
             "group %r generation %d complete: %s",
             group.name,
             group.generation,
-            ", ".join(f"{p['rank']}={p['member_id']}@{p['host']}:{p['port']}" for p in peers),
+            ", ".join(f"{p['rank']}={escape(p['member_id'])}@{escape(p['host'])}:{p['port']}" for p in peers),
         )
 
     def _drop_pending(self, group: _Group, member: Member, exc: BaseException | None) -> None:
@@ -322,7 +343,12 @@ class Coordinator:
         for b in group.barriers.values():
             _fail(b.done, RendezvousError(f"barrier cannot complete: {group.broken}"))
         group.barriers.clear()
-        log.log(logging.INFO if topic == "member_left" else logging.WARNING, "group %r: %s", group.name, group.broken)
+        log.log(
+            logging.INFO if topic == "member_left" else logging.WARNING,
+            "group %r: %s",
+            group.name,
+            escape(group.broken, 1000),
+        )
         event = {
             "topic": topic,
             "group": group.name,
@@ -338,7 +364,7 @@ class Coordinator:
             except (ConnectionError, RendezvousError, OSError, RuntimeError):
                 pass
             except Exception:  # one broken link must not stop the others' events
-                log.debug("could not notify %s", m.member_id, exc_info=True)
+                log.debug("could not notify %s", escape(m.member_id), exc_info=True)
         if not alive:
             self._delete(group, f"every member of group {group.name!r} has gone")
 
@@ -380,7 +406,25 @@ class Coordinator:
             raise RendezvousError(f"group {name!r} is still pending (it has not filled yet)")
         return entry
 
+    def _check_value(self, group: _Group, key: str, nbytes: int) -> None:
+        """Refuse storing ``nbytes`` under ``key`` over a store limit (before any copy)."""
+        lim = self.limits
+        if nbytes > lim.max_kv_value_bytes:
+            raise limit_error(f"value for key {show(key)} of", f"{nbytes} bytes", "max_kv_value_bytes", lim)
+        total = group.kv_bytes - len(group.kv.get(key, b"")) + nbytes
+        if total > lim.max_kv_bytes:
+            raise limit_error(f"key-value store of group {group.name!r} at", f"{total} bytes", "max_kv_bytes", lim)
+
+    def _count_open(self, group: _Group, what: str) -> None:
+        """Refuse a new stored key, awaited key or barrier over ``max_kv_keys``."""
+        n = len(group.kv) + len(group.kv_waiters) + len(group.barriers)
+        if n >= self.limits.max_kv_keys:
+            raise limit_error(
+                f"{what} in group {group.name!r} with", f"{n} keys and barriers", "max_kv_keys", self.limits
+            )
+
     def _store(self, group: _Group, key: str, packed: bytes) -> None:
+        group.kv_bytes += len(packed) - len(group.kv.get(key, b""))
         group.kv[key] = packed
         for fut in group.kv_waiters.pop(key, ()):
             if not fut.done():
@@ -388,21 +432,37 @@ class Coordinator:
 
     async def _kv_set(self, session: Session, params: dict[str, Any], payload: memoryview) -> dict[str, Any]:
         group, _ = self._running(session, params)
-        key = key_param(params)
-        packed = msgpack.packb(params["value"], use_bin_type=True) if "value" in params else bytes(payload)
-        self._store(group, key, packed)
+        key = key_param(params, limits=self.limits)
+        if "value" in params:
+            try:
+                packed = msgpack.packb(params["value"], use_bin_type=True)
+            except (OverflowError, ValueError, TypeError) as exc:
+                raise TypeError(f"kv_set: the value for key {show(key)} is not msgpack-able: {exc}") from None
+        else:
+            packed = None
+        nbytes = len(packed) if packed is not None else payload.nbytes
+        if key not in group.kv:
+            self._count_open(group, f"new key {show(key)}")
+        self._check_value(group, key, nbytes)
+        self._store(group, key, packed if packed is not None else bytes(payload))
         return {}
 
     async def _kv_get(self, session: Session, params: dict[str, Any], _: memoryview) -> Reply:
         group, _m = self._running(session, params)
-        key, timeout = key_param(params), timeout_param(params)
+        key, timeout = key_param(params, limits=self.limits), timeout_param(params, limits=self.limits)
         if key not in group.kv:
+            if key not in group.kv_waiters:
+                self._count_open(group, f"awaited key {show(key)}")
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             group.kv_waiters.setdefault(key, set()).add(fut)
             try:
                 await asyncio.wait([fut], timeout=timeout)
             finally:
-                group.kv_waiters.get(key, set()).discard(fut)
+                waiting = group.kv_waiters.get(key)
+                if waiting is not None:
+                    waiting.discard(fut)
+                    if not waiting:
+                        del group.kv_waiters[key]
             if not fut.done():
                 raise RendezvousTimeout(f"key {key!r} of group {group.name!r} was not set within {timeout:g}s")
             fut.result()  # raises when the group closed meanwhile
@@ -412,9 +472,11 @@ class Coordinator:
 
     async def _kv_add(self, session: Session, params: dict[str, Any], _: memoryview) -> int:
         group, _m = self._running(session, params)
-        key, amount = key_param(params), params.get("amount", 1)
+        key, amount = key_param(params, limits=self.limits), params.get("amount", 1)
         if not isinstance(amount, int) or isinstance(amount, bool):
-            raise TypeError(f"amount must be an int, got {amount!r}")
+            raise TypeError(f"amount must be an int, got {show(amount)}")
+        if not INT64_MIN <= amount <= INT64_MAX:
+            raise ValueError(f"amount must be a 64-bit signed integer, got {show(amount)}")
         try:
             current = msgpack.unpackb(group.kv[key], strict_map_key=False) if key in group.kv else 0
         except Exception as exc:  # noqa: BLE001 - the payload was never validated
@@ -422,19 +484,31 @@ class Coordinator:
         if not isinstance(current, int) or isinstance(current, bool):
             raise TypeError(f"kv_add: key {key!r} holds a {type(current).__name__}, not an int")
         new = current + amount
-        self._store(group, key, msgpack.packb(new))
+        if not INT64_MIN <= new <= INT64_MAX:
+            raise ValueError(f"kv_add: key {show(key)} would overflow a 64-bit signed integer ({current} + {amount})")
+        packed = msgpack.packb(new)
+        if key not in group.kv:
+            self._count_open(group, f"new key {show(key)}")
+        self._check_value(group, key, len(packed))
+        self._store(group, key, packed)
         return new
 
     async def _kv_delete(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
         group, _m = self._running(session, params)
-        return {"deleted": group.kv.pop(key_param(params), None) is not None}
+        old = group.kv.pop(key_param(params, limits=self.limits), None)
+        if old is not None:
+            group.kv_bytes -= len(old)
+        return {"deleted": old is not None}
 
     async def _barrier(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
         group, member = self._running(session, params)
-        name, timeout = key_param(params, "name"), timeout_param(params)
+        name = key_param(params, "name", limits=self.limits)
+        timeout = timeout_param(params, limits=self.limits)
         if group.broken is not None:
             raise RendezvousError(f"barrier {name!r} of group {group.name!r} cannot complete: {group.broken}")
         assert member.rank is not None
+        if name not in group.barriers:
+            self._count_open(group, f"barrier {show(name)}")
         barrier = group.barriers.setdefault(name, _Barrier())
         if member.rank in barrier.arrived:
             raise RendezvousError(f"rank {member.rank} is already waiting at barrier {name!r}")
@@ -491,16 +565,7 @@ class Coordinator:
         """Drop sessions silent for more than LIVENESS_FACTOR x their declared heartbeat."""
         loop = asyncio.get_running_loop()
         while True:
-            now, pause = loop.time(), 1.0
-            for session in list(self.sessions):
-                beat = session.hello.get("heartbeat")
-                if not isinstance(beat, (int, float)) or isinstance(beat, bool) or not beat > 0:
-                    continue  # plain RPC clients that do not heartbeat are never reaped
-                beat = max(float(beat), 0.02)
-                silent = now - session.last_seen
-                if silent > LIVENESS_FACTOR * beat and "drop_reason" not in session.data:
-                    self._drop(session, f"no heartbeat for {silent:.2f}s (limit {LIVENESS_FACTOR:g} x {beat:g}s)")
-                pause = min(pause, beat / 2)
+            pause = self._check_liveness(loop.time())  # (no session stays referenced while we wait)
             assert self._wake_reaper is not None
             try:
                 async with asyncio.timeout(pause):
@@ -509,6 +574,22 @@ class Coordinator:
                 pass
             self._wake_reaper.clear()
 
+    def _check_liveness(self, now: float) -> float:
+        """Drop the silent sessions; return how long to wait before checking again."""
+        pause = 1.0
+        for session in list(self.sessions):
+            beat = session.hello.get("heartbeat")
+            if not isinstance(beat, (int, float)) or isinstance(beat, bool) or not beat > 0:
+                continue  # plain RPC clients that do not heartbeat are never reaped
+            if isinstance(beat, int) and beat.bit_length() > 64:
+                beat = 1e18  # (float() of a huge int overflows) effectively never
+            beat = max(float(beat), 0.02)
+            silent = now - session.last_seen
+            if silent > LIVENESS_FACTOR * beat and "drop_reason" not in session.data:
+                self._drop(session, f"no heartbeat for {silent:.2f}s (limit {LIVENESS_FACTOR:g} x {beat:g}s)")
+            pause = min(pause, beat / 2)
+        return pause
+
     def _drop(self, session: Session, reason: str) -> None:
         log.warning("dropping %s:%s: %s", *session.peer, reason)
         session.data["drop_reason"] = reason
@@ -516,6 +597,29 @@ class Coordinator:
         proto.fail(RendezvousError(f"coordinator closed the connection: {reason}"), tell_peer=True)
         if proto.transport is not None and proto.transport.get_write_buffer_size():
             proto.abort()  # a dead reader would keep a graceful close waiting forever
+
+
+def _logged(method: str, handler: Handler) -> Handler:
+    """``handler``, logging every refusal it raises (a limit refusal as a WARNING)."""
+
+    async def run(session: Session, params: dict[str, Any], payload: memoryview) -> Any:
+        try:
+            return await handler(session, params, payload)
+        except RendezvousTimeout:
+            raise  # not a refusal; the handler logs what it needs
+        except (RendezvousError, TypeError, ValueError) as exc:
+            limit = getattr(exc, "limit", None)
+            log.log(
+                logging.WARNING if limit else logging.INFO,
+                "%s from %s:%s refused%s: %s",
+                method,
+                *session.peer[:2],
+                f" (limit {limit})" if limit else "",
+                escape(str(exc), 500),
+            )
+            raise
+
+    return run
 
 
 __all__ = ["Coordinator", "LIVENESS_FACTOR"]

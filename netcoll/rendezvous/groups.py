@@ -22,8 +22,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RendezvousError
+from ..escape import escape
+from ..limits import DEFAULT, ENV_PREFIX, Limits
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+MAX_NAME_CHARS = 256  # a group name or member id
+MAX_HOST_CHARS = 255  # an advertised host (DNS names are at most 253)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+# -- showing what a peer sent, and refusing it ----------------------------------
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """A peer's value for an error message or a log line: escaped, bounded, and
+    never raising (``str()`` of an int over 4300 digits raises ValueError)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<{'negative ' if value < 0 else ''}int of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - whatever it is, the message must still be written
+        text = f"<{type(value).__name__}>"
+    return escape(text, limit)
+
+
+def limit_error(what: str, declared: str, name: str, limits: Limits = DEFAULT) -> RendezvousError:
+    """The refusal of something a peer declared over limit ``name``; the error
+    carries ``.limit`` so the coordinator logs it as a limit refusal."""
+    exc = RendezvousError(
+        f"{what} {declared} exceeds the coordinator's limit {name}={getattr(limits, name)} "
+        f"(set {ENV_PREFIX}{name.upper()} on the coordinator to change it)"
+    )
+    exc.limit = name  # type: ignore[attr-defined]
+    return exc
 
 
 # -- parameters ----------------------------------------------------------------
@@ -47,55 +78,76 @@ def _int(params: dict[str, Any], key: str, *, lo: int, hi: int | None = None, op
     if value is None and optional:
         return None
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{key} must be an int{' or None' if optional else ''}, got {value!r}")
+        raise TypeError(f"{key} must be an int{' or None' if optional else ''}, got {show(value)}")
     if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"{key} must be in {lo}..{'' if hi is None else hi}, got {value}")
+        raise ValueError(f"{key} must be in {lo}..{'' if hi is None else hi}, got {show(value)}")
+    return value
+
+
+def _name(params: dict[str, Any], key: str, default: Any = None) -> str:
+    value = params.get(key, default)
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_CHARS:
+        raise TypeError(f"{key} must be a non-empty string (at most {MAX_NAME_CHARS} characters), got {show(value)}")
     return value
 
 
 def group_name(params: dict[str, Any]) -> str:
-    name = params.get("group", "default")
-    if not isinstance(name, str) or not name or len(name) > 256:
-        raise TypeError(f"group must be a non-empty string (at most 256 characters), got {name!r}")
-    return name
+    return _name(params, "group", "default")
 
 
-def timeout_param(params: dict[str, Any], key: str = "timeout") -> float | None:
-    """A timeout in seconds (> 0), or None for no limit."""
+def timeout_param(params: dict[str, Any], key: str = "timeout", limits: Limits = DEFAULT) -> float | None:
+    """A timeout in seconds (> 0, at most ``limits.max_deadline_s``), or None for no limit."""
     value = params.get(key)
     if value is None:
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{key} must be a number of seconds or None, got {value!r}")
+        raise TypeError(f"{key} must be a number of seconds or None, got {show(value)}")
+    if isinstance(value, int) and value.bit_length() > 64:  # float(value) would overflow
+        raise limit_error(key, show(value), "max_deadline_s", limits)
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{key} must be a positive number of seconds, got {value!r}")
+        raise ValueError(f"{key} must be a positive number of seconds, got {show(value)}")
+    if value > limits.max_deadline_s:
+        raise limit_error(key, f"{float(value):g}s", "max_deadline_s", limits)
     return float(value)
 
 
-def key_param(params: dict[str, Any], key: str = "key") -> str:
+def key_param(params: dict[str, Any], key: str = "key", limits: Limits = DEFAULT) -> str:
+    """A key-value store key or barrier name: a non-empty string of at most
+    ``limits.max_kv_key_bytes`` UTF-8 bytes."""
     value = params.get(key)
     if not isinstance(value, str) or not value:
-        raise TypeError(f"{key} must be a non-empty string, got {value!r}")
+        raise TypeError(f"{key} must be a non-empty string, got {show(value)}")
+    cap = limits.max_kv_key_bytes
+    # a character is at least one byte: a long string is refused without encoding it
+    nbytes = len(value) if len(value) > cap else len(value.encode("utf-8", "surrogatepass"))
+    if nbytes > cap:
+        raise limit_error(key, f"{show(value, 40)} ({nbytes} bytes or more)", "max_kv_key_bytes", limits)
     return value
 
 
-def parse_join(params: dict[str, Any]) -> JoinRequest:
-    """Check the ``join`` parameters; TypeError / ValueError name the bad one."""
+def parse_join(params: dict[str, Any], limits: Limits = DEFAULT) -> JoinRequest:
+    """Check the ``join`` parameters; TypeError / ValueError name the bad one,
+    RendezvousError a value over a limit (before anything is sized by it)."""
     world_size = _int(params, "world_size", lo=1)
     assert world_size is not None
-    rank = _int(params, "rank", lo=-(2**63), optional=True)
+    if world_size > limits.max_world_size:
+        raise limit_error("world_size", show(world_size), "max_world_size", limits)
+    rank = _int(params, "rank", lo=INT64_MIN, optional=True)
     if rank is not None and not 0 <= rank < world_size:
         raise RendezvousError(
-            f"rank {rank} is out of range for world_size {world_size} (valid ranks are 0..{world_size - 1})"
+            f"rank {show(rank)} is out of range for world_size {world_size} (valid ranks are 0..{world_size - 1})"
         )
-    member_id = params.get("member_id")
-    if not isinstance(member_id, str) or not member_id or len(member_id) > 256:
-        raise TypeError(f"member_id must be a non-empty string (at most 256 characters), got {member_id!r}")
+    member_id = _name(params, "member_id")
     listen_port = _int(params, "listen_port", lo=0, hi=65535)
     assert listen_port is not None
     advertise = params.get("advertise_host")
-    if advertise is not None and (not isinstance(advertise, str) or not advertise.strip()):
-        raise TypeError(f"advertise_host must be a host name or address, or None; got {advertise!r}")
+    if advertise is not None and (
+        not isinstance(advertise, str) or not advertise.strip() or len(advertise) > MAX_HOST_CHARS
+    ):
+        raise TypeError(
+            f"advertise_host must be a host name or address (at most {MAX_HOST_CHARS} characters), "
+            f"or None; got {show(advertise)}"
+        )
     return JoinRequest(
         group_name(params),
         world_size,
@@ -103,7 +155,7 @@ def parse_join(params: dict[str, Any]) -> JoinRequest:
         member_id,
         listen_port,
         advertise.strip() if advertise else None,
-        timeout_param(params),
+        timeout_param(params, limits=limits),
     )
 
 
@@ -152,14 +204,14 @@ def resolve_host(member_id: str, advertise_host: str | None, seen_host: str) -> 
         return seen
     if _unspecified(advertise_host):
         raise RendezvousError(
-            f"member {member_id!r} advertises {advertise_host}, which is a listen-on-all address, not one "
+            f"member {member_id!r} advertises {escape(advertise_host)}, which is a listen-on-all address, not one "
             f"peers can dial; advertise a routable address or leave advertise_host unset to use the "
             f"address the coordinator saw ({seen})"
         )
     if is_loopback(advertise_host) and not is_loopback(seen):
         raise RendezvousError(
-            f"member {member_id!r} advertises {advertise_host}, but it connected to the coordinator "
-            f"from {seen}: peers on other hosts cannot reach {advertise_host}; advertise a routable "
+            f"member {member_id!r} advertises {escape(advertise_host)}, but it connected to the coordinator "
+            f"from {seen}: peers on other hosts cannot reach {escape(advertise_host)}; advertise a routable "
             f"address (NETCOLL_ADVERTISE_HOST / advertise_host) or leave it unset to use {seen}"
         )
     return _bare(advertise_host)
@@ -169,8 +221,8 @@ def loopback_conflict(member_id: str, host: str, other_id: str, other_host: str)
     """The refusal for ``member_id`` (published as loopback ``host``) in a group
     where ``other_id`` is on the non-loopback ``other_host``."""
     return (
-        f"member {member_id!r} would be published as {host}, a loopback address, but member "
-        f"{other_id!r} of the same group is on {other_host} and cannot reach it there. This "
+        f"member {member_id!r} would be published as {escape(host)}, a loopback address, but member "
+        f"{other_id!r} of the same group is on {escape(other_host)} and cannot reach it there. This "
         f"happens when a rank reaches the coordinator through 127.0.0.1 (for example a rank on "
         f"the coordinator's own host, or a container with host port mapping) or advertises "
         f"loopback: inside a container, 127.0.0.1 is the container itself. Connect to the "
@@ -201,7 +253,7 @@ class Member:
             if self.rank is not None
             else (f"rank {self.requested_rank}" if self.requested_rank is not None else "unranked")
         )
-        return f"{who}: {self.member_id} at {self.host}:{self.port}"
+        return f"{who}: {escape(self.member_id)} at {escape(self.host)}:{self.port}"
 
     def peer(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "port": self.port, "member_id": self.member_id}
@@ -305,6 +357,12 @@ def barrier_timeout_message(
 
 
 __all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_HOST_CHARS",
+    "MAX_NAME_CHARS",
+    "show",
+    "limit_error",
     "JoinRequest",
     "Member",
     "parse_join",

@@ -21,6 +21,7 @@ import numpy as np
 from ..arrays import array_from_meta, meta_of
 from ..comm import Communicator
 from ..errors import CollectiveError, NetcollError, PeerLost
+from ..escape import escape
 from ..rendezvous.client import RendezvousClient, new_member_id
 from ..transport.tcp import Listener, TcpTransport
 from .jobs import JobSpec, generate_input, verify
@@ -117,7 +118,7 @@ class RankDaemon:
                         level,
                         "coordinator %s unreachable (%s); retrying every %gs (attempt %d)",
                         self.coordinator,
-                        _reason(exc),
+                        escape(_reason(exc)),
                         delay,
                         failures,
                     )
@@ -153,7 +154,7 @@ class RankDaemon:
             elif topic == "coordinator_lost":
                 lost.set()
                 if self._job_task is not None and not self._job_task.done():
-                    log.warning("lost the coordinator during job %s: cancelling it", self.current_job)
+                    log.warning("lost the coordinator during job %s: cancelling it", escape(self.current_job))
                     self._job_task.cancel()  # nobody could receive its result
 
         rdv.on_event = on_event
@@ -183,7 +184,7 @@ class RankDaemon:
             self.rdv = None
 
     async def _drain(self, rdv: RendezvousClient) -> None:
-        log.info("draining: no new jobs; finishing job %s", self.current_job)
+        log.info("draining: no new jobs; finishing job %s", escape(self.current_job))
         try:
             await rdv.rpc.call("daemon_drain", {}, timeout=5.0)
         except (OSError, NetcollError, TimeoutError):
@@ -204,9 +205,11 @@ class RankDaemon:
     # -- jobs -------------------------------------------------------------------------------
     async def _work(self) -> None:
         while True:
-            event = await self._jobs.get()
+            event: dict[str, Any] | None = await self._jobs.get()
+            assert event is not None
             self.current_job = event.get("job_id")
             self._job_task = asyncio.create_task(self._job(event))
+            event = None  # the job (and its inline input bytes) is held by its task alone
             try:
                 await asyncio.shield(self._job_task)
             except asyncio.CancelledError:
@@ -231,7 +234,7 @@ class RankDaemon:
             await transport.connect(timeout=min(30.0, float(event["deadline"])))
             self.epoch, self.rank = event["epoch"], event["rank"]
             self.comm = Communicator(transport, group=f"epoch{event['epoch']}")
-            log.info("epoch %d: rank %d of %d", self.epoch, self.rank, event["world_size"])
+            log.info("epoch %s: rank %s of %s", escape(self.epoch), escape(self.rank), escape(event["world_size"]))
         return self.comm
 
     async def _job(self, event: dict[str, Any]) -> None:
@@ -264,7 +267,7 @@ class RankDaemon:
             if isinstance(exc, (PeerLost, OSError)) or not isinstance(exc, CollectiveError):
                 await self._drop_links()
         except Exception as exc:  # report, never crash the daemon
-            log.exception("job %s failed", job_id)
+            log.exception("job %s failed", escape(job_id))
             report.update(error=f"internal error: {exc!r}", error_type="RpcError")
             self.jobs_failed += 1
         rdv = self.rdv
@@ -272,7 +275,7 @@ class RankDaemon:
             try:
                 await rdv.rpc.call("job_result", report, payload, timeout=30.0)
             except (OSError, NetcollError, TimeoutError) as exc:
-                log.warning("could not report job %s: %s", job_id, exc)
+                log.warning("could not report job %s: %s", escape(job_id), escape(exc))
 
     def _progress(self, job_id: int, rank: int) -> Progress:
         """Rank 0 reports progress at most every 0.5 s, in the background: a
