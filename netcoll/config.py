@@ -15,10 +15,15 @@ NETCOLL_HOST             address to listen on                      coordinator, 
 NETCOLL_PORT             port to listen on (RPC / peer traffic)    coordinator, rank, up
 NETCOLL_HTTP_PORT        HTTP ``/livez /readyz /metrics`` port     coordinator, rank
                          (``off`` disables it, ``0`` = any free)
+NETCOLL_HTTP_HOST        address of the HTTP port (default: the    coordinator, rank
+                         main listener's host)
 NETCOLL_RANK_HINT        preferred rank (a pod index)              rank
 NETCOLL_ADVERTISE_HOST   address peers should dial (default: the   rank
                          address the coordinator sees)
 NETCOLL_LOG_LEVEL        debug, info, warning, error               coordinator, rank, up
+NETCOLL_STATE_DIR        directory of the job journal (jobs        coordinator
+                         survive a restart); unset = in memory
+NETCOLL_KEEP_JOBS        finished jobs kept queryable (1000)       coordinator
 NETCOLL_TRANSPORT        ``auto`` or a link kind to force (``tcp``) every rank (links)
 NETCOLL_RECV_WINDOW      bytes a peer may send ahead of posted     every rank (links)
                          receives (default ``64MiB``)
@@ -220,8 +225,11 @@ class CoordinatorConfig(Settings):
         "host": "NETCOLL_HOST",
         "port": "NETCOLL_PORT",
         "http_port": "NETCOLL_HTTP_PORT",
+        "http_host": "NETCOLL_HTTP_HOST",
         "token": "NETCOLL_TOKEN",
         "log_level": "NETCOLL_LOG_LEVEL",
+        "state_dir": "NETCOLL_STATE_DIR",
+        "keep_jobs": "NETCOLL_KEEP_JOBS",
     }
 
     host: str = "127.0.0.1"
@@ -231,6 +239,10 @@ class CoordinatorConfig(Settings):
     token: str | None = None
     log_level: LogLevel = "info"
     ready_file: str | None = None
+    #: the job journal's directory (netcoll.service.journal); None keeps jobs in memory only
+    state_dir: str | None = Field(default=None, min_length=1)
+    #: finished jobs kept queryable (in memory and in the journal)
+    keep_jobs: int = Field(default=1000, ge=0, le=1_000_000)
 
 
 class RankConfig(Settings):
@@ -241,6 +253,7 @@ class RankConfig(Settings):
         "host": "NETCOLL_HOST",
         "port": "NETCOLL_PORT",
         "http_port": "NETCOLL_HTTP_PORT",
+        "http_host": "NETCOLL_HTTP_HOST",
         "rank_hint": "NETCOLL_RANK_HINT",
         "advertise_host": "NETCOLL_ADVERTISE_HOST",
         "token": "NETCOLL_TOKEN",

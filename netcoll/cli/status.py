@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from ..escape import escape
 from .common import FORMATTER, add_client_arguments, flags, print_json, run_client
 from .connect import connected
 
@@ -71,7 +72,8 @@ def _print_members(members: list[dict[str, Any]]) -> None:
         rank = "-" if m.get("rank") is None else str(m["rank"])
         job = "-" if m.get("current_job") is None else str(m["current_job"])
         hint = "-" if m.get("rank_hint") is None else str(m["rank_hint"])
-        print(f"  {rank:>4}  {m.get('member_id')!s:<34}{m.get('address')!s:<22}{m.get('state')!s:<10}{job:>5}  {hint}")
+        member, address, state = (escape(m.get(k), 60) for k in ("member_id", "address", "state"))
+        print(f"  {rank:>4}  {member:<34}{address:<22}{state:<10}{job:>5}  {hint}")
     if any(m.get("rank") is None for m in members):
         print("  (rank '-': joins at the next job, which starts a new epoch)")
 
@@ -81,13 +83,15 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
 
     print("recent jobs:")
     print(
-        f"  {'id':>4}  {'collective':<15}{'state':<11}{'ranks':>5}{'time/iter':>12}{'busbw GB/s':>12}  verified  error"
+        f"  {'id':>4}  {'collective':<15}{'state':<11}{'ranks':>5}{'time/iter':>12}{'busbw GB/s':>12}  verified  "
+        "error / waiting for"
     )
     for j in jobs:
         verified = {True: "yes", False: "NO", None: "-"}.get(j.get("verified"), "-")
-        err = j.get("error") or ""
+        err = escape(j.get("error") or j.get("waiting") or "", 400)  # a queued job: what it waits for
+        op, state = escape(j.get("op"), 40), escape(j.get("state"), 20)
         print(
-            f"  {j.get('id'):>4}  {j.get('op')!s:<15}{j.get('state')!s:<11}{j.get('world_size') or 0:>5}"
+            f"  {j.get('id'):>4}  {op:<15}{state:<11}{j.get('world_size') or 0:>5}"
             f"{human_time(j.get('time_us')):>12}{gbps(j.get('busbw')):>12}  {verified:<8}  "
             f"{err[:100] + ('...' if len(err) > 100 else '')}"
         )

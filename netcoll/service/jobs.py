@@ -72,7 +72,9 @@ class JobSpec(BaseModel):
     iters: int = Field(default=1, ge=1, le=100_000)
     warmup: int = Field(default=0, ge=0, le=10_000)
     world_size: int | None = Field(default=None, ge=1, description="wait for this many ranks")
-    deadline: float = Field(default=300.0, gt=0, le=7 * 86400)
+    #: seconds, from when the scheduler first considers the job; the coordinator refuses one
+    #: above its ``max_deadline_s`` limit (netcoll.limits, default 1 day)
+    deadline: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     data: Literal["generated", "inline", "buffer"] = "generated"
     input: str | None = None
     output: str | None = None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..arrays import array_from_meta
+from ..escape import escape
 from ..rpc import Session
 from .jobs import JobSpec, JobState
 
@@ -26,7 +27,7 @@ class Member:
     since: float = field(default_factory=time.time)
 
     def describe(self) -> str:
-        return f"{self.member_id} at {self.host}:{self.port}"
+        return f"{escape(self.member_id)} at {escape(self.host)}:{self.port}"
 
 
 def assign_ranks(ready: list[Member], previous: tuple[str, ...] | None) -> list[Member]:
@@ -133,6 +134,29 @@ class Job:
         #: called once when the job ends (the service counts jobs by final state)
         self.on_finish: Callable[[Job], None] | None = None
         self.results_expired = False
+        #: loop time the scheduler first considered the job: its deadline counts from here
+        self.clock: float | None = None
+        #: what a queued job waits for ("waiting for 2 more ranks (has 2 of 4)"), else None
+        self.waiting: str | None = None
+        #: the final record of a job finished before a coordinator restart (from the journal)
+        self.stored: dict[str, Any] | None = None
+
+    @classmethod
+    def restore(cls, record: dict[str, Any]) -> Job:
+        """A job that finished before the coordinator restarted, from its journaled record
+        (queryable as it was; its result arrays are not kept across restarts)."""
+        spec = record.get("spec") or {}
+        job = cls(int(record["id"]), JobSpec.model_construct(**spec), None)
+        job.state = JobState(record["state"])
+        job.error = record.get("error")
+        job.submitted_at = record.get("submitted_at") or job.submitted_at
+        job.started_at, job.finished_at = record.get("started_at"), record.get("finished_at")
+        job.epoch, job.busbw, job.algbw = record.get("epoch"), record.get("busbw"), record.get("algbw")
+        job.verified = record.get("verified")
+        job.results_expired = True
+        job.stored = dict(record)
+        job.done.set()
+        return job
 
     @property
     def world_size(self) -> int:
@@ -155,7 +179,10 @@ class Job:
             self.on_finish(self)
 
     def record(self, with_results: bool = False) -> Any:
-        rec: dict[str, Any] = {
+        if self.stored is not None:
+            rec = dict(self.stored)
+            return (dict(rec, results=[], results_expired=True), b"") if with_results else rec
+        rec = {
             "id": self.id,
             "state": self.state.value,
             "op": self.spec.op,
@@ -179,6 +206,7 @@ class Job:
             "verified": self.verified,
             "wrong": sum(int(rep.get("wrong") or 0) for rep in self.reports.values()),
             "progress": self.progress or None,
+            "waiting": self.waiting if self.state == JobState.QUEUED else None,
         }
         if not with_results:
             return rec

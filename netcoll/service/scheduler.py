@@ -2,8 +2,22 @@
 
 Rank daemons register (``daemon_register``) over their rendezvous connection;
 the address a daemon is *seen* from is what its peers dial. Jobs run one at a
-time in submission order, so every rank runs them in the same order. Before
-each job the service takes the current membership; if it differs from the last
+time, so every rank runs them in the same order: the next job is the oldest
+queued job that can run now. A job that needs more ranks than are ready waits
+(its record says for what: "waiting for 2 more ranks (has 2 of 4)") without
+holding up later jobs that can run; among runnable jobs the order is FIFO. A
+job's deadline counts from when the scheduler first considered it; one still
+waiting for ranks then fails with a reason. Submits are refused, with a clear
+error, beyond ``max_queued_jobs`` queued jobs, a ``world_size`` above
+``max_world_size``, a deadline above ``max_deadline_s`` or inline arrays above
+``max_job_bytes`` (:mod:`netcoll.limits`).
+
+With a :class:`~netcoll.service.journal.Journal` (``--state-dir``) jobs survive a
+restart: queued jobs come back queued, a job that was running ends ``failed``
+saying the coordinator stopped under it, finished records stay queryable (the
+last ``history``), and ids continue. Without one, everything is in memory.
+
+Before each job the service takes the current membership; if it differs from the last
 job's (a daemon joined, left, died, or the last job failed), a new *epoch*
 starts: ranks are re-assigned (rank hints first, then sorted member ids, so
 ranks are contiguous and stable while membership holds) and the daemons link
@@ -23,29 +37,43 @@ import secrets
 import time
 from typing import Any
 
+from .. import limits as _limits
+from ..escape import escape
 from ..rendezvous.coordinator import Coordinator
 from ..rendezvous.groups import is_loopback
 from ..rpc import Reply, Session
 from .jobs import JobSpec, JobState
-from .records import Job, Member, assign_ranks, split_inputs
+from .journal import Journal, Recovered, StoredJob
+from .records import Inputs, Job, Member, assign_ranks, split_inputs
 
 log = logging.getLogger("netcoll.service")
 
 REPORT_GRACE = 5.0  # after a job's deadline (or a lost rank), how long to wait for the others' reports
-HISTORY = 1000
-RESULT_JOBS = 32  # finished jobs whose result arrays are kept for `wait`
-RESULT_BYTES = 2 << 30  # ... within this many bytes in all
+HISTORY = 1000  # finished jobs kept (in memory and in the journal)
+IDLE_POLL = 1.0  # with nothing runnable, look again at least this often
+CRASHED = "the coordinator stopped while this job was running (crashed or killed); it did not finish: submit it again"
 
 
 class JobService:
     """Adds the job RPC methods to a :class:`Coordinator`."""
 
-    def __init__(self, coordinator: Coordinator, *, history: int = HISTORY) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        history: int = HISTORY,
+        journal: Journal | None = None,
+        limits: _limits.Limits | None = None,
+    ) -> None:
         self.coord = coordinator
         self.history = history
+        self.journal = journal
+        self.limits = limits or _limits.DEFAULT
         self.members: dict[str, Member] = {}
         self.jobs: collections.OrderedDict[int, Job] = collections.OrderedDict()
-        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        #: queued jobs, oldest first (the scheduler runs the first that can run now)
+        self.pending: collections.OrderedDict[int, Job] = collections.OrderedDict()
+        self._submitting = 0  # submits being journaled (they count against max_queued_jobs)
         self.current: Job | None = None
         self.epoch = 0
         self.session = ""
@@ -54,8 +82,11 @@ class JobService:
         self.submitted = 0
         #: jobs ended so far, by final state (for metrics; unlike ``jobs``, never trimmed)
         self.finished: collections.Counter[str] = collections.Counter()
+        #: set when a job may have become runnable (members changed, a job was submitted or ended)
         self._members_changed = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
+        if journal is not None:
+            self._recover(journal.load())
         for name in (
             "daemon_register",
             "daemon_drain",
@@ -77,13 +108,68 @@ class JobService:
             self._runner = asyncio.create_task(self._run_jobs(), name="netcoll-job-runner")
 
     async def close(self) -> None:
+        """Stop the runner: the running job fails (its daemons cancel it). Queued jobs fail
+        too without a journal; with one they stay queued for the next coordinator."""
         if self._runner is not None:
             self._runner.cancel()
             await asyncio.gather(self._runner, return_exceptions=True)
             self._runner = None
         for job in list(self.jobs.values()):
-            if not job.state.done:
+            if job.state == JobState.RUNNING or (job.state == JobState.QUEUED and self.journal is None):
                 job.finish(JobState.FAILED, "the coordinator shut down")
+        if self.journal is not None:
+            await self.journal.flush()
+
+    # -- the journal ----------------------------------------------------------------------
+    def _recover(self, state: Recovered) -> None:
+        """Jobs from before a restart: queued ones queue again, running ones fail, records stay."""
+        self._ids = itertools.count(state.next_id)
+        for stored in state.jobs:
+            job = self._restored(stored)
+            if job is None:
+                continue
+            self.jobs[job.id] = job
+            if job.state == JobState.QUEUED:
+                self.pending[job.id] = job
+        counts = collections.Counter(j.state.value for j in self.jobs.values())
+        log.info(
+            "journal %s: %s; next job id %d",
+            self.journal.directory if self.journal else "-",
+            ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no jobs",
+            state.next_id,
+        )
+        self._trim()
+
+    def _restored(self, stored: StoredJob) -> Job | None:
+        if stored.state in ("succeeded", "failed", "cancelled"):
+            try:
+                return Job.restore(stored.record or {})
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("journal: the record of job %d cannot be read (%s); dropped", stored.id, exc)
+                return None
+        try:
+            spec = JobSpec.model_validate(stored.spec)
+        except ValueError as exc:
+            spec, stored.problem = JobSpec.model_construct(**stored.spec), f"its spec is no longer valid: {exc}"
+        inputs = None
+        if stored.inputs is not None and stored.blobs is not None:
+            inputs = Inputs(stored.inputs["mode"], stored.inputs["arrays"], stored.blobs)
+        job = Job(stored.id, spec, inputs)
+        job.submitted_at, job.started_at = stored.submitted_at, stored.started_at
+        job.on_finish = self._on_finish
+        if stored.problem is not None:
+            job.finish(JobState.FAILED, f"could not be restored after a coordinator restart: {stored.problem}")
+        elif stored.state == "running":
+            job.finish(JobState.FAILED, CRASHED)
+        elif stored.state != "queued":
+            job.finish(JobState.FAILED, f"unknown state {stored.state!r} in the journal")
+        return job
+
+    def _on_finish(self, job: Job) -> None:
+        self.finished[job.state.value] += 1
+        self._members_changed.set()  # the scheduler looks again (ranks may be free)
+        if self.journal is not None:
+            self.journal.post(self.journal.write_finish, job.id, job.state.value, job.record(), self.history)
 
     # -- membership --------------------------------------------------------------------
     def ready_members(self) -> list[Member]:
@@ -117,7 +203,7 @@ class JobService:
             raise ValueError(f"member id {member_id!r} is already registered from {old.host}:{old.port}")
         self.members[member_id] = Member(member_id, session, host, port, hint)
         session.data["daemon"] = member_id
-        log.info("daemon %s registered at %s:%d (hint %s)", member_id, host, port, hint)
+        log.info("daemon %s registered at %s:%d (hint %s)", escape(member_id), escape(host), port, escape(hint))
         self._members_changed.set()
         return {"epoch": self.epoch, "members": len(self.members)}
 
@@ -139,11 +225,9 @@ class JobService:
         reason = session.data.get("drop_reason", "connection closed")
         log.log(
             logging.INFO if member.draining else logging.WARNING,
-            "daemon %s at %s:%d left: %s",
-            member_id,
-            member.host,
-            member.port,
-            "drained" if member.draining else reason,
+            "daemon %s left: %s",
+            member.describe(),
+            "drained" if member.draining else escape(reason),
         )
         job = self.current
         # A rank that has reported its part left in order (a draining daemon finishes
@@ -160,16 +244,58 @@ class JobService:
         inputs = split_inputs(spec, params.get("inputs"), payload)
         if inputs is not None and inputs.per_rank is not None and spec.world_size is None:
             spec.world_size = len(inputs.per_rank)
+        self._admit(spec, inputs)
         job = Job(next(self._ids), spec, inputs)
-        job.on_finish = self._count_finished
+        job.on_finish = self._on_finish
+        if self.journal is not None:
+            self._submitting += 1
+            try:
+                await self.journal.call(
+                    self.journal.write_submit,
+                    job.id,
+                    spec.model_dump(),
+                    job.submitted_at,
+                    None if inputs is None else {"mode": inputs.mode, "arrays": inputs.metas},
+                    None if inputs is None else inputs.blobs,
+                )
+            except Exception as exc:
+                log.exception("job %d could not be journaled", job.id)
+                raise RuntimeError(f"the coordinator could not record the job in its state dir: {exc}") from None
+            finally:
+                self._submitting -= 1
         self.submitted += 1
         self.jobs[job.id] = job
+        self.pending[job.id] = job
         self._trim()
-        self.queue.put_nowait(job)
+        self._members_changed.set()
         return {"id": job.id, "state": job.state.value}
 
-    def _count_finished(self, job: Job) -> None:
-        self.finished[job.state.value] += 1
+    def _admit(self, spec: JobSpec, inputs: Inputs | None) -> None:
+        """The limits a submit must respect (ValueError naming the limit otherwise)."""
+        lim = self.limits
+        if spec.world_size is not None and spec.world_size > lim.max_world_size:
+            raise ValueError(
+                f"world_size {spec.world_size} exceeds the limit of {lim.max_world_size} ranks "
+                "(max_world_size, NETCOLL_LIMIT_MAX_WORLD_SIZE)"
+            )
+        if spec.deadline > lim.max_deadline_s:
+            raise ValueError(
+                f"deadline {spec.deadline:g}s exceeds the limit of {lim.max_deadline_s:g}s "
+                "(max_deadline_s, NETCOLL_LIMIT_MAX_DEADLINE_S)"
+            )
+        if inputs is not None:
+            biggest = max((len(b) for b in inputs.blobs), default=0)
+            if biggest > lim.max_job_bytes:
+                raise ValueError(
+                    f"an input array of {biggest} bytes exceeds the limit of {lim.max_job_bytes} bytes per rank "
+                    "(max_job_bytes, NETCOLL_LIMIT_MAX_JOB_BYTES)"
+                )
+        queued = len(self.pending) + self._submitting
+        if queued >= lim.max_queued_jobs:
+            raise ValueError(
+                f"the queue is full: {queued} jobs queued, the limit is {lim.max_queued_jobs} "
+                "(max_queued_jobs, NETCOLL_LIMIT_MAX_QUEUED_JOBS); retry when some have run"
+            )
 
     def _get(self, params: dict[str, Any]) -> Job:
         jid = params.get("id")
@@ -249,7 +375,7 @@ class JobService:
         return {
             "epoch": self.epoch,
             "members": self._member_rows(),
-            "queued": self.queue.qsize(),
+            "queued": sum(j.state == JobState.QUEUED for j in self.pending.values()),
             "current_job": None if self.current is None else self.current.id,
             "jobs": recent,
         }
@@ -277,32 +403,33 @@ class JobService:
         return rows
 
     def _trim(self) -> None:
-        """Bound the history: at most ``history`` jobs, and result arrays of the
-        last RESULT_JOBS finished jobs only (within RESULT_BYTES)."""
+        """Bound the history: the last ``history`` finished jobs (unfinished ones always
+        stay), and result arrays of the last ``max_result_jobs`` finished jobs only, within
+        ``max_result_bytes`` (:mod:`netcoll.limits`); older results expire."""
         kept, total = 0, 0
         for job in reversed(self.jobs.values()):
             if job.payloads:
                 size = sum(len(p) for p in job.payloads.values())
-                if kept >= RESULT_JOBS or total + size > RESULT_BYTES:
+                if kept >= self.limits.max_result_jobs or total + size > self.limits.max_result_bytes:
                     job.payloads.clear()
                     job.results_expired = True
                 else:
                     kept, total = kept + 1, total + size
-        while len(self.jobs) > self.history:
-            oldest = next(iter(self.jobs.values()))
-            if not oldest.state.done:
-                break
-            self.jobs.popitem(last=False)
+        done = [jid for jid, job in self.jobs.items() if job.state.done]
+        for jid in done[: max(len(done) - self.history, 0)]:
+            del self.jobs[jid]
 
     # -- the runner ------------------------------------------------------------------------
     async def _run_jobs(self) -> None:
         while True:
-            job = await self.queue.get()
-            if job.state != JobState.QUEUED:
+            picked = self._pick()
+            if picked is None:
+                await _wait(self._members_changed, self._idle_wait())
                 continue
+            job, members = picked
             self.current = job
             try:
-                await self._run(job)
+                await self._run(job, members)
             except asyncio.CancelledError:
                 job.finish(JobState.FAILED, "the coordinator shut down")
                 raise
@@ -312,32 +439,47 @@ class JobService:
             finally:
                 self.current = None
 
-    async def _members_for(self, job: Job, deadline: float) -> list[Member] | None:
-        loop = asyncio.get_running_loop()
-        want = job.spec.world_size
-        while True:
-            ready = self.ready_members()
-            if ready and (want is None or len(ready) >= want) and not job.cancel_requested:
-                chosen = assign_ranks(ready, self.epoch_members)
-                return chosen[:want] if want else chosen
-            if job.state != JobState.QUEUED or job.cancel_requested:
-                return None
-            left = deadline - loop.time()
-            if left <= 0:
+    def _pick(self) -> tuple[Job, list[Member]] | None:
+        """The oldest queued job that can run now, with its members; jobs before it that
+        cannot run are marked with what they wait for (and fail once past their deadline)."""
+        now = asyncio.get_running_loop().time()
+        ready = self.ready_members()
+        for job in list(self.pending.values()):
+            if job.state != JobState.QUEUED:
+                del self.pending[job.id]
+                continue
+            if job.clock is None:
+                job.clock = now
+            want = job.spec.world_size
+            runnable = bool(ready) and (want is None or len(ready) >= want)
+            if now >= job.clock + job.spec.deadline:
                 have = ", ".join(m.describe() for m in ready) or "none"
                 job.finish(
                     JobState.FAILED,
                     f"waited {job.spec.deadline:g}s for {want or 'at least 1'} rank daemon(s); ready: {have}",
                 )
-                return None
-            await _wait(self._members_changed, min(left, 1.0))
+                del self.pending[job.id]
+            elif runnable:
+                del self.pending[job.id]
+                job.waiting = None
+                chosen = assign_ranks(ready, self.epoch_members)
+                return job, chosen[:want] if want else chosen
+            elif want is None:
+                job.waiting = "waiting for a rank daemon (none is ready)"
+            else:
+                job.waiting = f"waiting for {want - len(ready)} more ranks (has {len(ready)} of {want})"
+        return None
 
-    async def _run(self, job: Job) -> None:
+    def _idle_wait(self) -> float:
+        """How long the runner may sleep with nothing runnable: until the next waiting job's
+        deadline, at most IDLE_POLL."""
+        now = asyncio.get_running_loop().time()
+        ends = [j.clock + j.spec.deadline - now for j in self.pending.values() if j.clock is not None]
+        return max(min([IDLE_POLL, *ends]), 0.01)
+
+    async def _run(self, job: Job, members: list[Member]) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + job.spec.deadline
-        members = await self._members_for(job, deadline)
-        if members is None:
-            return
+        deadline = (job.clock if job.clock is not None else loop.time()) + job.spec.deadline
         ids = tuple(m.member_id for m in members)
         if ids != self.epoch_members:
             self.epoch += 1
@@ -345,6 +487,8 @@ class JobService:
             self.epoch_members = ids
             log.info("epoch %d: %d ranks: %s", self.epoch, len(ids), ", ".join(m.describe() for m in members))
         job.start(self.epoch, members)
+        if self.journal is not None:
+            self.journal.post(self.journal.write_start, job.id, job.started_at)
         peers = [[m.host, m.port] for m in members]
         for rank, m in enumerate(members):
             fields = {

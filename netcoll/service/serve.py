@@ -5,7 +5,8 @@
 - ``netcoll up`` (:mod:`netcoll.service.local`) starts both as local child processes.
 
 SIGTERM or SIGINT stops each of them cleanly and they return 0: the coordinator
-fails its unfinished jobs with a reason and closes; a rank daemon drains (takes
+fails its running job with a reason (and, without a state dir, its queued jobs;
+with ``--state-dir`` they stay queued for the next start) and closes; a rank daemon drains (takes
 no new job, finishes or fails the running one, deregisters). A second signal
 stops at once.
 """
@@ -21,9 +22,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import CoordinatorConfig, RankConfig
+
+if TYPE_CHECKING:
+    from ..rendezvous.coordinator import Coordinator
+    from .scheduler import JobService
 
 log = logging.getLogger("netcoll.serve")
 
@@ -127,16 +132,31 @@ def _signal_name(sig: int) -> str:
 
 
 # -- netcoll coordinator ------------------------------------------------------------------------
+def _job_service(cfg: CoordinatorConfig, coord: Coordinator) -> JobService:
+    """The job service, with its journal when ``cfg.state_dir`` is set (a JournalError,
+    before anything listens, when the directory cannot be used)."""
+    from .journal import Journal
+    from .scheduler import JobService
+
+    journal = Journal.open(cfg.state_dir) if cfg.state_dir else None
+    try:
+        return JobService(coord, journal=journal, history=cfg.keep_jobs)
+    except BaseException:
+        if journal is not None:
+            journal.close()
+        raise
+
+
 async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     """Run a coordinator with the job service until SIGTERM/SIGINT; return 0."""
     from ..rendezvous.coordinator import Coordinator
     from .http import HttpServer, coordinator_metrics, coordinator_ready
-    from .scheduler import JobService
 
     started = time.time()
     state = {"stopping": False, "signals": 0}
     coord = Coordinator(cfg.host, cfg.port, token=cfg.token)
-    svc = JobService(coord)
+    svc = _job_service(cfg, coord)
+    journal = svc.journal
     http = HttpServer(
         ready=coordinator_ready(coord, lambda: bool(state["stopping"])),
         metrics=lambda: coordinator_metrics(coord, svc, started),
@@ -163,10 +183,11 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
         svc.start()
         url = await _start_http(cfg, http)
         log.info(
-            "coordinator ready at %s%s; HTTP %s",
+            "coordinator ready at %s%s; HTTP %s; jobs %s",
             coord.address,
             " (token auth)" if cfg.token else " (NO token: anyone who can reach this port can run jobs)",
             f"{url}/metrics" if url else "off",
+            f"journaled in {journal.directory}" if journal else "in memory only (no --state-dir)",
         )
         write_ready_file(
             cfg.ready_file, {"role": "coordinator", "pid": os.getpid(), "address": coord.address, "http": url}
@@ -178,6 +199,8 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
         await asyncio.sleep(0.05)  # ... and their waiting clients get the answer
         await coord.close()
         await http.close()
+        if journal is not None:
+            journal.close()
         undo()
     log.info("coordinator stopped")
     return 0

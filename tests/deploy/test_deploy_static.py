@@ -5,7 +5,8 @@ deploy/k8s/*.yaml, deploy/e2e.sh and the READMEs run must parse with the real
 argparse parser of :mod:`netcoll.cli` *and* validate through the command's
 configuration model (with the environment the file gives it); the scaled
 ``rank`` service has no fixed name or host port; healthchecks and probes use
-the CLI or the HTTP paths it serves.
+the CLI or the HTTP paths it serves; the coordinator's job journal
+(``NETCOLL_STATE_DIR``) is on a volume that outlives the container.
 """
 
 from __future__ import annotations
@@ -124,6 +125,26 @@ def test_compose_coordinator_and_bench(compose: dict[str, Any]) -> None:
     assert str(compose.get("version", "")).startswith("2."), "keep version 2.x for docker-compose 1.29"
 
 
+def test_compose_coordinator_state_is_on_a_named_volume(compose: dict[str, Any]) -> None:
+    coord = compose["services"]["coordinator"]
+    env = compose_env(coord)
+    state_dir = env.get("NETCOLL_STATE_DIR")
+    assert state_dir and state_dir.startswith("/"), "the coordinator journals its jobs: set NETCOLL_STATE_DIR"
+    cfg = config.CoordinatorConfig.load({}, env)
+    assert cfg.state_dir == state_dir
+    named = set(compose.get("volumes") or {})
+    mounts = [str(v).split(":") for v in coord.get("volumes") or []]
+    holding = [
+        src for src, target, *_ in mounts if state_dir == target or state_dir.startswith(target.rstrip("/") + "/")
+    ]
+    assert holding, f"no volume is mounted on {state_dir} (or a parent)"
+    assert holding[0] in named, f"{holding[0]} must be a named volume declared under top-level volumes:"
+    # the shared environment still reaches the coordinator (the merge keeps it)
+    assert env.get("NETCOLL_COORDINATOR") == "coordinator:29400" and "NETCOLL_TOKEN" in (coord["environment"] or {})
+    for name in ("rank", "bench"):
+        assert "NETCOLL_STATE_DIR" not in compose_env(compose["services"][name]), f"{name} keeps no job state"
+
+
 # -- Dockerfile --------------------------------------------------------------------------------------
 def dockerfile_instructions() -> list[tuple[str, str]]:
     text = DOCKERFILE.read_text().replace("\\\n", " ")
@@ -215,6 +236,30 @@ def test_k8s_commands_and_probes_use_the_cli() -> None:
             if ns.command == "rank":
                 assert c["readinessProbe"], "rank readiness = registered (/readyz)"
     assert {"coordinator", "rank", "submit"} <= seen
+
+
+def test_k8s_coordinator_state_is_on_a_volume() -> None:
+    docs = {(d.get("kind"), (d.get("metadata") or {}).get("name")): d for _, d in k8s_docs()}
+    deploy = docs[("Deployment", "netcoll-coordinator")]
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
+    spec = deploy["spec"]["template"]["spec"]
+    container = next(c for c in spec["containers"] if c["name"] == "coordinator")
+    env = container_env(container)
+    state_dir = env.get("NETCOLL_STATE_DIR")
+    assert state_dir, "the coordinator journals its jobs: set NETCOLL_STATE_DIR"
+    assert config.CoordinatorConfig.load({}, env).state_dir == state_dir
+    mount = next(
+        (m for m in container.get("volumeMounts") or [] if state_dir.rstrip("/") == m["mountPath"].rstrip("/")), None
+    )
+    assert mount is not None and not mount.get("readOnly"), f"nothing writable is mounted on {state_dir}"
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    if "persistentVolumeClaim" in volume:
+        claim = docs.get(("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]))
+        assert claim is not None, "the claim the coordinator mounts is defined in deploy/k8s"
+        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    else:
+        assert "emptyDir" in volume, "the journal needs a volume (a PVC, or at least an emptyDir)"
+    assert spec["securityContext"]["fsGroup"] == 10001, "the non-root coordinator must be able to write it"
 
 
 def test_k8s_ranks_statefulset() -> None:
