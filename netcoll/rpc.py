@@ -23,10 +23,17 @@ from typing import Any
 
 from . import errors
 from .errors import NetcollError, ProtocolError
+from .escape import escape
+from .limits import DEFAULT as DEFAULT_LIMITS
+from .limits import Limits
 from .transport.connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
 from .wire import Frame, Kind
 
 log = logging.getLogger("netcoll.rpc")
+
+_ACTIVE_KEY = "rpc.last_answer"  # Session.data: loop time of the last answered request
+#: a client PINGs every ``idle_timeout / KEEPALIVE_DIVISOR`` (from the server's WELCOME)
+KEEPALIVE_DIVISOR = 3.0
 
 _BUILTIN_ERRORS = {"TypeError", "ValueError", "KeyError", "TimeoutError", "LookupError"}
 
@@ -97,6 +104,11 @@ class RpcServer:
         token: shared secret every client must prove (None: no auth).
         role: announced in the CHALLENGE (``"coordinator"``...).
         on_open / on_close: called with each session (``on_open`` may raise to refuse).
+        limits: per-source connection limits, handshake and idle timeouts
+            (default :data:`netcoll.limits.DEFAULT`). A session with no request
+            in flight that sends no frame for ``idle_timeout_s`` (0: never) is
+            closed with an ERROR; the WELCOME announces it as ``idle_timeout``
+            so :class:`RpcClient` PINGs well within it.
     """
 
     def __init__(
@@ -107,14 +119,16 @@ class RpcServer:
         role: str = "rpc",
         on_open: Callable[[Session], Awaitable[None]] | None = None,
         on_close: Callable[[Session], Awaitable[None]] | None = None,
+        limits: Limits | None = None,
     ) -> None:
+        self.limits = DEFAULT_LIMITS if limits is None else limits
         self.methods = methods
         self.token = token
         self.role = role
         self.on_open = on_open
         self.on_close = on_close
         self.sessions: set[Session] = set()
-        self._server = Server(self._serve)
+        self._server = Server(self._serve, settings=self.limits)
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -125,7 +139,14 @@ class RpcServer:
         await self._server.close()
 
     async def _serve(self, proto: FramedProtocol) -> None:
-        hello = await server_handshake(proto, token=self.token, role=self.role)
+        idle = self.limits.idle_timeout_s
+        hello = await server_handshake(
+            proto,
+            token=self.token,
+            role=self.role,
+            accept=lambda _hello: {"idle_timeout": float(idle)} if idle else {},
+            timeout=self.limits.handshake_timeout_s,
+        )
         session = Session(proto, hello)
         tasks: set[asyncio.Task[None]] = set()
         if self.on_open is not None:
@@ -138,8 +159,18 @@ class RpcServer:
         try:
             while True:
                 try:
-                    frame = await proto.next_frame()
+                    frame = await self._next_frame(session, tasks)
                 except (ConnectionError, NetcollError):
+                    return
+                if frame is None:
+                    log.info("closing idle RPC connection from %s:%s", *session.peer)
+                    proto.fail(
+                        ConnectionAbortedError(
+                            f"idle for {self.limits.idle_timeout_s:g}s with no request in flight; closing "
+                            "(PING to keep a connection open)"
+                        ),
+                        tell_peer=True,
+                    )
                     return
                 session.last_seen = asyncio.get_running_loop().time()
                 if frame.kind == Kind.PING:
@@ -158,6 +189,26 @@ class RpcServer:
             if self.on_close is not None:
                 await self.on_close(session)
 
+    async def _next_frame(self, session: Session, tasks: set[asyncio.Task[None]]) -> Frame | None:
+        """The client's next frame, or None once the session has been idle (no
+        frame received, no request in flight) for ``idle_timeout_s``."""
+        idle = self.limits.idle_timeout_s
+        if not idle:
+            return await session.proto.next_frame()
+        loop = asyncio.get_running_loop()
+        while True:
+            if tasks:
+                left = idle  # a request in flight: not idle; look again later
+            else:
+                left = max(session.last_seen, session.data.get(_ACTIVE_KEY, 0.0)) + idle - loop.time()
+                if left <= 0:
+                    return None
+            try:
+                async with asyncio.timeout(left):
+                    return await session.proto.next_frame()
+            except TimeoutError:
+                continue
+
     async def _handle(self, session: Session, frame: Frame) -> None:
         rid, method = frame.header["id"], frame.header["method"]
         params = frame.header.get("params") or {}
@@ -165,9 +216,9 @@ class RpcServer:
         payload: bytes | memoryview | None = None
         try:
             if handler is None:
-                raise ValueError(f"unknown method {method!r}; known: {', '.join(sorted(self.methods))}")
+                raise ValueError(f"unknown method {escape(method, 100)}; known: {', '.join(sorted(self.methods))}")
             if not isinstance(params, dict):
-                raise TypeError(f"params of {method!r} must be a map")
+                raise TypeError(f"params of {escape(method, 100)} must be a map")
             result = await handler(session, params, frame.payload)
             if isinstance(result, Reply):
                 result, payload = result.result, result.payload
@@ -176,12 +227,14 @@ class RpcServer:
             raise
         except Exception as exc:  # every failure becomes an error reply
             if not isinstance(exc, (NetcollError, ValueError, TypeError, KeyError, TimeoutError)):
-                log.exception("RPC %s failed", method)
+                log.exception("RPC %s failed", escape(method))
             header = {"id": rid, "ok": False, "error": error_to_wire(exc)}
         try:
             await session.proto.send(Kind.RESPONSE, header, None if payload is None else memoryview(payload).cast("B"))
         except (ConnectionError, NetcollError):
             pass
+        finally:
+            session.data[_ACTIVE_KEY] = asyncio.get_running_loop().time()  # idle counts from the last answer
 
 
 class RpcClient:
@@ -195,6 +248,12 @@ class RpcClient:
         self._pending: dict[int, asyncio.Future[tuple[Any, memoryview]]] = {}
         proto.on_frame = self._on_frame
         proto.on_lost = self._on_lost
+        self._keepalive: asyncio.Task[None] | None = None
+        idle = welcome.get("idle_timeout")
+        if isinstance(idle, (int, float)) and not isinstance(idle, bool) and idle > 0:
+            self._keepalive = asyncio.get_running_loop().create_task(
+                self._ping(idle / KEEPALIVE_DIVISOR), name="netcoll-rpc-keepalive"
+            )
 
     @classmethod
     async def connect(
@@ -242,7 +301,22 @@ class RpcClient:
         elif frame.kind != Kind.PONG:
             self.proto.fail(ProtocolError(f"unexpected {frame.kind.name} frame from server"), tell_peer=True)
 
+    async def _ping(self, interval: float) -> None:
+        """PING the server often enough that it never finds this connection idle."""
+        try:
+            while self.proto.lost is None:
+                await asyncio.sleep(interval)
+                await self.proto.send(Kind.PING, {})
+        except (ConnectionError, NetcollError):
+            return
+
+    def _stop_keepalive(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
+
     def _on_lost(self, exc: BaseException | None) -> None:
+        self._stop_keepalive()
         err = (
             exc
             if isinstance(exc, (ConnectionError, NetcollError))
@@ -298,6 +372,7 @@ class RpcClient:
         return result
 
     async def close(self) -> None:
+        self._stop_keepalive()
         self.proto.close()
         if self.proto.transport is not None:
             try:

@@ -32,7 +32,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     )
     sp.add_argument("--port", help="the one port for all peer traffic (env NETCOLL_PORT; default 29500; 0 = any)")
     sp.add_argument("--http-port", help="HTTP health/metrics port (env NETCOLL_HTTP_PORT; default 29501; 'off')")
-    sp.add_argument("--http-host", help="address of the HTTP port (default: --host)")
+    sp.add_argument("--http-host", help="address of the HTTP port (env NETCOLL_HTTP_HOST; default: --host)")
     sp.add_argument(
         "--rank-hint",
         metavar="RANK",

@@ -13,9 +13,16 @@ GET        answer
 
 ``HEAD`` works too; anything else is ``404`` / ``405``. No token is needed:
 these are health endpoints and expose no data or control. Requests are
-bounded (8 KiB of request line and headers, 5 s to send them, 64 connections
-at once), every response closes the connection, and nothing a client sends
-can take the server down.
+bounded (8 KiB of request line and headers, ``http_timeout_s`` to send them
+and to take the answer, ``http_max_conns`` connections at once: see
+:mod:`netcoll.limits`), every response closes the connection, and nothing a
+client sends can take the server down.
+
+Idle clients cannot starve the health checks: at the connection cap a new
+connection closes the oldest one that is only lingering after its answer or
+still waiting for its request (as nginx reuses idle keep-alive connections
+when it runs out), so a fresh ``GET /livez`` is always served; only when
+every connection is busy answering is the new one told ``503``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..escape import escape
+from ..limits import DEFAULT as DEFAULT_LIMITS
+from ..limits import Limits
+
 if TYPE_CHECKING:
     from ..rendezvous.coordinator import Coordinator
     from .daemon import RankDaemon
@@ -34,8 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("netcoll.http")
 
 MAX_REQUEST = 8192
-REQUEST_TIMEOUT = 5.0
-MAX_CONNECTIONS = 64
 LINGER = 1.0
 PATHS = ("/livez", "/readyz", "/metrics")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -65,14 +74,21 @@ class HttpServer:
     """Serves ``/livez``, ``/readyz`` (``ready()`` -> (ok, reason)) and
     ``/metrics`` (``metrics()`` -> exposition text)."""
 
-    def __init__(self, *, ready: Ready, metrics: Callable[[], str], name: str = "netcoll") -> None:
+    def __init__(
+        self, *, ready: Ready, metrics: Callable[[], str], name: str = "netcoll", limits: Limits | None = None
+    ) -> None:
         self.ready = ready
         self.metrics = metrics
         self.name = name
+        self.limits = DEFAULT_LIMITS if limits is None else limits
         self.address: tuple[str, int] = ("", 0)
         self.requests = 0
+        self.evicted = 0  # idle connections closed to make room for new ones
+        self.refused = 0  # connections answered 503 because every slot was busy answering
         self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
+        #: open connections in accept order -> their state: "waiting" for the request,
+        #: "answering", or "lingering" after the answer
+        self._writers: dict[asyncio.StreamWriter, str] = {}
 
     @property
     def url(self) -> str:
@@ -99,14 +115,33 @@ class HttpServer:
             pass
 
     # -- one connection ----------------------------------------------------------------------
+    def _make_room(self) -> bool:
+        """At the cap, close the oldest lingering, else the oldest waiting connection."""
+        if len(self._writers) < max(1, self.limits.http_max_conns):
+            return True
+        for state in ("lingering", "waiting"):
+            victim = next((w for w, s in self._writers.items() if s == state), None)
+            if victim is not None:
+                del self._writers[victim]
+                self.evicted += 1
+                victim.transport.abort()
+                return True
+        return False
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._writers) >= MAX_CONNECTIONS:
-            writer.transport.abort()
+        if not self._make_room():
+            self.refused += 1
+            log.debug("HTTP: %d connections busy answering; refusing one", len(self._writers))
+            try:
+                writer.write(self._response(503, "too many connections\n"))
+            except (ConnectionError, OSError):
+                pass
+            writer.transport.close()
             return
-        self._writers.add(writer)
+        self._writers[writer] = "waiting"
         try:
             try:
-                async with asyncio.timeout(REQUEST_TIMEOUT):
+                async with asyncio.timeout(self.limits.http_timeout_s):
                     method, path = await self._read_request(reader)
             except _BadRequest as exc:
                 await self._send(writer, exc.status, f"{exc}\n", head=False)
@@ -115,6 +150,8 @@ class HttpServer:
                 await self._send(writer, 408, "request timed out\n", head=False)
                 return
             self.requests += 1
+            if writer in self._writers:
+                self._writers[writer] = "answering"
             status, body, ctype = self._route(method, path)
             await self._send(
                 writer,
@@ -129,8 +166,12 @@ class HttpServer:
         except Exception:
             log.debug("HTTP request failed", exc_info=True)
         finally:
-            self._writers.discard(writer)
-            await self._linger(reader, writer)
+            if writer in self._writers:
+                self._writers[writer] = "lingering"
+            try:
+                await self._linger(reader, writer)
+            finally:
+                self._writers.pop(writer, None)
 
     @staticmethod
     async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -205,11 +246,23 @@ class HttpServer:
                 return (200, "ok\n", text) if ok else (503, f"not ready: {reason}\n", text)
             return 200, self.metrics(), METRICS_TYPE
         except Exception as exc:  # noqa: BLE001
-            log.warning("HTTP %s failed: %r", path, exc)
+            log.warning("HTTP %s failed: %r", escape(path, 100), exc)
             return 500, f"internal error: {exc!r}\n", text
 
     @staticmethod
+    def _response(
+        status: int, body: str, *, ctype: str = "text/plain; charset=utf-8", head: bool = False, extra: str = ""
+    ) -> bytes:
+        data = body.encode("utf-8")
+        header = (
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
+            f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
+            f"Cache-Control: no-store\r\nConnection: close\r\n{extra}\r\n"
+        ).encode("ascii")
+        return header if head else header + data
+
     async def _send(
+        self,
         writer: asyncio.StreamWriter,
         status: int,
         body: str,
@@ -218,15 +271,9 @@ class HttpServer:
         head: bool = False,
         extra: str = "",
     ) -> None:
-        data = body.encode("utf-8")
-        header = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
-            f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
-            f"Cache-Control: no-store\r\nConnection: close\r\n{extra}\r\n"
-        ).encode("ascii")
-        writer.write(header if head else header + data)
+        writer.write(self._response(status, body, ctype=ctype, head=head, extra=extra))
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
+            async with asyncio.timeout(self.limits.http_timeout_s):
                 await writer.drain()
         except TimeoutError:
             pass

@@ -22,20 +22,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
+import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import errors, wire
 from ..errors import AuthenticationError, NetcollError, ProtocolError
+from ..escape import escape
+from ..limits import DEFAULT as DEFAULT_SETTINGS
+from ..limits import Limits
 from ..wire import Frame, Kind
 from . import auth, socketlink
+
+log = logging.getLogger("netcoll.transport")
 
 SCRATCH_BYTES = 64 * 1024  # small frames are read many at a time into this...
 DIRECT_MIN = 32 * 1024  # ...a payload remainder at least this big is read straight into place
 HIGH_WATER = 4 * 1024 * 1024
 COALESCE_MAX = 64 * 1024  # payloads up to this size are copied behind their header: one write
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = DEFAULT_SETTINGS.handshake_timeout_s
 HANDSHAKE_LIMITS = wire.Limits(max_header=4096, max_payload=0)
 ERROR_MESSAGE_MAX = 4096  # characters of an ERROR frame's message (a control frame: small header)
 
@@ -59,6 +66,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._can_write.set()
         self.lost: BaseException | None = None
         self.closed = asyncio.get_running_loop().create_future()
+        #: the accepting :class:`Server` (per-source limits, failed-auth policy); None when dialed
+        self.gate: Server | None = None
 
     # -- asyncio callbacks ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -268,8 +277,19 @@ async def server_handshake(
 ) -> dict[str, Any]:
     """Challenge a new client, check its HELLO (``accept`` may raise to refuse it
     or return extra WELCOME fields), and return the HELLO header. On failure the
-    client gets an ERROR frame with the reason and the connection is closed."""
+    client gets an ERROR frame with the reason and the connection is closed.
+
+    On a connection accepted by a :class:`Server`, the handshake ends by the
+    server's deadline (``handshake_timeout_s`` from the connect) if sooner, the
+    source's handshake slot is given back as soon as the proof checks out, and a
+    failure before that is logged (rate-limited per source) and answered only
+    after ``auth_fail_delay_s``."""
     mine = auth.new_nonce()
+    gate = proto.gate
+    if gate is not None:
+        timeout = min(timeout, gate.time_left(proto))
+    hello: Frame | None = None
+    authenticated = False
     try:
         await proto.send(Kind.CHALLENGE, {"nonce": mine, "role": role, "auth": token is not None})
         async with asyncio.timeout(timeout):
@@ -278,6 +298,9 @@ async def server_handshake(
             raise ProtocolError(f"expected HELLO, got {hello.kind.name}")
         who = f"client {proto.peername[0]}:{proto.peername[1]}"
         auth.check(token, "hello", mine, hello.header["nonce"], hello.header.get("proof"), who)
+        authenticated = True
+        if gate is not None:
+            gate.authenticated(proto)
         extra = accept(hello.header) if accept else None
         if inspect.isawaitable(extra):
             extra = await extra
@@ -289,25 +312,85 @@ async def server_handshake(
         await proto.send(Kind.WELCOME, welcome)
         return hello.header
     except TimeoutError:
+        if gate is not None and not authenticated:
+            gate.failed(proto, "handshake timed out", None)
         proto.fail(ProtocolError("handshake timed out"), tell_peer=True)
         raise ProtocolError(f"handshake with {proto.peername} timed out") from None
     except (ProtocolError, AuthenticationError, NetcollError, ValueError) as exc:
+        if gate is not None and not authenticated:
+            gate.failed(proto, str(exc), None if hello is None else hello.header)
+            await gate.penalty(proto)
         proto.fail(exc, tell_peer=True)
         raise
 
 
+class _Source:
+    """Connections from one source address: all of them, and those still in the handshake."""
+
+    __slots__ = ("total", "unauth", "waiters")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.unauth = 0
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+
+class RateLimitedLog:
+    """At most one log line per key per ``interval`` seconds; the next line
+    says how many were suppressed in between. Keeps at most ``max_keys`` keys."""
+
+    def __init__(self, interval: float, max_keys: int = 4096) -> None:
+        self.interval = interval
+        self.max_keys = max_keys
+        self._keys: collections.OrderedDict[Any, list[float]] = collections.OrderedDict()  # key -> [next, suppressed]
+
+    def allow(self, key: Any) -> int | None:
+        """``None`` when this event is suppressed; else how many were suppressed before it."""
+        now = time.monotonic()
+        entry = self._keys.get(key)
+        if entry is not None and now < entry[0]:
+            entry[1] += 1
+            return None
+        suppressed = 0 if entry is None else int(entry[1])
+        self._keys[key] = [now + self.interval, 0.0]
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.max_keys:
+            self._keys.popitem(last=False)
+        return suppressed
+
+
 class Server:
     """A listening socket whose every accepted connection runs ``handler(proto)``
-    in its own task; closing the server cancels those tasks and closes the links."""
+    in its own task; closing the server cancels those tasks and closes the links.
+
+    Per source address (``settings``, default :data:`netcoll.limits.DEFAULT`): a
+    connection beyond ``max_conns_per_source`` is refused at once (an ERROR frame
+    with the reason, then close: no handshake work); beyond
+    ``max_unauth_conns_per_source`` still in the handshake, a new connection
+    waits (without a CHALLENGE) for one of them to finish, and is refused the
+    same way if none does within half of ``handshake_timeout_s`` (so legitimate
+    bursts from one host, e.g. many ranks dialing at once, just queue briefly).
+    Failed handshakes are logged at most once per source per
+    ``auth_fail_log_interval_s`` and answered after ``auth_fail_delay_s`` (in
+    that connection's task only)."""
 
     def __init__(
-        self, handler: Callable[[FramedProtocol], Awaitable[None]], limits: wire.Limits = wire.DEFAULT_LIMITS
+        self,
+        handler: Callable[[FramedProtocol], Awaitable[None]],
+        limits: wire.Limits = wire.DEFAULT_LIMITS,
+        *,
+        settings: Limits | None = None,
     ) -> None:
         self.handler = handler
         self.limits = limits
+        self.settings = DEFAULT_SETTINGS if settings is None else settings
         self.server: socketlink.Listener | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.protos: set[FramedProtocol] = set()
+        self.sources: dict[str, _Source] = {}
+        self.refused = 0  # connections refused by a per-source limit
+        self.auth_failures = 0  # handshakes that failed before the peer proved itself
+        self._log = RateLimitedLog(self.settings.auth_fail_log_interval_s)
 
     def _factory(self) -> FramedProtocol:
         proto = _AcceptedProtocol(self, self.limits)
@@ -317,14 +400,129 @@ class Server:
         self.server = socketlink.Listener(self._factory)
         return self.server.start(host, port)
 
-    def _spawn(self, proto: FramedProtocol) -> None:
+    def _spawn(self, proto: _AcceptedProtocol) -> None:
+        source = self.sources.setdefault(proto.peername[0], _Source())
+        if source.total >= self.settings.max_conns_per_source:
+            if not source.total:
+                self.sources.pop(proto.peername[0], None)
+            self._refuse(
+                proto,
+                f"too many connections from {proto.peername[0]} (at most "
+                f"{self.settings.max_conns_per_source} per source address); try again later",
+            )
+            return
+        source.total += 1
+        proto.counted = True
+        proto.deadline = asyncio.get_running_loop().time() + self.settings.handshake_timeout_s
         self.protos.add(proto)
         task = asyncio.get_running_loop().create_task(self._run(proto))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _run(self, proto: FramedProtocol) -> None:
+    def _refuse(self, proto: FramedProtocol, reason: str) -> None:
+        self.refused += 1
+        suppressed = self._log.allow((proto.peername[0], "limit"))
+        if suppressed is not None:
+            more = f" ({suppressed} more refused since the last report)" if suppressed else ""
+            log.warning("refused a connection: %s%s", reason, more)
+        proto.fail(ConnectionRefusedError(reason), tell_peer=True)
+
+    async def _admit(self, proto: _AcceptedProtocol) -> bool:
+        """Take one of the source's handshake slots (waiting for one until the deadline)."""
+        source = self.sources.get(proto.peername[0])
+        if source is None or proto.lost is not None:  # gone before its task started
+            return False
+        if source.unauth < self.settings.max_unauth_conns_per_source and not source.waiters:
+            source.unauth += 1
+            proto.unauth = True
+            return True
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        source.waiters.append(slot)
+        self._wake(source)  # skips waiters that gave up
         try:
+            if not slot.done():
+                # wait at most half the handshake time, so an admitted connection has the other half
+                wait = self.time_left(proto) - self.settings.handshake_timeout_s / 2
+                await asyncio.wait([slot, proto.closed], timeout=max(0.0, wait), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not slot.done():
+                slot.cancel()
+        if slot.cancelled() or proto.lost is not None:
+            if not slot.cancelled():  # we were handed a slot but cannot use it: pass it on
+                source.unauth -= 1
+                self._wake(source)
+            if proto.lost is None:
+                self._refuse(
+                    proto,
+                    f"too many connections still in the handshake from {proto.peername[0]} (at most "
+                    f"{self.settings.max_unauth_conns_per_source} per source address); try again later",
+                )
+            return False
+        proto.unauth = True  # the slot was counted for us by _wake
+        return True
+
+    def _wake(self, source: _Source) -> None:
+        while source.waiters and source.unauth < self.settings.max_unauth_conns_per_source:
+            slot = source.waiters.popleft()
+            if not slot.done():
+                source.unauth += 1
+                slot.set_result(None)
+
+    def authenticated(self, proto: FramedProtocol) -> None:
+        """``proto``'s peer proved itself: give its handshake slot back."""
+        if isinstance(proto, _AcceptedProtocol) and proto.unauth:
+            proto.unauth = False
+            source = self.sources.get(proto.peername[0])
+            if source is not None:
+                source.unauth -= 1
+                self._wake(source)
+
+    def _release(self, proto: _AcceptedProtocol) -> None:
+        self.authenticated(proto)
+        if proto.counted:
+            proto.counted = False
+            source = self.sources.get(proto.peername[0])
+            if source is not None:
+                source.total -= 1
+                if source.total <= 0 and not source.waiters:
+                    del self.sources[proto.peername[0]]
+
+    def time_left(self, proto: FramedProtocol) -> float:
+        """Seconds until ``proto``'s handshake deadline."""
+        if not isinstance(proto, _AcceptedProtocol) or proto.deadline is None:
+            return self.settings.handshake_timeout_s
+        return proto.deadline - asyncio.get_running_loop().time()
+
+    def failed(self, proto: FramedProtocol, reason: str, hello: dict[str, Any] | None) -> None:
+        """Log a handshake that failed before the peer proved itself (rate-limited per source)."""
+        self.auth_failures += 1
+        host, port = proto.peername
+        suppressed = self._log.allow((host, "auth"))
+        if suppressed is None:
+            return
+        who = ""
+        if hello is not None:
+            fields = [f"{k} {escape(hello[k], 100)}" for k in ("role", "member_id", "rank") if k in hello]
+            who = f" ({', '.join(fields)})" if fields else ""
+        more = (
+            f"; {suppressed} more from this address in the last {self.settings.auth_fail_log_interval_s:g}s"
+            if suppressed
+            else ""
+        )
+        log.warning("failed handshake from %s:%s%s: %s%s", host, port, who, escape(reason, 300), more)
+
+    async def penalty(self, proto: FramedProtocol) -> None:
+        """Wait ``auth_fail_delay_s`` before refusing ``proto`` (reading nothing from it meanwhile)."""
+        delay = self.settings.auth_fail_delay_s
+        if delay <= 0 or proto.transport is None:
+            return
+        proto.transport.pause_reading()
+        await asyncio.sleep(delay)
+
+    async def _run(self, proto: _AcceptedProtocol) -> None:
+        try:
+            if not await self._admit(proto):
+                return
             await self.handler(proto)
         except (ConnectionError, NetcollError, TimeoutError):
             proto.close()
@@ -334,6 +532,7 @@ class Server:
         except Exception as exc:  # noqa: BLE001 - one bad connection never takes the server down
             proto.fail(ProtocolError(f"internal error: {exc!r}"), tell_peer=True)
         finally:
+            self.authenticated(proto)  # the handler is done with the handshake either way
             self.protos.discard(proto)
 
     async def close(self) -> None:
@@ -351,7 +550,15 @@ class _AcceptedProtocol(FramedProtocol):
     def __init__(self, server: Server, limits: wire.Limits) -> None:
         super().__init__(limits)
         self._server = server
+        self.gate = server
+        self.counted = False  # counted in its source's connections
+        self.unauth = False  # holds one of its source's handshake slots
+        self.deadline: float | None = None  # loop time by which the handshake must be done
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._server._spawn(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server._release(self)
+        super().connection_lost(exc)

@@ -26,12 +26,20 @@ import asyncio
 import collections
 import errno
 import itertools
+import logging
+import os
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 IOV_MAX = 64  # buffers per sendmsg call
 _RETRY = (BlockingIOError, InterruptedError)
+#: accept() errors that mean "no resources now": pause accepting instead of retrying at once
+_RESOURCE_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
+ACCEPT_BACKOFF = 0.1  # first pause after such an error (seconds), doubling...
+ACCEPT_BACKOFF_MAX = 1.0  # ...up to this
+
+_log = logging.getLogger("netcoll.transport")
 
 
 class _Item:
@@ -41,6 +49,9 @@ class _Item:
 
     def __init__(self, view: memoryview, done: asyncio.Future[None] | None) -> None:
         self.view, self.done = view, done
+
+
+_GONE: Final = asyncio.BufferedProtocol()  # the protocol of a finished transport
 
 
 class SocketTransport(asyncio.Transport):
@@ -316,6 +327,9 @@ class SocketTransport(asyncio.Transport):
             self._protocol.connection_lost(exc if isinstance(exc, Exception) else None)
         finally:
             self._sock.close()
+            # as asyncio's transports do: drop the protocol, so the pair is freed by
+            # reference counting rather than waiting for the cycle collector
+            self._protocol = _GONE
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         return self._protocol
@@ -373,12 +387,22 @@ def _numeric(host: str, port: int) -> list[tuple[Any, ...]]:
 
 class Listener:
     """A listening socket that wraps each accepted connection in a
-    :class:`SocketTransport` with a new protocol from ``protocol_factory``."""
+    :class:`SocketTransport` with a new protocol from ``protocol_factory``.
+
+    When ``accept`` fails for lack of resources (out of file descriptors or
+    kernel memory) the listener stops watching its socket for a backoff
+    (``ACCEPT_BACKOFF``, doubling up to ``ACCEPT_BACKOFF_MAX``) instead of
+    spinning on the still-pending connection, and logs one warning per episode.
+    """
 
     def __init__(self, protocol_factory: Callable[[], asyncio.BufferedProtocol]) -> None:
         self.protocol_factory = protocol_factory
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._backoff = 0.0  # seconds of the current pause; 0 when accepting normally
+        self._resume: asyncio.TimerHandle | None = None
+        #: accept() failures for lack of resources, since start (for tests and stats)
+        self.resource_errors = 0
 
     def start(self, host: str, port: int, backlog: int = 128) -> tuple[str, int]:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -395,16 +419,49 @@ class Listener:
             try:
                 conn, _ = self.sock.accept()
             except _RETRY:
-                return
-            except OSError as exc:  # e.g. EMFILE: keep the listener, drop this attempt
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                break
+            except OSError as exc:
+                if exc.errno in _RESOURCE_ERRNOS:  # keep the listener, pause it: do not spin
+                    self._pause(exc)
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
             SocketTransport(self._loop, conn, self.protocol_factory())
+        if self._backoff:
+            _log.info("listener %s accepts connections again", self._name())
+            self._backoff = 0.0
+
+    def _pause(self, exc: OSError) -> None:
+        assert self.sock is not None and self._loop is not None
+        self.resource_errors += 1
+        if not self._backoff:
+            _log.warning(
+                "listener %s cannot accept connections (%s); pausing accept() with backoff up to %gs",
+                self._name(),
+                os.strerror(exc.errno or 0),
+                ACCEPT_BACKOFF_MAX,
+            )
+        self._backoff = min(ACCEPT_BACKOFF_MAX, self._backoff * 2) if self._backoff else ACCEPT_BACKOFF
+        self._loop.remove_reader(self.sock.fileno())
+        self._resume = self._loop.call_later(self._backoff, self._unpause)
+
+    def _unpause(self) -> None:
+        self._resume = None
+        if self.sock is not None and self._loop is not None:
+            self._loop.add_reader(self.sock.fileno(), self._accept)
+
+    def _name(self) -> str:
+        try:
+            host, port = self.sock.getsockname()[:2] if self.sock is not None else ("?", 0)
+        except OSError:
+            return "?"
+        return f"{host}:{port}"
 
     def close(self) -> None:
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
         if self.sock is not None and self._loop is not None:
             self._loop.remove_reader(self.sock.fileno())
             self.sock.close()
