@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from ..escape import escape
 from .common import CliError
 
 
@@ -29,7 +30,7 @@ def one_line(exc: BaseException) -> str:
         except Exception:  # noqa: BLE001 - fall back to str() below
             pass
     text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else (str(exc) or type(exc).__name__)
-    return " ".join(text.split())
+    return escape(" ".join(text.split()), 1000)  # a peer's message: no terminal escapes, bounded
 
 
 def fail(prog: str, message: str, code: int) -> int:

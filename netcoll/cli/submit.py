@@ -11,6 +11,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from .. import collectives
+from ..escape import escape
 from ..sizes import format_size, size_arg
 from .common import FORMATTER, CliError, add_client_arguments, flags, mean_us, print_json, run_client
 from .connect import connected
@@ -169,7 +170,8 @@ def print_job(rec: dict[str, Any]) -> None:
     state = rec["state"]
     world = rec.get("world_size") or 0
     where = f" on {world} ranks (epoch {rec.get('epoch')})" if world else ""
-    print(f"job {rec['id']} {rec['op']}: {state if state == 'succeeded' else state.upper()}{where}")
+    state = escape(state, 40)
+    print(f"job {rec['id']} {escape(rec['op'], 40)}: {state if state == 'succeeded' else state.upper()}{where}")
     line = _job_data_line(rec)
     if line is not None:
         print(line)
@@ -184,4 +186,5 @@ def print_job(rec: dict[str, Any]) -> None:
         addresses = {str(r["rank"]): r.get("address") for r in rec.get("ranks") or []}
         print(f"  {'rank':>4}  {'address':<22}{'mean time':>12}")
         for r in sorted(timings, key=int):
-            print(f"  {r:>4}  {addresses.get(r) or '-':<22}{human_time(mean_us(timings[r])):>12}")
+            address = escape(addresses.get(r) or "-", 60)
+            print(f"  {escape(r, 8):>4}  {address:<22}{human_time(mean_us(timings[r])):>12}")
