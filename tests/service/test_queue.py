@@ -7,45 +7,16 @@ loopback TCP, like test_service.py."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-import netcoll
 from netcoll.cli.status import print_status
 from netcoll.limits import DEFAULT, Limits
-from netcoll.service import Client, JobService
-from netcoll.service.journal import Journal
-from tests.service.test_service import Cluster
+from tests.support.services import service
 
 pytestmark = pytest.mark.tcp
-
-
-@contextlib.asynccontextmanager
-async def service(n: int, journal: Journal | None = None, **kw: Any) -> AsyncIterator[tuple[Cluster, Client]]:
-    """A coordinator with a JobService (``kw``: its options) and ``n`` rank daemons on
-    loopback; everything stopped and closed on exit (the journal too)."""
-    try:
-        async with netcoll.Coordinator() as coord:
-            svc = JobService(coord, journal=journal, **kw)
-            svc.start()
-            c = Cluster(coord, svc)
-            c.add(n)
-            try:
-                async with Client(coord.address) as client:
-                    await c.ready(client, n)
-                    yield c, client
-            finally:
-                for d in c.daemons:
-                    d.request_stop()
-                await asyncio.wait_for(asyncio.gather(*c.tasks, return_exceptions=True), 10)
-                await svc.close()
-    finally:
-        if journal is not None:
-            journal.close()
 
 
 async def until(predicate: Any, seconds: float = 20.0) -> None:
