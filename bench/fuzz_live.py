@@ -1,0 +1,823 @@
+"""Live fuzzing (issue 10): malformed frames and RPC bodies against a running
+coordinator and rank daemons, before and after authentication.
+
+Starts ``python -m netcoll coordinator`` and ``--daemons`` ``python -m netcoll rank``
+subprocesses on 127.0.0.1 (free ports, a token), then sends seeded random
+malformed input over loopback from several 127.0.0.x source addresses (so the
+per-source connection limits of ``netcoll/limits.py`` are not what is tested):
+
+* pre-auth, to the coordinator's RPC port and each daemon's peer port: garbage
+  bytes, truncated prefixes, wrong magic/version/kind, absurd lengths, bad
+  msgpack headers, oversize control frames, any kind instead of HELLO, HELLOs
+  with bad fields or a wrong proof;
+* post-auth, on coordinator RPC sessions opened with a valid handshake:
+  REQUESTs with unknown methods, known methods with wrong param types, huge
+  ints (2**64-1, the largest msgpack carries; 2**70 has no encoding), deep nesting, bad UTF-8, plus frame-level garbage
+  (RTS/CTS/CREDIT/DATA/ABORT with bad ids, wrong kinds, bad headers) that ends
+  the session; and on daemon peer ports, HELLOs with a valid proof but bad
+  identity fields.
+
+Between batches the coordinator must answer ``status`` and run a small real
+job. At the end: frames sent per phase, outcomes seen per kind, RSS and open
+descriptors of every target before/after. Exit 1 if a target died, stopped
+answering, grew RSS by more than ``--max-rss-growth-mib`` or kept more fds.
+
+The targets run with ``NETCOLL_LIMIT_AUTH_FAIL_DELAY_S=0`` (the 0.5 s delay on
+a failed handshake is a rate limit on token guessing, not under test here, and
+would cap pre-auth fuzzing at ~16 connections/s per source) and log level
+``error``. Every loop is bounded by ``--frames`` and ``--seconds``.
+
+    python3 bench/fuzz_live.py --frames 100000 --seconds 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import secrets
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+PREFIX = struct.Struct("!4sBBHIQ")
+MAGIC = b"NCOL"
+KINDS = list(range(1, 16))
+CONTROL = [5, 9, 10, 11, 12, 13, 14, 15]
+HUGE = 2**64 - 1  # the largest msgpack int
+PAGE = os.sysconf("SC_PAGE_SIZE")
+METHODS = [
+    "join", "leave", "status", "barrier", "kv_set", "kv_get", "kv_add", "kv_delete",
+    "daemon_register", "daemon_drain", "submit", "wait", "job", "cancel", "members",
+    "cluster", "watch", "job_progress", "job_result", "put", "get", "delete",
+]  # fmt: skip
+#: methods fuzzed with short timeouts only (they may block for their timeout)
+WAITING = {"barrier", "kv_get", "wait"}
+
+
+# -- targets -------------------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE / 2**20
+
+
+def nfds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    address: tuple[str, int]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def sample(self) -> dict[str, float]:
+        return {"rss_mib": round(rss_mib(self.pid), 2), "fds": nfds(self.pid)}
+
+
+class Cluster:
+    """A coordinator and ``daemons`` rank daemons as subprocesses on 127.0.0.1."""
+
+    def __init__(self, daemons: int, token: str, env: dict[str, str] | None = None) -> None:
+        self.n, self.token = daemons, token
+        self.env = dict(os.environ, NETCOLL_TOKEN=token, NETCOLL_LOG_LEVEL="error", **(env or {}))
+        self.env.pop("NETCOLL_COORDINATOR", None)
+        self.tmp = tempfile.TemporaryDirectory(prefix="netcoll-fuzz-")
+        self.procs: list[Proc] = []
+
+    @property
+    def coordinator(self) -> Proc:
+        return self.procs[0]
+
+    @property
+    def address(self) -> str:
+        host, port = self.coordinator.address
+        return f"{host}:{port}"
+
+    def _spawn(self, name: str, args: list[str], timeout: float = 20.0) -> Proc:
+        """Start one process and wait (blocking, bounded) for its ready file."""
+        ready = os.path.join(self.tmp.name, name + ".json")
+        with open(os.path.join(self.tmp.name, name + ".log"), "wb") as err:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "netcoll", *args, "--http-port", "off", "--ready-file", ready],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        proc = Proc(name, popen, ("", 0))
+        self.procs.append(proc)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(ready):
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start: {self.log(name)}")
+            time.sleep(0.05)
+        with open(ready) as f:
+            info = json.load(f)
+        address = info.get("address") or info.get("peers") or info.get("listen")
+        if isinstance(address, str):
+            host, port = address.rsplit(":", 1)
+            proc.address = (host, int(port))
+        elif isinstance(address, list):
+            proc.address = (str(address[0]), int(address[1]))
+        return proc
+
+    def log(self, name: str) -> str:
+        with contextlib.suppress(OSError), open(os.path.join(self.tmp.name, name + ".log")) as f:
+            return f.read()[-2000:]
+        return ""
+
+    async def start(self) -> None:
+        self._spawn("coordinator", ["coordinator", "--host", "127.0.0.1", "--port", "0"])
+        for i in range(self.n):
+            self._spawn(
+                f"rank{i}",
+                ["rank", "--coordinator", self.address, "--host", "127.0.0.1", "--port", "0"],
+            )
+        from netcoll.service import Client
+
+        async with Client(self.address, token=self.token) as client, asyncio.timeout(30):
+            while len(await client.members()) < self.n:  # noqa: ASYNC110 - bounded by the timeout
+                await asyncio.sleep(0.1)
+
+    def dead(self) -> list[str]:
+        return [p.name for p in self.procs if p.popen.poll() is not None]
+
+    def sample(self) -> dict[str, dict[str, float]]:
+        return {p.name: p.sample() for p in self.procs if p.popen.poll() is None}
+
+    async def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.popen.poll() is None:
+                p.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            while p.popen.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - bounded
+                await asyncio.sleep(0.05)
+            if p.popen.poll() is None:
+                p.popen.kill()
+                p.popen.wait(5)
+        self.tmp.cleanup()
+
+    async def __aenter__(self) -> Cluster:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def settle(cluster: Cluster, baseline: dict[str, dict[str, float]], seconds: float = 10.0) -> None:
+    """Wait (bounded) until every target's fd count is back to its baseline."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        now = cluster.sample()
+        if all(now.get(k, {}).get("fds", 1e9) <= v["fds"] for k, v in baseline.items()):
+            return
+        await asyncio.sleep(0.1)
+
+
+# -- generators ----------------------------------------------------------------------------
+
+
+def prefix(kind: int, header_len: int, payload_len: int = 0, magic: bytes = MAGIC, version: int = 1) -> bytes:
+    return PREFIX.pack(magic, version & 0xFF, kind & 0xFF, 0, header_len & 0xFFFFFFFF, payload_len & (2**64 - 1))
+
+
+class Deep(bytes):
+    """Stands for ``depth`` nested arrays/maps: msgpack-python refuses to pack more
+    than 511 levels, so :func:`frame` splices the raw bytes in after packing."""
+
+    raw: bytes
+
+
+def deep(depth: int, as_map: bool = False) -> Deep:
+    marker = Deep(b"\x00deep\x00" + secrets.token_bytes(8))
+    marker.raw = (b"\x81\xa1k" if as_map else b"\x91") * depth + b"\x01"
+    return marker
+
+
+def _pack(obj: Any) -> bytes:
+    deeps: list[Deep] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, Deep):
+            deeps.append(o)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    body = msgpack.packb(obj, use_bin_type=True)
+    for d in deeps:
+        body = body.replace(b"\xc4" + bytes([len(d)]) + bytes(d), d.raw, 1)
+    return body
+
+
+def frame(kind: int, header: Any, payload: bytes = b"") -> bytes:
+    body = header if isinstance(header, bytes) and not isinstance(header, Deep) else _pack(header)
+    return prefix(kind, len(body), len(payload)) + body + payload
+
+
+def junk_value(rng: random.Random, depth: int = 0, decodable: bool = False) -> Any:
+    """A value of a wrong type or an absurd size. ``decodable``: one the wire
+    decoder accepts (no ext types, no nesting deeper than a few levels), so a
+    REQUEST carrying it gets an RPC error answer instead of ending the session."""
+    r = rng.randrange(14)
+    if decodable and r in (10, 12):
+        r = 13
+    if r == 0:  # the largest ints msgpack can carry (2**70 cannot be encoded at all); floats beyond
+        return rng.choice((2**64 - 1, -(2**63), 1e21, 2.0**70, -(2.0**70)))
+    if r == 1:
+        return rng.choice((2**63, 2**32, -1, 0, 10**18))
+    if r == 2:
+        return rng.choice((float("nan"), float("inf"), -1e308, 1e-300))
+    if r == 3:
+        return rng.randbytes(rng.randrange(64))
+    if r == 4:
+        return "".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(rng.randrange(32)))
+    if r == 5:
+        return "\x1b[31m\u202e" + "A" * rng.randrange(5000)
+    if r == 6:
+        return None
+    if r == 7:
+        return rng.choice((True, False))
+    if r == 8 and depth < 3:
+        return [junk_value(rng, depth + 1, decodable) for _ in range(rng.randrange(5))]
+    if r == 9 and depth < 3:
+        return {rng.choice(("id", "group", "key", "spec", "timeout", "x")): junk_value(rng, depth + 1, decodable)}
+    if r == 10:
+        return deep(rng.choice((50, 500, 3000)), as_map=rng.random() < 0.5)
+    if r == 11:
+        return rng.randrange(-5, 2**31)
+    if r == 12:
+        return msgpack.ExtType(rng.randrange(128), rng.randbytes(8))
+    return rng.random() * 10 ** rng.randrange(30)
+
+
+def bad_header_bytes(rng: random.Random) -> bytes:
+    """A header that breaks msgpack or the schema in some way."""
+    r = rng.randrange(10)
+    if r == 0:
+        return rng.randbytes(rng.randrange(1, 200))
+    if r == 1:
+        return msgpack.packb([1, 2, 3])  # not a map
+    if r == 2:
+        return msgpack.packb({1: 2, "a": "b"}, strict_types=False)  # int key
+    if r == 3:
+        return b"\x81\xa1a\xa4\xff\xfe\xfd\xfc"  # {"a": bad utf-8 str}
+    if r == 4:
+        return msgpack.packb({"a": 1}) + b"\x00trailing"
+    if r == 5:
+        return msgpack.packb({"a": "x" * 100})[:-7]  # truncated
+    if r == 6:
+        return b"\xdf\xff\xff\xff\xff"  # map32 declaring 4G entries, no data
+    if r == 7:
+        return b"\xdd\xff\xff\xff\xff"  # array32 declaring 4G entries
+    if r == 8:
+        return _pack({"k": deep(rng.choice((200, 2000, 20000)))})
+    return b"\xc1" * rng.randrange(1, 50)  # never-used msgpack byte
+
+
+def malformed_frame(rng: random.Random) -> tuple[str, bytes]:
+    """(label, bytes): one malformed frame as any connection might see it."""
+    r = rng.randrange(16)
+    kind = rng.choice(KINDS)
+    if r == 0:
+        return "garbage", rng.randbytes(rng.randrange(1, 300))
+    if r == 1:
+        return "truncated_prefix", prefix(kind, 1)[: rng.randrange(1, 20)]
+    if r == 2:
+        return "bad_magic", prefix(
+            kind, 1, magic=rng.choice((b"GET ", b"\x16\x03\x01\x00", rng.randbytes(4)))
+        ) + b"\x80"
+    if r == 3:
+        return "bad_version", prefix(kind, 1, version=rng.choice((0, 2, 255))) + b"\x80"
+    if r == 4:
+        return "bad_kind", prefix(rng.choice((0, 16, 99, 255)), 1) + b"\x80"
+    if r == 5:
+        return "absurd_header_len", prefix(kind, rng.choice((2**32 - 1, 2**31, 65537, 16385, 4097)), 0) + b"\x80" * 64
+    if r == 6:
+        return "absurd_payload_len", prefix(
+            rng.choice((4, 6, 7)), 1, rng.choice((2**64 - 1, 2**50, 2**40 + 1, 2**33))
+        ) + b"\x80"
+    if r == 7:
+        return "control_with_payload", prefix(rng.choice(CONTROL), 1, rng.randrange(1, 1 << 20)) + b"\x80" + b"x" * 16
+    if r == 8:
+        return "oversize_control", frame(rng.choice(CONTROL), {"message": "x" * rng.choice((4097, 16385, 60000))})
+    if r == 9:
+        return "bad_header", (lambda h: prefix(kind, len(h)) + h)(bad_header_bytes(rng))
+    if r == 10:
+        return "header_len_mismatch", prefix(kind, 50) + msgpack.packb({"a": 1})
+    if r == 11:
+        hdr = {"id": junk_value(rng), "n": junk_value(rng), "g": junk_value(rng), "q": junk_value(rng), "s": 0, "c": 0}
+        return "flow_control_bad_ids", frame(rng.choice((13, 14, 15)), hdr)
+    if r == 12:
+        hdr = {"g": junk_value(rng), "q": junk_value(rng), "s": 0, "c": 0, "f": "x"}
+        return "data_frame", frame(4, hdr, rng.randbytes(rng.randrange(0, 64)))
+    if r == 13:
+        return "abort_frame", frame(
+            5, {"g": "x", "q": junk_value(rng), "reason": junk_value(rng), "origin": 0, "cause": "x"}
+        )
+    if r == 14:
+        return "wrong_kind", frame(
+            rng.choice((1, 3, 7, 8, 9, 11, 12)),
+            {"topic": "x", "id": 1, "ok": True, "nonce": b"1" * 16, "role": "x", "message": "m"},
+        )
+    return "zero_header", prefix(rng.choice((2, 4, 6, 7)), 0)
+
+
+def bad_hello(rng: random.Random, nonce: bytes, token: str | None) -> tuple[str, bytes]:
+    """A HELLO with bad fields (label, bytes); ``token``: with a valid proof."""
+    from netcoll.transport import auth
+
+    mine = auth.new_nonce()
+    hdr: dict[str, Any] = {"role": rng.choice(("client", "peer", "rank", junk_value(rng))), "nonce": mine}
+    label = "hello_wrong_proof"
+    if token is not None:
+        hdr["proof"] = auth.proof(token, "hello", nonce, mine)
+        label = "hello_valid_proof_bad_fields"
+    else:
+        hdr["proof"] = rng.choice((rng.randbytes(32), rng.randbytes(rng.randrange(64)), "str", HUGE, None))
+    r = rng.randrange(4)
+    if r == 0:
+        hdr["nonce"] = rng.choice(("text", HUGE, b"", rng.randbytes(1000)))
+        if token is None:
+            label = "hello_bad_nonce"
+    for key in ("session", "rank", "link", "group", "member_id", "listen_port"):
+        if rng.random() < 0.5:
+            hdr[key] = junk_value(rng)
+    if rng.random() < 0.3:
+        hdr["link"] = {"v": junk_value(rng), "caps": junk_value(rng), "window": junk_value(rng)}
+    return label, frame(2, hdr)
+
+
+def bad_request(rng: random.Random, rid: int) -> tuple[str, bytes]:
+    """A REQUEST that is a valid frame but a bad RPC (the session stays open)."""
+    r = rng.randrange(8)
+    if r == 0:
+        method = rng.choice(("", "x" * 3000, "\x1b[2J\u202eevil", "__init__", "status ", "STATUS", "_rpc_submit"))
+        return "unknown_method", frame(6, {"id": rid, "method": method, "params": {}})
+    method = rng.choice(METHODS)
+    if r == 1:
+        return "params_not_map", frame(6, {"id": rid, "method": method, "params": junk_value(rng, decodable=True)})
+    params: dict[str, Any] = {}
+    for key in rng.sample(
+        ["group", "key", "name", "amount", "id", "spec", "inputs", "world_size", "member_id", "epoch", "size",
+         "rank_hint", "listen_port", "advertise_host", "value", "count", "session", "rank"], rng.randrange(1, 6)
+    ):  # fmt: skip
+        params[key] = junk_value(rng, decodable=True)
+    if method in WAITING or rng.random() < 0.5:
+        params["timeout"] = rng.choice((0, 0.01, -1, HUGE, float("nan"), "1", None))
+    if method in WAITING and not isinstance(params["timeout"], int | float):
+        params["timeout"] = 0.01
+    if r == 2:
+        params["spec"] = {
+            "op": rng.choice(("all_reduce", "x", 1)),
+            "size": junk_value(rng, decodable=True),
+            "world_size": junk_value(rng, decodable=True),
+            "iters": junk_value(rng, decodable=True),
+            "dtype": junk_value(rng, decodable=True),
+        }
+        method = "submit"
+    if r == 3:
+        params["inputs"] = junk_value(rng, decodable=True)
+        params["spec"] = {"op": "all_reduce", "data": "inline", "dtype": "float32"}
+        method = "submit"
+        return "submit_bad_inputs", frame(
+            6, {"id": rid, "method": method, "params": params}, rng.randbytes(rng.randrange(0, 128))
+        )
+    if r == 4:
+        params = {"group": "fuzz", "key": junk_value(rng, decodable=True), "amount": junk_value(rng, decodable=True)}
+        method = rng.choice(("kv_add", "kv_delete", "kv_set"))
+    if r == 5:
+        return "huge_values", frame(
+            6,
+            {
+                "id": rid,
+                "method": method,
+                "params": {"id": HUGE, "group": -(2**63), "x": [[[[1e308]]]], "timeout": 0.01},
+            },
+        )
+    label = "bad_params_" + ("waiting" if method in WAITING else "call")
+    return label, frame(6, {"id": rid, "method": method, "params": params, "extra": junk_value(rng, decodable=True)})
+
+
+# -- fuzzing -------------------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    sent: Counter[str] = field(default_factory=Counter)  # frames per phase
+    labels: Counter[str] = field(default_factory=Counter)  # frames per kind of malformation
+    outcomes: Counter[str] = field(default_factory=Counter)  # what the target answered
+    connections: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "frames_sent": dict(self.sent),
+            "frames_total": sum(self.sent.values()),
+            "labels": dict(self.labels.most_common()),
+            "outcomes": dict(self.outcomes.most_common()),
+            "connections": dict(self.connections),
+        }
+
+
+async def _open(host: str, port: int, source: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.wait_for(asyncio.open_connection(host, port, local_addr=(source, 0)), 5)
+
+
+async def _read_frame(reader: asyncio.StreamReader, timeout: float) -> tuple[int, dict[str, Any]] | None:
+    """The next frame (kind, header) from the target, or None at EOF."""
+    try:
+        raw = await asyncio.wait_for(reader.readexactly(20), timeout)
+        _, _, kind, _, hlen, plen = PREFIX.unpack(raw)
+        body = await asyncio.wait_for(reader.readexactly(hlen), timeout)
+        if plen:
+            await asyncio.wait_for(reader.readexactly(plen), timeout)
+        return kind, msgpack.unpackb(body, raw=False) if hlen else {}
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+
+
+def _close(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.transport.abort()
+
+
+async def _outcome(reader: asyncio.StreamReader, stats: Stats, where: str, timeout: float = 5.0) -> None:
+    """Read until the target closes; count the first thing it said."""
+    try:
+        for _ in range(100):
+            got = await _read_frame(reader, timeout)
+            if got is None:
+                stats.outcomes[f"{where}:closed"] += 1
+                return
+            kind = got[0]
+            if kind == 9:
+                stats.outcomes[f"{where}:ERROR"] += 1
+                return
+            if kind == 7:
+                continue
+        stats.outcomes[f"{where}:open"] += 1
+    except TimeoutError:
+        stats.outcomes[f"{where}:no_answer_in_{timeout:g}s"] += 1
+    except Exception as exc:  # noqa: BLE001 - counted, not fatal for the fuzzer
+        stats.outcomes[f"{where}:{type(exc).__name__}"] += 1
+
+
+async def pre_auth_one(rng: random.Random, target: tuple[str, int], where: str, source: str, stats: Stats) -> int:
+    """One connection, malformed input before (or as) the HELLO. Returns frames sent."""
+    reader, writer = await _open(*target, source)
+    stats.connections[where + ":pre"] += 1
+    try:
+        challenge = None
+        if rng.random() < 0.8:  # usually read the CHALLENGE first; sometimes talk first
+            challenge = await _read_frame(reader, 5)
+        frames = []
+        if challenge is not None and challenge[0] == 1 and rng.random() < 0.25:
+            frames.append(bad_hello(rng, challenge[1].get("nonce", b""), None))
+        for _ in range(rng.choice((1, 1, 1, 2, 3))):
+            frames.append(malformed_frame(rng))
+        for label, data in frames:
+            stats.labels[label] += 1
+            writer.write(data)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        if rng.random() < 0.002:  # rarely: leave a partial frame hanging until the handshake timeout
+            stats.outcomes[f"{where}:pre:left_hanging"] += 1
+            return len(frames)
+        with contextlib.suppress(OSError):
+            writer.write_eof()  # a partial frame is then a truncated stream, not a wait
+        await _outcome(reader, stats, where + ":pre")
+        return len(frames)
+    finally:
+        _close(writer)
+
+
+async def post_auth_rpc(
+    rng: random.Random, target: tuple[str, int], token: str, source: str, stats: Stats, budget: int
+) -> int:
+    """An authenticated RPC session: many bad REQUESTs (session stays), maybe a fatal frame at the end."""
+    from netcoll.transport import auth
+
+    reader, writer = await _open(*target, source)
+    stats.connections["coordinator:post"] += 1
+    sent = 0
+    try:
+        challenge = await _read_frame(reader, 5)
+        assert challenge is not None and challenge[0] == 1, challenge
+        mine = auth.new_nonce()
+        proof = auth.proof(token, "hello", challenge[1]["nonce"], mine)
+        writer.write(frame(2, {"role": "client", "nonce": mine, "proof": proof}))
+        welcome = await _read_frame(reader, 5)
+        if welcome is None or welcome[0] != 3:
+            stats.outcomes[f"coordinator:post:handshake_refused:{welcome and welcome[0]}"] += 1
+            return 0
+        answers: Counter[str] = Counter()
+
+        async def drain() -> None:
+            while True:
+                got = await _read_frame(reader, 30)
+                if got is None:
+                    return
+                kind, hdr = got
+                if kind == 7:
+                    err = hdr.get("error") or {}
+                    answers["ok" if hdr.get("ok") else "error:" + str(err.get("type"))] += 1
+                else:
+                    answers[f"kind{kind}"] += 1
+                    if kind == 9:
+                        return
+
+        reading = asyncio.create_task(drain())
+        n = rng.randrange(1, max(2, min(budget, 400)))
+        for i in range(n):
+            if reading.done():  # the target ended the session: count only what it could read
+                stats.outcomes["coordinator:post:session_ended_early"] += 1
+                break
+            if rng.random() < 0.05:
+                writer.write(frame(10, {}))
+                stats.labels["ping"] += 1
+            else:
+                label, data = bad_request(rng, rng.choice((i + 1, i + 1, HUGE if rng.random() < 0.01 else i + 1)))
+                stats.labels[label] += 1
+                writer.write(data)
+            sent += 1
+            if i % 16 == 0:
+                await writer.drain()
+                await asyncio.sleep(0)
+        fatal = rng.random() < 0.5
+        if fatal and reading.done():
+            fatal = False
+        elif fatal:
+            if rng.random() < 0.2:
+                label, data = (
+                    "request_undecodable",
+                    frame(
+                        6,
+                        {
+                            "id": 1,
+                            "method": "status",
+                            "params": {
+                                "x": rng.choice((deep(rng.choice((600, 5000, 20000))), msgpack.ExtType(1, b"x")))
+                            },
+                        },
+                    ),
+                )
+            else:
+                label, data = malformed_frame(rng)
+            stats.labels["post:" + label] += 1
+            writer.write(data)
+            sent += 1
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        if fatal:
+            with contextlib.suppress(OSError):
+                writer.write_eof()  # a partial frame is a truncated stream, not a wait for the idle timeout
+            try:
+                await asyncio.wait_for(asyncio.shield(reading), 3)
+            except TimeoutError:  # e.g. an ext type the decoder accepts: not fatal after all
+                stats.outcomes["coordinator:post:open_3s_after_" + label] += 1
+        else:
+            writer.write(frame(12, {}))  # BYE: the server answers ERROR ("expected REQUEST") and closes
+            with contextlib.suppress(ConnectionError):
+                writer.write_eof()
+            try:
+                await asyncio.wait_for(asyncio.shield(reading), 3)
+            except TimeoutError:
+                stats.outcomes["coordinator:post:no_close_3s_after_BYE"] += 1
+        reading.cancel()
+        with contextlib.suppress(BaseException):
+            await reading
+        for k, v in answers.items():
+            stats.outcomes["coordinator:post:" + k] += v
+        return sent
+    except (ConnectionError, asyncio.IncompleteReadError):
+        stats.outcomes["coordinator:post:connection_error"] += 1
+        return sent
+    finally:
+        _close(writer)
+
+
+async def post_auth_peer(rng: random.Random, target: tuple[str, int], token: str, source: str, stats: Stats) -> int:
+    """A daemon peer port: a HELLO with a valid proof but bad identity fields (then maybe garbage)."""
+    reader, writer = await _open(*target, source)
+    stats.connections["daemon:post"] += 1
+    try:
+        challenge = await _read_frame(reader, 5)
+        if challenge is None or challenge[0] != 1:
+            stats.outcomes["daemon:post:no_challenge"] += 1
+            return 0
+        label, data = bad_hello(rng, challenge[1]["nonce"], token)
+        stats.labels[label] += 1
+        writer.write(data)
+        label, data = malformed_frame(rng)
+        stats.labels["post:" + label] += 1
+        writer.write(data)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        await _outcome(reader, stats, "daemon:post", timeout=rng.choice((0.5, 0.5, 0.5, 12)))
+        return 2
+    finally:
+        _close(writer)
+
+
+async def healthy(cluster: Cluster, client: Any, stats: Stats) -> str | None:
+    """None if every target is up and the coordinator answers and runs a job; else why not."""
+    dead = cluster.dead()
+    if dead:
+        return f"died: {dead}"
+    try:
+        async with asyncio.timeout(30):
+            st = await client.status()
+            rec = await client.run("all_reduce", size="4KiB", iters=1, warmup=0)
+    except Exception as exc:  # noqa: BLE001
+        return f"stopped answering: {type(exc).__name__}: {exc}"
+    if rec.get("state") != "succeeded":
+        return f"health job {rec.get('state')}: {rec.get('error')}"
+    stats.outcomes["health_checks_ok"] += 1
+    return None if st is not None else "empty status"
+
+
+async def fuzz(
+    *,
+    frames: int = 100_000,
+    seconds: float = 600.0,
+    daemons: int = 2,
+    sources: int = 6,
+    seed: int = 0,
+    batch: int = 2000,
+    post_share: float = 0.5,
+    log: Any = None,
+) -> dict[str, Any]:
+    """Run the fuzzer; return the report (``report["ok"]`` and ``report["problems"]``)."""
+    asyncio_log = logging.getLogger("asyncio")
+    level = asyncio_log.level
+    asyncio_log.setLevel(logging.ERROR)  # "socket.send() raised exception": the target hung up, as it should
+    try:
+        return await _fuzz(frames, seconds, daemons, sources, seed, batch, post_share, log)
+    finally:
+        asyncio_log.setLevel(level)
+
+
+async def _fuzz(
+    frames: int,
+    seconds: float,
+    daemons: int,
+    sources: int,
+    seed: int,
+    batch: int,
+    post_share: float,
+    log: Any,
+) -> dict[str, Any]:
+    from netcoll.service import Client
+
+    say = log or (lambda *a: None)
+    token = secrets.token_hex(16)
+    stats = Stats()
+    problems: list[str] = []
+    t0 = time.monotonic()
+    async with Cluster(daemons, token, env={"NETCOLL_LIMIT_AUTH_FAIL_DELAY_S": "0"}) as cluster:
+        coord = cluster.coordinator.address
+        peer_targets = [p.address for p in cluster.procs[1:] if p.address[1]]
+        async with Client(cluster.address, token=token) as client:
+            if (why := await healthy(cluster, client, stats)) is not None:
+                raise RuntimeError(why)
+            before = cluster.sample()
+            say(f"targets up: {json.dumps(before)}")
+            stop_at = t0 + seconds
+            done = 0
+            post_goal = int(frames * post_share)
+            batches = 0
+
+            async def worker(w: int, quota: int) -> None:
+                nonlocal done
+                rng = random.Random(seed * 1000 + batches * 100 + w)
+                source = f"127.0.0.{10 + w}"
+                mine = 0
+                while mine < quota and time.monotonic() < stop_at:
+                    post = stats.sent["post_auth"] < post_goal and rng.random() < post_share
+                    try:
+                        if post and (not peer_targets or rng.random() < 0.97):
+                            n = await post_auth_rpc(rng, coord, token, source, stats, quota - mine)
+                            stats.sent["post_auth"] += n
+                        elif post:
+                            n = await post_auth_peer(rng, rng.choice(peer_targets), token, source, stats)
+                            stats.sent["post_auth"] += n
+                        else:
+                            where = "coordinator" if not peer_targets or rng.random() < 0.7 else "daemon"
+                            target = coord if where == "coordinator" else rng.choice(peer_targets)
+                            n = await pre_auth_one(rng, target, where, source, stats)
+                            stats.sent["pre_auth"] += n
+                    except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+                        stats.outcomes[f"fuzzer:{type(exc).__name__}"] += 1
+                        n = 1
+                    mine += max(n, 1)
+                    done += max(n, 1)
+
+            while done < frames and time.monotonic() < stop_at:
+                quota = min(batch, frames - done)
+                await asyncio.gather(*(worker(w, -(-quota // sources)) for w in range(sources)))
+                batches += 1
+                why = await healthy(cluster, client, stats)
+                say(
+                    f"batch {batches}: {stats.sent['pre_auth']} pre-auth + {stats.sent['post_auth']} post-auth "
+                    f"frames, {time.monotonic() - t0:.0f}s, {json.dumps(cluster.sample())}"
+                )
+                if why is not None:
+                    problems.append(why)
+                    break
+            await settle(cluster, before)
+            after = cluster.sample()
+        dead = cluster.dead()
+        logs = {p.name: cluster.log(p.name)[-600:] for p in cluster.procs if "Traceback" in cluster.log(p.name)}
+    if dead and not any(p.startswith("died") for p in problems):
+        problems.append(f"died: {dead}")
+    return _report(stats, before, after, problems, logs, time.monotonic() - t0)
+
+
+def _report(
+    stats: Stats,
+    before: dict[str, dict[str, float]],
+    after: dict[str, dict[str, float]],
+    problems: list[str],
+    logs: dict[str, str],
+    elapsed: float,
+    max_rss_growth_mib: float = 20.0,
+) -> dict[str, Any]:
+    growth = {}
+    for name, b in before.items():
+        a = after.get(name)
+        if a is None:
+            problems.append(f"{name}: gone at the end")
+            continue
+        growth[name] = {"rss_mib": round(a["rss_mib"] - b["rss_mib"], 2), "fds": a["fds"] - b["fds"]}
+        if growth[name]["rss_mib"] > max_rss_growth_mib:
+            problems.append(f"{name}: RSS grew {growth[name]['rss_mib']} MiB (> {max_rss_growth_mib})")
+        if growth[name]["fds"] > 0:
+            problems.append(f"{name}: {growth[name]['fds']} more open descriptors")
+    return {
+        **stats.as_dict(),
+        "before": before,
+        "after": after,
+        "growth": growth,
+        "tracebacks_in_logs": logs,
+        "seconds": round(elapsed, 1),
+        "problems": problems,
+        "ok": not problems,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--frames", type=int, default=100_000, help="malformed frames to send in all (default 100000)")
+    ap.add_argument("--seconds", type=float, default=900.0, help="stop after this long whatever the count")
+    ap.add_argument("--daemons", type=int, default=2)
+    ap.add_argument("--sources", type=int, default=6, help="127.0.0.x source addresses (parallel connections)")
+    ap.add_argument("--post-share", type=float, default=0.5, help="share of frames sent after authenticating")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = ap.parse_args(argv)
+    report = asyncio.run(
+        fuzz(
+            frames=args.frames,
+            seconds=args.seconds,
+            daemons=args.daemons,
+            sources=args.sources,
+            seed=args.seed,
+            post_share=args.post_share,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    )
+    print(json.dumps(report, indent=None if args.json else 2, default=str))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
