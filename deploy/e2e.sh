@@ -14,7 +14,9 @@
 #   6. compose up with --scale rank=4; waits for 4 members in `netcoll status --json`
 #   7. submits every collective and checks state=succeeded, verified=true (null
 #      for barrier) and world_size;
-#      checks that a wrong token is refused
+#      checks the stack's own credentials: a wrong client token is refused, the
+#      client token cannot act as a member, and a coordinator off loopback with
+#      no token refuses to start
 #   8. starts a long all_reduce, `docker kill`s one rank, expects the job to fail
 #      naming that daemon (address or member id), then a job on the 3 survivors
 #      to succeed
@@ -37,7 +39,7 @@
 #   E2E_PROJECT [netcoll-e2e]    E2E_IMAGE [netcoll:e2e]    E2E_RANKS [4]
 #   E2E_BASE_IMAGE [netcoll-base:bookworm]  E2E_SUITE [bookworm]
 #   E2E_MIRROR [first Debian URI in /etc/apt/sources.list*, else deb.debian.org]
-#   E2E_EXTRAS [] (e.g. uvloop)  E2E_TOKEN [random; set it empty to run without auth]
+#   E2E_EXTRAS [] (e.g. uvloop)  E2E_TOKEN [unset: the stack makes its own; set: passed as NETCOLL_TOKEN]
 #   E2E_OPS [all_reduce broadcast reduce all_gather gather scatter reduce_scatter all_to_all barrier]
 #   E2E_SIZE [1MiB]  E2E_LONG_SIZE [16MiB]  E2E_LONG_ITERS [1000]
 #     (the long job only has to outlive the kill; it is not a bandwidth test)
@@ -480,11 +482,12 @@ export NETCOLL_IMAGE=$IMAGE NETCOLL_BASE_IMAGE=$BASE_IMAGE NETCOLL_WHEELHOUSE=$W
        NETCOLL_EXTRAS=$EXTRAS
 # Random host ports: do not collide with anything already on 29400/29401.
 export NETCOLL_PUBLISH_RPC=127.0.0.1: NETCOLL_PUBLISH_HTTP=127.0.0.1:
-if [[ -z ${E2E_TOKEN+set} ]]; then
-  E2E_TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+# By default no token is passed in: `compose up` must need no edits, so the stack's
+# `credentials` service makes its own member and client tokens (secure by default).
+unset NETCOLL_TOKEN NETCOLL_CLIENT_TOKEN
+if [[ -n ${E2E_TOKEN:-} ]]; then
+  export NETCOLL_TOKEN=$E2E_TOKEN
 fi
-export NETCOLL_TOKEN=$E2E_TOKEN
-[[ -n $NETCOLL_TOKEN ]] || unset NETCOLL_TOKEN
 
 compose config -q || die "compose file does not validate with ${COMPOSE[*]}"
 note "compose file validates with ${COMPOSE[*]}"
@@ -561,15 +564,33 @@ run_all_ops() {
 }
 timed "all collectives" run_all_ops
 
-if [[ -n ${NETCOLL_TOKEN:-} ]]; then
+check_credentials() {  # secure by default: the stack's own tokens, and their roles
+  local out=$WORKDIR/badtoken.out
   if timeout 60 "${COMPOSE[@]}" -p "$PROJECT" -f "$REPO/docker-compose.yml" \
-       exec -T -e NETCOLL_TOKEN=not-the-token coordinator netcoll status --json \
-       >"$WORKDIR/badtoken.out" 2>&1; then
+       exec -T -e NETCOLL_CLIENT_TOKEN=not-the-token coordinator netcoll status --json >"$out" 2>&1; then
     fail_check "a client with a wrong token was served (status exited 0)"
   else
-    note "ok    wrong token refused: $(tail -n1 "$WORKDIR/badtoken.out" | cut -c1-120)"
+    note "ok    wrong token refused: $(tail -n1 "$out" | cut -c1-120)"
   fi
-fi
+  # the client token offered as a member credential (what a rank daemon would do)
+  if timeout 60 "${COMPOSE[@]}" -p "$PROJECT" -f "$REPO/docker-compose.yml" \
+       exec -T -e NETCOLL_TOKEN= -e NETCOLL_TOKEN_FILE=/run/netcoll/client-token -e NETCOLL_CLIENT_TOKEN_FILE= \
+       coordinator netcoll status --json >"$out" 2>&1; then
+    fail_check "the client token was accepted as a member credential"
+  elif grep -q "client token" "$out"; then
+    note "ok    client token refused as a member: $(tail -n1 "$out" | cut -c1-120)"
+  else
+    fail_check "client token as a member: refused, but not saying why: $(tail -n1 "$out" | cut -c1-160)"
+  fi
+  local rc=0
+  timeout 60 "$DOCKER" run --rm "$IMAGE" coordinator --host 0.0.0.0 --port 0 --http-port off >"$out" 2>&1 || rc=$?
+  if ((rc == 2)) && grep -q "without credentials" "$out"; then
+    note "ok    coordinator with no token off loopback refuses to start (exit 2)"
+  else
+    fail_check "coordinator with no token off loopback: exit $rc, want 2: $(tail -n1 "$out" | cut -c1-160)"
+  fi
+}
+check_credentials
 
 # --------------------------------------------------------------------------- 8. lose a rank mid-job
 lose_a_rank() {

@@ -10,7 +10,14 @@ variable                 meaning                                   used by
 ======================== ========================================= ===================
 NETCOLL_COORDINATOR      ``HOST:PORT`` of the coordinator          rank, submit, status
                          (default ``127.0.0.1:29400``)
-NETCOLL_TOKEN            shared secret every listener checks       all but health
+NETCOLL_TOKEN            the member token: rank daemons and        all but health
+                         embedded ranks prove it (it may do all)
+NETCOLL_CLIENT_TOKEN     the client token: job submitters prove    coordinator, submit,
+                         it (submit/watch/get/cancel, status)      status
+NETCOLL_TOKEN_FILE,      read the token from this file instead     where the token is
+NETCOLL_CLIENT_TOKEN_FILE (the variable itself wins when set)      read
+NETCOLL_INSECURE         ``1``: listen off loopback without any    coordinator, rank
+                         token (anyone who reaches it is trusted)
 NETCOLL_HOST             address to listen on                      coordinator, rank, up
 NETCOLL_PORT             port to listen on (RPC / peer traffic)    coordinator, rank, up
 NETCOLL_HTTP_PORT        HTTP ``/livez /readyz /metrics`` port     coordinator, rank
@@ -33,7 +40,11 @@ The last two are read where links are made (:class:`netcoll.links.factory.LinkCo
 so they apply to rank daemons and embedded ranks alike.
 
 An empty variable counts as unset (compose passes ``NETCOLL_TOKEN:`` through
-empty when the caller has none). :meth:`Settings.load` raises
+empty when the caller has none).
+
+Secure by default: a coordinator or rank daemon asked to listen on an address
+other than loopback with no token refuses to start
+(:meth:`Settings.require_credentials`, exit 2) unless ``--insecure``. :meth:`Settings.load` raises
 :class:`ConfigError` with one line naming the flag or variable at fault.
 
 This module does not import numpy (``netcoll health`` stays cheap).
@@ -41,6 +52,7 @@ This module does not import numpy (``netcoll health`` stays cheap).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from collections.abc import Mapping
@@ -61,9 +73,24 @@ _SERVICE_LINK = re.compile(r"^(tcp|udp)://", re.IGNORECASE)
 
 log = logging.getLogger("netcoll.config")
 
+#: token field -> the field naming a file to read it from
+_TOKEN_FILES = {"token": "token_file", "client_token": "client_token_file"}
+
 
 class ConfigError(ValueError):
     """Invalid configuration; ``str()`` is one line naming the flag or variable."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (``127.0.0.0/8``, ``::1``).
+    Names are not resolved: any other name counts as reachable from outside."""
+    text = host.strip().strip("[]").lower()
+    if text == "localhost" or text.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
 
 
 def check_address(value: str, default_port: int = COORDINATOR_PORT) -> str:
@@ -137,10 +164,61 @@ class Settings(BaseModel):
         for name, value in (flags or {}).items():
             if value is not None and name in cls.model_fields:
                 values[name], source[name] = value, cls._flag(name)
+        cls._read_token_files(values, source)
         try:
-            return cls.model_validate(values)
+            cfg = cls.model_validate(values)
         except ValidationError as exc:
             raise ConfigError(cls._explain(exc, values, source)) from None
+        cfg._check_tokens(source)
+        return cfg
+
+    @classmethod
+    def _read_token_files(cls, values: dict[str, Any], source: dict[str, str]) -> None:
+        """A token not given directly is read from its file (``NETCOLL_TOKEN_FILE``...)."""
+        from .transport.auth import read_token
+
+        for field, file_field in _TOKEN_FILES.items():
+            if field not in cls.model_fields or file_field not in values:
+                continue
+            path = values[file_field]
+            given = values.get(field)
+            if isinstance(given, str) and given.strip():
+                continue  # the token itself wins over its file
+            try:
+                token = read_token(None, str(path), "")
+            except ValueError as exc:
+                where = source.get(file_field) or cls._flag(file_field)
+                why = str(exc).split(": ", 1)[-1]
+                raise ConfigError(f"invalid configuration: {where}={path!r}: {why}") from None
+            if token is not None:
+                values[field], source[field] = token, source.get(file_field, cls._flag(file_field))
+
+    def _check_tokens(self, source: Mapping[str, str]) -> None:
+        client, member = getattr(self, "client_token", None), getattr(self, "token", None)
+        if client is None or "host" not in type(self).model_fields:
+            return  # only a server that holds a client token has rules about it
+        if member is None:
+            raise ConfigError(
+                f"invalid configuration: {source.get('client_token', 'NETCOLL_CLIENT_TOKEN')} is set but "
+                "NETCOLL_TOKEN is not: set a member token too (rank daemons would be unauthenticated)"
+            )
+        if client == member:
+            raise ConfigError(
+                "invalid configuration: NETCOLL_CLIENT_TOKEN must differ from NETCOLL_TOKEN "
+                "(a client credential must never be able to join as a member)"
+            )
+
+    def require_credentials(self, what: str) -> None:
+        """Secure by default: refuse to listen off loopback with no token unless ``insecure``."""
+        host = str(getattr(self, "host", "127.0.0.1"))
+        if getattr(self, "token", None) or getattr(self, "insecure", False) or is_loopback(host):
+            return
+        clients = "; and NETCOLL_CLIENT_TOKEN for job submitters" if "client_token" in type(self).model_fields else ""
+        raise ConfigError(
+            f"refusing to start the {what} on {host} without credentials: set NETCOLL_TOKEN "
+            f"(or NETCOLL_TOKEN_FILE{clients}), listen on 127.0.0.1, or pass --insecure "
+            "(NETCOLL_INSECURE=1) to let anyone who can reach it in"
+        )
 
     @classmethod
     def _flag(cls, name: str) -> str:
@@ -175,7 +253,7 @@ class Settings(BaseModel):
     def _coordinator(cls, v: Any) -> Any:
         return check_address(v) if isinstance(v, str) else v
 
-    @field_validator("token", mode="before", check_fields=False)
+    @field_validator("token", "client_token", "token_file", "client_token_file", mode="before", check_fields=False)
     @classmethod
     def _token(cls, v: Any) -> Any:
         if isinstance(v, str) and v.strip() == "":
@@ -210,8 +288,9 @@ class Settings(BaseModel):
     def redacted(self) -> dict[str, Any]:
         """The settings with the token hidden (for logs)."""
         data = self.model_dump()
-        if data.get("token"):
-            data["token"] = "***"
+        for field in _TOKEN_FILES:
+            if data.get(field):
+                data[field] = "***"
         return data
 
 
@@ -227,6 +306,10 @@ class CoordinatorConfig(Settings):
         "http_port": "NETCOLL_HTTP_PORT",
         "http_host": "NETCOLL_HTTP_HOST",
         "token": "NETCOLL_TOKEN",
+        "client_token": "NETCOLL_CLIENT_TOKEN",
+        "token_file": "NETCOLL_TOKEN_FILE",
+        "client_token_file": "NETCOLL_CLIENT_TOKEN_FILE",
+        "insecure": "NETCOLL_INSECURE",
         "log_level": "NETCOLL_LOG_LEVEL",
         "state_dir": "NETCOLL_STATE_DIR",
         "keep_jobs": "NETCOLL_KEEP_JOBS",
@@ -237,6 +320,10 @@ class CoordinatorConfig(Settings):
     http_port: int | None = Field(default=COORDINATOR_HTTP_PORT, ge=0, le=65535)
     http_host: str | None = None
     token: str | None = None
+    client_token: str | None = None
+    token_file: str | None = None
+    client_token_file: str | None = None
+    insecure: bool = False
     log_level: LogLevel = "info"
     ready_file: str | None = None
     #: the job journal's directory (netcoll.service.journal); None keeps jobs in memory only
@@ -257,6 +344,8 @@ class RankConfig(Settings):
         "rank_hint": "NETCOLL_RANK_HINT",
         "advertise_host": "NETCOLL_ADVERTISE_HOST",
         "token": "NETCOLL_TOKEN",
+        "token_file": "NETCOLL_TOKEN_FILE",
+        "insecure": "NETCOLL_INSECURE",
         "log_level": "NETCOLL_LOG_LEVEL",
     }
 
@@ -270,6 +359,8 @@ class RankConfig(Settings):
     member_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@-]+$")
     heartbeat: float = Field(default=2.0, gt=0, le=60)
     token: str | None = None
+    token_file: str | None = None
+    insecure: bool = False
     log_level: LogLevel = "info"
     ready_file: str | None = None
 
@@ -294,10 +385,21 @@ class RankConfig(Settings):
 class ClientConfig(Settings):
     """Common to the client commands (``submit``, ``status``)."""
 
-    ENV: ClassVar[dict[str, str]] = {"coordinator": "NETCOLL_COORDINATOR", "token": "NETCOLL_TOKEN"}
+    ENV: ClassVar[dict[str, str]] = {
+        "coordinator": "NETCOLL_COORDINATOR",
+        "token": "NETCOLL_TOKEN",
+        "client_token": "NETCOLL_CLIENT_TOKEN",
+        "token_file": "NETCOLL_TOKEN_FILE",
+        "client_token_file": "NETCOLL_CLIENT_TOKEN_FILE",
+    }
 
     coordinator: str = DEFAULT_COORDINATOR
+    #: the member token (the operator's); used only when no client token is given
     token: str | None = None
+    #: the client token: enough to submit, watch, get and cancel jobs and read status
+    client_token: str | None = None
+    token_file: str | None = None
+    client_token_file: str | None = None
     json_output: bool = False
     connect_timeout: float = Field(default=10.0, gt=0, le=3600)
 
@@ -364,6 +466,7 @@ class UpConfig(Settings):
         "host": "NETCOLL_HOST",
         "port": "NETCOLL_PORT",
         "token": "NETCOLL_TOKEN",
+        "token_file": "NETCOLL_TOKEN_FILE",
         "log_level": "NETCOLL_LOG_LEVEL",
     }
 
@@ -372,6 +475,7 @@ class UpConfig(Settings):
     port: int = Field(default=COORDINATOR_PORT, ge=0, le=65535)
     http_port: int | None = Field(default=None, ge=0, le=65535)
     token: str | None = None
+    token_file: str | None = None
     log_level: LogLevel = "warning"
     demo: bool = False
     size: int = 1 << 20
@@ -394,6 +498,7 @@ class UpConfig(Settings):
 
 __all__ = [
     "DEFAULT_COORDINATOR",
+    "is_loopback",
     "ClientConfig",
     "ConfigError",
     "CoordinatorConfig",

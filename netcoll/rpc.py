@@ -101,7 +101,9 @@ class RpcServer:
     Args:
         methods: name -> ``async handler(session, params, payload)``; returns a
             msgpack-able result or a :class:`Reply`.
-        token: shared secret every client must prove (None: no auth).
+        token: shared secret every client must prove (None: no auth) -- the member token.
+        client_token: a second secret; sessions proven with it hold role ``client``
+            (``session.proto.credential``), and the methods decide what a client may call.
         role: announced in the CHALLENGE (``"coordinator"``...).
         on_open / on_close: called with each session (``on_open`` may raise to refuse).
         limits: per-source connection limits, handshake and idle timeouts
@@ -116,6 +118,7 @@ class RpcServer:
         methods: dict[str, Handler],
         *,
         token: str | None = None,
+        client_token: str | None = None,
         role: str = "rpc",
         on_open: Callable[[Session], Awaitable[None]] | None = None,
         on_close: Callable[[Session], Awaitable[None]] | None = None,
@@ -124,6 +127,7 @@ class RpcServer:
         self.limits = DEFAULT_LIMITS if limits is None else limits
         self.methods = methods
         self.token = token
+        self.client_token = client_token
         self.role = role
         self.on_open = on_open
         self.on_close = on_close
@@ -146,6 +150,7 @@ class RpcServer:
             role=self.role,
             accept=lambda _hello: {"idle_timeout": float(idle)} if idle else {},
             timeout=self.limits.handshake_timeout_s,
+            client_token=self.client_token,
         )
         session = Session(proto, hello)
         tasks: set[asyncio.Task[None]] = set()
@@ -265,6 +270,7 @@ class RpcClient:
         hello: dict[str, Any] | None = None,
         timeout: float = 10.0,
         local_host: str | None = None,
+        credential: str = "member",
     ) -> RpcClient:
         host, port = split_address(address)
         try:
@@ -276,7 +282,9 @@ class RpcClient:
             why = os.strerror(exc.errno).lower() if exc.errno else (exc.strerror or str(exc))
             raise ConnectionRefusedError(f"could not connect to {address}: {why}") from None
         try:
-            welcome = await client_handshake(proto, token=token, role=role, hello=hello, timeout=timeout)
+            welcome = await client_handshake(
+                proto, token=token, role=role, hello=hello, timeout=timeout, credential=credential
+            )
         except BaseException:
             proto.close()
             raise

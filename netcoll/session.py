@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-import os
 from collections.abc import AsyncIterator
 
 from .comm import DEFAULT_TIMEOUT, Communicator
 from .links.factory import LinkConfig
 from .rendezvous import RendezvousClient
+from .transport import auth
 from .transport.tcp import Listener, TcpTransport
 
 
@@ -60,7 +60,9 @@ async def connect(
         world_size: ranks in the group (every member must agree).
         rank: this member's rank, or None to have the coordinator assign one.
         group: the group's name; several groups can meet at one coordinator.
-        token: shared secret (default: ``$NETCOLL_TOKEN``); every link is authenticated.
+        token: the member token (default: ``$NETCOLL_TOKEN``, else the contents of the
+            file ``$NETCOLL_TOKEN_FILE``); every link is authenticated. A client token
+            (``NETCOLL_CLIENT_TOKEN``) cannot join a group.
         timeout: seconds for the whole rendezvous (joining and linking to peers).
         collective_timeout: default deadline of each collective (each call may pass ``timeout=``).
         listen_host / listen_port: where to open this rank's peer port (default: the
@@ -73,7 +75,7 @@ async def connect(
     _check_args(world_size, rank, group, timeout)
     links = LinkConfig.from_env(window=recv_window)  # a bad window or NETCOLL_TRANSPORT fails before any I/O
     if token is None:
-        token = os.environ.get("NETCOLL_TOKEN") or None
+        token = auth.token_from_env(auth.MEMBER_TOKEN_ENV)
     async with contextlib.AsyncExitStack() as stack:
         rdv = await RendezvousClient.connect(address, token=token, timeout=timeout, local_host=local_host)
         stack.push_async_callback(rdv.close)

@@ -50,6 +50,38 @@ def add_server_arguments(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def add_token_arguments(sp: argparse.ArgumentParser, *, client: bool, member_file: bool = True) -> None:
+    """Credential flags. The member token itself is taken from the environment only
+    (NETCOLL_TOKEN), so it never shows in a process list."""
+    if member_file:
+        sp.add_argument(
+            "--token-file", metavar="PATH", help="read the member token from this file (env NETCOLL_TOKEN_FILE)"
+        )
+    if client:
+        sp.add_argument(
+            "--client-token",
+            metavar="TOKEN",
+            help="the client token: may submit, watch, get and cancel jobs and read status "
+            "(env NETCOLL_CLIENT_TOKEN; prefer the variable or --client-token-file)",
+        )
+        sp.add_argument(
+            "--client-token-file",
+            metavar="PATH",
+            help="read the client token from this file (env NETCOLL_CLIENT_TOKEN_FILE)",
+        )
+
+
+def add_insecure_argument(sp: argparse.ArgumentParser) -> None:
+    """``--insecure``: listen off loopback without any token."""
+    sp.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow listening on a non-loopback address without a token: anyone who can reach the "
+        "port is trusted (env NETCOLL_INSECURE=1)",
+    )
+
+
 def add_client_arguments(sp: argparse.ArgumentParser) -> None:
     """Flags of the commands that talk to a coordinator (submit, status)."""
     sp.add_argument(
@@ -61,6 +93,7 @@ def add_client_arguments(sp: argparse.ArgumentParser) -> None:
         "--json", dest="json_output", action="store_true", default=None, help="print one JSON object instead of text"
     )
     sp.add_argument("--connect-timeout", type=float, metavar="SECONDS", help="default 10")
+    add_token_arguments(sp, client=True)
 
 
 def flags(ns: argparse.Namespace) -> dict[str, Any]:

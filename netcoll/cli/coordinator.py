@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .common import FORMATTER, CliError, add_server_arguments, flags, run_server
+from .common import (
+    FORMATTER,
+    CliError,
+    add_insecure_argument,
+    add_server_arguments,
+    add_token_arguments,
+    flags,
+    run_server,
+)
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -19,7 +27,9 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         formatter_class=FORMATTER,
         help=HELP,
         description="Run the coordinator: rank daemons register here, clients submit jobs here.\n"
-        "HTTP /livez /readyz /metrics on --http-port. Token: env NETCOLL_TOKEN.\n"
+        "HTTP /livez /readyz /metrics on --http-port. Member token: env NETCOLL_TOKEN (rank daemons);\n"
+        "client token: env NETCOLL_CLIENT_TOKEN (job submitters). Off loopback a token is required\n"
+        "unless --insecure.\n"
         "With --state-dir, queued jobs, finished records and job ids survive a restart;\n"
         "an unusable state dir (corrupt, locked, not writable) exits 2.",
     )
@@ -39,6 +49,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     sp.add_argument(
         "--keep-jobs", type=int, metavar="N", help="finished jobs kept queryable (env NETCOLL_KEEP_JOBS; default 1000)"
     )
+    add_token_arguments(sp, client=True)
+    add_insecure_argument(sp)
     add_server_arguments(sp)
     sp.set_defaults(handler=run)
     return sp
@@ -50,6 +62,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..service.serve import serve_coordinator, setup_logging
 
     cfg = CoordinatorConfig.load(flags(ns))
+    cfg.require_credentials("coordinator")  # secure by default: exit 2, one line
     setup_logging(cfg.level, "coordinator")
     try:
         return run_server(serve_coordinator(cfg))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .common import FORMATTER, add_server_arguments, flags, run_server
+from .common import FORMATTER, add_insecure_argument, add_server_arguments, add_token_arguments, flags, run_server
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -20,7 +20,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         help=HELP,
         description="Run a rank daemon: it registers with the coordinator, which assigns its rank,\n"
         "and runs the jobs it is sent. SIGTERM drains and leaves. "
-        "Token: env NETCOLL_TOKEN.",
+        "Member token: env NETCOLL_TOKEN (or NETCOLL_TOKEN_FILE); off loopback a token is required\n"
+        "unless --insecure.",
     )
     sp.add_argument(
         "--coordinator", metavar="HOST:PORT", help="the coordinator (env NETCOLL_COORDINATOR; default 127.0.0.1:29400)"
@@ -46,6 +47,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     )
     sp.add_argument("--member-id", help="member id (default: HOSTNAME-PID-RANDOM)")
     sp.add_argument("--heartbeat", type=float, metavar="SECONDS", help=argparse.SUPPRESS)
+    add_token_arguments(sp, client=False)
+    add_insecure_argument(sp)
     add_server_arguments(sp)
     sp.set_defaults(handler=run)
     return sp
@@ -56,5 +59,6 @@ def run(ns: argparse.Namespace) -> int:
     from ..service.serve import serve_rank, setup_logging
 
     cfg = RankConfig.load(flags(ns))
+    cfg.require_credentials("rank daemon")  # secure by default: exit 2, one line
     tag = setup_logging(cfg.level, "rank")
     return run_server(serve_rank(cfg, tag))

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..arrays import array_from_meta, as_array, meta_of
 from ..rpc import RpcClient
+from ..transport import auth
 from .jobs import JobSpec
 
 #: collectives whose result is the same on every rank (rank 0's copy is returned)
@@ -36,16 +37,27 @@ class Client:
 
     Args:
         address: ``host:port`` of the coordinator.
-        token: shared secret (default: none).
+        token: the member token (the operator's: it may do everything; default: none).
+        client_token: the client token (``NETCOLL_CLIENT_TOKEN`` on the coordinator):
+            enough to submit, watch, get and cancel jobs and read status. When given it
+            is used rather than ``token`` (the least trust that does the job).
         timeout: seconds to connect.
     """
 
-    def __init__(self, address: str, *, token: str | None = None, timeout: float = 10.0) -> None:
-        self.address, self.token, self.timeout = address, token, timeout
+    def __init__(
+        self, address: str, *, token: str | None = None, client_token: str | None = None, timeout: float = 10.0
+    ) -> None:
+        self.address, self.token, self.client_token, self.timeout = address, token, client_token, timeout
         self.rpc: RpcClient | None = None
 
     async def __aenter__(self) -> Client:
-        self.rpc = await RpcClient.connect(self.address, token=self.token, timeout=self.timeout, role="client")
+        token: str | None = self.token
+        credential: str = auth.MEMBER
+        if self.client_token is not None:
+            token, credential = self.client_token, auth.CLIENT
+        self.rpc = await RpcClient.connect(
+            self.address, token=token, timeout=self.timeout, role="client", credential=credential
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:

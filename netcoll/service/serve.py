@@ -152,9 +152,10 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     from ..rendezvous.coordinator import Coordinator
     from .http import HttpServer, coordinator_metrics, coordinator_ready
 
+    cfg.require_credentials("coordinator")  # secure by default (a ConfigError: exit 2)
     started = time.time()
     state = {"stopping": False, "signals": 0}
-    coord = Coordinator(cfg.host, cfg.port, token=cfg.token)
+    coord = Coordinator(cfg.host, cfg.port, token=cfg.token, client_token=cfg.client_token)
     svc = _job_service(cfg, coord)
     journal = svc.journal
     http = HttpServer(
@@ -185,7 +186,9 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
         log.info(
             "coordinator ready at %s%s; HTTP %s; jobs %s",
             coord.address,
-            " (token auth)" if cfg.token else " (NO token: anyone who can reach this port can run jobs)",
+            (" (member + client tokens)" if cfg.client_token else " (member token only)")
+            if cfg.token
+            else " (NO token: anyone who can reach this port can run jobs)",
             f"{url}/metrics" if url else "off",
             f"journaled in {journal.directory}" if journal else "in memory only (no --state-dir)",
         )
@@ -304,6 +307,7 @@ async def serve_rank(cfg: RankConfig, tag: _Who | None = None) -> int:
     """Run a rank daemon until SIGTERM/SIGINT, then drain; return 0 (1 after a second signal)."""
     from .daemon import RankDaemon
 
+    cfg.require_credentials("rank daemon")  # secure by default (a ConfigError: exit 2)
     daemon = RankDaemon(
         cfg.coordinator,
         host=cfg.host,

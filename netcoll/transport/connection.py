@@ -68,6 +68,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self.closed = asyncio.get_running_loop().create_future()
         #: the accepting :class:`Server` (per-source limits, failed-auth policy); None when dialed
         self.gate: Server | None = None
+        #: the role the peer proved in the handshake (``auth.MEMBER`` / ``auth.CLIENT``);
+        #: None until :func:`server_handshake` has checked its HELLO
+        self.credential: str | None = None
 
     # -- asyncio callbacks ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -242,8 +245,10 @@ async def client_handshake(
     role: str,
     hello: dict[str, Any] | None = None,
     timeout: float = HANDSHAKE_TIMEOUT,
+    credential: str = auth.MEMBER,
 ) -> dict[str, Any]:
-    """Answer the server's CHALLENGE; return the WELCOME header (raises on refusal)."""
+    """Answer the server's CHALLENGE; return the WELCOME header (raises on refusal).
+    ``credential`` is the role ``token`` stands for (a client token: ``auth.CLIENT``)."""
     async with asyncio.timeout(timeout):
         challenge = await proto.next_frame()
         if challenge.kind != Kind.CHALLENGE:
@@ -251,7 +256,9 @@ async def client_handshake(
         mine = auth.new_nonce()
         header = dict(hello or {}, role=role, nonce=mine)
         if token is not None:
-            header["proof"] = auth.proof(token, "hello", challenge.header["nonce"], mine)
+            header["proof"] = auth.proof(token, "hello", challenge.header["nonce"], mine, credential)
+            if credential != auth.MEMBER:
+                header["cred"] = credential
         await proto.send(Kind.HELLO, header)
         welcome = await proto.next_frame()
     if welcome.kind != Kind.WELCOME:
@@ -263,6 +270,7 @@ async def client_handshake(
         challenge.header["nonce"],
         welcome.header.get("proof"),
         f"server {proto.peername[0]}:{proto.peername[1]}",
+        credential,
     )
     return welcome.header
 
@@ -274,6 +282,7 @@ async def server_handshake(
     role: str,
     accept: Callable[[dict[str, Any]], Any] | None = None,
     timeout: float = HANDSHAKE_TIMEOUT,
+    client_token: str | None = None,
 ) -> dict[str, Any]:
     """Challenge a new client, check its HELLO (``accept`` may raise to refuse it
     or return extra WELCOME fields), and return the HELLO header. On failure the
@@ -283,7 +292,11 @@ async def server_handshake(
     server's deadline (``handshake_timeout_s`` from the connect) if sooner, the
     source's handshake slot is given back as soon as the proof checks out, and a
     failure before that is logged (rate-limited per source) and answered only
-    after ``auth_fail_delay_s``."""
+    after ``auth_fail_delay_s``.
+
+    ``token`` is the member token; with ``client_token`` too, a HELLO proven with
+    the client token is accepted as role ``client`` (``proto.credential`` says which;
+    without either token every peer is a member)."""
     mine = auth.new_nonce()
     gate = proto.gate
     if gate is not None:
@@ -291,13 +304,16 @@ async def server_handshake(
     hello: Frame | None = None
     authenticated = False
     try:
-        await proto.send(Kind.CHALLENGE, {"nonce": mine, "role": role, "auth": token is not None})
+        has_auth = token is not None or client_token is not None
+        await proto.send(Kind.CHALLENGE, {"nonce": mine, "role": role, "auth": has_auth})
         async with asyncio.timeout(timeout):
             hello = await proto.next_frame()
         if hello.kind != Kind.HELLO:
             raise ProtocolError(f"expected HELLO, got {hello.kind.name}")
         who = f"client {proto.peername[0]}:{proto.peername[1]}"
-        auth.check(token, "hello", mine, hello.header["nonce"], hello.header.get("proof"), who)
+        theirs, got, claimed = hello.header["nonce"], hello.header.get("proof"), hello.header.get("cred")
+        credential, key = auth.verify_hello(token, client_token, mine, theirs, got, claimed, who, role)
+        proto.credential = credential
         authenticated = True
         if gate is not None:
             gate.authenticated(proto)
@@ -307,8 +323,8 @@ async def server_handshake(
         extra = extra or {}
         proto.decoder.limits, proto.decoder.unlock = proto.limits, None  # authenticated: full frames now
         welcome = dict(extra)
-        if token is not None:
-            welcome["proof"] = auth.proof(token, "welcome", hello.header["nonce"], mine)
+        if key is not None:
+            welcome["proof"] = auth.proof(key, "welcome", hello.header["nonce"], mine, credential)
         await proto.send(Kind.WELCOME, welcome)
         return hello.header
     except TimeoutError:

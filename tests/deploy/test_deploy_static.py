@@ -6,14 +6,21 @@ argparse parser of :mod:`netcoll.cli` *and* validate through the command's
 configuration model (with the environment the file gives it); the scaled
 ``rank`` service has no fixed name or host port; healthchecks and probes use
 the CLI or the HTTP paths it serves; the coordinator's job journal
-(``NETCOLL_STATE_DIR``) is on a volume that outlives the container.
+(``NETCOLL_STATE_DIR``) is on a volume that outlives the container; servers that
+listen off loopback get credentials (secure by default), which compose makes
+itself with a one-shot ``credentials`` service and a named volume.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
+import stat
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,8 +47,27 @@ MODELS: dict[str, type[config.Settings]] = {
 }
 
 
-def check_command(argv: list[str], env: dict[str, str] | None = None, where: str = "") -> argparse.Namespace:
-    """``argv`` (after ``netcoll``) parses and validates; returns the namespace."""
+_TOKEN_DIR = tempfile.mkdtemp(prefix="netcoll-deploy-test-")
+
+
+def with_token_files(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with each ``*_TOKEN_FILE`` pointing at a local file holding a made-up
+    token (the real files exist only inside the containers)."""
+    out = dict(env)
+    for var in env:
+        if var.endswith("_TOKEN_FILE"):
+            path = os.path.join(_TOKEN_DIR, var)
+            with open(path, "w") as fh:
+                fh.write(f"test-{var}\n")
+            out[var] = path
+    return out
+
+
+def check_command(
+    argv: list[str], env: dict[str, str] | None = None, where: str = "", *, secure: bool = True
+) -> argparse.Namespace:
+    """``argv`` (after ``netcoll``) parses and validates, and a server has the
+    credentials it needs to start; returns the namespace."""
     parser = cli.build_parser()
     try:
         ns = parser.parse_args(argv)
@@ -51,7 +77,9 @@ def check_command(argv: list[str], env: dict[str, str] | None = None, where: str
     model = MODELS.get(ns.command)
     if model is not None:
         try:
-            model.load(cli._flags(ns), env or {})
+            cfg = model.load(cli._flags(ns), with_token_files(env or {}))
+            if secure and ns.command in ("coordinator", "rank"):
+                cfg.require_credentials(ns.command)
         except config.ConfigError as exc:
             raise AssertionError(f"{where}: `netcoll {shlex.join(argv)}`: {exc}") from None
     if ns.command == "health":
@@ -82,6 +110,8 @@ def test_compose_commands_exist_in_the_cli(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert {"coordinator", "rank", "bench"} <= set(services)
     for name, svc in services.items():
+        if "entrypoint" in svc:
+            continue  # the `credentials` init service runs python, not netcoll (checked below)
         command = svc.get("command")
         assert isinstance(command, list) and command, f"service {name}: command must be an exec-form list"
         check_command([str(c) for c in command], compose_env(svc), f"compose service {name}")
@@ -130,7 +160,7 @@ def test_compose_coordinator_state_is_on_a_named_volume(compose: dict[str, Any])
     env = compose_env(coord)
     state_dir = env.get("NETCOLL_STATE_DIR")
     assert state_dir and state_dir.startswith("/"), "the coordinator journals its jobs: set NETCOLL_STATE_DIR"
-    cfg = config.CoordinatorConfig.load({}, env)
+    cfg = config.CoordinatorConfig.load({}, with_token_files(env))
     assert cfg.state_dir == state_dir
     named = set(compose.get("volumes") or {})
     mounts = [str(v).split(":") for v in coord.get("volumes") or []]
@@ -143,6 +173,62 @@ def test_compose_coordinator_state_is_on_a_named_volume(compose: dict[str, Any])
     assert env.get("NETCOLL_COORDINATOR") == "coordinator:29400" and "NETCOLL_TOKEN" in (coord["environment"] or {})
     for name in ("rank", "bench"):
         assert "NETCOLL_STATE_DIR" not in compose_env(compose["services"][name]), f"{name} keeps no job state"
+
+
+def test_compose_makes_and_shares_its_own_secret(compose: dict[str, Any], tmp_path: Path) -> None:
+    services, named = compose["services"], set(compose.get("volumes") or {})
+    init = services["credentials"]
+    coord, rank, bench = services["coordinator"], services["rank"], services["bench"]
+    assert init["image"] == coord["image"], "the init service uses the same image"
+    assert init.get("restart") == "no" and "profiles" not in init, "one-shot, part of a plain `up`"
+    assert "healthcheck" not in init and "ports" not in init
+    (mount,) = [str(v).split(":") for v in init["volumes"]]
+    source, target = mount[0], mount[1]
+    assert source in named, "the secret lives on a named volume declared under top-level volumes:"
+    assert coord["depends_on"]["credentials"]["condition"] == "service_completed_successfully"
+    assert rank["depends_on"]["coordinator"]["condition"] == "service_healthy"  # so after the secret too
+
+    def mounted(svc: dict[str, Any]) -> bool:
+        return f"{source}:{target}:ro" in [str(v) for v in svc.get("volumes") or []]
+
+    for name, svc, files in (
+        ("coordinator", coord, ("NETCOLL_TOKEN_FILE", "NETCOLL_CLIENT_TOKEN_FILE")),
+        ("rank", rank, ("NETCOLL_TOKEN_FILE",)),
+        ("bench", bench, ("NETCOLL_CLIENT_TOKEN_FILE",)),
+    ):
+        env = compose_env(svc)
+        assert mounted(svc), f"{name} must mount {source} read-only on {target}"
+        for var in files:
+            assert env.get(var, "").startswith(target + "/"), f"{name}: {var} must point into {target}"
+    # no secret is written in the compose file: token variables only pass the caller's through
+    for name, svc in services.items():
+        raw = svc.get("environment") or {}
+        for var in ("NETCOLL_TOKEN", "NETCOLL_CLIENT_TOKEN"):
+            assert raw.get(var) is None, f"{name}: {var} must not have a value in the compose file"
+    assert "NETCOLL_CLIENT_TOKEN_FILE" not in compose_env(rank), "rank daemons need only the member token"
+    # the init script itself: writes two distinct random tokens once, keeps them after
+    script = init["command"][0]
+    assert init["entrypoint"][0] == "python3" and target in script
+    if os.geteuid() != 0:
+        pytest.skip("running the init script needs root (it hands the files to uid 10001)")
+    local = script.replace(f'"{target}"', repr(str(tmp_path)))
+    subprocess.run([sys.executable, "-c", local], check=True, capture_output=True, timeout=30)
+    tokens = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert set(tokens) == {"member-token", "client-token"}, tokens
+    assert tokens["member-token"] != tokens["client-token"]
+    assert all(re.fullmatch(r"[0-9a-f]{64}\n", t) for t in tokens.values())
+    for p in tmp_path.iterdir():
+        st = p.stat()
+        assert stat.S_IMODE(st.st_mode) == 0o400 and st.st_uid == 10001, p
+    subprocess.run([sys.executable, "-c", local], check=True, capture_output=True, timeout=30)
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == tokens, "a second run keeps the tokens"
+    # the coordinator's configuration takes them from the files
+    env = {
+        var: os.path.join(tmp_path, os.path.basename(compose_env(coord)[var]))
+        for var in ("NETCOLL_TOKEN_FILE", "NETCOLL_CLIENT_TOKEN_FILE")
+    }
+    cfg = config.CoordinatorConfig.load({"host": "0.0.0.0"}, env)
+    assert (cfg.token, cfg.client_token) == (tokens["member-token"].strip(), tokens["client-token"].strip())
 
 
 # -- Dockerfile --------------------------------------------------------------------------------------
@@ -201,7 +287,7 @@ def container_env(container: dict[str, Any]) -> dict[str, str]:
         elif "fieldRef" in (item.get("valueFrom") or {}):
             env[item["name"]] = "3"  # e.g. the pod index
         else:
-            env[item["name"]] = "secret"
+            env[item["name"]] = f"secret-{item['name']}"  # each Secret key its own value
     return env
 
 
@@ -236,6 +322,28 @@ def test_k8s_commands_and_probes_use_the_cli() -> None:
             if ns.command == "rank":
                 assert c["readinessProbe"], "rank readiness = registered (/readyz)"
     assert {"coordinator", "rank", "submit"} <= seen
+
+
+def test_k8s_tokens_come_from_the_secret() -> None:
+    docs = {(d.get("kind"), (d.get("metadata") or {}).get("name")): d for _, d in k8s_docs()}
+    coord = docs[("Deployment", "netcoll-coordinator")]["spec"]["template"]["spec"]["containers"][0]
+    rank = docs[("StatefulSet", "netcoll-rank")]["spec"]["template"]["spec"]["containers"][0]
+
+    def refs(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {
+            e["name"]: e["valueFrom"]["secretKeyRef"]
+            for e in container.get("env") or []
+            if "secretKeyRef" in (e.get("valueFrom") or {})
+        }
+
+    for c in (coord, rank):
+        member = refs(c)["NETCOLL_TOKEN"]
+        assert member["name"] == "netcoll-token" and member["key"] == "token" and not member.get("optional")
+    client = refs(coord)["NETCOLL_CLIENT_TOKEN"]
+    assert client["name"] == "netcoll-token" and client["key"] == "client-token"
+    assert "NETCOLL_CLIENT_TOKEN" not in refs(rank), "rank daemons need only the member token"
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    assert "client-token" in readme and "NETCOLL_CLIENT_TOKEN" in readme
 
 
 def test_k8s_coordinator_state_is_on_a_volume() -> None:
@@ -343,7 +451,7 @@ def test_readme_commands_exist_in_the_cli(readme: str) -> None:
     for argv in readme_commands(ROOT / readme):
         if argv[0] == "bench":
             continue  # its flags belong to netcoll.bench (checked by its own tests)
-        check_command(argv, {}, readme)
+        check_command(argv, {}, readme, secure=False)  # tokens come from the reader's environment
 
 
 def test_submit_choices_match_the_job_model() -> None:
