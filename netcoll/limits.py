@@ -36,6 +36,10 @@ auth_fail_delay_s                   0.5          extra wait before refusing a fa
 auth_fail_log_interval_s            10           at most one log line per source per interval
 http_max_conns                      64           concurrent HTTP connections (health/metrics)
 http_timeout_s                      5            to read one HTTP request
+liveness_timeout_s                  6            a member whose heartbeat thread is silent this long is gone
+                                                 (dropped; its job fails); it beats every timeout / 4
+progress_timeout_s                  12           a member that heartbeats but whose event loop is silent
+                                                 this long is reported unresponsive (kept in its group)
 ==================================  ===========  ==================================================
 """
 
@@ -77,6 +81,8 @@ class Limits:
     auth_fail_log_interval_s: float = 10.0
     http_max_conns: int = 64
     http_timeout_s: float = 5.0
+    liveness_timeout_s: float = 6.0
+    progress_timeout_s: float = 12.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -8,11 +8,27 @@
         await rdzv.kv_set("addr", b"...")
         await rdzv.barrier("ready", timeout=30)
 
-The client sends a PING every ``heartbeat`` seconds and declares that interval
-in its HELLO; the coordinator drops it after ``3 x heartbeat`` of silence, and
-the client likewise closes a connection on which the coordinator has been
-silent that long, so both sides notice a dead peer without relying on TCP
-timeouts. Server pushes (``member_lost`` / ``member_left`` and, locally,
+Liveness has two parts, so a busy event loop is not mistaken for a dead process:
+
+* **The process** -- a daemon thread of the client (:class:`_Lease`) with its own
+  event loop and its own connection claims this connection's *lease* and PINGs
+  at the interval the coordinator grants (``liveness_timeout_s / 4``). A user
+  event loop blocked by a training step or a checkpoint write does not stop it;
+  the process dying or being stopped (SIGSTOP) does, and after
+  ``liveness_timeout_s`` without a heartbeat the coordinator declares the member
+  *gone* (like torch elastic's keep-alive thread, or an etcd lease).
+* **The event loop** -- the client's loop also sends a PING every ``heartbeat``
+  seconds on this connection (declared in its HELLO). When those stop for
+  ``progress_timeout_s`` while the process still heartbeats, the coordinator
+  reports the member *unresponsive* (log and ``status``) but keeps it. The client
+  closes a connection on which the coordinator has been silent for
+  ``3 x heartbeat``, so both sides notice a dead peer without relying on TCP
+  timeouts.
+
+The heartbeat thread stops when the client closes (``close()`` waits for it),
+when the connection is lost, or when the client's event loop is closed.
+
+Server pushes (``member_lost`` / ``member_left`` and, locally,
 ``coordinator_lost``) arrive through the ``on_event`` callback when one is
 set, else as dicts on :attr:`RendezvousClient.events` -- a bounded queue
 (:data:`EVENT_QUEUE_MAX`; when nobody reads it the oldest events are dropped,
@@ -28,11 +44,14 @@ without waiting for the cycle collector.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +71,9 @@ DEFAULT_JOIN_TIMEOUT = 300.0
 _REPLY_MARGIN = 5.0  # extra client-side wait so the coordinator's own timeout error wins
 #: events kept for a reader of :attr:`RendezvousClient.events` (oldest dropped beyond)
 EVENT_QUEUE_MAX = 256
+LEASE_JOIN_TIMEOUT = 5.0  # close() waits this long at most for the heartbeat thread to end
+LEASE_ATTEMPTS = 5  # connects of the heartbeat thread, the first retry after LEASE_RETRY (doubling)
+LEASE_RETRY = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +118,170 @@ def new_member_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
+class _Lease:
+    """The heartbeat thread of one :class:`RendezvousClient`.
+
+    It runs an event loop of its own in a daemon thread, opens a second
+    authenticated connection to the coordinator, claims the main connection's
+    lease (``lease`` RPC; the coordinator answers with the interval to beat
+    at) and then PINGs at that interval until told to stop, until the main
+    connection is lost, or until the main event loop is closed. A busy or
+    blocked user event loop therefore does not stop the heartbeats; the
+    process dying or being stopped (SIGSTOP) does. It holds no reference to
+    the client, so a client dropped without ``close()`` is still freed.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        lease_id: str,
+        *,
+        token: str | None,
+        local_host: str | None,
+        timeout: float,
+        main_loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.address, self.lease_id = address, lease_id
+        self.token, self.local_host, self.timeout = token, local_host, timeout
+        self.main_loop = main_loop
+        self.stop = threading.Event()
+        self.interval: float | None = None  # granted by the coordinator
+        self.beats = 0
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self.thread = threading.Thread(target=self._main, name="netcoll-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def request_stop(self) -> None:
+        """Ask the thread to stop (from any thread; does not wait)."""
+        self.stop.set()
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already closed
+                loop.call_soon_threadsafe(wake.set)
+
+    async def join(self, timeout: float = LEASE_JOIN_TIMEOUT) -> None:
+        """Stop the thread and wait for it to end (without blocking the event loop)."""
+        self.request_stop()
+        end = time.monotonic() + timeout
+        while self.thread.is_alive() and time.monotonic() < end:  # noqa: ASYNC110 - a thread, not a task
+            await asyncio.sleep(0.005)
+        if self.thread.is_alive():
+            log.warning("the rendezvous heartbeat thread did not stop within %gs", timeout)
+
+    # -- the thread -------------------------------------------------------------------
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._run())
+        except Exception as exc:  # noqa: BLE001 - reported, never raised out of a thread
+            self.error = exc
+        finally:
+            try:
+                rest = asyncio.all_tasks(loop)
+                for task in rest:
+                    task.cancel()
+                if rest:
+                    loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            finally:
+                self._loop = None
+                loop.close()
+
+    def _done(self) -> bool:
+        return self.stop.is_set() or self.main_loop.is_closed()
+
+    async def _stoppable(self, aw: Awaitable[Any]) -> Any:
+        """``await aw``, unless a stop is requested first (then None)."""
+        assert self._wake is not None
+        task = asyncio.ensure_future(aw)
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({task, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waker.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+
+    async def _connect(self) -> RpcClient | None:
+        """The heartbeat connection (None when stopped first). A refused or broken
+        connect is retried a few times: many ranks starting at once on one host
+        may briefly exceed the coordinator's handshakes per source."""
+        assert self._wake is not None
+        delay = LEASE_RETRY
+        for attempt in range(LEASE_ATTEMPTS):
+            try:
+                rpc: RpcClient | None = await self._stoppable(
+                    RpcClient.connect(
+                        self.address,
+                        token=self.token,
+                        role="rendezvous",
+                        timeout=self.timeout,
+                        local_host=self.local_host,
+                    )
+                )
+                return rpc
+            except OSError:  # refused, reset, aborted by the server
+                if attempt == LEASE_ATTEMPTS - 1 or self._done():
+                    raise
+            try:
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            delay *= 2
+        return None
+
+    async def _run(self) -> None:
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        if self._done():
+            return
+        rpc: RpcClient | None = None
+        try:
+            rpc = await self._connect()
+            if rpc is None:
+                return
+            granted = await self._stoppable(rpc.call("lease", {"lease": self.lease_id}, timeout=self.timeout))
+            if granted is None:
+                return
+            interval = float(granted["interval"])
+            if not interval > 0:
+                raise RendezvousError(f"the coordinator granted a heartbeat interval of {interval!r}")
+            self.interval = interval
+            while not self._done() and rpc.proto.lost is None:
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout(interval):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                if self._done():
+                    break
+                await rpc.proto.send(Kind.PING, {})
+                self.beats += 1
+        except (OSError, NetcollError, TimeoutError, KeyError, TypeError, ValueError) as exc:
+            self.error = exc
+            if not self._done():
+                log.warning(
+                    "rendezvous heartbeat thread to %s stopped: %s (heartbeats now come from the event loop only)",
+                    escape(self.address),
+                    escape(exc),
+                )
+        finally:
+            if rpc is not None:
+                await rpc.close()
+
+
 class RendezvousClient:
     """A connection to the coordinator; create it with :meth:`connect`."""
 
-    def __init__(self, rpc: RpcClient, *, address: str, heartbeat: float | None) -> None:
+    def __init__(self, rpc: RpcClient, *, address: str, heartbeat: float | None, lease: _Lease | None = None) -> None:
         self.rpc = rpc
         self.address = address
         self.heartbeat = heartbeat
@@ -120,6 +302,10 @@ class RendezvousClient:
         self._heartbeat_task: asyncio.Task[None] | None = None
         if heartbeat:
             self._heartbeat_task = loop.create_task(self._beat(heartbeat), name="netcoll-rendezvous-heartbeat")
+        #: the heartbeat thread (None without heartbeats)
+        self.lease = lease
+        if lease is not None:
+            lease.start()
 
     @classmethod
     async def connect(
@@ -133,15 +319,28 @@ class RendezvousClient:
     ) -> RendezvousClient:
         """Connect and authenticate (``AuthenticationError`` on a token mismatch).
 
-        ``heartbeat=None`` sends no heartbeats; the coordinator then relies on
-        TCP alone to notice this client is gone."""
+        ``heartbeat`` is how often the event loop PINGs; the heartbeat thread
+        starts at once and beats at the interval the coordinator grants.
+        ``heartbeat=None`` sends no heartbeats at all (and starts no thread); the
+        coordinator then relies on TCP alone to notice this client is gone."""
         if heartbeat is not None and not (isinstance(heartbeat, (int, float)) and heartbeat > 0):
             raise ValueError(f"heartbeat must be a positive number of seconds or None, got {heartbeat!r}")
-        hello = {"heartbeat": float(heartbeat)} if heartbeat else {}
+        lease_id = secrets.token_hex(16) if heartbeat else None
+        hello = {"heartbeat": float(heartbeat), "lease": lease_id} if heartbeat else {}
         rpc = await RpcClient.connect(
             address, token=token, role="rendezvous", hello=hello, timeout=timeout, local_host=local_host
         )
-        return cls(rpc, address=address, heartbeat=heartbeat)
+        lease = None
+        if lease_id is not None:
+            lease = _Lease(
+                address,
+                lease_id,
+                token=token,
+                local_host=local_host,
+                timeout=timeout,
+                main_loop=asyncio.get_running_loop(),
+            )
+        return cls(rpc, address=address, heartbeat=heartbeat, lease=lease)
 
     # -- frames, events, liveness ---------------------------------------------------
     def _on_frame(self, frame: Frame) -> None:
@@ -155,6 +354,8 @@ class RendezvousClient:
             self._inner_frame(frame)
 
     def _on_lost(self, exc: BaseException | None) -> None:
+        if self.lease is not None:
+            self.lease.request_stop()  # nothing left to keep alive (close() waits for it)
         try:
             if self._inner_lost is not None:
                 self._inner_lost(exc)
@@ -322,6 +523,8 @@ class RendezvousClient:
             await asyncio.gather(self._heartbeat_task, return_exceptions=True)
             self._heartbeat_task = None
         await self.rpc.close()
+        if self.lease is not None:  # after the main connection: its close is the orderly goodbye
+            await self.lease.join()
         if self.rpc.proto.closed.done():  # connection_lost ran (else _on_lost unhooks us when it does)
             self._unhook()
 

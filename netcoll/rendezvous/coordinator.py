@@ -7,7 +7,21 @@ its first joiner, which fixes its ``world_size``; ``join`` long-polls until
 its rank (see :mod:`.groups` for the rules). The group is then *running*:
 membership is frozen, members stay connected, and a member whose connection
 drops (or who stops sending heartbeats) is reported to the others with a
-``member_lost`` EVENT. When no member of a running group is left connected,
+``member_lost`` EVENT.
+
+Liveness tells two things apart. A client's heartbeat thread holds a *lease*
+on its main connection (the ``lease`` RPC, over a second connection of its
+own) and PINGs every ``liveness_timeout_s / 4``: when those heartbeats stop for
+``liveness_timeout_s`` the member **is gone** (its process died, was stopped or
+was cut off) and is dropped like a closed connection. The client's event loop
+PINGs on the main connection: when that is silent for ``progress_timeout_s``
+while the heartbeats still arrive, the member **is unresponsive** (a long
+training step, a checkpoint write): that is logged and shown by ``status``
+(``liveness``), and the member stays in its group. A session that declares a
+``heartbeat`` but holds no lease (an older client) is dropped after
+``3 x heartbeat`` of silence, as before.
+
+When no member of a running group is left connected,
 the group is deleted and its name can be used again; each instance of a name
 gets the next ``generation`` and a fresh random ``session`` id, and the
 key-value store and barriers belong to that instance alone.
@@ -28,6 +42,7 @@ barrier    group, name, timeout                                         {}
 leave      group                                                        {}
 status     (none)                                                       {groups: [{name, world_size, state,
                                                                         generation, session, members: [...]}]}
+lease      lease (the id the main connection declared in its HELLO)    {interval, timeout}: PING every interval
 ========== ============================================================ =====================================
 
 Values in the store travel as an opaque msgpack payload, so they are not
@@ -56,10 +71,11 @@ from typing import Any
 
 import msgpack
 
-from ..errors import RendezvousError, RendezvousTimeout
+from ..errors import AuthenticationError, RendezvousError, RendezvousTimeout
 from ..escape import escape
 from ..limits import DEFAULT, Limits
 from ..rpc import Handler, Reply, RpcServer, Session
+from ..transport import auth
 from ..wire import Kind
 from .groups import (
     INT64_MAX,
@@ -84,6 +100,12 @@ log = logging.getLogger("netcoll.rendezvous")
 PENDING, RUNNING = "pending", "running"
 #: a session is dropped when silent for this many of its declared heartbeat intervals
 LIVENESS_FACTOR = 3.0
+#: a lease holder PINGs this many times per ``liveness_timeout_s``
+LEASE_BEATS = 4
+MIN_LIVENESS = 0.05  # seconds: the shortest liveness timeout honoured
+_LEASE_KEY = "lease.holder"  # main Session.data[...] -> the heartbeat thread's Session
+_LEASE_OF = "lease.of"  # heartbeat Session.data[...] -> the main Session
+_UNRESPONSIVE = "liveness.unresponsive"  # Session.data[...] -> loop time its event loop went quiet
 _SESSION_KEY = "rendezvous"  # Session.data[...] -> {group name: (_Group, Member)}
 
 
@@ -126,14 +148,27 @@ class Coordinator:
     any free port); ``c.address`` is ``"host:port"`` with the real port. Every
     client must prove ``token`` when one is set. Other services may add RPC
     methods with :meth:`register` (the job service does).
+
+    Roles: ``token`` is the member token (rank daemons, embedded ranks; it may
+    call everything); a session proven with ``client_token`` is a *client* and may
+    call only the methods registered with ``clients=True`` (``status`` here; the
+    job service's submit/watch/get/cancel) -- anything else is refused with
+    ``AuthenticationError``. Without tokens every session is a member.
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, token: str | None = None, *, limits: Limits | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        *,
+        client_token: str | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.token = token
+        self.client_token = client_token
         self.limits = DEFAULT if limits is None else limits
         own: dict[str, Handler] = {
             "join": self._join,
@@ -144,10 +179,14 @@ class Coordinator:
             "kv_get": self._kv_get,
             "kv_add": self._kv_add,
             "kv_delete": self._kv_delete,
+            "lease": self._lease,
         }
-        self.methods: dict[str, Handler] = {name: _logged(name, h) for name, h in own.items()}
+        self.methods: dict[str, Handler] = {
+            name: _guarded(name, _logged(name, h), clients=name == "status") for name, h in own.items()
+        }
         self.groups: dict[str, _Group] = {}
         self._generations: dict[str, int] = {}
+        self._leases: dict[str, Session] = {}  # lease id -> the main session that declared it
         self._rpc: RpcServer | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._stopped: asyncio.Event | None = None
@@ -164,9 +203,10 @@ class Coordinator:
         host, port = self._rpc.address[:2]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def register(self, method: str, handler: Handler) -> None:
-        """Serve another RPC method (``async handler(session, params, payload)``)."""
-        self.methods[method] = handler
+    def register(self, method: str, handler: Handler, *, clients: bool = False) -> None:
+        """Serve another RPC method (``async handler(session, params, payload)``);
+        members only unless ``clients`` (a client-token session may call it too)."""
+        self.methods[method] = _guarded(method, handler, clients=clients)
 
     @property
     def sessions(self) -> set[Session]:
@@ -178,7 +218,12 @@ class Coordinator:
         self._stopped = asyncio.Event()
         self._wake_reaper = asyncio.Event()
         self._rpc = RpcServer(
-            self.methods, token=self.token, role="coordinator", on_open=self._on_open, on_close=self._on_close
+            self.methods,
+            token=self.token,
+            client_token=self.client_token,
+            role="coordinator",
+            on_open=self._on_open,
+            on_close=self._on_close,
         )
         await self._rpc.start(self.host, self.port)
         self._reaper = asyncio.create_task(self._reap(), name="netcoll-rendezvous-liveness")
@@ -331,14 +376,14 @@ class Coordinator:
         group.barriers.clear()
         log.info("group %r generation %d deleted: %s", group.name, group.generation, reason)
 
-    def _member_gone(self, group: _Group, member: Member, topic: str, reason: str) -> None:
-        """A member of a running group disconnected or left."""
+    def _member_gone(self, group: _Group, member: Member, topic: str, reason: str, verdict: str = "was lost") -> None:
+        """A member of a running group disconnected (``verdict``: "was lost", "is gone") or left."""
         if not member.connected:
             return
         member.connected = False
         self._forget(member, group)
         member.session = None
-        what = "left" if topic == "member_left" else "was lost"
+        what = "left" if topic == "member_left" else verdict
         group.broken = f"rank {member.rank} (member {member.member_id!r}) {what}: {reason}"
         for b in group.barriers.values():
             _fail(b.done, RendezvousError(f"barrier cannot complete: {group.broken}"))
@@ -369,20 +414,49 @@ class Coordinator:
             self._delete(group, f"every member of group {group.name!r} has gone")
 
     async def _on_open(self, session: Session) -> None:
+        lease = session.hello.get("lease")
+        if lease is not None:
+            if not isinstance(lease, str) or not 0 < len(lease) <= 64:
+                raise ValueError(f"lease must be a string of at most 64 characters, got {show(lease)}")
+            if lease in self._leases:
+                raise ValueError("this lease id is already in use by another connection")
+            self._leases[lease] = session
         if "heartbeat" in session.hello and self._wake_reaper is not None:
             self._wake_reaper.set()  # it may need to check more often now
 
+    def _release_lease(self, session: Session) -> None:
+        """Unlink a closing session from its lease: a main session's heartbeat
+        connection is closed with it; when a heartbeat connection closes first
+        (its thread failed, or one connection was cut), its main session is judged
+        by its event loop's PINGs again, as a client without a lease is."""
+        lease = session.hello.get("lease")
+        if isinstance(lease, str) and self._leases.get(lease) is session:
+            del self._leases[lease]
+        holder: Session | None = session.data.pop(_LEASE_KEY, None)
+        if holder is not None:
+            holder.data.pop(_LEASE_OF, None)
+            holder.proto.close()
+        main: Session | None = session.data.pop(_LEASE_OF, None)
+        if main is not None and main.data.get(_LEASE_KEY) is session:
+            del main.data[_LEASE_KEY]
+            main.data.pop(_UNRESPONSIVE, None)
+            log.info(
+                "the heartbeat connection of %s:%s closed; its event loop's PINGs are all we have now", *main.peer[:2]
+            )
+
     async def _on_close(self, session: Session) -> None:
+        self._release_lease(session)
         for hook in self.close_hooks:
             await hook(session)
         if self._closing:
             return  # close() deletes every group itself
         reason = session.data.get("drop_reason", "connection closed")
+        verdict = session.data.get("drop_verdict", "was lost")
         for group, member in list(session.data.get(_SESSION_KEY, {}).values()):
             if group.state == PENDING:
                 self._drop_pending(group, member, None)
             else:
-                self._member_gone(group, member, "member_lost", reason)
+                self._member_gone(group, member, "member_lost", reason, verdict)
 
     async def _leave(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
         name = group_name(params)
@@ -554,6 +628,7 @@ class Coordinator:
                             "host": m.host,
                             "port": m.port,
                             "connected": m.connected,
+                            **self._liveness_row(m),
                         }
                         for m in members
                     ],
@@ -561,42 +636,177 @@ class Coordinator:
             )
         return {"groups": out}
 
+    def _liveness_row(self, member: Member) -> dict[str, Any]:
+        """``liveness`` ("ok", "unresponsive", "disconnected") and for how long its loop is quiet."""
+        session = member.session
+        if not member.connected or session is None:
+            return {"liveness": "disconnected"}
+        since = session.data.get(_UNRESPONSIVE)
+        if since is None:
+            return {"liveness": "ok"}
+        quiet = asyncio.get_running_loop().time() - since
+        return {"liveness": "unresponsive", "unresponsive_s": round(quiet, 1)}
+
+    def unresponsive(self, session: Session) -> str | None:
+        """Why ``session`` counts as alive but not progressing, or None (the job service
+        names such ranks)."""
+        since = session.data.get(_UNRESPONSIVE)
+        if since is None:
+            return None
+        quiet = asyncio.get_running_loop().time() - since
+        return f"is unresponsive: its process heartbeats but its event loop has not answered for {quiet:.0f}s"
+
+    def _names(self, session: Session) -> list[str]:
+        """How log lines name ``session``: each group membership, else its address."""
+        rows = [
+            f"group {g.name!r}: rank {m.rank} (member {escape(m.member_id)!r} at {escape(m.host)}:{m.port})"
+            for g, m in session.data.get(_SESSION_KEY, {}).values()
+        ]
+        return rows or [f"the client at {escape(str(session.peer[0]))}:{session.peer[1]}"]
+
+    async def _lease(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
+        """A heartbeat connection claims the lease its main connection declared."""
+        lease = params.get("lease")
+        if not isinstance(lease, str) or not 0 < len(lease) <= 64:
+            raise TypeError(f"lease must be a string of at most 64 characters, got {show(lease)}")
+        main = self._leases.get(lease)
+        if main is None or main is session or main.proto.lost is not None or "drop_reason" in main.data:
+            raise RendezvousError("no open connection declared this lease (it closed, or never declared one)")
+        held: Session | None = main.data.get(_LEASE_KEY)
+        if held is not None and held is not session and held.proto.lost is None:
+            raise RendezvousError("this lease is already held by another connection")
+        if _LEASE_OF in session.data or _LEASE_KEY in session.data or _SESSION_KEY in session.data:
+            raise RendezvousError("a connection holding a lease (or a group membership) cannot hold another lease")
+        main.data[_LEASE_KEY], session.data[_LEASE_OF] = session, main
+        if self._wake_reaper is not None:
+            self._wake_reaper.set()
+        ttl = self._liveness_timeout()
+        return {"interval": ttl / LEASE_BEATS, "timeout": ttl}
+
+    def _liveness_timeout(self) -> float:
+        return max(float(self.limits.liveness_timeout_s), MIN_LIVENESS)
+
     async def _reap(self) -> None:
-        """Drop sessions silent for more than LIVENESS_FACTOR x their declared heartbeat."""
+        """Judge the heartbeating sessions whenever the next one may be due."""
         loop = asyncio.get_running_loop()
         while True:
             pause = self._check_liveness(loop.time())  # (no session stays referenced while we wait)
             assert self._wake_reaper is not None
+            due = loop.time() + pause
             try:
                 async with asyncio.timeout(pause):
                     await self._wake_reaper.wait()
             except TimeoutError:
                 pass
             self._wake_reaper.clear()
+            if loop.time() - due > 0.1:
+                # Our own loop stalled: let the frames that arrived meanwhile be read before
+                # judging anyone by them (a stall here is not their silence).
+                for _ in range(4):
+                    await asyncio.sleep(0)
 
     def _check_liveness(self, now: float) -> float:
-        """Drop the silent sessions; return how long to wait before checking again."""
+        """Drop the gone sessions, report the unresponsive ones; return how long to wait
+        before checking again."""
         pause = 1.0
+        ttl = self._liveness_timeout()
         for session in list(self.sessions):
-            beat = session.hello.get("heartbeat")
-            if not isinstance(beat, (int, float)) or isinstance(beat, bool) or not beat > 0:
-                continue  # plain RPC clients that do not heartbeat are never reaped
-            if isinstance(beat, int) and beat.bit_length() > 64:
-                beat = 1e18  # (float() of a huge int overflows) effectively never
-            beat = max(float(beat), 0.02)
-            silent = now - session.last_seen
-            if silent > LIVENESS_FACTOR * beat and "drop_reason" not in session.data:
-                self._drop(session, f"no heartbeat for {silent:.2f}s (limit {LIVENESS_FACTOR:g} x {beat:g}s)")
-            pause = min(pause, beat / 2)
-        return pause
+            if "drop_reason" in session.data or _LEASE_OF in session.data:
+                continue  # being dropped; or a heartbeat connection (judged with its main session)
+            beat = _declared_beat(session.hello.get("heartbeat"))
+            holder: Session | None = session.data.get(_LEASE_KEY)
+            if holder is not None:
+                silent = now - holder.last_seen
+                if silent > ttl:
+                    self._drop(
+                        session,
+                        f"no heartbeat for {silent:.1f}s (its process died, was stopped or is cut off; "
+                        f"liveness_timeout_s={ttl:g})",
+                        verdict="is gone",
+                    )
+                    continue
+                pause = min(pause, ttl - silent + 0.01)
+                pause = min(pause, self._check_progress(session, now, beat))
+            elif beat is not None:  # no lease (yet): its event loop's PINGs are all we have
+                silent = now - session.last_seen
+                if silent > LIVENESS_FACTOR * beat:
+                    self._drop(session, f"no heartbeat for {silent:.2f}s (limit {LIVENESS_FACTOR:g} x {beat:g}s)")
+                    continue
+                pause = min(pause, beat / 2)
+        return max(pause, 0.01)
 
-    def _drop(self, session: Session, reason: str) -> None:
-        log.warning("dropping %s:%s: %s", *session.peer, reason)
+    def _check_progress(self, session: Session, now: float, beat: float | None) -> float:
+        """Report (once per episode) a session whose process heartbeats while its event
+        loop has been silent for ``progress_timeout_s``; return when to look again."""
+        limit = float(self.limits.progress_timeout_s)
+        if not limit or beat is None:
+            return 1.0  # disabled, or a loop that never PINGs: nothing to judge by
+        limit = max(limit, LIVENESS_FACTOR * beat)
+        quiet = now - session.last_seen
+        since = session.data.get(_UNRESPONSIVE)
+        if quiet > limit:
+            if since is None:
+                session.data[_UNRESPONSIVE] = session.last_seen
+                for name in self._names(session):
+                    log.warning(
+                        "%s is unresponsive: its process heartbeats but its event loop has not answered for %.0fs "
+                        "(progress_timeout_s=%g); it stays a member",
+                        name,
+                        quiet,
+                        limit,
+                    )
+            return 1.0
+        if since is not None:
+            del session.data[_UNRESPONSIVE]
+            for name in self._names(session):
+                log.info("%s is responsive again: its event loop was silent for %.1fs", name, session.last_seen - since)
+        return limit - quiet + 0.01
+
+    def _drop(self, session: Session, reason: str, *, verdict: str = "was lost") -> None:
+        log.warning("dropping %s:%s, which %s: %s", *session.peer[:2], verdict, reason)
         session.data["drop_reason"] = reason
+        session.data["drop_verdict"] = verdict
         proto = session.proto
-        proto.fail(RendezvousError(f"coordinator closed the connection: {reason}"), tell_peer=True)
+        why = reason if verdict == "was lost" else f"this client {verdict}: {reason}"
+        proto.fail(RendezvousError(f"coordinator closed the connection: {why}"), tell_peer=True)
         if proto.transport is not None and proto.transport.get_write_buffer_size():
             proto.abort()  # a dead reader would keep a graceful close waiting forever
+
+
+def _declared_beat(beat: Any) -> float | None:
+    """A session's declared heartbeat interval in seconds, or None (it does not heartbeat)."""
+    if not isinstance(beat, (int, float)) or isinstance(beat, bool) or not beat > 0:
+        return None  # plain RPC clients that do not heartbeat are never reaped
+    if isinstance(beat, int) and beat.bit_length() > 64:
+        return 1e18  # (float() of a huge int overflows) effectively never
+    return max(float(beat), 0.02)
+
+
+def credential(session: Session) -> str:
+    """The role a session proved (``auth.MEMBER`` / ``auth.CLIENT``); an in-process
+    call with no connection behind it is the operator's: a member."""
+    proto = session.proto
+    if proto is None:
+        return auth.MEMBER
+    return proto.credential or auth.CLIENT  # not checked by a handshake: the least trust
+
+
+def _guarded(method: str, handler: Handler, *, clients: bool) -> Handler:
+    """``handler``, refusing a client-token session unless ``clients``."""
+    if clients:
+        return handler
+
+    async def members_only(session: Session, params: dict[str, Any], payload: memoryview) -> Any:
+        if credential(session) != auth.MEMBER:
+            log.warning("%s from %s:%s refused: a client session may not call it", method, *session.peer[:2])
+            raise AuthenticationError(
+                f"{method} is for members only: this connection proved the client token (NETCOLL_CLIENT_TOKEN), "
+                "which may submit, watch, get and cancel jobs and read status; rank daemons and "
+                "netcoll.connect need the member token NETCOLL_TOKEN"
+            )
+        return await handler(session, params, payload)
+
+    return members_only
 
 
 def _logged(method: str, handler: Handler) -> Handler:
@@ -622,4 +832,4 @@ def _logged(method: str, handler: Handler) -> Handler:
     return run
 
 
-__all__ = ["Coordinator", "LIVENESS_FACTOR"]
+__all__ = ["Coordinator", "LIVENESS_FACTOR", "credential"]

@@ -48,6 +48,8 @@ from .records import Inputs, Job, Member, assign_ranks, split_inputs
 
 log = logging.getLogger("netcoll.service")
 
+#: the job methods a client-token session may call (the rest are members' only)
+CLIENT_METHODS = frozenset({"submit", "wait", "job", "cancel", "members", "cluster", "watch"})
 REPORT_GRACE = 5.0  # after a job's deadline (or a lost rank), how long to wait for the others' reports
 HISTORY = 1000  # finished jobs kept (in memory and in the journal)
 IDLE_POLL = 1.0  # with nothing runnable, look again at least this often
@@ -74,6 +76,7 @@ class JobService:
         #: queued jobs, oldest first (the scheduler runs the first that can run now)
         self.pending: collections.OrderedDict[int, Job] = collections.OrderedDict()
         self._submitting = 0  # submits being journaled (they count against max_queued_jobs)
+        self._cancel_now: set[int] = set()  # running jobs that lost a rank whose links did not break
         self.current: Job | None = None
         self.epoch = 0
         self.session = ""
@@ -100,7 +103,9 @@ class JobService:
             "cluster",
             "watch",
         ):
-            coordinator.register(name, getattr(self, "_rpc_" + name))
+            # clients (the client token) may submit, watch, get and cancel jobs and read status;
+            # daemon_register / daemon_drain / job_result / job_progress are for members only
+            coordinator.register(name, getattr(self, "_rpc_" + name), clients=name in CLIENT_METHODS)
         coordinator.close_hooks.append(self._on_close)
 
     def start(self) -> None:
@@ -234,7 +239,10 @@ class JobService:
         # its job, reports, then goes): only one that has not is lost to the job.
         r = job.rank_of.get(member_id) if job is not None else None
         if job is not None and r is not None and r not in job.reports:
-            job.lost[r] = f"rank {r} ({member.describe()}) was lost: {reason}"
+            verdict = session.data.get("drop_verdict", "was lost")  # "is gone": its heartbeats stopped
+            job.lost[r] = f"rank {r} ({member.describe()}) {verdict}: {reason}"
+            if verdict == "is gone":  # stopped, not dead: no link breaks, so the others must be told
+                self._cancel_now.add(job.id)
             job.changed.set()
         self._members_changed.set()
 
@@ -520,6 +528,9 @@ class JobService:
                 cancel_sent = True
             if job.lost:  # the others will fail fast (their links broke too); give them a moment
                 hard_end = min(hard_end, loop.time() + REPORT_GRACE)
+                if not cancel_sent and job.id in self._cancel_now:  # a gone (stopped) rank: stop the others
+                    await self._broadcast_cancel(job)
+                    cancel_sent = True
             left = hard_end - loop.time()
             if left <= 0:
                 break
@@ -527,6 +538,7 @@ class JobService:
         if len(job.reports) < job.world_size and not cancel_sent:
             await self._broadcast_cancel(job)
         self._conclude(job)
+        self._cancel_now.discard(job.id)
         self._trim()
         if job.state != JobState.SUCCEEDED:
             self.epoch_members = None  # re-link before the next job: links may be broken
@@ -540,6 +552,16 @@ class JobService:
                 except Exception:  # noqa: BLE001
                     pass
 
+    def _unresponsive(self, job: Job, ranks: list[int]) -> list[str]:
+        """Those of ``ranks`` the coordinator sees alive but not progressing, named."""
+        out = []
+        for r in ranks:
+            member = self.members.get(job.members.get(r, ""))
+            why = None if member is None else self.coord.unresponsive(member.session)
+            if member is not None and why:
+                out.append(f"rank {r} ({member.describe()}) {why}")
+        return out
+
     def _conclude(self, job: Job) -> None:
         spec, n = job.spec, job.world_size
         failures = {r: rep for r, rep in job.reports.items() if not rep.get("ok")}
@@ -548,6 +570,8 @@ class JobService:
             job.finish(JobState.CANCELLED, "cancelled while running")
             return
         if job.lost or failures or missing:
+            if job.id in self._cancel_now:  # we cancelled the others for a gone rank: their errors follow
+                failures = {}
             parts = [job.lost[r] for r in sorted(job.lost)]
             primary = [
                 f"rank {r}: {rep.get('error')}"
@@ -558,6 +582,7 @@ class JobService:
             quiet = [r for r in missing if r not in job.lost]
             if quiet:
                 parts.append(f"ranks {quiet} never reported within the deadline")
+                parts += self._unresponsive(job, quiet)
             job.finish(JobState.FAILED, "; ".join(parts))
             return
         times = (
