@@ -18,8 +18,8 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,34 +27,12 @@ import pytest
 import netcoll
 from netcoll.limits import Limits
 from netcoll.rendezvous import Coordinator, RendezvousClient
+from tests.support.loops import LoopThread
 
 pytestmark = [pytest.mark.tcp, pytest.mark.timeout(40)]
 
-T = TypeVar("T")
 LIVENESS = 1.0
 PROGRESS = 1.5
-
-
-class LoopThread:
-    """An event loop in a thread of its own: the "user's process" of a member."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    async def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
-
-    def block(self, seconds: float) -> None:
-        """Block this loop (like a long synchronous training step) without waiting for it."""
-        self.loop.call_soon_threadsafe(time.sleep, seconds)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture

@@ -13,11 +13,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
@@ -25,11 +23,11 @@ import netcoll
 from netcoll.limits import Limits
 from netcoll.service import JobService, RankDaemon, scheduler
 from netcoll.service.jobs import JobState
+from tests.support.loops import LoopThread
 
 pytestmark = [pytest.mark.tcp, pytest.mark.timeout(60)]
 
 LIVENESS = 1.0
-T = TypeVar("T")
 
 
 class Daemons:
@@ -120,24 +118,6 @@ async def test_a_stopped_rank_daemon_fails_its_job_naming_the_rank(service: tupl
     assert f"rank 1 ({stopped} at {where}) is gone: no heartbeat for" in error, error
     assert "never reported" not in error and "rank 0" not in error, error
     assert took < LIVENESS + 1.0, (took, error)
-
-
-class LoopThread:
-    """An event loop in a thread of its own (a daemon's "process" whose loop we block)."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    async def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 async def test_a_daemon_with_a_blocked_loop_stays_and_is_named_unresponsive(
