@@ -26,11 +26,14 @@ _EXPORTS = {
     "ReduceOp": ".ops",
     "Work": ".operation",
     "Reason": ".operation",
+    "TlsConfig": ".transport.tls",
+    "TlsConfigError": ".transport.tls",
     **dict.fromkeys(
         (
             "NetcollError",
             "ProtocolError",
             "AuthenticationError",
+            "InsecureListenerError",
             "RendezvousError",
             "RendezvousTimeout",
             "CommunicatorClosed",
@@ -61,6 +64,7 @@ __all__ = [
     "Communicator",
     "CommunicatorClosed",
     "Coordinator",
+    "InsecureListenerError",
     "JobSpec",
     "MismatchError",
     "NetcollError",
@@ -69,6 +73,8 @@ __all__ = [
     "ReduceOp",
     "RendezvousError",
     "RendezvousTimeout",
+    "TlsConfig",
+    "TlsConfigError",
     "__version__",
     "connect",
 ]

@@ -17,7 +17,14 @@ NETCOLL_CLIENT_TOKEN     the client token: job submitters prove    coordinator, 
 NETCOLL_TOKEN_FILE,      read the token from this file instead     where the token is
 NETCOLL_CLIENT_TOKEN_FILE (the variable itself wins when set)      read
 NETCOLL_INSECURE         ``1``: listen off loopback without any    coordinator, rank
-                         token (anyone who reaches it is trusted)
+                         token or TLS (anyone who reaches it is
+                         trusted)
+NETCOLL_TLS_CERT,        mutual TLS: this process's certificate,   all (health: its
+NETCOLL_TLS_KEY,         its key, the CA every peer's certificate  HTTPS client)
+NETCOLL_TLS_CA           must chain to (PEM files; all three or
+                         none); on every listener and connection
+NETCOLL_TLS_CHECK_       ``1``: clients also check the server's    all
+HOSTNAME                 name/IP against its certificate
 NETCOLL_HOST             address to listen on                      coordinator, rank, up
 NETCOLL_PORT             port to listen on (RPC / peer traffic)    coordinator, rank, up
 NETCOLL_HTTP_PORT        HTTP ``/livez /readyz /metrics`` port     coordinator, rank
@@ -43,7 +50,7 @@ An empty variable counts as unset (compose passes ``NETCOLL_TOKEN:`` through
 empty when the caller has none).
 
 Secure by default: a coordinator or rank daemon asked to listen on an address
-other than loopback with no token refuses to start
+other than loopback with neither a token nor TLS refuses to start
 (:meth:`Settings.require_credentials`, exit 2) unless ``--insecure``. :meth:`Settings.load` raises
 :class:`ConfigError` with one line naming the flag or variable at fault.
 
@@ -52,13 +59,17 @@ This module does not import numpy (``netcoll health`` stays cheap).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .transport.auth import is_loopback
+
+if TYPE_CHECKING:
+    from .transport.tls import TlsConfig
 
 DEFAULT_COORDINATOR = "127.0.0.1:29400"
 COORDINATOR_PORT = 29400
@@ -75,22 +86,17 @@ log = logging.getLogger("netcoll.config")
 
 #: token field -> the field naming a file to read it from
 _TOKEN_FILES = {"token": "token_file", "client_token": "client_token_file"}
+#: the TLS fields every command has -> their environment variables
+TLS_ENV = {
+    "tls_cert": "NETCOLL_TLS_CERT",
+    "tls_key": "NETCOLL_TLS_KEY",
+    "tls_ca": "NETCOLL_TLS_CA",
+    "tls_check_hostname": "NETCOLL_TLS_CHECK_HOSTNAME",
+}
 
 
 class ConfigError(ValueError):
     """Invalid configuration; ``str()`` is one line naming the flag or variable."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (``127.0.0.0/8``, ``::1``).
-    Names are not resolved: any other name counts as reachable from outside."""
-    text = host.strip().strip("[]").lower()
-    if text == "localhost" or text.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(text).is_loopback
-    except ValueError:
-        return False
 
 
 def check_address(value: str, default_port: int = COORDINATOR_PORT) -> str:
@@ -148,6 +154,12 @@ class Settings(BaseModel):
     #: field -> the flag that sets it (for error messages)
     FLAGS: ClassVar[dict[str, str]] = {}
 
+    #: mutual TLS (every command): certificate, key and CA files, all three or none
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_check_hostname: bool = False
+
     @classmethod
     def load(cls, flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Any:
         """Merge ``environ`` (only the variables in :attr:`ENV`) and ``flags``
@@ -157,7 +169,7 @@ class Settings(BaseModel):
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         source: dict[str, str] = {}
-        for name, var in cls.ENV.items():
+        for name, var in {**TLS_ENV, **cls.ENV}.items():
             raw = environ.get(var)
             if raw is not None and raw.strip() != "":
                 values[name], source[name] = raw, var
@@ -170,7 +182,23 @@ class Settings(BaseModel):
         except ValidationError as exc:
             raise ConfigError(cls._explain(exc, values, source)) from None
         cfg._check_tokens(source)
+        cfg._tls(source)  # unreadable or mismatched files: a ConfigError now, not at the first connection
         return cfg
+
+    def tls_config(self) -> TlsConfig | None:
+        """The TLS settings as a :class:`~netcoll.TlsConfig` (None without TLS)."""
+        return self._tls({})
+
+    def _tls(self, source: Mapping[str, str]) -> TlsConfig | None:
+        from .transport.tls import TlsConfig, TlsConfigError
+
+        cert, key, ca = (source.get(f) or f"{self._flag(f)} / {TLS_ENV[f]}" for f in ("tls_cert", "tls_key", "tls_ca"))
+        try:
+            return TlsConfig.from_paths(
+                self.tls_cert, self.tls_key, self.tls_ca, check_hostname=self.tls_check_hostname, names=(cert, key, ca)
+            )
+        except TlsConfigError as exc:
+            raise ConfigError(f"invalid configuration: {exc}") from None
 
     @classmethod
     def _read_token_files(cls, values: dict[str, Any], source: dict[str, str]) -> None:
@@ -211,12 +239,13 @@ class Settings(BaseModel):
     def require_credentials(self, what: str) -> None:
         """Secure by default: refuse to listen off loopback with no token unless ``insecure``."""
         host = str(getattr(self, "host", "127.0.0.1"))
-        if getattr(self, "token", None) or getattr(self, "insecure", False) or is_loopback(host):
-            return
+        if getattr(self, "token", None) or self.tls_cert or getattr(self, "insecure", False) or is_loopback(host):
+            return  # mutual TLS counts as credentials; roles (member / client) still need tokens
         clients = "; and NETCOLL_CLIENT_TOKEN for job submitters" if "client_token" in type(self).model_fields else ""
         raise ConfigError(
             f"refusing to start the {what} on {host} without credentials: set NETCOLL_TOKEN "
-            f"(or NETCOLL_TOKEN_FILE{clients}), listen on 127.0.0.1, or pass --insecure "
+            f"(or NETCOLL_TOKEN_FILE{clients}) or TLS (--tls-cert/--tls-key/--tls-ca), listen on 127.0.0.1, "
+            "or pass --insecure "
             "(NETCOLL_INSECURE=1) to let anyone who can reach it in"
         )
 
@@ -253,7 +282,17 @@ class Settings(BaseModel):
     def _coordinator(cls, v: Any) -> Any:
         return check_address(v) if isinstance(v, str) else v
 
-    @field_validator("token", "client_token", "token_file", "client_token_file", mode="before", check_fields=False)
+    @field_validator(
+        "token",
+        "client_token",
+        "token_file",
+        "client_token_file",
+        "tls_cert",
+        "tls_key",
+        "tls_ca",
+        mode="before",
+        check_fields=False,
+    )
     @classmethod
     def _token(cls, v: Any) -> Any:
         if isinstance(v, str) and v.strip() == "":

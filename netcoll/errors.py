@@ -42,6 +42,12 @@ class AuthenticationError(NetcollError):
     """The peer did not prove knowledge of the shared token."""
 
 
+class InsecureListenerError(NetcollError, ValueError):
+    """Refused to listen on a non-loopback address without credentials (no
+    token and no TLS): pass a token or ``tls=``, listen on loopback, or
+    ``insecure=True``."""
+
+
 class RendezvousError(NetcollError):
     """The coordinator refused a join or a rendezvous request."""
 
@@ -109,6 +115,7 @@ __all__ = [
     "NetcollError",
     "ProtocolError",
     "AuthenticationError",
+    "InsecureListenerError",
     "RendezvousError",
     "RendezvousTimeout",
     "CommunicatorClosed",

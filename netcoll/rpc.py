@@ -27,6 +27,7 @@ from .escape import escape
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
 from .transport.connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
+from .transport.tls import TlsConfig
 from .wire import Frame, Kind
 
 log = logging.getLogger("netcoll.rpc")
@@ -111,6 +112,7 @@ class RpcServer:
             in flight that sends no frame for ``idle_timeout_s`` (0: never) is
             closed with an ERROR; the WELCOME announces it as ``idle_timeout``
             so :class:`RpcClient` PINGs well within it.
+        tls: mutual TLS on every connection (clients must use it too).
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class RpcServer:
         on_open: Callable[[Session], Awaitable[None]] | None = None,
         on_close: Callable[[Session], Awaitable[None]] | None = None,
         limits: Limits | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.limits = DEFAULT_LIMITS if limits is None else limits
         self.methods = methods
@@ -132,7 +135,7 @@ class RpcServer:
         self.on_open = on_open
         self.on_close = on_close
         self.sessions: set[Session] = set()
-        self._server = Server(self._serve, settings=self.limits)
+        self._server = Server(self._serve, settings=self.limits, tls=tls)
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -271,11 +274,12 @@ class RpcClient:
         timeout: float = 10.0,
         local_host: str | None = None,
         credential: str = "member",
+        tls: TlsConfig | None = None,
     ) -> RpcClient:
         host, port = split_address(address)
         try:
             async with asyncio.timeout(timeout):
-                proto = await open_connection(host, port, local_host=local_host)
+                proto = await open_connection(host, port, local_host=local_host, tls=tls, timeout=timeout)
         except TimeoutError:
             raise TimeoutError(f"could not connect to {address} within {timeout:g}s") from None
         except OSError as exc:

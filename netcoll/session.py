@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from .comm import DEFAULT_TIMEOUT, Communicator
 from .links.factory import LinkConfig
 from .rendezvous import RendezvousClient
 from .transport import auth
 from .transport.tcp import Listener, TcpTransport
+from .transport.tls import TlsConfig
+from .transport.tls import coerce as coerce_tls
 
 
 def _check_args(world_size: object, rank: object, group: object, timeout: object) -> None:
@@ -52,6 +55,8 @@ async def connect(
     member_id: str | None = None,
     segment_bytes: int | None = None,
     recv_window: int | None = None,
+    tls: TlsConfig | Mapping[str, Any] | None = None,
+    insecure: bool = False,
 ) -> AsyncIterator[Communicator]:
     """Join ``group`` at the coordinator at ``address`` as one of ``world_size`` ranks.
 
@@ -71,15 +76,22 @@ async def connect(
         local_host: source address for the coordinator connection (e.g. ``127.0.0.3``).
         recv_window: bytes each peer link holds for receives not posted yet before the
             sender waits (default: ``$NETCOLL_RECV_WINDOW``, else 64 MiB; see docs/protocol.md).
+        tls: mutual TLS for the coordinator connection and every peer link (a
+            :class:`~netcoll.TlsConfig` or a mapping of ``cert``/``key``/``ca`` paths;
+            default: ``$NETCOLL_TLS_CERT`` / ``_KEY`` / ``_CA`` when set). Links are then
+            ``"tls"`` links, never plain TCP.
+        insecure: allow this rank's peer port on a non-loopback address with neither
+            a token nor TLS (else :class:`~netcoll.InsecureListenerError`).
     """
     _check_args(world_size, rank, group, timeout)
     links = LinkConfig.from_env(window=recv_window)  # a bad window or NETCOLL_TRANSPORT fails before any I/O
     if token is None:
         token = auth.token_from_env(auth.MEMBER_TOKEN_ENV)
+    secure = TlsConfig.from_env() if tls is None else coerce_tls(tls)
     async with contextlib.AsyncExitStack() as stack:
-        rdv = await RendezvousClient.connect(address, token=token, timeout=timeout, local_host=local_host)
+        rdv = await RendezvousClient.connect(address, token=token, timeout=timeout, local_host=local_host, tls=secure)
         stack.push_async_callback(rdv.close)
-        listener = Listener(token=token)
+        listener = Listener(token=token, tls=secure, insecure=insecure)
         await listener.start(listen_host or rdv.local_address[0], listen_port)
         stack.push_async_callback(listener.close)
         joined = await rdv.join(

@@ -231,6 +231,18 @@ class _Display:
             self.progress.on_event(ev)
 
 
+def _credentials(args: argparse.Namespace) -> dict[str, Any]:
+    """Token, client token and TLS for ``--coordinator``, as every client command
+    reads them: the flags ``netcoll bench`` adds (``--token-file``, ``--client-token``,
+    ``--client-token-file``, ``--tls-*``), else ``NETCOLL_TOKEN`` / ``NETCOLL_CLIENT_TOKEN``
+    (or their ``_FILE``) / ``NETCOLL_TLS_*`` (a ConfigError when unusable)."""
+    from ..config import ClientConfig
+
+    names = ("token_file", "client_token", "client_token_file", "tls_cert", "tls_key", "tls_ca")
+    cfg = ClientConfig.load({name: getattr(args, name, None) for name in names})
+    return {"token": cfg.token, "client_token": cfg.client_token, "tls": cfg.tls_config()}
+
+
 async def _execute(cfg: SweepConfig, args: argparse.Namespace, display: _Display) -> dict[str, Any]:
     """Run the sweep on a local cluster, or as jobs at ``--coordinator``; ``{"rows", "meta"}``."""
     from .local import run_local
@@ -238,9 +250,7 @@ async def _execute(cfg: SweepConfig, args: argparse.Namespace, display: _Display
 
     try:
         if args.coordinator:
-            return await run_remote(
-                cfg, args.coordinator, token=os.environ.get("NETCOLL_TOKEN") or None, on_event=display.on_event
-            )
+            return await run_remote(cfg, args.coordinator, **_credentials(args), on_event=display.on_event)
         return await run_local(cfg, args.ranks, on_event=display.on_event, loop=args.loop)
     finally:
         if display.progress is not None:

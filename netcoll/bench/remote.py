@@ -10,9 +10,12 @@ runner, so the numbers compare.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import Geometry, SweepConfig, geometry, make_row
+
+if TYPE_CHECKING:
+    from ..transport.tls import TlsConfig
 
 
 class RemoteBenchError(RuntimeError):
@@ -62,14 +65,17 @@ async def run_remote(
     address: str,
     *,
     token: str | None = None,
+    client_token: str | None = None,
+    tls: TlsConfig | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the sweep on the daemons at ``address``; return ``{"rows", "meta"}``."""
+    """Run the sweep on the daemons at ``address``; return ``{"rows", "meta"}``.
+    ``token`` / ``client_token`` / ``tls``: the credentials, as for :class:`~netcoll.Client`."""
     from ..service import Client, JobSpec
 
     emit = on_event or (lambda ev: None)
     rows: list[dict[str, Any]] = []
-    async with Client(address, token=token) as client:
+    async with Client(address, token=token, client_token=client_token, tls=tls) as client:
         members = [m for m in await client.members() if m["state"] != "draining"]
         if not members:
             raise RemoteBenchError(f"no rank daemons are registered at {address}")
@@ -92,5 +98,10 @@ async def run_remote(
             emit({"event": "row", "row": rows[-1]})
     return {
         "rows": rows,
-        "meta": {"config": cfg.to_json(), "world_size": n, "coordinator": address, "transport": "tcp, rank daemons"},
+        "meta": {
+            "config": cfg.to_json(),
+            "world_size": n,
+            "coordinator": address,
+            "transport": f"{'tls' if tls else 'tcp'}, rank daemons",
+        },
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .common import FORMATTER, PROG, CliError, Parser
+from .common import FORMATTER, PROG, CliError, Parser, add_tls_arguments, add_token_arguments
 from .errors import one_line
 
 if TYPE_CHECKING:
@@ -41,5 +41,9 @@ def run(argv: list[str]) -> int:
         prog=f"{PROG} bench", description=(bench.__doc__ or "").strip().split("\n\n")[0], formatter_class=FORMATTER
     )
     add_arguments(parser)
+    # --coordinator: the credential flags of the other client commands (env NETCOLL_TOKEN,
+    # NETCOLL_CLIENT_TOKEN, their _FILE variants and NETCOLL_TLS_* otherwise)
+    add_token_arguments(parser, client=True)
+    add_tls_arguments(parser)
     args = parser.parse_args(argv)
     return int(asyncio.run(run_bench(args)))

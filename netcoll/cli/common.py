@@ -48,6 +48,15 @@ def add_server_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--ready-file", metavar="PATH", help="once serving, write the bound addresses there as JSON (for supervisors)"
     )
+    add_tls_arguments(sp)
+
+
+def add_tls_arguments(sp: argparse.ArgumentParser) -> None:
+    """Mutual TLS: certificate, key and CA files (all three, or none)."""
+    g = sp.add_argument_group("mutual TLS (all three files, or none; docs/reliability.md)")
+    g.add_argument("--tls-cert", metavar="PEM", help="this process's certificate (env NETCOLL_TLS_CERT)")
+    g.add_argument("--tls-key", metavar="PEM", help="its private key, unencrypted (env NETCOLL_TLS_KEY)")
+    g.add_argument("--tls-ca", metavar="PEM", help="the CA every peer's certificate must chain to (env NETCOLL_TLS_CA)")
 
 
 def add_token_arguments(sp: argparse.ArgumentParser, *, client: bool, member_file: bool = True) -> None:
@@ -72,12 +81,12 @@ def add_token_arguments(sp: argparse.ArgumentParser, *, client: bool, member_fil
 
 
 def add_insecure_argument(sp: argparse.ArgumentParser) -> None:
-    """``--insecure``: listen off loopback without any token."""
+    """``--insecure``: listen off loopback without any token or TLS."""
     sp.add_argument(
         "--insecure",
         action="store_true",
         default=None,
-        help="allow listening on a non-loopback address without a token: anyone who can reach the "
+        help="allow listening on a non-loopback address without a token or TLS: anyone who can reach the "
         "port is trusted (env NETCOLL_INSECURE=1)",
     )
 
@@ -94,6 +103,7 @@ def add_client_arguments(sp: argparse.ArgumentParser) -> None:
     )
     sp.add_argument("--connect-timeout", type=float, metavar="SECONDS", help="default 10")
     add_token_arguments(sp, client=True)
+    add_tls_arguments(sp)
 
 
 def flags(ns: argparse.Namespace) -> dict[str, Any]:

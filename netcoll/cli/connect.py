@@ -38,14 +38,20 @@ async def _open(cfg: ClientConfig) -> Client:
     from ..errors import AuthenticationError, NetcollError
     from ..service.client import Client
 
-    client = Client(cfg.coordinator, token=cfg.token, client_token=cfg.client_token, timeout=cfg.connect_timeout)
+    client = Client(
+        cfg.coordinator,
+        token=cfg.token,
+        client_token=cfg.client_token,
+        timeout=cfg.connect_timeout,
+        tls=cfg.tls_config(),
+    )
     try:
         await client.__aenter__()
     except AuthenticationError as exc:
         text = one_line(exc)
         hint = (
             ""
-            if "NETCOLL_TOKEN" in text or "NETCOLL_CLIENT_TOKEN" in text
+            if "NETCOLL_TOKEN" in text or "NETCOLL_CLIENT_TOKEN" in text or "TLS" in text
             else " (set NETCOLL_CLIENT_TOKEN to the coordinator's client token, or NETCOLL_TOKEN to its member token)"
         )
         raise CliError(f"authentication with the coordinator at {cfg.coordinator} failed: {text}{hint}") from None

@@ -2,8 +2,10 @@
 announce in the peer handshake (``link`` in HELLO and WELCOME, see
 ``docs/protocol.md`` §5.2), and the settings every link gets.
 
-A capability is a bit: TCP always; TLS and SHM are reserved for the transports
-that will add them; MEMORY is the in-process test hub. Each side announces
+A capability is a bit: TCP (plain); TLS (the same framing over mutual TLS:
+offered instead of TCP, never besides it, when TLS is configured, so a rank
+with TLS never links in plain text); SHM is reserved for shared memory;
+MEMORY is the in-process test hub. Each side announces
 the kinds it can make (only the forced one when ``NETCOLL_TRANSPORT`` names
 one), so both compute the same choice: the first kind, in :data:`PREFERENCE`
 order, that both announce and this process has a maker for. A new link kind
@@ -36,7 +38,7 @@ DEFAULT_WINDOW: Final = 64 << 20
 MIN_WINDOW: Final = 1024
 
 TCP: Final = 1 << 0
-TLS: Final = 1 << 1  # reserved: TLS links
+TLS: Final = 1 << 1  # TLS links (links/tls.py)
 SHM: Final = 1 << 2  # reserved: shared-memory links between ranks on one host
 MEMORY: Final = 1 << 3  # in-process links of the test hub
 BITS: Final[dict[str, int]] = {"tcp": TCP, "tls": TLS, "shm": SHM, "memory": MEMORY}

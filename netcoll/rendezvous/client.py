@@ -60,6 +60,7 @@ import msgpack
 from ..errors import NetcollError, RendezvousError
 from ..escape import escape
 from ..rpc import RpcClient
+from ..transport.tls import TlsConfig
 from ..wire import Frame, Kind
 from .coordinator import LIVENESS_FACTOR
 from .groups import parse_join
@@ -140,8 +141,10 @@ class _Lease:
         local_host: str | None,
         timeout: float,
         main_loop: asyncio.AbstractEventLoop,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.address, self.lease_id = address, lease_id
+        self.tls = tls
         self.token, self.local_host, self.timeout = token, local_host, timeout
         self.main_loop = main_loop
         self.stop = threading.Event()
@@ -223,6 +226,7 @@ class _Lease:
                         role="rendezvous",
                         timeout=self.timeout,
                         local_host=self.local_host,
+                        tls=self.tls,
                     )
                 )
                 return rpc
@@ -316,8 +320,10 @@ class RendezvousClient:
         timeout: float = 10.0,
         local_host: str | None = None,
         heartbeat: float | None = DEFAULT_HEARTBEAT,
+        tls: TlsConfig | None = None,
     ) -> RendezvousClient:
-        """Connect and authenticate (``AuthenticationError`` on a token mismatch).
+        """Connect and authenticate (``AuthenticationError`` on a token mismatch;
+        with ``tls``, both connections run mutual TLS).
 
         ``heartbeat`` is how often the event loop PINGs; the heartbeat thread
         starts at once and beats at the interval the coordinator grants.
@@ -328,7 +334,7 @@ class RendezvousClient:
         lease_id = secrets.token_hex(16) if heartbeat else None
         hello = {"heartbeat": float(heartbeat), "lease": lease_id} if heartbeat else {}
         rpc = await RpcClient.connect(
-            address, token=token, role="rendezvous", hello=hello, timeout=timeout, local_host=local_host
+            address, token=token, role="rendezvous", hello=hello, timeout=timeout, local_host=local_host, tls=tls
         )
         lease = None
         if lease_id is not None:
@@ -339,6 +345,7 @@ class RendezvousClient:
                 local_host=local_host,
                 timeout=timeout,
                 main_loop=asyncio.get_running_loop(),
+                tls=tls,
             )
         return cls(rpc, address=address, heartbeat=heartbeat, lease=lease)
 

@@ -65,7 +65,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,8 @@ from ..escape import escape
 from ..limits import DEFAULT, Limits
 from ..rpc import Handler, Reply, RpcServer, Session
 from ..transport import auth
+from ..transport.tls import TlsConfig
+from ..transport.tls import coerce as coerce_tls
 from ..wire import Kind
 from .groups import (
     INT64_MAX,
@@ -154,6 +156,11 @@ class Coordinator:
     call only the methods registered with ``clients=True`` (``status`` here; the
     job service's submit/watch/get/cancel) -- anything else is refused with
     ``AuthenticationError``. Without tokens every session is a member.
+
+    ``tls`` (a :class:`~netcoll.TlsConfig`, or a mapping of ``cert``/``key``/``ca``
+    paths): mutual TLS on every connection. Secure by default: :meth:`start`
+    raises :class:`~netcoll.InsecureListenerError` for a non-loopback ``host``
+    with neither a token nor TLS, unless ``insecure=True``.
     """
 
     def __init__(
@@ -164,11 +171,15 @@ class Coordinator:
         *,
         client_token: str | None = None,
         limits: Limits | None = None,
+        tls: TlsConfig | Mapping[str, Any] | None = None,
+        insecure: bool = False,
     ) -> None:
         self.host = host
         self.port = port
         self.token = token
         self.client_token = client_token
+        self.tls = coerce_tls(tls)
+        self.insecure = insecure
         self.limits = DEFAULT if limits is None else limits
         own: dict[str, Handler] = {
             "join": self._join,
@@ -215,6 +226,7 @@ class Coordinator:
     async def start(self) -> Coordinator:
         if self._rpc is not None:
             return self
+        auth.require_credentials("the coordinator", self.host, token=self.token, tls=self.tls, insecure=self.insecure)
         self._stopped = asyncio.Event()
         self._wake_reaper = asyncio.Event()
         self._rpc = RpcServer(
@@ -224,11 +236,15 @@ class Coordinator:
             role="coordinator",
             on_open=self._on_open,
             on_close=self._on_close,
+            tls=self.tls,
         )
         await self._rpc.start(self.host, self.port)
         self._reaper = asyncio.create_task(self._reap(), name="netcoll-rendezvous-liveness")
         log.info(
-            "rendezvous coordinator listening on %s%s", self.address, " (token auth)" if self.token is not None else ""
+            "rendezvous coordinator listening on %s%s%s",
+            self.address,
+            " (token auth)" if self.token is not None else "",
+            " (mutual TLS)" if self.tls is not None else "",
         )
         return self
 

@@ -10,7 +10,7 @@ async with netcoll.Client("coord:29400") as client:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,8 @@ import numpy as np
 from ..arrays import array_from_meta, as_array, meta_of
 from ..rpc import RpcClient
 from ..transport import auth
+from ..transport.tls import TlsConfig
+from ..transport.tls import coerce as coerce_tls
 from .jobs import JobSpec
 
 #: collectives whose result is the same on every rank (rank 0's copy is returned)
@@ -42,12 +44,21 @@ class Client:
             enough to submit, watch, get and cancel jobs and read status. When given it
             is used rather than ``token`` (the least trust that does the job).
         timeout: seconds to connect.
+        tls: mutual TLS (a :class:`~netcoll.TlsConfig` or a mapping of ``cert``/``key``/``ca``
+            paths; default: none) -- needed when the coordinator runs with TLS.
     """
 
     def __init__(
-        self, address: str, *, token: str | None = None, client_token: str | None = None, timeout: float = 10.0
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        client_token: str | None = None,
+        timeout: float = 10.0,
+        tls: TlsConfig | Mapping[str, Any] | None = None,
     ) -> None:
         self.address, self.token, self.client_token, self.timeout = address, token, client_token, timeout
+        self.tls = coerce_tls(tls)
         self.rpc: RpcClient | None = None
 
     async def __aenter__(self) -> Client:
@@ -56,7 +67,7 @@ class Client:
         if self.client_token is not None:
             token, credential = self.client_token, auth.CLIENT
         self.rpc = await RpcClient.connect(
-            self.address, token=token, timeout=self.timeout, role="client", credential=credential
+            self.address, token=token, timeout=self.timeout, role="client", credential=credential, tls=self.tls
         )
         return self
 

@@ -24,6 +24,7 @@ from ..errors import CollectiveError, NetcollError, PeerLost
 from ..escape import escape
 from ..rendezvous.client import RendezvousClient, new_member_id
 from ..transport.tcp import Listener, TcpTransport
+from ..transport.tls import TlsConfig
 from .jobs import JobSpec, generate_input, verify
 from .runner import Progress, run_collective
 
@@ -45,6 +46,9 @@ class RankDaemon:
     host, port: where to listen for peers (one port for everything).
     rank_hint: preferred rank (a pod index), honoured when free.
     advertise_host: what peers should dial (default: as the coordinator sees us).
+    tls: mutual TLS for the coordinator connections and every peer link.
+    insecure: allow a non-loopback ``host`` with neither token nor TLS (else
+        :meth:`run` raises :class:`~netcoll.InsecureListenerError`).
     """
 
     def __init__(
@@ -59,8 +63,11 @@ class RankDaemon:
         member_id: str | None = None,
         local_host: str | None = None,
         heartbeat: float = 2.0,
+        tls: TlsConfig | None = None,
+        insecure: bool = False,
     ) -> None:
         self.coordinator = coordinator
+        self.tls = tls
         self.host, self.port = host, port
         self.token = token
         self.rank_hint = rank_hint
@@ -68,7 +75,7 @@ class RankDaemon:
         self.local_host = local_host
         self.heartbeat = heartbeat
         self.member_id = member_id or new_member_id()
-        self.listener = Listener(token=token)
+        self.listener = Listener(token=token, tls=tls, insecure=insecure)
         self.rdv: RendezvousClient | None = None
         self.registered = False
         self.epoch: int | None = None
@@ -140,7 +147,12 @@ class RankDaemon:
     async def _session(self) -> None:
         """One connection to the coordinator: register, then serve until it drops or we stop."""
         rdv = await RendezvousClient.connect(
-            self.coordinator, token=self.token, timeout=10.0, local_host=self.local_host, heartbeat=self.heartbeat
+            self.coordinator,
+            token=self.token,
+            timeout=10.0,
+            local_host=self.local_host,
+            heartbeat=self.heartbeat,
+            tls=self.tls,
         )
         self.rdv = rdv
         lost = asyncio.Event()

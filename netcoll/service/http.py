@@ -23,6 +23,11 @@ connection closes the oldest one that is only lingering after its answer or
 still waiting for its request (as nginx reuses idle keep-alive connections
 when it runs out), so a fresh ``GET /livez`` is always served; only when
 every connection is busy answering is the new one told ``503``.
+
+With TLS (``tls=``, the process's ``--tls-*`` files) the port speaks HTTPS
+and requires a client certificate of the CA, as every netcoll listener does:
+probe it with ``netcoll health`` given the same TLS files (not a plain
+``httpGet`` probe).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from ..limits import Limits
 
 if TYPE_CHECKING:
     from ..rendezvous.coordinator import Coordinator
+    from ..transport.tls import TlsConfig
     from .daemon import RankDaemon
     from .scheduler import JobService
 
@@ -75,8 +81,15 @@ class HttpServer:
     ``/metrics`` (``metrics()`` -> exposition text)."""
 
     def __init__(
-        self, *, ready: Ready, metrics: Callable[[], str], name: str = "netcoll", limits: Limits | None = None
+        self,
+        *,
+        ready: Ready,
+        metrics: Callable[[], str],
+        name: str = "netcoll",
+        limits: Limits | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
+        self.tls = tls
         self.ready = ready
         self.metrics = metrics
         self.name = name
@@ -94,10 +107,14 @@ class HttpServer:
     def url(self) -> str:
         host, port = self.address[:2]
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST)
+        secure: dict[str, Any] = {}
+        if self.tls is not None:  # mutual TLS (asyncio's), the handshake within the request timeout
+            secure = {"ssl": self.tls.server_context(), "ssl_handshake_timeout": self.limits.http_timeout_s}
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST, **secure)
         sock = self._server.sockets[0].getsockname()
         self.address = (str(sock[0]), int(sock[1]))
         return self.address

@@ -155,13 +155,17 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     cfg.require_credentials("coordinator")  # secure by default (a ConfigError: exit 2)
     started = time.time()
     state = {"stopping": False, "signals": 0}
-    coord = Coordinator(cfg.host, cfg.port, token=cfg.token, client_token=cfg.client_token)
+    tls = cfg.tls_config()
+    coord = Coordinator(
+        cfg.host, cfg.port, token=cfg.token, client_token=cfg.client_token, tls=tls, insecure=cfg.insecure
+    )
     svc = _job_service(cfg, coord)
     journal = svc.journal
     http = HttpServer(
         ready=coordinator_ready(coord, lambda: bool(state["stopping"])),
         metrics=lambda: coordinator_metrics(coord, svc, started),
         name="netcoll coordinator",
+        tls=tls,
     )
     stop = asyncio.Event()
 
@@ -188,7 +192,7 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
             coord.address,
             (" (member + client tokens)" if cfg.client_token else " (member token only)")
             if cfg.token
-            else " (NO token: anyone who can reach this port can run jobs)",
+            else (" (mutual TLS, no token)" if tls else " (NO token: anyone who can reach this port can run jobs)"),
             f"{url}/metrics" if url else "off",
             f"journaled in {journal.directory}" if journal else "in memory only (no --state-dir)",
         )
@@ -224,6 +228,7 @@ class _RankServer:
             ready=rank_ready(daemon, lambda: self.stopping),
             metrics=lambda: rank_metrics(daemon, started),
             name=f"netcoll rank {daemon.member_id}",
+            tls=daemon.tls,
         )
         self.run_task: asyncio.Task[None] = asyncio.create_task(daemon.run(), name="netcoll-rank-daemon")
         self.stopper: asyncio.Task[None] | None = None
@@ -318,6 +323,8 @@ async def serve_rank(cfg: RankConfig, tag: _Who | None = None) -> int:
         member_id=cfg.member_id,
         local_host=cfg.local_host,
         heartbeat=cfg.heartbeat,
+        tls=cfg.tls_config(),
+        insecure=cfg.insecure,
     )
     if tag is not None:
         tag.who = f"rank {daemon.member_id}"

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 from collections.abc import Mapping
 from typing import Final
 
-from ..errors import AuthenticationError
+from ..errors import AuthenticationError, InsecureListenerError
 
 NONCE_BYTES: Final = 16
 _CONTEXT: Final = b"netcoll-v1"
@@ -158,3 +159,29 @@ def token_from_env(name: str, environ: Mapping[str, str] | None = None) -> str |
     """``$name``, else the contents of the file ``$name_FILE``, else None."""
     env = os.environ if environ is None else environ
     return read_token(env.get(name), env.get(name + FILE_SUFFIX), name)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (``127.0.0.0/8``, ``::1``).
+    Names are not resolved: any other name counts as reachable from outside."""
+    text = host.strip().strip("[]").lower()
+    if text == "localhost" or text.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def require_credentials(what: str, host: str, *, token: str | None, tls: object, insecure: bool) -> None:
+    """Secure by default: refuse (:class:`InsecureListenerError`) to listen on a
+    non-loopback ``host`` with neither a token nor TLS, unless ``insecure``.
+    Mutual TLS counts as credentials (only holders of a certificate of the CA
+    get in); roles (member / client) still need tokens."""
+    if token or tls is not None or insecure or is_loopback(host):
+        return
+    raise InsecureListenerError(
+        f"refusing to listen for {what} on {host} without credentials: pass token= (NETCOLL_TOKEN) or "
+        "tls= (NETCOLL_TLS_CERT/KEY/CA), listen on 127.0.0.1, or pass insecure=True to let anyone "
+        "who can reach the port in"
+    )

@@ -24,6 +24,7 @@ import collections
 import inspect
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -35,6 +36,8 @@ from ..limits import DEFAULT as DEFAULT_SETTINGS
 from ..limits import Limits
 from ..wire import Frame, Kind
 from . import auth, socketlink
+from .tls import SHUTDOWN_TIMEOUT as TLS_SHUTDOWN_TIMEOUT
+from .tls import TlsConfig, describe_failure
 
 log = logging.getLogger("netcoll.transport")
 
@@ -71,10 +74,14 @@ class FramedProtocol(asyncio.BufferedProtocol):
         #: the role the peer proved in the handshake (``auth.MEMBER`` / ``auth.CLIENT``);
         #: None until :func:`server_handshake` has checked its HELLO
         self.credential: str | None = None
+        self._names = [("?", 0), ("?", 0)]  # peername, sockname
 
     # -- asyncio callbacks ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # kept: a TLS transport forgets them once the connection is lost
+        names = [transport.get_extra_info(key) for key in ("peername", "sockname")]
+        self._names = [(info[0], info[1]) if info else ("?", 0) for info in names]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -102,6 +109,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed.done():  # already told (a failed TLS upgrade reports it itself)
+            return
         if self.lost is None:
             self.lost = exc or ConnectionResetError("connection closed by peer")
         self._can_write.set()
@@ -207,13 +216,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     @property
     def peername(self) -> tuple[str, int]:
-        info = self.transport.get_extra_info("peername") if self.transport else None
-        return (info[0], info[1]) if info else ("?", 0)
+        return self._names[0]
 
     @property
     def sockname(self) -> tuple[str, int]:
-        info = self.transport.get_extra_info("sockname") if self.transport else None
-        return (info[0], info[1]) if info else ("?", 0)
+        return self._names[1]
 
 
 def remote_error(header: dict[str, Any]) -> BaseException:
@@ -232,10 +239,61 @@ def _as_connection_error(exc: BaseException | None) -> BaseException:
 
 
 async def open_connection(
-    host: str, port: int, *, local_host: str | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS
+    host: str,
+    port: int,
+    *,
+    local_host: str | None = None,
+    limits: wire.Limits = wire.DEFAULT_LIMITS,
+    tls: TlsConfig | None = None,
+    timeout: float = HANDSHAKE_TIMEOUT,
 ) -> FramedProtocol:
+    """Connect to ``host:port``; with ``tls``, run the TLS handshake (within
+    ``timeout``) before returning: ``AuthenticationError`` when it fails."""
     _, proto = await socketlink.connect(host, port, lambda: FramedProtocol(limits), local_host=local_host)
-    return proto  # type: ignore[return-value]
+    assert isinstance(proto, FramedProtocol)
+    if tls is not None:
+        try:
+            await start_tls(proto, tls.client_context(), server_hostname=tls.server_hostname(host), timeout=timeout)
+        except (OSError, TimeoutError) as exc:
+            raise AuthenticationError(
+                f"TLS handshake with {host}:{port} failed: {describe_failure(exc)} "
+                "(does the server use TLS with a certificate of this CA?)"
+            ) from None
+    return proto
+
+
+async def start_tls(
+    proto: FramedProtocol,
+    context: ssl.SSLContext,
+    *,
+    server_side: bool = False,
+    server_hostname: str | None = None,
+    timeout: float = HANDSHAKE_TIMEOUT,
+) -> None:
+    """Run TLS (asyncio's TLS layer) under ``proto``'s connection; raises the
+    handshake's error (an ``OSError``: ``ssl.SSLError``, a reset...), after which
+    the connection is closed and ``proto`` knows it is lost."""
+    raw = proto.transport
+    if raw is None or proto.lost is not None:
+        raise _as_connection_error(proto.lost)
+    try:
+        secure = await asyncio.get_running_loop().start_tls(
+            raw,
+            proto,
+            context,
+            server_side=server_side,
+            server_hostname=server_hostname,
+            ssl_handshake_timeout=max(0.1, timeout),
+            ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT,
+        )
+        if secure is None:  # closed during the handshake
+            raise ConnectionResetError("connection closed during the TLS handshake")
+    except BaseException as exc:
+        raw.abort()
+        proto.connection_lost(exc if isinstance(exc, Exception) else None)
+        raise
+    proto.transport = secure
+    secure.set_write_buffer_limits(high=HIGH_WATER)
 
 
 async def client_handshake(
@@ -250,7 +308,19 @@ async def client_handshake(
     """Answer the server's CHALLENGE; return the WELCOME header (raises on refusal).
     ``credential`` is the role ``token`` stands for (a client token: ``auth.CLIENT``)."""
     async with asyncio.timeout(timeout):
-        challenge = await proto.next_frame()
+        try:
+            challenge = await proto.next_frame()
+        except ConnectionResetError as exc:
+            secure = proto.transport is not None and proto.transport.get_extra_info("ssl_object") is not None
+            hint = (
+                "it refused the TLS session: is this process's certificate signed by the CA the server trusts? "
+                if secure
+                else "does it require TLS (NETCOLL_TLS_CERT/KEY/CA)? "
+            )
+            raise ConnectionResetError(
+                f"server {proto.peername[0]}:{proto.peername[1]} closed the connection before the handshake "
+                f"({hint}see its log)"
+            ) from exc
         if challenge.kind != Kind.CHALLENGE:
             raise ProtocolError(f"expected CHALLENGE from the server, got {challenge.kind.name}")
         mine = auth.new_nonce()
@@ -396,9 +466,12 @@ class Server:
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         *,
         settings: Limits | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.handler = handler
         self.limits = limits
+        #: with TLS, every accepted connection runs the TLS handshake before ``handler``
+        self.tls = tls
         self.settings = DEFAULT_SETTINGS if settings is None else settings
         self.server: socketlink.Listener | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -413,7 +486,7 @@ class Server:
         return proto
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self.server = socketlink.Listener(self._factory)
+        self.server = socketlink.Listener(self._factory, paused=self.tls is not None)
         return self.server.start(host, port)
 
     def _spawn(self, proto: _AcceptedProtocol) -> None:
@@ -492,16 +565,21 @@ class Server:
             if source is not None:
                 source.unauth -= 1
                 self._wake(source)
+                self._forget(proto.peername[0], source)
 
     def _release(self, proto: _AcceptedProtocol) -> None:
-        self.authenticated(proto)
+        if not proto.holding:
+            self.authenticated(proto)
         if proto.counted:
             proto.counted = False
             source = self.sources.get(proto.peername[0])
             if source is not None:
                 source.total -= 1
-                if source.total <= 0 and not source.waiters:
-                    del self.sources[proto.peername[0]]
+                self._forget(proto.peername[0], source)
+
+    def _forget(self, host: str, source: _Source) -> None:
+        if source.total <= 0 and not source.waiters and source.unauth <= 0:
+            self.sources.pop(host, None)
 
     def time_left(self, proto: FramedProtocol) -> float:
         """Seconds until ``proto``'s handshake deadline."""
@@ -539,6 +617,8 @@ class Server:
         try:
             if not await self._admit(proto):
                 return
+            if self.tls is not None and not await self._start_tls(proto, self.tls):
+                return
             await self.handler(proto)
         except (ConnectionError, NetcollError, TimeoutError):
             proto.close()
@@ -550,6 +630,25 @@ class Server:
         finally:
             self.authenticated(proto)  # the handler is done with the handshake either way
             self.protos.discard(proto)
+
+    async def _start_tls(self, proto: _AcceptedProtocol, config: TlsConfig) -> bool:
+        """The TLS handshake (within the connection's handshake deadline). A failure
+        is logged like a failed authentication, and the source's handshake slot
+        stays taken for ``auth_fail_delay_s`` after the connection is closed."""
+        proto.holding = True
+        try:
+            await start_tls(proto, config.server_context(), server_side=True, timeout=self.time_left(proto))
+        except (OSError, TimeoutError) as exc:
+            why = describe_failure(exc)
+            if isinstance(exc, ConnectionAbortedError) or "taking longer" in why:
+                why = "no TLS handshake in time (a client without TLS?)"
+            self.failed(proto, f"TLS handshake failed: {why}", None)
+            if self.settings.auth_fail_delay_s > 0:
+                await asyncio.sleep(self.settings.auth_fail_delay_s)
+            return False
+        finally:
+            proto.holding = False
+        return True
 
     async def close(self) -> None:
         if self.server is not None:
@@ -570,6 +669,7 @@ class _AcceptedProtocol(FramedProtocol):
         self.counted = False  # counted in its source's connections
         self.unauth = False  # holds one of its source's handshake slots
         self.deadline: float | None = None  # loop time by which the handshake must be done
+        self.holding = False  # in the TLS handshake: the handshake slot is given back by its task only
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)

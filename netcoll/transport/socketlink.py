@@ -56,7 +56,12 @@ _GONE: Final = asyncio.BufferedProtocol()  # the protocol of a finished transpor
 
 class SocketTransport(asyncio.Transport):
     """An ``asyncio.Transport`` for a connected non-blocking socket and a
-    ``BufferedProtocol`` (``get_buffer``/``buffer_updated``)."""
+    ``BufferedProtocol`` (``get_buffer``/``buffer_updated``).
+
+    ``loop.start_tls`` can run TLS over it (asyncio's own TLS layer, which
+    copies and encrypts: :meth:`writev` is then not used)."""
+
+    _start_tls_compatible = True  # asyncio.loop.start_tls() accepts this transport
 
     def __init__(
         self,
@@ -64,6 +69,8 @@ class SocketTransport(asyncio.Transport):
         sock: socket.socket,
         protocol: asyncio.BufferedProtocol,
         extra: dict[str, Any] | None = None,
+        *,
+        reading: bool = True,
     ) -> None:
         super().__init__(extra)
         sock.setblocking(False)
@@ -88,7 +95,7 @@ class SocketTransport(asyncio.Transport):
             except OSError:
                 info.setdefault(key, None)
         protocol.connection_made(self)
-        if not self._closing:
+        if not self._closing and reading:  # not reading: until the caller resumes it (start_tls does)
             self.resume_reading()
 
     # -- reading ------------------------------------------------------------------
@@ -299,6 +306,13 @@ class SocketTransport(asyncio.Transport):
         self._loop.call_soon(self._finish, None)
         self._drop()
 
+    def _force_close(self, exc: BaseException | None) -> None:
+        """asyncio's TLS layer closes a broken connection with this."""
+        if exc is None:
+            self.abort()
+        else:
+            self._fatal(exc)
+
     def _fatal(self, exc: BaseException) -> None:
         self._closing = True
         self._loop.call_soon(self._finish, exc)
@@ -395,8 +409,10 @@ class Listener:
     spinning on the still-pending connection, and logs one warning per episode.
     """
 
-    def __init__(self, protocol_factory: Callable[[], asyncio.BufferedProtocol]) -> None:
+    def __init__(self, protocol_factory: Callable[[], asyncio.BufferedProtocol], *, paused: bool = False) -> None:
         self.protocol_factory = protocol_factory
+        #: accepted transports start not reading (TLS: nothing is read before start_tls)
+        self.paused = paused
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._backoff = 0.0  # seconds of the current pause; 0 when accepting normally
@@ -427,7 +443,7 @@ class Listener:
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
-            SocketTransport(self._loop, conn, self.protocol_factory())
+            SocketTransport(self._loop, conn, self.protocol_factory(), reading=not self.paused)
         if self._backoff:
             _log.info("listener %s accepts connections again", self._name())
             self._backoff = 0.0

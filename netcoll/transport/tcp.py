@@ -12,9 +12,11 @@ any rank that should have waited to be dialed.
 Each side announces its link capabilities (``link``: version, kinds, receive
 window) in the HELLO / WELCOME of the peer handshake; the
 :class:`~netcoll.links.factory.LinkFactory` picks the link kind for the pair
-from both (TCP today; ``NETCOLL_TRANSPORT=tcp`` forces it) and makes the
-:class:`~netcoll.links.tcp.TcpLink` that carries the pair's frames with flow
-control. A broken link fails the operations that involve the lost peer (see
+from both and makes the link that carries the pair's frames with flow
+control: a :class:`~netcoll.links.tcp.TcpLink`, or, with TLS configured on the
+listener, a :class:`~netcoll.links.tls.TlsLink` (TLS is then the only kind
+offered: never a fallback to plain TCP; ``NETCOLL_TRANSPORT=tcp`` is refused).
+A broken link fails the operations that involve the lost peer (see
 :meth:`Mailbox.peer_lost`); an orderly close announces itself with BYE first.
 """
 
@@ -28,8 +30,11 @@ from ..errors import CommunicatorClosed, ProtocolError, RendezvousError
 from ..links.base import Link
 from ..links.factory import Capabilities, LinkConfig, LinkFactory
 from ..links.tcp import TcpLink
+from ..links.tls import TlsLink
+from . import auth
 from .base import Transport
 from .connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
+from .tls import TlsConfig
 
 CONNECT_RETRY = 0.05
 #: how long an incoming peer link waits for its session to be set up here
@@ -40,15 +45,28 @@ SESSION_WAIT = 10.0
 class Listener:
     """The process's single peer port."""
 
-    def __init__(self, *, token: str | None = None, limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        limits: wire.Limits = wire.DEFAULT_LIMITS,
+        tls: TlsConfig | None = None,
+        insecure: bool = False,
+    ) -> None:
         self.token = token
         self.limits = limits
-        self._server = Server(self._on_accept, limits)
+        #: with TLS every peer link is a TLS link (peers must use TLS too; no plain TCP fallback)
+        self.tls = tls
+        self.insecure = insecure
+        self._server = Server(self._on_accept, limits, tls=tls)
         self._meshes: dict[str, TcpTransport] = {}
         self._registered: dict[str, asyncio.Event] = {}
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str = "0.0.0.0", port: int = 0) -> tuple[str, int]:
+        """Listen; :class:`~netcoll.InsecureListenerError` for a non-loopback ``host``
+        with neither a token nor TLS unless ``insecure`` (secure by default)."""
+        auth.require_credentials("peer links", host, token=self.token, tls=self.tls, insecure=self.insecure)
         self.address = await self._server.start(host, port)
         return self.address
 
@@ -118,8 +136,11 @@ class TcpTransport(Transport):
         self.peers = peers
         self.token = token
         self.config = links if links is not None else LinkConfig.from_env()
-        self.factory = LinkFactory(self.config, offers=("tcp",))
-        self.factory.register("tcp", TcpLink)
+        #: TLS is the listener's: with it, links are TLS links, never plain TCP
+        self.tls = listener.tls
+        kind = "tcp" if self.tls is None else "tls"
+        self.factory = LinkFactory(self.config, offers=(kind,))
+        self.factory.register(kind, TcpLink if self.tls is None else TlsLink)
         #: the ``link`` map this rank announces in its HELLO / WELCOME
         self.capabilities = self.factory.capabilities().to_wire()
         self._all_linked = asyncio.Event()
@@ -152,7 +173,7 @@ class TcpTransport(Transport):
         deadline = loop.time() + timeout
         while True:
             try:
-                proto = await open_connection(host, port, limits=self.listener.limits)
+                proto = await open_connection(host, port, limits=self.listener.limits, tls=self.tls, timeout=timeout)
                 break
             except OSError:
                 if loop.time() > deadline:

@@ -1,0 +1,24 @@
+"""A link over one mutually authenticated TLS connection.
+
+The connection is made like a TCP link's (:mod:`netcoll.transport.tcp`), then
+runs TLS (asyncio's TLS layer on :class:`~netcoll.transport.socketlink.SocketTransport`,
+see :func:`netcoll.transport.connection.start_tls`) before the peer handshake.
+Framing, flow control (credits, RTS/CTS) and closing are the TCP link's; what
+differs is below the framing: every byte is encrypted, so a large payload is
+copied once into TLS records instead of going to the kernel with ``sendmsg``
+(the zero-copy fast path of plain TCP is not used), and an orderly close sends
+TLS ``close_notify`` after BYE (TLS has no half-close).
+"""
+
+from __future__ import annotations
+
+from .tcp import TcpLink
+
+
+class TlsLink(TcpLink):
+    """One peer over TLS (``kind == "tls"`` in ``link_stats()`` and job records)."""
+
+    kind = "tls"
+
+
+__all__ = ["TlsLink"]
