@@ -35,6 +35,8 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the compose 
 
 ROOT = REPO
 COMPOSE = ROOT / "docker-compose.yml"
+COMPOSE_TLS = ROOT / "docker-compose.tls.yml"
+K8S_TLS = ROOT / "deploy" / "k8s-tls"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 K8S = ROOT / "deploy" / "k8s"
 E2E = ROOT / "deploy" / "e2e.sh"
@@ -63,6 +65,23 @@ def with_token_files(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+_TLS_FILES: dict[str, str] = {}
+
+
+def with_tls_files(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``NETCOLL_TLS_CERT`` / ``_KEY`` / ``_CA`` pointing at local files of a
+    throwaway CA (the real ones exist only in the containers / the Secret)."""
+    if not any(var.startswith("NETCOLL_TLS_") for var in env):
+        return env
+    if not _TLS_FILES:
+        from tests.support.tlsca import issue, make_ca
+
+        d = Path(_TOKEN_DIR)
+        files = issue(make_ca(d, "ca"), d, "node")
+        _TLS_FILES.update(NETCOLL_TLS_CERT=files["cert"], NETCOLL_TLS_KEY=files["key"], NETCOLL_TLS_CA=files["ca"])
+    return {k: _TLS_FILES.get(k, v) for k, v in env.items()}
+
+
 def check_command(
     argv: list[str], env: dict[str, str] | None = None, where: str = "", *, secure: bool = True
 ) -> argparse.Namespace:
@@ -77,7 +96,7 @@ def check_command(
     model = MODELS.get(ns.command)
     if model is not None:
         try:
-            cfg = model.load(cli._flags(ns), with_token_files(env or {}))
+            cfg = model.load(cli._flags(ns), with_tls_files(with_token_files(env or {})))
             if secure and ns.command in ("coordinator", "rank"):
                 cfg.require_credentials(ns.command)
         except config.ConfigError as exc:
@@ -458,3 +477,118 @@ def test_submit_choices_match_the_job_model() -> None:
     from netcoll.service.jobs import COLLECTIVES
 
     assert set(cli.COLLECTIVES) == set(COLLECTIVES)
+
+
+# -- TLS: docker-compose.tls.yml and deploy/k8s-tls -------------------------------------------------
+TLS_VARS = ("NETCOLL_TLS_CERT", "NETCOLL_TLS_KEY", "NETCOLL_TLS_CA")
+
+
+def test_compose_tls_override(compose: dict[str, Any], tmp_path: Path) -> None:
+    override = yaml.safe_load(COMPOSE_TLS.read_text())
+    assert "BEGIN" not in COMPOSE_TLS.read_text(), "no key or certificate in the compose file"
+    base, extra = compose["services"], override["services"]
+    init = extra["tls-credentials"]
+    assert init["image"] == base["coordinator"]["image"] and init.get("restart") == "no"
+    assert init["depends_on"]["credentials"]["condition"] == "service_completed_successfully"
+    assert extra["coordinator"]["depends_on"]["tls-credentials"]["condition"] == "service_completed_successfully"
+    (mount,) = [str(v).split(":") for v in init["volumes"]]
+    assert mount[0] in set(override.get("volumes") or {}) and len(mount) == 2, "the init service writes the volume"
+    target = mount[1]
+    for name in ("coordinator", "rank", "bench"):
+        svc = base[name]
+        env = {**compose_env(svc), **compose_env(extra[name])}  # compose merges the override's environment
+        assert all(env.get(var, "").startswith(target + "/tls/") for var in TLS_VARS), (name, env)
+        assert f"{mount[0]}:{target}:ro" in [str(v) for v in svc.get("volumes") or []], name
+        check_command([str(c) for c in svc["command"]], env, f"compose+tls service {name}")
+        if "healthcheck" in svc:  # `netcoll health` speaks TLS from the same variables
+            check_command([str(t) for t in svc["healthcheck"]["test"][2:]], env, f"compose+tls {name} healthcheck")
+    if os.geteuid() != 0 or not any(os.access(os.path.join(p, "openssl"), os.X_OK) for p in os.get_exec_path()):
+        pytest.skip("running the init script needs root (it hands the files to uid 10001) and openssl")
+    script = init["command"][0].replace("$$", "$").replace(f"dir={target}/tls", f"dir={tmp_path}/tls")
+    for _ in range(2):  # the second run keeps the files
+        subprocess.run(["sh", "-c", script], check=True, capture_output=True, timeout=60)
+    made = {p.name: p for p in (tmp_path / "tls").iterdir()}
+    assert set(made) == {"ca.pem", "node.pem", "node.key", "client.pem", "client.key"}, "the CA key is deleted"
+    assert all(
+        stat.S_IMODE(made[k].stat().st_mode) == 0o400 and made[k].stat().st_uid == 10001
+        for k in made
+        if k.endswith(".key")
+    )
+    _tls_round_trip({k: str(v) for k, v in made.items()})
+
+
+def _tls_round_trip(files: dict[str, str]) -> None:
+    """The made node and client certificates authenticate each other through netcoll's TLS."""
+    import asyncio
+
+    from netcoll.rpc import RpcClient, RpcServer
+    from netcoll.transport.tls import TlsConfig
+
+    node = TlsConfig(cert=files["node.pem"], key=files["node.key"], ca=files["ca.pem"])
+    client = TlsConfig(cert=files["client.pem"], key=files["client.key"], ca=files["ca.pem"])
+
+    async def echo(session: object, params: dict[str, Any], payload: memoryview) -> Any:
+        return params
+
+    async def main() -> Any:
+        server = RpcServer({"echo": echo}, tls=node)
+        await server.start("127.0.0.1", 0)
+        try:
+            rpc = await RpcClient.connect(f"127.0.0.1:{server.address[1]}", tls=client, timeout=10)
+            try:
+                return await rpc.call("echo", {"ok": 1})
+            finally:
+                await rpc.close()
+        finally:
+            await server.close()
+
+    assert asyncio.run(main()) == {"ok": 1}
+
+
+def _tls_mounts(name: str, spec: dict[str, Any], container: dict[str, Any]) -> None:
+    env = container_env(container)
+    mounts = {m["name"]: m for m in container.get("volumeMounts") or []}
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    secret = [n for n, v in volumes.items() if (v.get("secret") or {}).get("secretName") == "netcoll-tls"]
+    assert len(secret) == 1 and mounts[secret[0]].get("readOnly") is True, f"{name}: mount the Secret netcoll-tls"
+    where = mounts[secret[0]]["mountPath"]
+    assert [env.get(var) for var in TLS_VARS] == [f"{where}/tls.crt", f"{where}/tls.key", f"{where}/ca.crt"], name
+    assert (spec.get("securityContext") or {}).get("fsGroup") == 10001, f"{name}: fsGroup reads the Secret's files"
+    assert volumes[secret[0]]["secret"].get("defaultMode") == 0o440
+
+
+def test_k8s_tls_overlay() -> None:
+    kustomization = yaml.safe_load((K8S_TLS / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../k8s"]
+    for patch in kustomization["patches"]:
+        if "path" in patch:
+            assert (K8S_TLS / patch["path"]).is_file(), patch
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    assert "deploy/k8s-tls" in readme and "netcoll-tls" in readme and "docker-compose.tls.yml" in readme
+    # the bench Job for a TLS group
+    (job,) = [d for d in yaml.safe_load_all((K8S_TLS / "bench-job.yaml").read_text()) if d]
+    spec = pod_spec(job)
+    assert spec is not None
+    (c,) = spec["containers"]
+    check_command([str(a) for a in c["args"]], container_env(c), "k8s-tls bench-job")
+    _tls_mounts("bench-job", spec, c)
+    kubectl = next(
+        (os.path.join(p, "kubectl") for p in os.get_exec_path() if os.access(os.path.join(p, "kubectl"), os.X_OK)), None
+    )
+    if kubectl is None:
+        pytest.skip("kubectl is needed to render the overlay (kubectl kustomize, no cluster)")
+    out = subprocess.run([kubectl, "kustomize", str(K8S_TLS)], capture_output=True, text=True, timeout=60, check=True)
+    workloads = [d for d in yaml.safe_load_all(out.stdout) if d and pod_spec(d) is not None]
+    assert {d["kind"] for d in workloads} == {"Deployment", "StatefulSet"}
+    for doc in workloads:
+        spec = pod_spec(doc)
+        assert spec is not None
+        name = doc["metadata"]["name"]
+        for c in spec["containers"]:
+            _tls_mounts(name, spec, c)
+            env = container_env(c)
+            check_command(expand([str(a) for a in c["args"]], env), env, f"k8s-tls {name}")
+            for probe_name in ("readinessProbe", "livenessProbe"):
+                probe = c[probe_name]
+                assert "httpGet" not in probe, f"{name}: {probe_name}: the HTTPS port needs a client certificate"
+                check_command([str(x) for x in probe["exec"]["command"][1:]], env, f"k8s-tls {name} {probe_name}")
