@@ -220,7 +220,9 @@ class _Display:
                     "config": self.cfg.to_json(),
                     "netcoll": netcoll.__version__,
                     "world_size": len(ev["ranks"]),
-                    "transport": f"tcp, rank daemons at {coordinator}" if coordinator else "tcp, loopback 127.0.0.1",
+                    "transport": f"tcp, rank daemons at {coordinator}"
+                    if coordinator
+                    else f"{'tls' if os.environ.get('NETCOLL_TLS_CERT') else 'tcp'}, loopback 127.0.0.1",
                     "loop": self.args.loop,
                     "ranks": ev["ranks"],
                 }

@@ -245,6 +245,7 @@ async def run_local(
     ``limit`` seconds.
     """
     import netcoll
+    from netcoll.transport.tls import TlsConfig
 
     cfg.validate()
     if ranks < 1:
@@ -255,7 +256,8 @@ async def run_local(
     group = _Ranks(ranks, on_event)
     quiet = _Quiet()  # a rank we kill is "lost" to the coordinator: not worth a warning
     try:
-        async with netcoll.Coordinator(host="127.0.0.1") as coord:
+        # NETCOLL_TLS_* set: everything over mutual TLS (the ranks' connect() reads them too)
+        async with netcoll.Coordinator(host="127.0.0.1", tls=TlsConfig.from_env()) as coord:
             try:
                 await group.start(coord.address, cfg, loop=loop, python=python, connect_timeout=connect_timeout)
                 await group.wait(limit)
