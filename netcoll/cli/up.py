@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ..sizes import size_arg
-from .common import FORMATTER, flags, run_server
+from .common import FORMATTER, add_tls_arguments, flags, run_server
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -41,6 +41,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     )
     sp.add_argument("--iters", type=int, metavar="K", help="--demo: iterations per collective (default 3)")
     sp.add_argument("--ready-timeout", type=float, metavar="SECONDS", help="default 60")
+    add_tls_arguments(sp)  # passed to every child (NETCOLL_TLS_*)
     sp.set_defaults(handler=run)
     return sp
 

@@ -105,6 +105,10 @@ def _child_env(cfg: UpConfig) -> dict[str, str]:
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if cfg.token:
         env["NETCOLL_TOKEN"] = cfg.token
+    for field, var in (("tls_cert", "NETCOLL_TLS_CERT"), ("tls_key", "NETCOLL_TLS_KEY"), ("tls_ca", "NETCOLL_TLS_CA")):
+        path = getattr(cfg, field)
+        if path:  # --tls-* (or the variables): every child runs with the same TLS files
+            env[var] = os.path.abspath(path)
     return env
 
 
@@ -273,7 +277,7 @@ async def _wait_members(
     from .client import Client
 
     deadline = time.monotonic() + cfg.ready_timeout
-    async with Client(address, token=cfg.token) as client:
+    async with Client(address, token=cfg.token, tls=cfg.tls_config()) as client:
         while time.monotonic() < deadline and not stop.is_set():
             if coord.proc.returncode is not None or any(c.proc.returncode is not None for c in ranks):
                 return None
@@ -323,7 +327,7 @@ async def _demo(address: str, cfg: UpConfig, out: IO[str], stop: asyncio.Event) 
         out,
         f"  {'collective':<15}{'state':<11}{'ranks':>5}{'time/iter':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}  verified",
     )
-    async with Client(address, token=cfg.token) as client:
+    async with Client(address, token=cfg.token, tls=cfg.tls_config()) as client:
         for coll in collectives.REGISTRY.values():
             if stop.is_set():
                 return 130
