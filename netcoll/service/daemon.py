@@ -30,6 +30,9 @@ from .runner import Progress, run_collective
 
 log = logging.getLogger("netcoll.daemon")
 
+#: what a job's task hands back: its report, its result bytes, whether its links broke
+Outcome = tuple[dict[str, Any], bytes | None, bool]
+
 RETRY = 1.0  # first reconnect delay; doubles up to RETRY_MAX
 RETRY_MAX = 10.0
 
@@ -87,7 +90,7 @@ class RankDaemon:
         self.jobs_done = 0
         self.jobs_failed = 0
         self._jobs: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._job_task: asyncio.Task[None] | None = None
+        self._job_task: asyncio.Task[Outcome] | None = None
         self._stopping = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -216,19 +219,51 @@ class RankDaemon:
 
     # -- jobs -------------------------------------------------------------------------------
     async def _work(self) -> None:
+        """Run the queued jobs one at a time. Only the collective part (its own task) is
+        cancelled by a "cancel" event; dropping broken links and reporting run here, so a
+        cancel that arrives after the collective ended can never lose the report."""
         while True:
             event: dict[str, Any] | None = await self._jobs.get()
             assert event is not None
-            self.current_job = event.get("job_id")
-            self._job_task = asyncio.create_task(self._job(event))
+            job_id, rank = event.get("job_id"), event.get("rank")
+            self.current_job = job_id
+            task = self._job_task = asyncio.create_task(self._job(event))
             event = None  # the job (and its inline input bytes) is held by its task alone
             try:
-                await asyncio.shield(self._job_task)
-            except asyncio.CancelledError:
-                if not self._job_task.done():
-                    raise  # the daemon is stopping
+                try:
+                    report, payload, broken = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if not task.done():
+                        raise  # the daemon is stopping
+                    # cancelled before its first step: _job never ran to catch it
+                    report, payload, broken = _cancelled(job_id, rank), None, False
+                    self.jobs_failed += 1
+                except Exception as exc:  # never let one job stop the daemon taking jobs
+                    log.exception("job %s failed", escape(job_id))
+                    report = {
+                        "job_id": job_id,
+                        "rank": rank,
+                        "ok": False,
+                        "error": f"internal error: {exc!r}",
+                        "error_type": "RpcError",
+                    }
+                    payload, broken = None, True
+                    self.jobs_failed += 1
+                self._job_task = None
+                if broken:
+                    await self._drop_links()
+                await self._report(job_id, report, payload)
             finally:
+                self._job_task = None
                 self.current_job = None
+
+    async def _report(self, job_id: Any, report: dict[str, Any], payload: bytes | None) -> None:
+        rdv = self.rdv
+        if rdv is not None:
+            try:
+                await rdv.rpc.call("job_result", report, payload, timeout=30.0)
+            except (OSError, NetcollError, TimeoutError) as exc:
+                log.warning("could not report job %s: %s", escape(job_id), escape(exc))
 
     async def _ensure_links(self, event: dict[str, Any]) -> Communicator:
         if event["epoch"] != self.epoch or self.comm is None:
@@ -249,10 +284,12 @@ class RankDaemon:
             log.info("epoch %s: rank %s of %s", escape(self.epoch), escape(self.rank), escape(event["world_size"]))
         return self.comm
 
-    async def _job(self, event: dict[str, Any]) -> None:
+    async def _job(self, event: dict[str, Any]) -> Outcome:
+        """Run one job's collective: (the report, the result bytes, whether the links broke)."""
         job_id, rank, world = event["job_id"], event["rank"], event["world_size"]
         report: dict[str, Any] = {"job_id": job_id, "rank": rank, "ok": False}
         payload: bytes | None = None
+        broken = False
         try:
             spec = JobSpec.model_validate(event["spec"])
             async with asyncio.timeout(float(event["deadline"])):
@@ -268,7 +305,7 @@ class RankDaemon:
             report["ok"] = True
             self.jobs_done += 1
         except asyncio.CancelledError:
-            report.update(error="cancelled", error_type="Cancelled")
+            report = _cancelled(job_id, rank)
             self.jobs_failed += 1
         except TimeoutError:
             report.update(error=f"job deadline passed on rank {rank}", error_type="CollectiveTimeout")
@@ -276,18 +313,12 @@ class RankDaemon:
         except (NetcollError, ValueError, TypeError, KeyError, OSError) as exc:
             report.update(error=str(exc), error_type=type(exc).__name__)
             self.jobs_failed += 1
-            if isinstance(exc, (PeerLost, OSError)) or not isinstance(exc, CollectiveError):
-                await self._drop_links()
+            broken = isinstance(exc, (PeerLost, OSError)) or not isinstance(exc, CollectiveError)
         except Exception as exc:  # report, never crash the daemon
             log.exception("job %s failed", escape(job_id))
             report.update(error=f"internal error: {exc!r}", error_type="RpcError")
             self.jobs_failed += 1
-        rdv = self.rdv
-        if rdv is not None:
-            try:
-                await rdv.rpc.call("job_result", report, payload, timeout=30.0)
-            except (OSError, NetcollError, TimeoutError) as exc:
-                log.warning("could not report job %s: %s", escape(job_id), escape(exc))
+        return report, payload, broken
 
     def _progress(self, job_id: int, rank: int) -> Progress:
         """Rank 0 reports progress at most every 0.5 s, in the background: a
@@ -349,6 +380,10 @@ class RankDaemon:
         arr = np.ascontiguousarray(y)
         report["result"] = meta_of(arr)
         return arr.reshape(-1).view(np.uint8).tobytes()
+
+
+def _cancelled(job_id: Any, rank: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "rank": rank, "ok": False, "error": "cancelled", "error_type": "Cancelled"}
 
 
 def _link_kinds(comm: Communicator) -> dict[str, str]:

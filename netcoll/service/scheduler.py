@@ -76,7 +76,7 @@ class JobService:
         #: queued jobs, oldest first (the scheduler runs the first that can run now)
         self.pending: collections.OrderedDict[int, Job] = collections.OrderedDict()
         self._submitting = 0  # submits being journaled (they count against max_queued_jobs)
-        self._cancel_now: set[int] = set()  # running jobs that lost a rank whose links did not break
+        self._cancel_now: set[int] = set()  # running jobs that lost a rank: the others are cancelled
         self.current: Job | None = None
         self.epoch = 0
         self.session = ""
@@ -241,8 +241,10 @@ class JobService:
         if job is not None and r is not None and r not in job.reports:
             verdict = session.data.get("drop_verdict", "was lost")  # "is gone": its heartbeats stopped
             job.lost[r] = f"rank {r} ({member.describe()}) {verdict}: {reason}"
-            if verdict == "is gone":  # stopped, not dead: no link breaks, so the others must be told
-                self._cancel_now.add(job.id)
+            # The job cannot succeed: stop the others now. A stopped rank ("is gone") breaks
+            # no link, so nothing else would tell them; a dead one's links break, but a rank
+            # not talking to it yet (or computing) would only find out later.
+            self._cancel_now.add(job.id)
             job.changed.set()
         self._members_changed.set()
 
@@ -523,14 +525,12 @@ class JobService:
         cancel_sent = False
         hard_end = deadline + REPORT_GRACE
         while len(job.reports.keys() | job.lost.keys()) < job.world_size:
-            if job.cancel_requested and not cancel_sent:
-                await self._broadcast_cancel(job)
-                cancel_sent = True
-            if job.lost:  # the others will fail fast (their links broke too); give them a moment
+            if job.lost:  # the others fail fast (cancelled, or their links broke); give them a moment
                 hard_end = min(hard_end, loop.time() + REPORT_GRACE)
-                if not cancel_sent and job.id in self._cancel_now:  # a gone (stopped) rank: stop the others
-                    await self._broadcast_cancel(job)
-                    cancel_sent = True
+            if not cancel_sent and (job.cancel_requested or job.id in self._cancel_now):
+                await self._broadcast_cancel(job)  # (a lost rank: stop the others)
+                cancel_sent = True
+                continue  # reports may have come in meanwhile: look again before waiting
             left = hard_end - loop.time()
             if left <= 0:
                 break
@@ -570,7 +570,7 @@ class JobService:
             job.finish(JobState.CANCELLED, "cancelled while running")
             return
         if job.lost or failures or missing:
-            if job.id in self._cancel_now:  # we cancelled the others for a gone rank: their errors follow
+            if job.id in self._cancel_now:  # we cancelled the others for a lost rank: their errors follow
                 failures = {}
             parts = [job.lost[r] for r in sorted(job.lost)]
             primary = [

@@ -48,12 +48,12 @@ async def test_daemon_keeps_no_job_inputs_or_events(monkeypatch: pytest.MonkeyPa
     inputs: list[weakref.ref[Any]] = []
     job = RankDaemon._job
 
-    async def watched(self: RankDaemon, event: dict[str, Any]) -> None:
+    async def watched(self: RankDaemon, event: dict[str, Any]) -> Any:
         payload = event.get("payload")
         if isinstance(payload, memoryview) and payload.nbytes:
             inputs.append(weakref.ref(payload.obj))  # the buffer the frame was received into
         del payload
-        await job(self, event)
+        return await job(self, event)
 
     monkeypatch.setattr(RankDaemon, "_job", watched)
     n_jobs, ranks = 20, 2
