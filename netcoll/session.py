@@ -12,16 +12,60 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from .comm import DEFAULT_TIMEOUT, Communicator
+from .errors import ConfigError
 from .links.factory import LinkConfig
 from .rendezvous import RendezvousClient
 from .transport import auth
 from .transport.tcp import Listener, TcpTransport
 from .transport.tls import TlsConfig
 from .transport.tls import coerce as coerce_tls
+
+COORDINATOR_ENV = "NETCOLL_COORDINATOR"
+WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"
+RANK_ENV = "NETCOLL_RANK"
+LOCAL_HOST_ENV = "NETCOLL_LOCAL_HOST"
+
+
+def _env_int(env: Mapping[str, str], name: str, low: int) -> int | None:
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {text!r}")
+    return value
+
+
+def from_env(
+    address: str | None, world_size: int | None, rank: int | None, environ: Mapping[str, str] | None = None
+) -> tuple[str, int, int | None]:
+    """Fill what the caller left out from the environment ``netcoll run`` sets:
+    ``address`` from ``NETCOLL_COORDINATOR``, ``world_size`` from
+    ``NETCOLL_WORLD_SIZE`` and, when no address was given, ``rank`` from
+    ``NETCOLL_RANK`` (optional: unset lets the coordinator assign one).
+    A needed variable that is unset or invalid is a :class:`ConfigError` naming it."""
+    env = os.environ if environ is None else environ
+    if address is None:
+        address = env.get(COORDINATOR_ENV, "").strip()
+        if not address:
+            raise ConfigError(
+                f"no coordinator address: pass one, or set {COORDINATOR_ENV}=HOST:PORT (netcoll run sets it)"
+            )
+        if rank is None:
+            rank = _env_int(env, RANK_ENV, 0)
+    if world_size is None:
+        world_size = _env_int(env, WORLD_SIZE_ENV, 1)
+        if world_size is None:
+            raise ConfigError(f"no world size: pass world_size=, or set {WORLD_SIZE_ENV} (netcoll run sets it)")
+    return address, world_size, rank
 
 
 def _check_args(world_size: object, rank: object, group: object, timeout: object) -> None:
@@ -40,9 +84,9 @@ def _check_args(world_size: object, rank: object, group: object, timeout: object
 
 @contextlib.asynccontextmanager
 async def connect(
-    address: str,
+    address: str | None = None,
     *,
-    world_size: int,
+    world_size: int | None = None,
     rank: int | None = None,
     group: str = "default",
     token: str | None = None,
@@ -60,10 +104,15 @@ async def connect(
 ) -> AsyncIterator[Communicator]:
     """Join ``group`` at the coordinator at ``address`` as one of ``world_size`` ranks.
 
+    Called with no arguments (under ``netcoll run``), it reads the environment
+    (:func:`from_env`): ``NETCOLL_COORDINATOR``, ``NETCOLL_WORLD_SIZE``,
+    ``NETCOLL_RANK`` (optional) and the token variables.
+
     Args:
-        address: the coordinator, ``"host:port"``.
-        world_size: ranks in the group (every member must agree).
-        rank: this member's rank, or None to have the coordinator assign one.
+        address: the coordinator, ``"host:port"`` (default: ``$NETCOLL_COORDINATOR``).
+        world_size: ranks in the group, every member must agree (default: ``$NETCOLL_WORLD_SIZE``).
+        rank: this member's rank, or None to have the coordinator assign one (with no
+            ``address``: ``$NETCOLL_RANK`` if set).
         group: the group's name; several groups can meet at one coordinator.
         token: the member token (default: ``$NETCOLL_TOKEN``, else the contents of the
             file ``$NETCOLL_TOKEN_FILE``); every link is authenticated. A client token
@@ -73,7 +122,9 @@ async def connect(
         listen_host / listen_port: where to open this rank's peer port (default: the
             local address of the coordinator connection, an ephemeral port).
         advertise_host: the host peers should dial (default: as the coordinator saw us).
-        local_host: source address for the coordinator connection (e.g. ``127.0.0.3``).
+        local_host: source address for the coordinator connection (e.g. ``127.0.0.3``), and so
+            the address this rank listens on and advertises (default: ``$NETCOLL_LOCAL_HOST``,
+            which ``netcoll run --local-addr`` sets, else the system's choice).
         recv_window: bytes each peer link holds for receives not posted yet before the
             sender waits (default: ``$NETCOLL_RECV_WINDOW``, else 64 MiB; see docs/protocol.md).
         tls: mutual TLS for the coordinator connection and every peer link (a
@@ -83,6 +134,8 @@ async def connect(
         insecure: allow this rank's peer port on a non-loopback address with neither
             a token nor TLS (else :class:`~netcoll.InsecureListenerError`).
     """
+    address, world_size, rank = from_env(address, world_size, rank)
+    local_host = local_host or os.environ.get(LOCAL_HOST_ENV, "").strip() or None
     _check_args(world_size, rank, group, timeout)
     links = LinkConfig.from_env(window=recv_window)  # a bad window or NETCOLL_TRANSPORT fails before any I/O
     if token is None:
