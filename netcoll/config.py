@@ -60,6 +60,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .errors import ConfigError
+
 DEFAULT_COORDINATOR = "127.0.0.1:29400"
 COORDINATOR_PORT = 29400
 COORDINATOR_HTTP_PORT = 29401
@@ -75,10 +77,6 @@ log = logging.getLogger("netcoll.config")
 
 #: token field -> the field naming a file to read it from
 _TOKEN_FILES = {"token": "token_file", "client_token": "client_token_file"}
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; ``str()`` is one line naming the flag or variable."""
 
 
 def is_loopback(host: str) -> bool:

@@ -16,7 +16,9 @@ Hierarchy::
     │   ├── CollectiveAborted    another rank failed this collective and told us why
     │   │   └── CollectiveCancelled   the collective was cancelled (.ranks = the cancelling rank)
     │   └── CollectiveClosed     the communicator closed under the collective (also a CommunicatorClosed)
-    └── CommunicatorClosed       the communicator was closed
+    ├── CommunicatorClosed       the communicator was closed
+    └── ConfigError              a setting (flag or NETCOLL_* variable) is missing or invalid
+                                 (also a ValueError); the message names it
 
 ``CollectiveError.reason`` is the one typed value that says how an operation
 ended (:class:`netcoll.operation.Reason`: peer lost, timeout, mismatch,
@@ -52,6 +54,11 @@ class RendezvousTimeout(RendezvousError, TimeoutError):
 
 class CommunicatorClosed(NetcollError):
     """The communicator (or its transport) has been closed."""
+
+
+class ConfigError(NetcollError, ValueError):
+    """Invalid or missing configuration; ``str()`` is one line naming the flag or
+    environment variable at fault (e.g. ``NETCOLL_WORLD_SIZE`` not set)."""
 
 
 class CollectiveError(NetcollError):
@@ -120,4 +127,5 @@ __all__ = [
     "CollectiveCancelled",
     "LimitExceeded",
     "CollectiveClosed",
+    "ConfigError",
 ]

@@ -12,13 +12,56 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Mapping
 
 from .comm import DEFAULT_TIMEOUT, Communicator
+from .errors import ConfigError
 from .links.factory import LinkConfig
 from .rendezvous import RendezvousClient
 from .transport import auth
 from .transport.tcp import Listener, TcpTransport
+
+COORDINATOR_ENV = "NETCOLL_COORDINATOR"
+WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"
+RANK_ENV = "NETCOLL_RANK"
+
+
+def _env_int(env: Mapping[str, str], name: str, low: int) -> int | None:
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {text!r}")
+    return value
+
+
+def from_env(
+    address: str | None, world_size: int | None, rank: int | None, environ: Mapping[str, str] | None = None
+) -> tuple[str, int, int | None]:
+    """Fill what the caller left out from the environment ``netcoll run`` sets:
+    ``address`` from ``NETCOLL_COORDINATOR``, ``world_size`` from
+    ``NETCOLL_WORLD_SIZE`` and, when no address was given, ``rank`` from
+    ``NETCOLL_RANK`` (optional: unset lets the coordinator assign one).
+    A needed variable that is unset or invalid is a :class:`ConfigError` naming it."""
+    env = os.environ if environ is None else environ
+    if address is None:
+        address = env.get(COORDINATOR_ENV, "").strip()
+        if not address:
+            raise ConfigError(
+                f"no coordinator address: pass one, or set {COORDINATOR_ENV}=HOST:PORT (netcoll run sets it)"
+            )
+        if rank is None:
+            rank = _env_int(env, RANK_ENV, 0)
+    if world_size is None:
+        world_size = _env_int(env, WORLD_SIZE_ENV, 1)
+        if world_size is None:
+            raise ConfigError(f"no world size: pass world_size=, or set {WORLD_SIZE_ENV} (netcoll run sets it)")
+    return address, world_size, rank
 
 
 def _check_args(world_size: object, rank: object, group: object, timeout: object) -> None:
@@ -37,9 +80,9 @@ def _check_args(world_size: object, rank: object, group: object, timeout: object
 
 @contextlib.asynccontextmanager
 async def connect(
-    address: str,
+    address: str | None = None,
     *,
-    world_size: int,
+    world_size: int | None = None,
     rank: int | None = None,
     group: str = "default",
     token: str | None = None,
@@ -55,10 +98,15 @@ async def connect(
 ) -> AsyncIterator[Communicator]:
     """Join ``group`` at the coordinator at ``address`` as one of ``world_size`` ranks.
 
+    Called with no arguments (under ``netcoll run``), it reads the environment
+    (:func:`from_env`): ``NETCOLL_COORDINATOR``, ``NETCOLL_WORLD_SIZE``,
+    ``NETCOLL_RANK`` (optional) and the token variables.
+
     Args:
-        address: the coordinator, ``"host:port"``.
-        world_size: ranks in the group (every member must agree).
-        rank: this member's rank, or None to have the coordinator assign one.
+        address: the coordinator, ``"host:port"`` (default: ``$NETCOLL_COORDINATOR``).
+        world_size: ranks in the group, every member must agree (default: ``$NETCOLL_WORLD_SIZE``).
+        rank: this member's rank, or None to have the coordinator assign one (with no
+            ``address``: ``$NETCOLL_RANK`` if set).
         group: the group's name; several groups can meet at one coordinator.
         token: the member token (default: ``$NETCOLL_TOKEN``, else the contents of the
             file ``$NETCOLL_TOKEN_FILE``); every link is authenticated. A client token
@@ -72,6 +120,7 @@ async def connect(
         recv_window: bytes each peer link holds for receives not posted yet before the
             sender waits (default: ``$NETCOLL_RECV_WINDOW``, else 64 MiB; see docs/protocol.md).
     """
+    address, world_size, rank = from_env(address, world_size, rank)
     _check_args(world_size, rank, group, timeout)
     links = LinkConfig.from_env(window=recv_window)  # a bad window or NETCOLL_TRANSPORT fails before any I/O
     if token is None:

@@ -10,6 +10,7 @@ from typing import Any
 from .state import Operation
 
 _future_init = asyncio.Future.__init__
+_running_loop = asyncio._get_running_loop  # in asyncio.events.__all__: the running loop or None (no raise)
 
 
 class Work(asyncio.Future[Any]):
@@ -23,7 +24,8 @@ class Work(asyncio.Future[Any]):
     does) aborts the collective on every rank of the group: the others fail
     with :class:`~netcoll.errors.CollectiveCancelled` naming this rank, the
     communicator stays usable and the next collective is correct.
-    :meth:`wait` blocks a thread other than the event loop's.
+    :meth:`wait` blocks a thread other than the event loop's, and
+    :meth:`cancel` may be called from any thread.
 
     Attributes:
         name: the collective (``"all_reduce"``...).
@@ -71,9 +73,18 @@ class Work(asyncio.Future[Any]):
         return work
 
     def cancel(self, msg: Any | None = None) -> bool:
-        """Cancel the operation here and abort it on every other rank."""
+        """Cancel the operation here and abort it on every other rank. From a
+        thread other than the event loop's, the cancel is handed to the loop
+        (True means it was requested: the Work may end before it applies)."""
         if self.done():
             return False
+        loop = self.get_loop()
+        if _running_loop() is not loop:
+            try:
+                loop.call_soon_threadsafe(self.cancel, msg)
+            except RuntimeError:  # the loop is closed: nothing runs the Work any more
+                return False
+            return True
         driver = self._driver
         if driver is not None and self.op is not None and not driver.done():
             self._cancelling = True

@@ -1,0 +1,415 @@
+"""``netcoll.sync``: the :class:`~netcoll.comm.Communicator` as blocking calls,
+for ordinary (synchronous) training scripts::
+
+    import netcoll.sync
+
+    with netcoll.sync.connect() as comm:        # under `netcoll run`: address etc. from the environment
+        grads = comm.all_reduce(grads, op="avg")  # blocks, returns the result
+        work = comm.all_gather(w, async_op=True)  # returns the netcoll.Work at once
+        ...
+        params = work.wait()
+
+An asyncio event loop runs in a daemon thread of its own per :func:`connect`;
+each call hands its collective to that loop (*issuing* it there, in the order
+the calls are made) and blocks the calling thread until it ends. Errors are the
+async API's typed errors, raised in the caller. See docs/training.md for the
+rules on threads, ``async_op`` and shutdown; in short:
+
+* calls from several threads are safe and are issued in the order they reach
+  the communicator; every rank must issue the same collectives in the same
+  order, so either fix the order across threads yourself or give each thread
+  its own sub-communicator (:meth:`SyncCommunicator.split`);
+* ``async_op=True`` returns the :class:`~netcoll.Work`: ``wait(timeout)``,
+  ``done()``, ``result()`` and ``cancel()`` may be called from any thread.
+  Don't modify an input array until its Work is done;
+* Ctrl-C (``KeyboardInterrupt``) while a call blocks cancels that collective,
+  which aborts it on every rank with :class:`~netcoll.errors.CollectiveCancelled`,
+  and the ``KeyboardInterrupt`` propagates;
+* leaving the ``with`` block, :meth:`SyncCommunicator.close` and interpreter
+  exit (``atexit``) close the communicator (peers see an orderly leave) and
+  stop the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .comm import DEFAULT_TIMEOUT, Communicator
+from .errors import CollectiveCancelled, CommunicatorClosed
+from .loop import new_event_loop
+from .operation import Work
+from .ops import ReduceOp
+from .session import connect as _connect
+
+Array = np.ndarray[Any, Any]
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+CLOSE_TIMEOUT = 30.0  # seconds close() waits for the loop thread to leave the group
+INTERRUPT_WAIT = 10.0  # seconds a Ctrl-C waits for the cancelled collective to be aborted on the peers
+
+log = logging.getLogger("netcoll.sync")
+
+
+class _Runner:
+    """An event loop in a daemon thread, holding one :func:`netcoll.connect`
+    session open until :meth:`stop`."""
+
+    def __init__(self, loop: str | None) -> None:
+        self.loop = new_event_loop(loop or os.environ.get("NETCOLL_LOOP") or "asyncio")
+        self.thread = threading.Thread(target=self._run, name="netcoll-sync", daemon=True)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, **options: Any) -> Communicator:
+        ready: concurrent.futures.Future[Communicator] = concurrent.futures.Future()
+        self._task = self.loop.create_task(self._session(ready, options))  # the loop is not running yet
+        self.thread.start()
+        try:
+            return ready.result()
+        except BaseException:
+            # connecting failed, or Ctrl-C while connecting: cancel the session, end the thread
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._task.cancel)
+            self.thread.join(CLOSE_TIMEOUT)
+            raise
+
+    async def _session(self, ready: concurrent.futures.Future[Communicator], options: dict[str, Any]) -> None:
+        try:
+            async with _connect(**options) as comm:
+                ready.set_result(comm)
+                await self._stop.wait()
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that connects
+            if not ready.done():
+                ready.set_exception(exc)
+            elif not isinstance(exc, asyncio.CancelledError):
+                log.warning("netcoll.sync: closing the communicator failed: %s", exc)
+
+    def _run(self) -> None:
+        assert self._task is not None
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._task)
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())  # name lookups ran there
+        finally:
+            self.loop.close()
+
+    def submit(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the loop (in the order submitted)."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("a netcoll.sync call from the event loop's own thread would deadlock; use the async API")
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError:  # the loop is closed
+            raise CommunicatorClosed("the netcoll.sync communicator is closed") from None
+
+    def run(self, make: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T:
+        """Run the coroutine ``make()`` on the loop and wait for it."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("a netcoll.sync call from the event loop's own thread would deadlock; use the async API")
+        coro = make()
+        try:
+            done = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:  # the loop is closed
+            coro.close()
+            raise CommunicatorClosed("the netcoll.sync communicator is closed") from None
+        return done.result(timeout)
+
+    def stop(self, timeout: float) -> None:
+        """Leave the group and end the thread (waiting up to ``timeout`` s)."""
+        with contextlib.suppress(RuntimeError):  # the loop closed already
+            self.loop.call_soon_threadsafe(self._stop.set)
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                log.warning("netcoll.sync: the communicator did not close within %gs", timeout)
+
+
+def _copy_outcome(done: concurrent.futures.Future[Any], rank: int, work: Work) -> None:
+    """Hand a finished Work's outcome to the blocked caller's future."""
+    if work.cancelled():
+        done.set_exception(
+            CollectiveCancelled(f"{work.name} #{work.seq} was cancelled on rank {rank}", op=work.name, seq=work.seq)
+        )
+    elif (exc := work.exception()) is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(work.result())
+
+
+def _blocking(method: F) -> F:
+    """Give a blocking method the docstring of the Communicator method it wraps."""
+    original = getattr(Communicator, method.__name__).__doc__ or ""
+    method.__doc__ = (
+        f"{original}\n\n        Blocks until done and returns the result; ``async_op=True`` returns the "
+        "``netcoll.Work`` at once."
+    )
+    return method
+
+
+class SyncCommunicator:
+    """A :class:`~netcoll.comm.Communicator` whose calls block (see :mod:`netcoll.sync`).
+
+    Attributes (those of the Communicator): ``rank``, ``world_size``, ``group``,
+    ``members``, ``timeout``, ``segment_bytes``, ``closed``; ``communicator`` is
+    the async Communicator itself and ``loop`` the event loop it runs on.
+    """
+
+    def __init__(self, runner: _Runner, comm: Communicator, *, owner: bool) -> None:
+        self._runner, self._comm, self._owner = runner, comm, owner
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<SyncCommunicator group={self.group!r} rank={self.rank} world_size={self.world_size}>"
+
+    def __enter__(self) -> SyncCommunicator:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    communicator = property(lambda self: self._comm, doc="the async Communicator underneath")
+    loop = property(lambda self: self._runner.loop, doc="the event loop the calls run on")
+    rank = property(lambda self: self._comm.rank, doc="this rank in the group")
+    world_size = property(lambda self: self._comm.world_size, doc="ranks in the group")
+    group = property(lambda self: self._comm.group, doc="the group's name")
+    members = property(lambda self: self._comm.members, doc="the group's world ranks")
+    timeout = property(lambda self: self._comm.timeout, doc="the default deadline (s)")
+    segment_bytes = property(lambda self: self._comm.segment_bytes, doc="message segment size")
+    closed = property(lambda self: self._closed or self._comm.closed, doc="True once closed")
+
+    # -- the one path every call takes ------------------------------------------------
+    def _call(self, method: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
+        """Issue ``method(*args, **kwargs)`` on the loop; its Work (``async_op``) or result."""
+        if not isinstance(async_op, bool):
+            raise TypeError(f"async_op must be True or False, got {async_op!r}")
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        issued: list[Work] = []
+
+        def issue() -> None:
+            if not done.set_running_or_notify_cancel():
+                return  # interrupted before it was issued: never issued at all
+            try:
+                work = method(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - a bad argument: raised in the caller
+                done.set_exception(exc)
+                return
+            if async_op or not isinstance(work, Work):
+                done.set_result(work)
+                return
+            issued.append(work)
+            work.add_done_callback(functools.partial(_copy_outcome, done, self._comm.rank))
+
+        self._runner.submit(issue)
+        try:
+            return done.result()
+        except BaseException:
+            if not done.done():  # interrupted (Ctrl-C) while blocked: cancel, everywhere
+                self._interrupt(done, issued)
+            raise
+
+    def _interrupt(self, done: concurrent.futures.Future[Any], issued: list[Work]) -> None:
+        if done.cancel():
+            return
+        with contextlib.suppress(CommunicatorClosed):
+            self._runner.submit(lambda: issued[0].cancel() if issued else None)
+        concurrent.futures.wait([done], INTERRUPT_WAIT)  # the ABORT reaches the peers before we go on
+
+    # -- collectives ----------------------------------------------------------------
+    @_blocking
+    def all_reduce(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        *,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+    ) -> Any:
+        return self._call(self._comm.all_reduce, async_op, x, op, out=out, timeout=timeout, algorithm=algorithm)
+
+    @_blocking
+    def broadcast(
+        self,
+        x: Any = None,
+        root: int = 0,
+        *,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+    ) -> Any:
+        return self._call(self._comm.broadcast, async_op, x, root, timeout=timeout, algorithm=algorithm)
+
+    @_blocking
+    def reduce(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        root: int = 0,
+        *,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+    ) -> Any:
+        return self._call(self._comm.reduce, async_op, x, op, root, out=out, timeout=timeout, algorithm=algorithm)
+
+    @_blocking
+    def all_gather(
+        self,
+        x: Any,
+        *,
+        uneven: bool = False,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+    ) -> Any:
+        return self._call(
+            self._comm.all_gather, async_op, x, uneven=uneven, out=out, timeout=timeout, algorithm=algorithm
+        )
+
+    @_blocking
+    def gather(
+        self,
+        x: Any,
+        root: int = 0,
+        *,
+        uneven: bool = False,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+    ) -> Any:
+        return self._call(
+            self._comm.gather, async_op, x, root, uneven=uneven, out=out, timeout=timeout, algorithm=algorithm
+        )
+
+    @_blocking
+    def scatter(
+        self,
+        x: Any = None,
+        root: int = 0,
+        *,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+    ) -> Any:
+        return self._call(self._comm.scatter, async_op, x, root, out=out, timeout=timeout, algorithm=algorithm)
+
+    @_blocking
+    def reduce_scatter(
+        self,
+        x: Any,
+        op: str | ReduceOp = "sum",
+        *,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+    ) -> Any:
+        return self._call(self._comm.reduce_scatter, async_op, x, op, out=out, timeout=timeout, algorithm=algorithm)
+
+    @_blocking
+    def all_to_all(
+        self,
+        x: Any,
+        *,
+        out: Array | None = None,
+        timeout: float | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+    ) -> Any:
+        return self._call(self._comm.all_to_all, async_op, x, out=out, timeout=timeout, algorithm=algorithm)
+
+    @_blocking
+    def barrier(self, *, timeout: float | None = None, algorithm: str = "auto", async_op: bool = False) -> Any:
+        return self._call(self._comm.barrier, async_op, timeout=timeout, algorithm=algorithm)
+
+    @_blocking
+    def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None, async_op: bool = False) -> Any:
+        return self._call(self._comm.send, async_op, x, dst, tag, timeout=timeout)
+
+    @_blocking
+    def recv(self, src: int, tag: int = 0, *, timeout: float | None = None, async_op: bool = False) -> Any:
+        return self._call(self._comm.recv, async_op, src, tag, timeout=timeout)
+
+    # -- groups and state -------------------------------------------------------------
+    def split(self, color: int | None, key: int = 0, *, timeout: float | None = None) -> SyncCommunicator | None:
+        """Collective: ranks passing the same ``color`` form a sub-group (its
+        own sequence of collectives, the same links and thread), ordered by
+        (``key``, rank); ``None`` for ``color=None``. See Communicator.split."""
+        sub = self._call(self._comm.split, False, color, key, timeout=timeout)
+        return None if sub is None else SyncCommunicator(self._runner, sub, owner=False)
+
+    def link_stats(self) -> dict[int, dict[str, Any]]:
+        """This rank's link to each other member (see Communicator.link_stats)."""
+        return self._call(self._comm.link_stats, False)  # type: ignore[no-any-return]
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Close the communicator; for the one :func:`connect` made, also leave
+        the group and stop the loop thread (waiting up to ``timeout`` s)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owner:
+            atexit.unregister(self.close)
+            self._runner.stop(timeout)
+        else:
+            with contextlib.suppress(CommunicatorClosed):
+                self._runner.run(self._comm.close, timeout)
+
+
+def connect(
+    address: str | None = None,
+    *,
+    world_size: int | None = None,
+    rank: int | None = None,
+    group: str = "default",
+    token: str | None = None,
+    timeout: float = 60.0,
+    collective_timeout: float = DEFAULT_TIMEOUT,
+    loop: str | None = None,
+    **options: Any,
+) -> SyncCommunicator:
+    """Join ``group`` at the coordinator and return a :class:`SyncCommunicator`
+    (also a context manager: ``with netcoll.sync.connect() as comm:``).
+
+    The arguments are those of :func:`netcoll.connect` (``address``,
+    ``world_size`` and ``rank`` default to ``$NETCOLL_COORDINATOR``,
+    ``$NETCOLL_WORLD_SIZE``, ``$NETCOLL_RANK``; ``options`` are its other keyword
+    arguments: ``listen_host``, ``local_host``, ``recv_window``, ...), plus
+    ``loop``: the event loop kind (``"asyncio"`` by default, else
+    ``$NETCOLL_LOOP``; see :mod:`netcoll.loop`). Blocks until every rank has
+    joined (at most ``timeout`` s)."""
+    runner = _Runner(loop)
+    comm = runner.start(
+        address=address,
+        world_size=world_size,
+        rank=rank,
+        group=group,
+        token=token,
+        timeout=timeout,
+        collective_timeout=collective_timeout,
+        **options,
+    )
+    sync = SyncCommunicator(runner, comm, owner=True)
+    atexit.register(sync.close)
+    return sync
+
+
+__all__ = ["SyncCommunicator", "connect"]
