@@ -25,6 +25,7 @@ from .transport.tcp import Listener, TcpTransport
 COORDINATOR_ENV = "NETCOLL_COORDINATOR"
 WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"
 RANK_ENV = "NETCOLL_RANK"
+LOCAL_HOST_ENV = "NETCOLL_LOCAL_HOST"
 
 
 def _env_int(env: Mapping[str, str], name: str, low: int) -> int | None:
@@ -116,11 +117,14 @@ async def connect(
         listen_host / listen_port: where to open this rank's peer port (default: the
             local address of the coordinator connection, an ephemeral port).
         advertise_host: the host peers should dial (default: as the coordinator saw us).
-        local_host: source address for the coordinator connection (e.g. ``127.0.0.3``).
+        local_host: source address for the coordinator connection (e.g. ``127.0.0.3``), and so
+            the address this rank listens on and advertises (default: ``$NETCOLL_LOCAL_HOST``,
+            which ``netcoll run --local-addr`` sets, else the system's choice).
         recv_window: bytes each peer link holds for receives not posted yet before the
             sender waits (default: ``$NETCOLL_RECV_WINDOW``, else 64 MiB; see docs/protocol.md).
     """
     address, world_size, rank = from_env(address, world_size, rank)
+    local_host = local_host or os.environ.get(LOCAL_HOST_ENV, "").strip() or None
     _check_args(world_size, rank, group, timeout)
     links = LinkConfig.from_env(window=recv_window)  # a bad window or NETCOLL_TRANSPORT fails before any I/O
     if token is None:

@@ -7,6 +7,10 @@ Servers (what the containers run)::
                  [--rank-hint I] [--advertise-host A]
     netcoll up --ranks N [--host H] [--port P] [--demo]      # coordinator + N daemons, locally
 
+Training scripts (like torchrun)::
+
+    netcoll run -n N [--nnodes M --node-rank K] [--coordinator HOST:PORT] script.py [args ...]
+
 Clients::
 
     netcoll submit OP [--size 64MiB] [--dtype float32] [--op sum] [--root R] [--algorithm auto]
@@ -49,7 +53,7 @@ from .submit import REDUCE_OPS
 __all__ = ["COLLECTIVES", "COMMANDS", "PROG", "REDUCE_OPS", "CliError", "build_parser", "http_get", "main"]
 
 #: Every command, in ``--help`` order; each is the module ``netcoll.cli.<command>``.
-COMMANDS = ("coordinator", "rank", "up", "submit", "status", "health", "bench")
+COMMANDS = ("coordinator", "rank", "up", "run", "submit", "status", "health", "bench")
 
 _flags = flags  # the name tests/deploy/test_deploy_static.py uses
 

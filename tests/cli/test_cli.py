@@ -342,7 +342,7 @@ def test_the_cli_is_a_package_of_one_module_per_command() -> None:
 
     from netcoll import cli
 
-    assert cli.COMMANDS == ("coordinator", "rank", "up", "submit", "status", "health", "bench")
+    assert cli.COMMANDS == ("coordinator", "rank", "up", "run", "submit", "status", "health", "bench")
     for name in cli.COMMANDS:
         module = importlib.import_module(f"netcoll.cli.{name}")
         assert callable(module.add_parser) and callable(module.run) and module.HELP, name

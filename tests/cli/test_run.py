@@ -1,0 +1,228 @@
+"""``netcoll run``: the launcher (normal run, a crashing rank, signals, two "nodes"
+on 127.0.0.x loopback addresses, the environment the ranks get)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from netcoll.cli.run import free_port
+from tests.support import REPO
+
+pytestmark = [
+    pytest.mark.tcp,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="127.0.0.x addresses (Linux loopback)"),
+]
+
+ENV_NAMES = (
+    "NETCOLL_COORDINATOR",
+    "NETCOLL_WORLD_SIZE",
+    "NETCOLL_RANK",
+    "NETCOLL_TOKEN",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+# Each rank reports its environment and an all_reduce as one JSON line.
+REPORT = textwrap.dedent(
+    f"""
+    import json, os, sys
+    import numpy as np
+    import netcoll.sync
+
+    with netcoll.sync.connect() as comm:
+        total = comm.all_reduce(np.array([comm.rank + 1]))
+        env = {{k: os.environ.get(k) for k in {ENV_NAMES!r}}}
+        host = comm.communicator.transport.listener.address[0]
+        print(json.dumps({{"rank": comm.rank, "total": int(total[0]), "env": env, "host": host, "argv": sys.argv[1:]}}))
+    """
+)
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
+    out["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    out.update(extra)
+    return out
+
+
+def launcher(*args: str, cwd: Path | None = None, **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "netcoll", "run", *args],
+        env=env(**extra),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def reports(out: str) -> dict[int, dict[str, object]]:
+    found = {}
+    for line in out.splitlines():
+        m = re.fullmatch(r"\[rank (\d+)\] (\{.*\})", line)
+        assert m, f"unprefixed or broken line: {line!r}"
+        doc = json.loads(m.group(2))
+        assert doc["rank"] == int(m.group(1))
+        found[doc["rank"]] = doc
+    return found
+
+
+def test_run_sets_the_environment_and_prefixes_output(tmp_path: Path) -> None:
+    (tmp_path / "report_mod.py").write_text(REPORT)
+    proc = launcher("-n", "3", "-m", "report_mod", "--flag", "x", cwd=tmp_path)
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    got = reports(out)
+    assert sorted(got) == [0, 1, 2]
+    ports = set()
+    for r, doc in got.items():
+        e = doc["env"]
+        assert isinstance(e, dict)
+        assert doc["total"] == 6 and doc["argv"] == ["--flag", "x"]
+        assert (e["NETCOLL_RANK"], e["RANK"], e["LOCAL_RANK"]) == (str(r),) * 3
+        assert (e["NETCOLL_WORLD_SIZE"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"]) == (
+            "3",
+            "3",
+            "3",
+            "0",
+        )
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", str(e["NETCOLL_COORDINATOR"]))
+        assert e["MASTER_ADDR"] == "127.0.0.1" and int(str(e["MASTER_PORT"])) > 0
+        assert e["NETCOLL_TOKEN"] and len(str(e["NETCOLL_TOKEN"])) >= 24  # a fresh member token
+        ports.add(e["MASTER_PORT"])
+    assert len(ports) == 1
+
+
+CRASH = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import numpy as np
+    import netcoll.sync
+
+    with netcoll.sync.connect() as comm:
+        comm.barrier()
+        print("ready", flush=True)
+        if comm.rank == 1:
+            if sys.argv[1] == "raise":
+                raise RuntimeError("rank 1 breaks")
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)  # until the launcher stops us
+    """
+)
+
+
+@pytest.mark.parametrize(("how", "status", "says"), [("raise", 1, "exited with status 1"), ("kill", 137, "SIGKILL")])
+def test_a_failing_rank_stops_the_others(tmp_path: Path, how: str, status: int, says: str) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    proc = launcher("-n", "3", "--grace", "20", str(script), how)
+    out, err = finish(proc)
+    assert proc.returncode == status, err
+    assert f"netcoll run: rank 1 {'was killed by ' if how == 'kill' else ''}" in err and says in err
+    assert "stopping the other 2 rank(s)" in err
+    assert sorted(out.splitlines()) == ["[rank 0] ready", "[rank 1] ready", "[rank 2] ready"]
+    if how == "raise":
+        assert "[rank 1] Traceback (most recent call last):" in err
+        assert "[rank 1] RuntimeError: rank 1 breaks" in err
+    assert all(line.startswith(("[rank ", "netcoll run: ")) for line in err.splitlines()), err
+
+
+WAIT = textwrap.dedent(
+    """
+    import signal, sys, time
+    import netcoll.sync
+
+    if sys.argv[1] == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with netcoll.sync.connect() as comm:
+        comm.barrier()
+        print("ready", flush=True)
+        try:
+            comm.recv((comm.rank + 1) % comm.world_size)  # nobody sends: blocked in a call
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            raise
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("sig", "mode", "status"),
+    [(signal.SIGINT, "polite", 130), (signal.SIGTERM, "polite", 143), (signal.SIGTERM, "stubborn", 143)],
+)
+def test_signals_to_the_launcher_reach_every_rank(tmp_path: Path, sig: int, mode: str, status: int) -> None:
+    script = tmp_path / "wait.py"
+    script.write_text(WAIT)
+    proc = launcher("-n", "2", "--grace", "1" if mode == "stubborn" else "20", str(script), mode)
+    assert proc.stdout is not None
+    assert sorted(proc.stdout.readline().strip() for _ in range(2)) == ["[rank 0] ready", "[rank 1] ready"]
+    proc.send_signal(sig)
+    out, err = finish(proc)
+    assert proc.returncode == status, err
+    assert f"netcoll run: got {signal.Signals(sig).name}; passing it to the ranks" in err
+    if sig == signal.SIGINT:  # Ctrl-C in the ranks: blocked calls end with KeyboardInterrupt
+        assert sorted(out.splitlines()) == ["[rank 0] interrupted", "[rank 1] interrupted"]
+
+
+def test_two_nodes_on_loopback_addresses(tmp_path: Path) -> None:
+    script = tmp_path / "report.py"
+    script.write_text(REPORT)
+    coordinator = f"127.0.0.2:{free_port('127.0.0.2')}"
+    token = "run-test-token-0123456789abcdef"
+    common = ("-n", "2", "--nnodes", "2", "--coordinator", coordinator)
+    node1 = launcher(*common, "--node-rank", "1", "--local-addr", "127.0.0.3", str(script), NETCOLL_TOKEN=token)
+    node0 = launcher(*common, "--node-rank", "0", "--local-addr", "127.0.0.2", str(script), NETCOLL_TOKEN=token)
+    out0, err0 = finish(node0)
+    out1, err1 = finish(node1)
+    assert node0.returncode == 0 and node1.returncode == 0, err0 + err1
+    got = {**reports(out0), **reports(out1)}
+    assert sorted(reports(out0)) == [0, 1] and sorted(reports(out1)) == [2, 3]
+    for r, doc in got.items():
+        e = doc["env"]
+        assert isinstance(e, dict)
+        assert doc["total"] == 10
+        assert doc["host"] == ("127.0.0.2" if r < 2 else "127.0.0.3")
+        assert (e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"]) == (str(r), str(r % 2), str(r // 2))
+        assert (e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) == ("4", "2")
+        assert (e["NETCOLL_COORDINATOR"], e["NETCOLL_TOKEN"], e["MASTER_ADDR"]) == (coordinator, token, "127.0.0.2")
+    assert len({doc["env"]["MASTER_PORT"] for doc in got.values()}) == 1  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("-n", "0", "x.py"), "at least 1"),
+        (("-n", "2", "--nnodes", "2", "x.py"), "--coordinator"),
+        (("-n", "2", "--nnodes", "2", "--node-rank", "2", "--coordinator", "127.0.0.1:1", "x.py"), "--node-rank"),
+        (("-n", "1", "--nnodes", "2", "--coordinator", "127.0.0.1:1", "x.py"), "NETCOLL_TOKEN"),
+        (("-n", "1", "-m", "--no-python", "x"), "-m and --no-python"),
+    ],
+)
+def test_bad_flags_exit_2(args: tuple[str, ...], says: str) -> None:
+    proc = launcher(*args)
+    out, err = finish(proc)
+    assert proc.returncode == 2 and says in err and out == "", err
