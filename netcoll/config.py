@@ -8,8 +8,8 @@ environment variables, then command-line flags (a flag always wins)::
 ======================== ========================================= ===================
 variable                 meaning                                   used by
 ======================== ========================================= ===================
-NETCOLL_COORDINATOR      ``HOST:PORT`` of the coordinator          rank, submit, status
-                         (default ``127.0.0.1:29400``)
+NETCOLL_COORDINATOR      ``HOST:PORT`` of the coordinator          rank, submit, status,
+                         (default ``127.0.0.1:29400``)             embedded ranks
 NETCOLL_TOKEN            the member token: rank daemons and        all but health
                          embedded ranks prove it (it may do all)
 NETCOLL_CLIENT_TOKEN     the client token: job submitters prove    coordinator, submit,
@@ -31,6 +31,11 @@ NETCOLL_LOG_LEVEL        debug, info, warning, error               coordinator, 
 NETCOLL_STATE_DIR        directory of the job journal (jobs        coordinator
                          survive a restart); unset = in memory
 NETCOLL_KEEP_JOBS        finished jobs kept queryable (1000)       coordinator
+NETCOLL_WORLD_SIZE,      what ``netcoll.connect()`` and            embedded ranks
+NETCOLL_RANK             ``netcoll.sync.connect()`` use when       (netcoll run sets
+                         called without them (rank: optional)      them)
+NETCOLL_LOCAL_HOST       an embedded rank's source and listen      embedded ranks
+                         address (``netcoll run --local-addr``)
 NETCOLL_TRANSPORT        ``auto`` or a link kind to force (``tcp``) every rank (links)
 NETCOLL_RECV_WINDOW      bytes a peer may send ahead of posted     every rank (links)
                          receives (default ``64MiB``)
