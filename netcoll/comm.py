@@ -19,6 +19,12 @@ tuple) of ``world_size`` arrays of one dtype and any shapes instead of one
 array with a leading rank axis, and ``gather``/``all_gather`` take
 ``uneven=True`` for per-rank different shapes; these return lists.
 
+torch: every call also takes CPU torch tensors (and lists of them) wherever
+it takes arrays, and then returns tensors of the same dtype and shape over the
+result's memory (:mod:`netcoll.tensors`; ``out=`` / a broadcast buffer is
+returned as the caller's tensor itself). ``op`` may be a
+``torch.distributed.ReduceOp``.
+
 The methods are thin: the plans in :mod:`netcoll.calls` check arguments and
 build the algorithm call, :class:`~netcoll.engine.Engine` sequences and runs it.
 """
@@ -36,6 +42,7 @@ from .calls._common import Done, Plan
 from .engine import DEFAULT_TIMEOUT, Engine
 from .operation import Work
 from .ops import ReduceOp
+from .tensors import TorchIO, inputs
 from .transport.base import Transport, as_bytes
 
 Array = np.ndarray[Any, Any]
@@ -75,7 +82,13 @@ class Communicator:
     segment_bytes = property(lambda self: self._engine.segment_bytes, doc="message segment size")
     closed = property(lambda self: self._engine.closed, doc="True once closed")
 
-    def _issue(self, plan: Plan, timeout: float | None) -> Work:
+    def _issue(self, plan: Plan, timeout: float | None, io: TorchIO | None = None) -> Work:
+        if io is not None:  # torch tensors in: torch tensors out
+            if isinstance(plan, Done):
+                plan.value = io.result(plan.value)
+            else:
+                post = plan.post
+                plan.post = io.result if post is None else lambda value: io.result(post(value))
         if isinstance(plan, Done):
             return Work.completed(getattr(plan, "name", "local"), plan.value)
         return self._engine.issue(plan, timeout)
@@ -86,20 +99,22 @@ class Communicator:
         x: Any,
         op: str | ReduceOp = "sum",
         *,
-        out: Array | None = None,
+        out: Any = None,
         timeout: float | None = None,
         algorithm: str = "auto",
     ) -> Work:
         """Reduce ``x`` over all ranks; every rank gets the bit-identical result
         (``out`` if given: a C-contiguous array of ``x``'s shape and dtype)."""
-        return self._issue(reducing.all_reduce(self._engine, x, op, out, algorithm), timeout)
+        x, out, io = inputs(x, out)
+        return self._issue(reducing.all_reduce(self._engine, x, op, out, algorithm), timeout, io)
 
     def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """Root's ``x`` to every rank. Non-roots pass ``None`` (shape and dtype
         travel with the data) or a buffer to receive into, which is returned.
         The root's result is ``x`` itself (sent without a copy, never
         modified) when it is a C-contiguous numpy array, else a contiguous copy."""
-        return self._issue(moving.broadcast(self._engine, x, root, algorithm), timeout)
+        x, _, io = inputs(x)
+        return self._issue(moving.broadcast(self._engine, x, root, algorithm), timeout, io)
 
     def reduce(
         self,
@@ -107,21 +122,22 @@ class Communicator:
         op: str | ReduceOp = "sum",
         root: int = 0,
         *,
-        out: Array | None = None,
+        out: Any = None,
         timeout: float | None = None,
         algorithm: str = "auto",
     ) -> Work:
         """Reduce ``x`` over all ranks into ``root``; others get ``None``.
         ``out`` (optional; used at the root, ignored elsewhere): a C-contiguous
         array of ``x``'s shape and dtype that receives and is the result."""
-        return self._issue(reducing.reduce(self._engine, x, op, root, out, algorithm), timeout)
+        x, out, io = inputs(x, out)
+        return self._issue(reducing.reduce(self._engine, x, op, root, out, algorithm), timeout, io)
 
     def all_gather(
         self,
         x: Any,
         *,
         uneven: bool = False,
-        out: Array | None = None,
+        out: Any = None,
         timeout: float | None = None,
         algorithm: str = "auto",
     ) -> Work:
@@ -130,7 +146,8 @@ class Communicator:
         ``out[rank]``, in place). ``uneven=True`` lets ranks pass different
         shapes (one dtype; every rank passes the same value): the result is
         then a list of ``world_size`` arrays."""
-        return self._issue(moving.all_gather(self._engine, x, uneven, out, algorithm), timeout)
+        x, out, io = inputs(x, out)
+        return self._issue(moving.all_gather(self._engine, x, uneven, out, algorithm), timeout, io)
 
     def gather(
         self,
@@ -138,21 +155,22 @@ class Communicator:
         root: int = 0,
         *,
         uneven: bool = False,
-        out: Array | None = None,
+        out: Any = None,
         timeout: float | None = None,
         algorithm: str = "auto",
     ) -> Work:
         """Every rank's ``x`` stacked at ``root`` (shape ``(world_size, *x.shape)``,
         ``out`` if given there); others get ``None``. ``uneven=True``: per-rank
         shapes may differ and the root gets a list of arrays."""
-        return self._issue(moving.gather(self._engine, x, root, uneven, out, algorithm), timeout)
+        x, out, io = inputs(x, out)
+        return self._issue(moving.gather(self._engine, x, root, uneven, out, algorithm), timeout, io)
 
     def scatter(
         self,
         x: Any = None,
         root: int = 0,
         *,
-        out: Array | None = None,
+        out: Any = None,
         timeout: float | None = None,
         algorithm: str = "auto",
     ) -> Work:
@@ -163,14 +181,15 @@ class Communicator:
         ``x[k]``); others pass ``None`` (shape and dtype travel with the data).
         ``out``: a C-contiguous array of one row's shape and dtype to receive
         into; every rank passes one or none (the root's ``x`` then an array)."""
-        return self._issue(moving.scatter(self._engine, x, root, out, algorithm), timeout)
+        x, out, io = inputs(x, out)
+        return self._issue(moving.scatter(self._engine, x, root, out, algorithm), timeout, io)
 
     def reduce_scatter(
         self,
         x: Any,
         op: str | ReduceOp = "sum",
         *,
-        out: Array | None = None,
+        out: Any = None,
         timeout: float | None = None,
         algorithm: str = "auto",
     ) -> Work:
@@ -178,15 +197,15 @@ class Communicator:
         reduced row ``r`` (``out`` if given). A list of ``world_size`` arrays of
         one dtype (``x[j]`` of one shape on every rank) reduces uneven rows, in
         the fixed order ``((x[r+1] op x[r+2]) op ...) op x[r]``."""
-        return self._issue(reducing.reduce_scatter(self._engine, x, op, out, algorithm), timeout)
+        x, out, io = inputs(x, out)
+        return self._issue(reducing.reduce_scatter(self._engine, x, op, out, algorithm), timeout, io)
 
-    def all_to_all(
-        self, x: Any, *, out: Array | None = None, timeout: float | None = None, algorithm: str = "auto"
-    ) -> Work:
+    def all_to_all(self, x: Any, *, out: Any = None, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """``y[j]`` = rank ``j``'s ``x[rank]``, for ``x`` of shape ``(world_size, *s)``
         (``out`` if given), or for a list of ``world_size`` arrays of one dtype
         and any shapes (as MPI's ``alltoallv``; shapes travel with the data)."""
-        return self._issue(moving.all_to_all(self._engine, x, out, algorithm), timeout)
+        x, out, io = inputs(x, out)
+        return self._issue(moving.all_to_all(self._engine, x, out, algorithm), timeout, io)
 
     def barrier(self, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """Done once every rank has entered the barrier."""
@@ -195,7 +214,8 @@ class Communicator:
     # -- point to point -------------------------------------------------------------
     def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> Work:
         """Send ``x`` to rank ``dst``; matched by ``dst``'s ``recv(src, tag)`` calls in order."""
-        return self._issue(p2p.send(self._engine, x, dst, tag), timeout)
+        x, _, io = inputs(x)
+        return self._issue(p2p.send(self._engine, x, dst, tag), timeout, io)
 
     def recv(self, src: int, tag: int = 0, *, timeout: float | None = None) -> Work:
         """Receive the next array rank ``src`` sent with ``tag``."""

@@ -3,8 +3,9 @@
 Every layer that combines or validates tensor data goes through this module, so
 the rules live in one place:
 
-* **Ops.** ``sum prod min max avg band bor bxor``, given as a :class:`ReduceOp`
-  or a case-insensitive string (:func:`parse_op`).
+* **Ops.** ``sum prod min max avg band bor bxor``, given as a :class:`ReduceOp`,
+  a case-insensitive string or a ``torch.distributed.ReduceOp`` value
+  (:func:`parse_op`; torch's ``PREMUL_SUM`` is a ``ValueError``).
 * **Dtypes.** ``bool``, ``int8..int64``, ``uint8..uint64``, ``float16``,
   ``bfloat16`` (``ml_dtypes``), ``float32``, ``float64``, ``complex64`` and
   ``complex128``, in native byte order (:data:`SUPPORTED_DTYPES`,
@@ -74,11 +75,32 @@ class ReduceOp(str, enum.Enum):
 _OP_NAMES = ", ".join(op.value for op in ReduceOp)
 
 
+#: ``torch.distributed.ReduceOp`` names -> ours (PREMUL_SUM has no counterpart: a scale per call)
+_TORCH_OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg", "BAND": "band"}
+_TORCH_OPS |= {"BOR": "bor", "BXOR": "bxor"}
+
+
+def _torch_op(op: Any) -> ReduceOp:
+    """Ours for a ``torch.distributed.ReduceOp`` (or its ``RedOpType``), by name
+    (torch is not imported here: the caller already has it)."""
+    name = getattr(getattr(op, "op", op), "name", None)  # ReduceOp(...).op is a RedOpType
+    ours = _TORCH_OPS.get(name) if isinstance(name, str) else None
+    if ours is None:
+        raise ValueError(
+            f"torch.distributed.ReduceOp.{name} is not supported; supported: {', '.join(_TORCH_OPS)} "
+            "(for PREMUL_SUM, scale the tensor and use SUM)"
+        )
+    return ReduceOp(ours)
+
+
 def parse_op(op: str | ReduceOp) -> ReduceOp:
-    """Return the :class:`ReduceOp` for *op* (enum member or case-insensitive name)."""
+    """Return the :class:`ReduceOp` for *op*: an enum member, a case-insensitive
+    name, or a ``torch.distributed.ReduceOp`` value."""
     if isinstance(op, ReduceOp):
         return op
     if not isinstance(op, str):
+        if type(op).__module__.startswith("torch."):
+            return _torch_op(op)
         raise TypeError(f"op must be a str or ReduceOp, not {type(op).__name__}")
     try:
         return ReduceOp(op.strip().lower())

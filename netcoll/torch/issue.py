@@ -1,0 +1,132 @@
+"""Issuing netcoll collectives from torch's threads onto the netcoll loop
+thread, and torch ``Work`` objects backed by netcoll's.
+
+torch calls a process group's methods from its own threads (the training
+loop, autograd's), expects a ``Work`` back at once, and its ``Work.wait()``
+blocks. :func:`issue` runs the netcoll call on the communicator's event loop
+(where it is *issued*: its place in the group's sequence is fixed there, in
+the order torch made the calls), waits only for that, and returns a torch
+``Work`` over a ``torch.futures.Future`` that the netcoll ``Work``'s
+completion fulfils, after ``finish`` has copied the result into the tensors
+torch passed. Argument errors raise in the caller, as Gloo's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..comm import Communicator
+from ..operation import Work
+
+__all__ = ["Issuer", "NetcollWork", "completed"]
+
+
+class NetcollWork(dist.Work):
+    """torch's ``Work`` for a netcoll collective: over a ``torch.futures.Future``
+    that the netcoll ``Work`` fulfils. ``wait()`` raises the collective's error
+    (torch's own future-wrapping Work does not), ``wait(timeout)`` raises
+    ``TimeoutError`` when it passes first (the collective goes on)."""
+
+    def __init__(self, fut: torch.futures.Future[Any]) -> None:
+        super().__init__()
+        self._fut = fut
+        self._ended = threading.Event()
+        fut.add_done_callback(lambda _: self._ended.set())
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        seconds = timeout.total_seconds()
+        if seconds > 0 and not self._ended.wait(seconds):
+            raise TimeoutError(f"the netcoll collective did not end within {seconds:g}s")
+        self._fut.wait()  # raises the collective's error
+        return True
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        return self._fut.done() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        if not self._fut.done():
+            return None
+        try:
+            self._fut.wait()
+        except Exception as exc:  # noqa: BLE001 - the collective's error, returned as asked
+            return exc
+        return None
+
+    def result(self) -> Any:
+        return self._fut.wait()
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+class Issuer:
+    """A communicator and the loop (in another thread) it runs on."""
+
+    def __init__(self, comm: Communicator, loop: asyncio.AbstractEventLoop) -> None:
+        self.comm = comm
+        self.loop = loop
+
+    def __call__(self, start: Callable[[Communicator], Work], finish: Callable[[Any], Any]) -> NetcollWork:
+        """Issue ``start(comm)`` on the loop; a torch Work whose future gets
+        ``finish(result)`` (or the netcoll error) when the collective ends."""
+        fut: torch.futures.Future[Any] = torch.futures.Future()
+        issued: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def on_loop() -> None:
+            try:
+                work = start(self.comm)
+            except BaseException as exc:  # noqa: BLE001 - a bad argument: raised in the caller
+                issued.set_exception(exc)
+                return
+            issued.set_result(None)
+            work.add_done_callback(lambda w: _complete(w, finish, fut))
+
+        if _running_loop() is self.loop:
+            on_loop()  # e.g. a torch future's callback that issues the next collective
+        else:
+            try:
+                self.loop.call_soon_threadsafe(on_loop)
+            except RuntimeError:  # the loop has closed
+                raise RuntimeError(f"the netcoll process group {self.comm.group!r} is shut down") from None
+        issued.result()
+        return NetcollWork(fut)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _complete(work: Work, finish: Callable[[Any], Any], fut: torch.futures.Future[Any]) -> None:
+    """On the loop thread: the result into torch's tensors, then the future."""
+    try:
+        if work.cancelled():
+            raise RuntimeError(f"netcoll {work.name} #{work.seq} was cancelled")
+        value = finish(work.result())
+    except Exception as exc:  # noqa: BLE001 - every failure goes to the torch future, typed
+        fut.set_exception(exc)
+        return
+    fut.set_result(value)
+
+
+def completed(value: Any) -> NetcollWork:
+    """A torch Work that is already done with ``value`` (nothing to communicate)."""
+    fut: torch.futures.Future[Any] = torch.futures.Future()
+    fut.set_result(value)
+    return NetcollWork(fut)

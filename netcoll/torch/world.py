@@ -1,0 +1,87 @@
+"""The netcoll session under torch's process groups, and the backend factory.
+
+``init_process_group("netcoll")`` calls :func:`create` for the default group:
+it joins a netcoll group (``"torch"``) at the coordinator that ``netcoll run``
+names in ``NETCOLL_COORDINATOR`` (token ``NETCOLL_TOKEN``), as torch's rank of
+torch's world size, through :func:`netcoll.sync.connect`: one event loop
+thread per process carries every group's traffic. Each later group
+(``new_group``, which torch creates on its members only) gets a communicator
+of its own over the same links, named after torch's group name (the same on
+every rank) and made of torch's global ranks, which are the netcoll ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any
+
+from .. import sync
+from ..comm import Communicator
+from .backend import ProcessGroupNetcoll
+from .issue import Issuer
+
+__all__ = ["GROUP", "create", "world"]
+
+#: the netcoll group that the default torch process group joins at the coordinator
+GROUP = "torch"
+
+_lock = threading.Lock()
+_world: sync.SyncCommunicator | None = None
+
+
+def world() -> sync.SyncCommunicator | None:
+    """This process's session under the default torch process group, if one is open."""
+    return _world
+
+
+def create(opts: Any, pg_options: Any = None) -> ProcessGroupNetcoll:
+    """torch's backend factory (``extended_api``): the process group for one
+    torch group; ``opts`` is torch's ``_DistributedBackendOptions``."""
+    rank, size = int(opts.group_rank), int(opts.group_size)
+    seconds = max(float(opts.timeout.total_seconds()), 1.0)
+    ranks = [int(r) for r in opts.global_ranks_in_group]
+    if not ranks:  # the default group
+        default = _connect(rank, size, seconds)
+        return ProcessGroupNetcoll(Issuer(default.communicator, default.loop), rank, size, on_shutdown=_close_world)
+    open_world = _world
+    if open_world is None or open_world.closed:
+        raise RuntimeError("netcoll: create the default process group first: init_process_group('netcoll')")
+    session: sync.SyncCommunicator = open_world
+    parent = session.communicator
+    comm = Communicator(
+        parent.transport,
+        group=f"{GROUP}/{opts.group_id}",
+        members=tuple(ranks),
+        timeout=seconds,
+        segment_bytes=parent.segment_bytes,
+    )
+
+    def close() -> None:
+        if not comm.closed and not session.closed:
+            asyncio.run_coroutine_threadsafe(comm.close(), session.loop).result(seconds)
+
+    return ProcessGroupNetcoll(Issuer(comm, session.loop), rank, size, on_shutdown=close)
+
+
+def _connect(rank: int, size: int, seconds: float) -> sync.SyncCommunicator:
+    global _world
+    if not os.environ.get("NETCOLL_COORDINATOR"):
+        raise RuntimeError(
+            "netcoll: NETCOLL_COORDINATOR is not set; start the script with `netcoll run -n N script.py` "
+            "(or set NETCOLL_COORDINATOR=HOST:PORT of a running `netcoll coordinator`, and NETCOLL_TOKEN)"
+        )
+    with _lock:
+        if _world is not None and not _world.closed:
+            raise RuntimeError("netcoll: the default process group is already initialized in this process")
+        _world = sync.connect(world_size=size, rank=rank, group=GROUP, timeout=seconds, collective_timeout=seconds)
+        return _world
+
+
+def _close_world() -> None:
+    global _world
+    with _lock:
+        session, _world = _world, None
+    if session is not None:
+        session.close()
