@@ -90,11 +90,13 @@ class ProgressDisplay:
         self.width = 0  # length of the line drawn last (terminal)
         self.last_key: tuple[Any, ...] | None = None
         self.last_line = 0.0
+        self.running: dict[str, Any] | None = None  # the last "running" event (terminal)
 
     def show(self, event: dict[str, Any]) -> None:
         if event.get("topic") == "done":
             self.finish(str(event.get("state")))
         elif self.tty:
+            self.running = event if event.get("state") == "running" else self.running
             self._draw(f"{self.prefix} {bar(event)}")
         else:
             self._line(event)
@@ -114,8 +116,14 @@ class ProgressDisplay:
         self.out.flush()
 
     def finish(self, state: str | None = None) -> None:
-        """The job ended: end the terminal's line; say how it ended (lines)."""
+        """The job ended: end the terminal's line (the bar full if it succeeded); say how
+        it ended (lines). Ranks report every half second, so the last report seldom
+        covers the last iteration."""
         if self.tty:
+            if self.running is not None and state is not None:
+                last = dict(self.running, iteration=self.running.get("of")) if state == "succeeded" else self.running
+                self._draw(f"{self.prefix} {bar(last)}  {escape(state, 20)}")
+                self.running = None
             if self.width:
                 self.out.write("\n")
                 self.width = 0

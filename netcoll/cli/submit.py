@@ -132,13 +132,13 @@ async def _submit(cfg: SubmitConfig, spec: JobSpec, show_progress: bool) -> dict
             return await _wait_or_cancel(client, job_id)
         display = ProgressDisplay(job_id, spec.op)
         watching = asyncio.ensure_future(_show_progress(client, job_id, display))
+        rec: dict[str, Any] | None = None
         try:
             rec = await _wait_or_cancel(client, job_id)
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-            display.finish()
-        display.finish(str(rec["state"]))
+            display.finish(None if rec is None else str(rec["state"]))  # before any error line
         return rec
 
 

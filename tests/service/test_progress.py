@@ -139,7 +139,9 @@ def test_the_display_draws_a_bar_on_a_terminal_and_lines_elsewhere() -> None:
     shown.show({"topic": "done", "state": "succeeded"})
     text = tty.getvalue()
     assert text.startswith("\rjob 7 all_reduce queued: waiting for 2 more ranks") and text.endswith("\n")
-    assert "\rjob 7 all_reduce [#####" in text and text.count("\n") == 1
+    assert "\rjob 7 all_reduce [##########.........." in text and text.count("\n") == 1
+    full = "[####################] 10/10 iters  3.0 GiB sent  1.5 GiB/s  4/4 ranks  2.0 s  succeeded"
+    assert text.rstrip().endswith(full), text
     lines = io.StringIO()
     shown = ProgressDisplay(7, "all_reduce", lines, tty=False)
     for event in (running, running, {**running, "iteration": 6}, {"topic": "done", "state": "failed"}):
