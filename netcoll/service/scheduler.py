@@ -533,7 +533,11 @@ class JobService:
         coll = job.spec.collective
         if coll is None or not coll.takes_root or job.spec.root < world:
             return True
-        job.finish(JobState.FAILED, f"root {job.spec.root} is out of range for the {world} ranks ready")
+        ranks = f"{world} rank{'s' if world != 1 else ''}"
+        job.finish(
+            JobState.FAILED,
+            f"root {job.spec.root} is out of range for the {ranks} ready (ranks left since it was submitted)",
+        )
         return False
 
     def _idle_wait(self) -> float:

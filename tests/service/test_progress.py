@@ -90,6 +90,28 @@ async def test_the_coordinator_checks_what_a_client_submits() -> None:
         assert ok["state"] == "succeeded" and ok["verified"], ok
 
 
+async def test_a_root_that_no_longer_fits_fails_the_job_before_any_rank_sees_it() -> None:
+    async with service(2) as (c, client):
+        long = await client.submit("all_reduce", size="4MiB", iters=100_000, deadline=120)
+        rooted = await client.submit("reduce", root=1, size="4KiB")  # 2 ready: accepted, queued
+
+        async def running() -> bool:
+            return (await client.job(long))["state"] == "running"
+
+        await until(running)
+        c.daemons[1].request_stop()  # it drains: no new job once the running one ends
+
+        async def draining() -> bool:
+            return any(m["state"] == "draining" for m in await client.members())
+
+        await until(draining)
+        await client.cancel(long)  # then `rooted` is picked, with 1 rank ready
+        rec = await client.wait(rooted, timeout=60)
+        assert rec["state"] == "failed" and rec["epoch"] is None and rec["world_size"] == 0, rec
+        assert rec["error"].startswith("root 1 is out of range for the 1 rank ready"), rec["error"]
+        assert (await client.wait(long, timeout=60))["state"] == "cancelled"
+
+
 async def test_netcoll_submit_prints_progress_lines_when_not_a_terminal() -> None:
     async with service(2) as (c, _):
         env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
