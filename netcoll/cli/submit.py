@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from .. import collectives
-from ..choices import REDUCE_OPS, check_collective, check_reduce_op, check_root
+from ..choices import REDUCE_OPS, check_algorithm, check_collective, check_reduce_op, check_root
 from ..escape import escape
 from ..sizes import format_size, size_arg
 from .common import FORMATTER, CliError, add_client_arguments, flags, mean, print_json, run_client
@@ -103,13 +103,9 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
 def run(ns: argparse.Namespace) -> int:
     from ..config import SubmitConfig
-    from ..service.jobs import JobSpec
 
     cfg = SubmitConfig.load(flags(ns))
-    try:  # collective, algorithm, dtype, reduction, size and root (netcoll.choices)
-        spec = JobSpec(**cfg.job_fields())
-    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
-        raise CliError(f"invalid job: {one_line(exc)}", 2) from None
+    spec = job_spec(cfg)
     show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
     rec = run_client(_submit(cfg, spec, show))
     if cfg.json_output:
@@ -120,6 +116,21 @@ def run(ns: argparse.Namespace) -> int:
         reason = " ".join(str(rec.get("error") or "no reason given").split())
         raise CliError(f"job {rec['id']} {rec['state']}: {reason}")
     return 0
+
+
+def job_spec(cfg: SubmitConfig) -> JobSpec:
+    """The job, checked before anything is sent (exit 2): the names first, which need no
+    numpy (collective, algorithm, root against --world-size), then all of it (dtype,
+    reduction, size ...) as the coordinator will check it (:mod:`netcoll.choices`)."""
+    try:
+        coll = check_collective(cfg.op)
+        check_algorithm(coll, cfg.algorithm)
+        check_root(coll, cfg.root, cfg.world_size)
+        from ..service.jobs import JobSpec
+
+        return JobSpec(**cfg.job_fields())
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        raise CliError(f"invalid job: {one_line(exc)}", 2) from None
 
 
 async def _submit(cfg: SubmitConfig, spec: JobSpec, show_progress: bool) -> dict[str, Any]:
