@@ -8,8 +8,10 @@
 #      again on exit -- only the one it started, by PID)
 #   3. builds the base image netcoll-base:bookworm with debootstrap + docker
 #      import when that tag is missing (no image registry is needed)
-#   4. makes deploy/wheelhouse/ on the host: `pip wheel --no-deps` of this repo +
-#      `pip download` of its dependencies for the base image's Python/glibc
+#   4. makes deploy/wheelhouse/ on the host: `pip download` of this repo's
+#      dependencies (with the `metrics` extra, and E2E_EXTRAS) and of its build
+#      backend, for the base image's Python/glibc; the image builds netcoll itself
+#      from the source in a layer after them (deploy/Dockerfile)
 #   5. docker build -f deploy/Dockerfile --build-arg BASE_IMAGE=... --build-arg WHEELHOUSE=wheelhouse
 #   6. compose up with --scale rank=4; waits for 4 members in `netcoll status --json`
 #   7. submits every collective and checks state=succeeded, verified=true (null
@@ -421,6 +423,8 @@ timed "base image" build_base_image
 # --------------------------------------------------------------------------- 4. wheelhouse
 make_wheelhouse() {
   mkdir -p "$WHEELHOUSE_DIR"
+  # Dependencies only: the image installs them in a layer before the code (a
+  # netcoll wheel in here would change with every edit and rebuild that layer).
   rm -f "$WHEELHOUSE_DIR"/netcoll-*.whl
   # Build from a snapshot, not the work tree: no build/ or *.egg-info left in
   # the repo, and no half-written file picked up mid-edit.
@@ -434,11 +438,11 @@ make_wheelhouse() {
     done
     tar -c --exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info' "${items[@]}"
   ) | tar -x -C "$snap"
-  log "pip wheel --no-deps (netcoll from this repo)"
-  python3 -m pip wheel -q --no-deps -w "$WHEELHOUSE_DIR" "$snap" >"$WORKDIR/wheel.log" 2>&1 ||
+  log "pip wheel --no-deps (netcoll from this repo, to read its dependencies)"
+  python3 -m pip wheel -q --no-deps -w "$WORKDIR/dist" "$snap" >"$WORKDIR/wheel.log" 2>&1 ||
     { tail -20 "$WORKDIR/wheel.log" >&2; die "pip wheel of the project failed"; }
-  local wheel
-  wheel=$(ls "$WHEELHOUSE_DIR"/netcoll-*.whl)
+  local wheel extras="metrics${EXTRAS:+,$EXTRAS}"
+  wheel=$(ls "$WORKDIR"/dist/netcoll-*.whl)
 
   # Dependencies as binary wheels for the *image's* interpreter and glibc, which
   # need not match the host's: ask the base image.
@@ -450,10 +454,16 @@ make_wheelhouse() {
   for ((v = minor; v >= 5; v--)); do plat+=(--platform "manylinux_2_${v}_${arch}"); done
   plat+=(--platform "manylinux2014_${arch}" --platform "manylinux2010_${arch}" --platform "manylinux1_${arch}")
   log "pip download dependencies for CPython $pyver, glibc $glibc, $arch"
+  # + the build backend (pyproject's build-system.requires): the image builds netcoll offline
+  local build_reqs
+  mapfile -t build_reqs < <(python3 -c 'import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))' "$REPO/pyproject.toml") ||
+    die "could not read build-system.requires from pyproject.toml"
   python3 -m pip download -q -d "$WHEELHOUSE_DIR" --only-binary=:all: \
       --python-version "$pyver" --implementation cp --abi "$abi" --abi abi3 --abi none "${plat[@]}" \
-      "$wheel${EXTRAS:+[$EXTRAS]}" >"$WORKDIR/download.log" 2>&1 ||
+      "$wheel[$extras]" "${build_reqs[@]}" >"$WORKDIR/download.log" 2>&1 ||
     { tail -20 "$WORKDIR/download.log" >&2; die "pip download of the dependencies failed"; }
+  rm -f "$WHEELHOUSE_DIR"/netcoll-*.whl
   note "wheelhouse: $(find "$WHEELHOUSE_DIR" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE_DIR" | cut -f1) in deploy/$WHEELHOUSE_NAME"
 }
 timed "wheelhouse" make_wheelhouse

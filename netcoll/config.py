@@ -26,9 +26,11 @@ NETCOLL_TLS_CA           must chain to (PEM files; all three or
 NETCOLL_TLS_CHECK_       ``1``: clients also check the server's    all
 HOSTNAME                 name/IP against its certificate
 NETCOLL_HOST             address to listen on                      coordinator, rank, up
-NETCOLL_PORT             port to listen on (RPC / peer traffic)    coordinator, rank, up
+NETCOLL_PORT             port to listen on (RPC / peer traffic;    coordinator, rank, up
+                         rank default ``0``: any free port)
 NETCOLL_HTTP_PORT        HTTP ``/livez /readyz /metrics`` port     coordinator, rank
-                         (``off`` disables it, ``0`` = any free)
+                         (``off`` disables it, ``0`` = any free;
+                         rank default ``0``)
 NETCOLL_HTTP_HOST        address of the HTTP port (default: the    coordinator, rank
                          main listener's host)
 NETCOLL_RANK_HINT        preferred rank (a pod index)              rank
@@ -80,6 +82,7 @@ if TYPE_CHECKING:
 DEFAULT_COORDINATOR = "127.0.0.1:29400"
 COORDINATOR_PORT = 29400
 COORDINATOR_HTTP_PORT = 29401
+#: the ports the deploy files pin for rank daemons (`netcoll rank` itself binds any free ports)
 RANK_PORT = 29500
 RANK_HTTP_PORT = 29501
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -392,8 +395,10 @@ class RankConfig(Settings):
 
     coordinator: str = DEFAULT_COORDINATOR
     host: str = "0.0.0.0"
-    port: int = Field(default=RANK_PORT, ge=0, le=65535)
-    http_port: int | None = Field(default=RANK_HTTP_PORT, ge=0, le=65535)
+    #: 0: any free port (several daemons per host); the bound port is advertised
+    port: int = Field(default=0, ge=0, le=65535)
+    #: 0: any free port; the bound port is logged, in the ready file and in `netcoll status`
+    http_port: int | None = Field(default=0, ge=0, le=65535)
     http_host: str | None = None
     rank_hint: int | None = Field(default=None, ge=0, le=1_000_000)
     advertise_host: str | None = None
@@ -469,6 +474,8 @@ class SubmitConfig(ClientConfig):
     deadline: float = Field(default=300.0, gt=0, le=7 * 86400)
     input: str | None = None
     output: str | None = None
+    #: progress on stderr; None: when stderr is a terminal
+    progress: bool | None = None
 
     FLAGS: ClassVar[dict[str, str]] = {"json_output": "--json", "reduce_op": "--op", "op": "OP"}
 

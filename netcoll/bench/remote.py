@@ -41,7 +41,7 @@ def _job_fields(cfg: SweepConfig, g: Geometry) -> dict[str, Any]:
 
 def _row(cfg: SweepConfig, g: Geometry, rec: dict[str, Any], requested: int) -> dict[str, Any]:
     """The table row of one finished job (time: the mean of the slowest rank per iteration)."""
-    seconds = (rec["time_us"] or 0.0) / 1e6
+    seconds = rec["time_s"] or 0.0
     per_rank = {int(r): sum(t) / len(t) for r, t in rec["timings"].items() if t}
     return make_row(
         g,

@@ -3,7 +3,7 @@
 Servers (what the containers run)::
 
     netcoll coordinator [--host H] [--port 29400] [--http-port 29401]
-    netcoll rank [--coordinator HOST:PORT] [--host H] [--port 29500] [--http-port 29501]
+    netcoll rank [--coordinator HOST:PORT] [--host H] [--port 0] [--http-port 0]
                  [--rank-hint I] [--advertise-host A]
     netcoll up --ranks N [--host H] [--port P] [--demo]      # coordinator + N daemons, locally
 
@@ -44,11 +44,11 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from ..choices import REDUCE_OPS
 from ..collectives import NAMES as COLLECTIVES
 from .common import FORMATTER, PROG, CliError, Parser, flags
 from .errors import fail, guarded
 from .health import http_get
-from .submit import REDUCE_OPS
 
 __all__ = ["COLLECTIVES", "COMMANDS", "PROG", "REDUCE_OPS", "CliError", "build_parser", "http_get", "main"]
 

@@ -137,6 +137,6 @@ def print_json(doc: Any) -> None:
     sys.stdout.flush()
 
 
-def mean_us(values: list[float]) -> float | None:
-    """The mean of ``values`` seconds, in microseconds (None for none)."""
-    return sum(values) / len(values) * 1e6 if values else None
+def mean(values: list[float]) -> float | None:
+    """The mean of ``values`` (None for none)."""
+    return sum(values) / len(values) if values else None

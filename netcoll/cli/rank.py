@@ -31,8 +31,16 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         help="address to listen on for peers, and to dial the coordinator from when "
         "specific (env NETCOLL_HOST; default 0.0.0.0)",
     )
-    sp.add_argument("--port", help="the one port for all peer traffic (env NETCOLL_PORT; default 29500; 0 = any)")
-    sp.add_argument("--http-port", help="HTTP health/metrics port (env NETCOLL_HTTP_PORT; default 29501; 'off')")
+    sp.add_argument(
+        "--port",
+        help="the one port for all peer traffic (env NETCOLL_PORT; default 0: any free port, "
+        "told to the coordinator, so several daemons can share a host)",
+    )
+    sp.add_argument(
+        "--http-port",
+        help="HTTP health/metrics port (env NETCOLL_HTTP_PORT; default 0: any free port, logged "
+        "and shown by netcoll status; 'off')",
+    )
     sp.add_argument("--http-host", help="address of the HTTP port (env NETCOLL_HTTP_HOST; default: --host)")
     sp.add_argument(
         "--rank-hint",

@@ -67,13 +67,13 @@ def _print_members(members: list[dict[str, Any]]) -> None:
     if not members:
         print("  no rank daemons registered (start some: netcoll rank --coordinator HOST:PORT)")
         return
-    print(f"  {'rank':>4}  {'member':<34}{'address':<22}{'state':<10}{'job':>5}  hint")
+    print(f"  {'rank':>4}  {'member':<34}{'address':<22}{'http':>6}  {'state':<10}{'job':>5}  hint")
     for m in members:
-        rank = "-" if m.get("rank") is None else str(m["rank"])
-        job = "-" if m.get("current_job") is None else str(m["current_job"])
-        hint = "-" if m.get("rank_hint") is None else str(m["rank_hint"])
+        rank, job, hint, http = (
+            "-" if m.get(k) is None else str(m[k]) for k in ("rank", "current_job", "rank_hint", "http_port")
+        )
         member, address, state = (escape(m.get(k), 60) for k in ("member_id", "address", "state"))
-        print(f"  {rank:>4}  {member:<34}{address:<22}{state:<10}{job:>5}  {hint}")
+        print(f"  {rank:>4}  {member:<34}{address:<22}{escape(http, 6):>6}  {state:<10}{job:>5}  {hint}")
     if any(m.get("rank") is None for m in members):
         print("  (rank '-': joins at the next job, which starts a new epoch)")
 
@@ -92,6 +92,6 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
         op, state = escape(j.get("op"), 40), escape(j.get("state"), 20)
         print(
             f"  {j.get('id'):>4}  {op:<15}{state:<11}{j.get('world_size') or 0:>5}"
-            f"{human_time(j.get('time_us')):>12}{gbps(j.get('busbw')):>12}  {verified:<8}  "
+            f"{human_time(j.get('time_s')):>12}{gbps(j.get('busbw')):>12}  {verified:<8}  "
             f"{err[:100] + ('...' if len(err) > 100 else '')}"
         )

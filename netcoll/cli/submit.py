@@ -8,14 +8,18 @@ Exit 0 iff the job succeeded; Ctrl-C cancels the job (exit 130).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
 from typing import TYPE_CHECKING, Any
 
 from .. import collectives
+from ..choices import REDUCE_OPS, check_algorithm, check_collective, check_reduce_op, check_root
 from ..escape import escape
 from ..sizes import format_size, size_arg
-from .common import FORMATTER, CliError, add_client_arguments, flags, mean_us, print_json, run_client
+from .common import FORMATTER, CliError, add_client_arguments, flags, mean, print_json, run_client
 from .connect import connected
 from .errors import one_line
+from .progress import ProgressDisplay, plural
 
 if TYPE_CHECKING:
     from ..config import SubmitConfig
@@ -24,11 +28,26 @@ if TYPE_CHECKING:
     from .common import Subparsers
 
 HELP = "run a collective job on the rank daemons"
-REDUCE_OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
 EXAMPLES = (
     "examples:\n  netcoll submit all_reduce --size 64MiB --iters 5\n"
     "  netcoll submit reduce --dtype int32 --op max --root 2 --json\n"
 )
+
+
+def collective_arg(text: str) -> str:
+    """``type=`` of OP: a collective of the registry, or a usage error with the choices
+    and, for a near miss, "did you mean" (the same words as the coordinator's)."""
+    try:
+        return check_collective(text).name
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"invalid choice: {exc}".replace("unknown collective ", "")) from None
+
+
+def _reduce_op_arg(text: str) -> str:
+    try:
+        return check_reduce_op(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"invalid choice: {exc}".replace("unknown reduction ", "")) from None
 
 
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
@@ -43,7 +62,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         + "\nalgorithms (--algorithm; auto picks by size and number of ranks):\n"
         + collectives.algorithms_help(),
     )
-    sp.add_argument("op", choices=names, metavar="OP", help=" | ".join(names))
+    sp.add_argument("op", type=collective_arg, metavar="OP", help=" | ".join(names))
     sp.add_argument(
         "--size",
         type=size_arg,
@@ -54,8 +73,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     sp.add_argument(
         "--op",
         dest="reduce_op",
-        type=str.lower,
-        choices=REDUCE_OPS,
+        type=_reduce_op_arg,
         metavar="REDOP",
         help="reduction: " + " ".join(REDUCE_OPS) + " (default sum)",
     )
@@ -72,6 +90,12 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--deadline", type=float, metavar="SECONDS", help="the job's deadline once started (300)")
     sp.add_argument("--input", metavar="NAME", help="use the named tensor kept on the ranks instead of generated data")
     sp.add_argument("--output", metavar="NAME", help="keep the result on the ranks under this name")
+    sp.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="show progress on stderr while the job waits and runs: a bar on a terminal, else a "
+        "line per update (default: on when stderr is a terminal)",
+    )
     add_client_arguments(sp)
     sp.set_defaults(handler=run)
     return sp
@@ -79,14 +103,11 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
 def run(ns: argparse.Namespace) -> int:
     from ..config import SubmitConfig
-    from ..service.jobs import JobSpec
 
     cfg = SubmitConfig.load(flags(ns))
-    try:
-        spec = JobSpec(**cfg.job_fields())
-    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
-        raise CliError(f"invalid job: {one_line(exc)}", 2) from None
-    rec = run_client(_submit(cfg, spec))
+    spec = job_spec(cfg)
+    show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+    rec = run_client(_submit(cfg, spec, show))
     if cfg.json_output:
         print_json(job_json(rec, cfg.coordinator))
     else:
@@ -97,16 +118,66 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
-async def _submit(cfg: SubmitConfig, spec: JobSpec) -> dict[str, Any]:
-    """Submit, then wait for the job's record (Ctrl-C / SIGTERM cancel it)."""
+def job_spec(cfg: SubmitConfig) -> JobSpec:
+    """The job, checked before anything is sent (exit 2): the names first, which need no
+    numpy (collective, algorithm, root against --world-size), then all of it (dtype,
+    reduction, size ...) as the coordinator will check it (:mod:`netcoll.choices`)."""
+    try:
+        coll = check_collective(cfg.op)
+        check_algorithm(coll, cfg.algorithm)
+        check_root(coll, cfg.root, cfg.world_size)
+        from ..service.jobs import JobSpec
+
+        return JobSpec(**cfg.job_fields())
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        raise CliError(f"invalid job: {one_line(exc)}", 2) from None
+
+
+async def _submit(cfg: SubmitConfig, spec: JobSpec, show_progress: bool) -> dict[str, Any]:
+    """Check the root against the ranks, submit, then wait for the job's record
+    (Ctrl-C / SIGTERM cancel it), showing its progress on stderr if asked to."""
     async with connected(cfg) as client:
+        await _check_root(client, spec)
         job_id = await client.submit(spec)
-        return await _wait_or_cancel(client, job_id)
+        if not show_progress:
+            return await _wait_or_cancel(client, job_id)
+        display = ProgressDisplay(job_id, spec.op)
+        watching = asyncio.ensure_future(_show_progress(client, job_id, display))
+        rec: dict[str, Any] | None = None
+        try:
+            rec = await _wait_or_cancel(client, job_id)
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            display.finish(None if rec is None else str(rec["state"]))  # before any error line
+        return rec
+
+
+async def _show_progress(client: Client, job_id: int, display: ProgressDisplay) -> None:
+    async for event in client.progress(job_id):
+        display.show(event)
+
+
+async def _check_root(client: Client, spec: JobSpec) -> None:
+    """A job on every ready daemon (no --world-size) needs its root among them: ask the
+    coordinator how many there are, before anything is queued (exit 2 otherwise)."""
+    coll = spec.collective
+    if coll is None or not coll.takes_root or spec.world_size is not None or spec.root == 0:
+        return
+    members = (await client.status()).get("members") or []
+    ready = sum(m.get("state") != "draining" for m in members)
+    try:
+        check_root(coll, spec.root, max(ready, 1))
+    except ValueError as exc:
+        raise CliError(
+            f"invalid job: {exc}: {plural(ready, 'rank daemon')} ready at the coordinator "
+            "(--world-size N waits for N ranks)",
+            2,
+        ) from None
 
 
 async def _wait_or_cancel(client: Client, job_id: int) -> dict[str, Any]:
     """The finished job's record; on SIGINT/SIGTERM cancel the job and raise (exit 130)."""
-    import asyncio
     import signal
 
     interrupted = asyncio.Event()
@@ -139,9 +210,10 @@ async def _wait_or_cancel(client: Client, job_id: int) -> dict[str, Any]:
 
 
 def job_json(rec: dict[str, Any], coordinator: str) -> dict[str, Any]:
-    """The ``--json`` document: the record without result arrays, plus mean time per rank."""
+    """The ``--json`` document: the record without result arrays, plus mean seconds per
+    iteration on each rank (every time in it is in seconds; bandwidths in GB/s)."""
     doc = {k: v for k, v in rec.items() if k != "result"}
-    doc["rank_time_us"] = {r: mean_us(t) for r, t in (rec.get("timings") or {}).items()}
+    doc["rank_time_s"] = {r: mean(t) for r, t in (rec.get("timings") or {}).items()}
     doc["coordinator"] = coordinator
     return doc
 
@@ -160,7 +232,9 @@ def _job_data_line(rec: dict[str, Any]) -> str | None:
     extra = f", op {spec.get('reduce_op')}" if coll.takes_op else ""
     extra += f", root {spec.get('root')}" if coll.takes_root else ""
     warmup = f" + {spec.get('warmup')} warm-up" if spec.get("warmup") else ""
-    return f"  {data}{extra}, algorithm {spec.get('algorithm')}, {spec.get('iters')} iterations{warmup}"
+    iters = spec.get("iters")
+    count = plural(iters, "iteration") if isinstance(iters, int) else f"{iters} iterations"
+    return f"  {data}{extra}, algorithm {spec.get('algorithm')}, {count}{warmup}"
 
 
 def print_job(rec: dict[str, Any]) -> None:
@@ -178,7 +252,7 @@ def print_job(rec: dict[str, Any]) -> None:
     if state == "succeeded":
         verified = {True: "yes", False: "NO", None: "-"}[rec.get("verified")]
         print(
-            f"  time {human_time(rec.get('time_us'))}/iter   algbw {gbps(rec.get('algbw'))} GB/s   "
+            f"  time {human_time(rec.get('time_s'))}/iter   algbw {gbps(rec.get('algbw'))} GB/s   "
             f"busbw {gbps(rec.get('busbw'))} GB/s   verified {verified}"
         )
     timings = rec.get("timings") or {}
@@ -187,4 +261,4 @@ def print_job(rec: dict[str, Any]) -> None:
         print(f"  {'rank':>4}  {'address':<22}{'mean time':>12}")
         for r in sorted(timings, key=int):
             address = escape(addresses.get(r) or "-", 60)
-            print(f"  {escape(r, 8):>4}  {address:<22}{human_time(mean_us(timings[r])):>12}")
+            print(f"  {escape(r, 8):>4}  {address:<22}{human_time(mean(timings[r])):>12}")

@@ -144,7 +144,21 @@ class Client:
         return await self._rpc().call("cluster", {})  # type: ignore[no-any-return]
 
     async def progress(self, job_id: int) -> AsyncIterator[dict[str, Any]]:
-        """Progress events of a running job (``iteration``, ``of``), then its final record."""
+        """The job's progress as it happens, then its final record::
+
+            async for event in client.progress(job_id):
+                print(event["state"], event.get("waiting") or event.get("iteration"))
+
+        Each event is a dict with ``topic`` and ``state``. ``topic="progress"`` while
+        the job is not finished: ``state="queued"`` with ``waiting`` (what it waits for,
+        e.g. "waiting for 2 more ranks (has 2 of 4)", or None), then ``state="running"``
+        with ``iteration`` (timed iterations done on every reporting rank) of ``of``,
+        ``bytes_sent`` (payload bytes all ranks have sent in this job, warm-up included),
+        ``ranks_reporting`` of ``world_size``, and ``elapsed_s`` since it started. An
+        event comes when something changed, at most every 0.25 s; ranks report every
+        0.5 s. The last event has ``topic="done"``: the job's record (as :meth:`job`),
+        whose ``state`` is succeeded, failed or cancelled. One iterator per client at
+        a time (they share the connection's event stream)."""
         rpc = self._rpc()
         watch = asyncio.ensure_future(rpc.call("watch", {"id": job_id}))
         try:

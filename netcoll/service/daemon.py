@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ from ..rendezvous.client import RendezvousClient, new_member_id
 from ..transport.tcp import Listener, TcpTransport
 from ..transport.tls import TlsConfig
 from .jobs import JobSpec, generate_input, verify
-from .runner import Progress, run_collective
+from .runner import ProgressReporter, run_collective
 
 log = logging.getLogger("netcoll.daemon")
 
@@ -46,7 +46,9 @@ def _reason(exc: BaseException) -> str:
 class RankDaemon:
     """Args:
     coordinator: ``host:port`` of the coordinator.
-    host, port: where to listen for peers (one port for everything).
+    host, port: where to listen for peers (one port for everything; 0, the default: any
+        free port, so several daemons share a host; the bound port is what the
+        coordinator is told).
     rank_hint: preferred rank (a pod index), honoured when free.
     advertise_host: what peers should dial (default: as the coordinator sees us).
     tls: mutual TLS for the coordinator connections and every peer link.
@@ -59,7 +61,7 @@ class RankDaemon:
         coordinator: str,
         *,
         host: str = "0.0.0.0",
-        port: int = 29500,
+        port: int = 0,
         token: str | None = None,
         rank_hint: int | None = None,
         advertise_host: str | None = None,
@@ -78,6 +80,8 @@ class RankDaemon:
         self.local_host = local_host
         self.heartbeat = heartbeat
         self.member_id = member_id or new_member_id()
+        #: the bound HTTP health/metrics port, told to the coordinator (None: no HTTP)
+        self.http_port: int | None = None
         self.listener = Listener(token=token, tls=tls, insecure=insecure)
         self.rdv: RendezvousClient | None = None
         self.registered = False
@@ -105,6 +109,7 @@ class RankDaemon:
             "jobs_failed": self.jobs_failed,
             "buffers": sorted(self.buffers),
             "listen": f"{self.listener.address[0]}:{self.listener.address[1]}",
+            "http_port": self.http_port,
         }
 
     def request_stop(self) -> None:
@@ -178,7 +183,8 @@ class RankDaemon:
                 "daemon_register",
                 {
                     "member_id": self.member_id,
-                    "listen_port": self.listener.address[1],
+                    "listen_port": self.listener.address[1],  # the bound port (port 0: any free one)
+                    "http_port": self.http_port,
                     "rank_hint": self.rank_hint,
                     "advertise_host": self.advertise_host,
                 },
@@ -199,7 +205,8 @@ class RankDaemon:
             self.rdv = None
 
     async def _drain(self, rdv: RendezvousClient) -> None:
-        log.info("draining: no new jobs; finishing job %s", escape(self.current_job))
+        running = "no job is running" if self.current_job is None else f"finishing job {escape(self.current_job)}"
+        log.info("draining: no new jobs; %s", running)
         try:
             await rdv.rpc.call("daemon_drain", {}, timeout=5.0)
         except (OSError, NetcollError, TimeoutError):
@@ -297,7 +304,8 @@ class RankDaemon:
                 # Generating and checking data of a large job takes seconds of numpy work:
                 # in a thread (numpy releases the GIL), so heartbeats and links stay served.
                 x = await asyncio.to_thread(self._input, spec, event, rank, world)
-                y, timings, nbytes = await run_collective(comm, spec, x, self._progress(job_id, rank))
+                async with ProgressReporter(self._progress_sender(job_id, rank), comm, spec.iters) as progress:
+                    y, timings, nbytes = await run_collective(comm, spec, x, progress.step)
             report.update(timings=timings, nbytes=nbytes, links=_link_kinds(comm))
             if spec.data == "generated" and spec.op not in ("barrier",):
                 report["verified"], report["wrong"] = await asyncio.to_thread(verify, spec, rank, world, y)
@@ -320,30 +328,19 @@ class RankDaemon:
             self.jobs_failed += 1
         return report, payload, broken
 
-    def _progress(self, job_id: int, rank: int) -> Progress:
-        """Rank 0 reports progress at most every 0.5 s, in the background: a
-        report must never hold up the next timed iteration on every rank."""
-        last = 0.0
-        inflight: asyncio.Future[None] | None = None
+    def _progress_sender(self, job_id: int, rank: int) -> Callable[[dict[str, int]], Awaitable[None]]:
+        """Sends this rank's progress in the job to the coordinator (best effort)."""
 
-        async def report(i: int, of: int) -> None:
+        async def send(state: dict[str, int]) -> None:
+            rdv = self.rdv
+            if rdv is None:
+                return
             try:
-                if self.rdv is not None:
-                    await self.rdv.rpc.call(
-                        "job_progress", {"job_id": job_id, "rank": rank, "iteration": i, "of": of}, timeout=5.0
-                    )
-            except (OSError, NetcollError, TimeoutError):
-                pass
+                await rdv.rpc.call("job_progress", {"job_id": job_id, "rank": rank, **state}, timeout=5.0)
+            except (OSError, NetcollError, TimeoutError) as exc:
+                log.debug("progress of job %s not sent: %s", escape(job_id), escape(exc))
 
-        async def progress(i: int, of: int) -> None:
-            nonlocal last, inflight
-            now = time.monotonic()
-            busy = inflight is not None and not inflight.done()
-            if rank == 0 and not busy and (now - last > 0.5 or i == of):
-                last = now
-                inflight = asyncio.ensure_future(report(i, of))
-
-        return progress
+        return send
 
     def _input(self, spec: JobSpec, event: dict[str, Any], rank: int, world: int) -> np.ndarray | None:
         if spec.op in ("get", "delete"):

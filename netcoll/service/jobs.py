@@ -19,9 +19,9 @@ from typing import Any, Final, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .. import collectives
+from .. import choices, collectives
 from ..collectives import Collective
-from ..ops import BFLOAT16, ReduceOp, check_dtype, check_op_dtype, parse_op
+from ..ops import BFLOAT16, ReduceOp, check_dtype, check_op_dtype
 from ..sizes import parse_size
 from ..testdata import TestData
 
@@ -84,21 +84,19 @@ class JobSpec(BaseModel):
     @classmethod
     def _op(cls, v: str) -> str:
         if v not in COLLECTIVES and v not in BUFFER_OPS:
-            raise ValueError(
-                f"unknown op {v!r}; choose a collective ({', '.join(COLLECTIVES)}) or {', '.join(BUFFER_OPS)}"
-            )
+            names = (*COLLECTIVES, *BUFFER_OPS)
+            raise ValueError(f"unknown op {v!r}; {choices.did_you_mean(v, names)}choose from {', '.join(names)}")
         return v
 
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, v: str) -> str:
-        check_dtype(BFLOAT16 if v == "bfloat16" else np.dtype(v))
-        return v
+        return choices.check_dtype_name(v)
 
     @field_validator("reduce_op")
     @classmethod
     def _rop(cls, v: str) -> str:
-        return parse_op(v).value
+        return choices.check_reduce_op(v)
 
     @field_validator("size", mode="before")
     @classmethod
@@ -126,13 +124,12 @@ class JobSpec(BaseModel):
         return self
 
     def _check_collective(self, coll: Collective) -> None:
-        """The reduction suits the dtype; the algorithm is one of the collective's."""
+        """The reduction suits the dtype; the algorithm is one of the collective's; the
+        root is one of ``world_size`` ranks (:mod:`netcoll.choices`)."""
         if coll.takes_op:
             check_op_dtype(ReduceOp(self.reduce_op), self.np_dtype)
-        if self.algorithm not in coll.algorithms:
-            raise ValueError(
-                f"{coll.name} has no algorithm {self.algorithm!r}; choose one of {', '.join(coll.algorithms)}"
-            )
+        choices.check_algorithm(coll, self.algorithm)
+        choices.check_root(coll, self.root, self.world_size)
 
     def _check_generated(self) -> None:
         """A default size, whole elements, and the per-rank limit."""

@@ -344,7 +344,7 @@ async def _demo(address: str, cfg: UpConfig, out: IO[str], stop: asyncio.Event) 
 def _demo_row(op: str, rec: dict[str, Any]) -> str:
     verified = "-" if rec["verified"] is None else ("yes" if rec["verified"] else "NO")
     return (
-        f"  {op:<15}{rec['state']:<11}{rec['world_size']:>5}{human_time(rec['time_us']):>12}"
+        f"  {op:<15}{rec['state']:<11}{rec['world_size']:>5}{human_time(rec['time_s']):>12}"
         f"{gbps(rec['algbw']):>12}{gbps(rec['busbw']):>12}  {verified}"
         + ("" if rec["state"] == "succeeded" else f"  {rec['error']}")
     )
@@ -366,15 +366,16 @@ async def _demo_own_arrays(client: Any, n: int, out: IO[str]) -> bool:
     return bool(same)
 
 
-def human_time(us: float | None) -> str:
-    """A time in microseconds as ``12.3 us``, ``4.56 ms`` or ``1.234 s`` (``-``: unknown)."""
-    if us is None:
+def human_time(seconds: float | None) -> str:
+    """A time in seconds as ``12.3 us``, ``4.56 ms`` or ``1.234 s`` (``-``: unknown)."""
+    if seconds is None:
         return "-"
+    us = seconds * 1e6
     if us < 1000:
         return f"{us:.1f} us"
     if us < 1e6:
         return f"{us / 1e3:.2f} ms"
-    return f"{us / 1e6:.3f} s"
+    return f"{seconds:.3f} s"
 
 
 def gbps(x: float | None) -> str:

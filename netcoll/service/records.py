@@ -25,6 +25,7 @@ class Member:
     rank_hint: int | None = None
     draining: bool = False
     since: float = field(default_factory=time.time)
+    http_port: int | None = None  #: its HTTP health/metrics port (None: none)
 
     def describe(self) -> str:
         return f"{escape(self.member_id)} at {escape(self.host)}:{self.port}"
@@ -126,7 +127,11 @@ class Job:
         self.done = asyncio.Event()
         self.cancel_requested = False
         self.watchers: set[Session] = set()
+        #: the ranks' latest progress reports, and their sum (:meth:`report_progress`)
+        self.rank_progress: dict[int, dict[str, int]] = {}
         self.progress: dict[str, Any] = {}
+        #: set (and replaced) whenever the job changes in a way a watcher would show
+        self.updated = asyncio.Event()
         self.time_s: float | None = None
         self.algbw: float | None = None
         self.busbw: float | None = None
@@ -155,6 +160,9 @@ class Job:
         job.verified = record.get("verified")
         job.results_expired = True
         job.stored = dict(record)
+        if "time_us" in record:  # journaled before the JSON went all-seconds
+            us = job.stored.pop("time_us")
+            job.stored.setdefault("time_s", None if us is None else us / 1e6)
         job.done.set()
         return job
 
@@ -167,6 +175,7 @@ class Job:
         self.members = {r: m.member_id for r, m in enumerate(members)}
         self.rank_of = {m.member_id: r for r, m in enumerate(members)}
         self.addresses = {r: f"{m.host}:{m.port}" for r, m in enumerate(members)}
+        self.notify()
 
     def finish(self, state: JobState, error: str | None) -> None:
         if self.state.done:
@@ -175,8 +184,46 @@ class Job:
         self.inputs = None  # free client arrays
         self.done.set()
         self.changed.set()
+        self.notify()
         if self.on_finish is not None:
             self.on_finish(self)
+
+    # -- what watchers see ------------------------------------------------------------------
+    def notify(self) -> None:
+        """Wake every watcher (each waits on the event of the moment)."""
+        self.updated.set()
+        self.updated = asyncio.Event()
+
+    def set_waiting(self, why: str | None) -> None:
+        """What a queued job waits for (None: nothing); watchers hear of a change."""
+        if why != self.waiting:
+            self.waiting = why
+            self.notify()
+
+    def report_progress(self, rank: int, iteration: int, of: int, sent: int) -> None:
+        """Rank ``rank`` has done ``iteration`` of ``of`` timed iterations and sent ``sent``
+        payload bytes in this job; :attr:`progress` sums the ranks' reports."""
+        self.rank_progress[rank] = {"iteration": iteration, "of": of, "bytes_sent": sent}
+        reports = self.rank_progress.values()
+        self.progress = {
+            "iteration": min(p["iteration"] for p in reports),  # done on every reporting rank
+            "of": of,
+            "bytes_sent": sum(p["bytes_sent"] for p in reports),
+            "ranks_reporting": len(self.rank_progress),
+        }
+        self.notify()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The job as a progress event: ``state``, and what it waits for (queued) or how far
+        it is (running: iterations, bytes sent by all ranks, ranks reporting, seconds run)."""
+        event: dict[str, Any] = {"id": self.id, "state": self.state.value, "op": self.spec.op}
+        if self.state == JobState.QUEUED:
+            event["waiting"] = self.waiting
+        elif self.state == JobState.RUNNING:
+            event.update({"iteration": 0, "of": self.spec.iters, "bytes_sent": 0, "ranks_reporting": 0})
+            event.update(self.progress)
+            event.update(world_size=self.world_size, elapsed_s=time.time() - (self.started_at or time.time()))
+        return event
 
     def record(self, with_results: bool = False) -> Any:
         if self.stored is not None:
@@ -200,7 +247,7 @@ class Job:
             "timings": {str(r): rep.get("timings", []) for r, rep in sorted(self.reports.items())},
             # rank -> {peer rank: link kind}: which connection each pair of ranks used
             "links": {str(r): rep.get("links", {}) for r, rep in sorted(self.reports.items())},
-            "time_us": None if self.time_s is None else self.time_s * 1e6,
+            "time_s": self.time_s,  # mean seconds per timed iteration (slowest rank's)
             "algbw": self.algbw,
             "busbw": self.busbw,
             "verified": self.verified,

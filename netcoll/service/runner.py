@@ -5,8 +5,10 @@ Kept apart from the daemon so it can be tested over the in-memory transport.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,61 @@ from ..comm import Communicator
 from .jobs import JobSpec
 
 Progress = Callable[[int, int], Awaitable[None]]
+#: how often a rank reports its progress in a job (when it has changed)
+PROGRESS_INTERVAL = 0.5
+
+
+def bytes_sent(comm: Communicator) -> int:
+    """Payload bytes this rank has sent to all its peers (over the links' lifetime)."""
+    return sum(int(s.get("bytes_sent", 0)) for s in comm.link_stats().values())
+
+
+class ProgressReporter:
+    """A rank's progress in one job, sent every ``interval`` seconds while it changes:
+    timed iterations done (``step`` is :func:`run_collective`'s callback) and payload
+    bytes sent since the job began (so a long single iteration shows progress too).
+    Sending runs in a task of its own: a slow report never holds up an iteration.
+
+    ``async with ProgressReporter(send, comm, iters) as p: await run_collective(..., p.step)``
+    """
+
+    def __init__(
+        self,
+        send: Callable[[dict[str, int]], Awaitable[None]],
+        comm: Communicator,
+        iters: int,
+        interval: float = PROGRESS_INTERVAL,
+    ) -> None:
+        self.send, self.comm, self.interval = send, comm, interval
+        self.iteration, self.of = 0, iters
+        self.base = bytes_sent(comm)
+        self.task: asyncio.Task[None] | None = None
+
+    async def step(self, iteration: int, of: int) -> None:
+        self.iteration, self.of = iteration, of
+
+    def state(self) -> dict[str, int]:
+        return {"iteration": self.iteration, "of": self.of, "bytes_sent": bytes_sent(self.comm) - self.base}
+
+    async def _loop(self) -> None:
+        last: dict[str, int] | None = None
+        while True:
+            await asyncio.sleep(self.interval)
+            state = self.state()
+            if state != last:
+                await self.send(state)
+                last = state
+
+    async def __aenter__(self) -> ProgressReporter:
+        self.task = asyncio.create_task(self._loop(), name="netcoll-job-progress")
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
 
 
 async def call(comm: Communicator, spec: JobSpec, x: np.ndarray | None, out: np.ndarray | None = None) -> Any:

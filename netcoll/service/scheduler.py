@@ -53,6 +53,7 @@ CLIENT_METHODS = frozenset({"submit", "wait", "job", "cancel", "members", "clust
 REPORT_GRACE = 5.0  # after a job's deadline (or a lost rank), how long to wait for the others' reports
 HISTORY = 1000  # finished jobs kept (in memory and in the journal)
 IDLE_POLL = 1.0  # with nothing runnable, look again at least this often
+WATCH_INTERVAL = 0.25  # a watcher gets at most one progress event per this many seconds
 CRASHED = "the coordinator stopped while this job was running (crashed or killed); it did not finish: submit it again"
 
 
@@ -181,12 +182,14 @@ class JobService:
         return [m for m in self.members.values() if not m.draining and m.session.proto.lost is None]
 
     async def _rpc_daemon_register(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
-        member_id, port = params.get("member_id"), params.get("listen_port")
+        member_id, port, http_port = params.get("member_id"), params.get("listen_port"), params.get("http_port")
         hint, advertise = params.get("rank_hint"), params.get("advertise_host")
         if not isinstance(member_id, str) or not member_id or len(member_id) > 200:
             raise ValueError("member_id must be a non-empty string")
-        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        if not isinstance(port, int) or not _is_port(port):
             raise ValueError(f"listen_port must be a TCP port, got {port!r}")
+        if http_port is not None and not _is_port(http_port):
+            raise ValueError(f"http_port must be a TCP port or None, got {http_port!r}")
         if hint is not None and (not isinstance(hint, int) or isinstance(hint, bool) or hint < 0):
             raise ValueError(f"rank_hint must be a non-negative int, got {hint!r}")
         seen = session.peer[0]
@@ -206,9 +209,16 @@ class JobService:
         old = self.members.get(member_id)
         if old is not None and old.session is not session and old.session.proto.lost is None:
             raise ValueError(f"member id {member_id!r} is already registered from {old.host}:{old.port}")
-        self.members[member_id] = Member(member_id, session, host, port, hint)
+        self.members[member_id] = Member(member_id, session, host, port, hint, http_port=http_port)
         session.data["daemon"] = member_id
-        log.info("daemon %s registered at %s:%d (hint %s)", escape(member_id), escape(host), port, escape(hint))
+        log.info(
+            "daemon %s registered at %s:%d (HTTP port %s, hint %s)",
+            escape(member_id),
+            escape(host),
+            port,
+            http_port or "off",
+            escape(hint),
+        )
         self._members_changed.set()
         return {"epoch": self.epoch, "members": len(self.members)}
 
@@ -300,12 +310,25 @@ class JobService:
                     f"an input array of {biggest} bytes exceeds the limit of {lim.max_job_bytes} bytes per rank "
                     "(max_job_bytes, NETCOLL_LIMIT_MAX_JOB_BYTES)"
                 )
+        self._admit_root(spec)
         queued = len(self.pending) + self._submitting
         if queued >= lim.max_queued_jobs:
             raise ValueError(
                 f"the queue is full: {queued} jobs queued, the limit is {lim.max_queued_jobs} "
                 "(max_queued_jobs, NETCOLL_LIMIT_MAX_QUEUED_JOBS); retry when some have run"
             )
+
+    def _admit_root(self, spec: JobSpec) -> None:
+        """A job on every ready daemon (no ``world_size``) needs its root among them now
+        (with a ``world_size``, JobSpec checked it): refused here, it never reaches a rank."""
+        coll = spec.collective
+        ready = len(self.ready_members())
+        if coll is None or not coll.takes_root or spec.world_size is not None or spec.root < max(ready, 1):
+            return
+        raise ValueError(
+            f"root {spec.root} is out of range: {ready} rank daemon{'s are' if ready != 1 else ' is'} ready "
+            f"(valid roots are 0..{ready - 1}); to wait for more, set world_size (--world-size) above the root"
+        )
 
     def _get(self, params: dict[str, Any]) -> Job:
         jid = params.get("id")
@@ -340,28 +363,49 @@ class JobService:
         return rec
 
     async def _rpc_watch(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
+        """Push ``progress`` events (:meth:`Job.snapshot`: queued and what it waits for,
+        running and how far) as the job changes, at most every WATCH_INTERVAL; reply
+        with the final record once it ends."""
         job = self._get(params)
         job.watchers.add(session)
         try:
-            await job.done.wait()
+            await self._push_progress(session, job)
         finally:
             job.watchers.discard(session)
         rec: dict[str, Any] = job.record()
         return rec
+
+    @staticmethod
+    async def _push_progress(session: Session, job: Job) -> None:
+        loop = asyncio.get_running_loop()
+        last: dict[str, Any] | None = None
+        while not job.done.is_set():
+            updated = job.updated
+            event = job.snapshot()
+            if {**event, "elapsed_s": None} != last:
+                await session.push("progress", event)
+                last = {**event, "elapsed_s": None}
+            pause = loop.time() + WATCH_INTERVAL
+            await updated.wait()
+            if not job.done.is_set():
+                await asyncio.sleep(max(pause - loop.time(), 0))
 
     def _watchers_drop(self, session: Session) -> None:
         for job in self.jobs.values():
             job.watchers.discard(session)
 
     async def _rpc_job_progress(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
+        """A rank's progress in its running job: timed iterations done, of how many, and
+        payload bytes sent so far (rate limited on the rank; watchers are woken)."""
         job = self.jobs.get(params.get("job_id"))  # type: ignore[arg-type]
-        if job is not None and job.state == JobState.RUNNING:
-            job.progress = {k: params.get(k) for k in ("iteration", "of", "rank")}
-            for watcher in list(job.watchers):
-                try:
-                    await watcher.push("progress", {"id": job.id, **job.progress})
-                except Exception:  # noqa: BLE001 - a gone watcher is dropped
-                    job.watchers.discard(watcher)
+        rank, numbers = params.get("rank"), [params.get(k, 0) for k in ("iteration", "of", "bytes_sent")]
+        if job is None or job.state != JobState.RUNNING or not isinstance(rank, int):
+            return {}
+        if job.members.get(rank) != session.data.get("daemon"):
+            raise ValueError(f"rank {rank} of job {job.id} is not this daemon")
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+            raise ValueError("iteration, of and bytes_sent must be non-negative integers")
+        job.report_progress(rank, *numbers)
         return {}
 
     async def _rpc_job_result(self, session: Session, params: dict[str, Any], payload: memoryview) -> dict[str, Any]:
@@ -403,11 +447,12 @@ class JobService:
                     "address": f"{m.host}:{m.port}",
                     "host": m.host,
                     "port": m.port,
+                    "http_port": m.http_port,
                     "rank_hint": m.rank_hint,
                     "epoch": self.epoch,
                     "state": "draining" if m.draining else ("busy" if busy_job else "ready"),
                     "current_job": busy_job.id if busy_job else None,
-                    "registered_for": round(time.time() - m.since, 1),
+                    "registered_for_s": round(time.time() - m.since, 1),
                 }
             )
         return rows
@@ -471,14 +516,31 @@ class JobService:
                 del self.pending[job.id]
             elif runnable:
                 del self.pending[job.id]
-                job.waiting = None
                 chosen = assign_ranks(ready, self.epoch_members)
-                return job, chosen[:want] if want else chosen
+                chosen = chosen[:want] if want else chosen
+                if self._root_fits(job, len(chosen)):
+                    job.set_waiting(None)
+                    return job, chosen
             elif want is None:
-                job.waiting = "waiting for a rank daemon (none is ready)"
+                job.set_waiting("waiting for a rank daemon (none is ready)")
             else:
-                job.waiting = f"waiting for {want - len(ready)} more ranks (has {len(ready)} of {want})"
+                more = want - len(ready)
+                job.set_waiting(f"waiting for {more} more rank{'s' if more != 1 else ''} (has {len(ready)} of {want})")
         return None
+
+    @staticmethod
+    def _root_fits(job: Job, world: int) -> bool:
+        """False (and the job failed, before any rank sees it) when its root is not one of
+        the ``world`` ranks it would run on (the daemons left since it was submitted)."""
+        coll = job.spec.collective
+        if coll is None or not coll.takes_root or job.spec.root < world:
+            return True
+        ranks = f"{world} rank{'s' if world != 1 else ''}"
+        job.finish(
+            JobState.FAILED,
+            f"root {job.spec.root} is out of range for the {ranks} ready (ranks left since it was submitted)",
+        )
+        return False
 
     def _idle_wait(self) -> float:
         """How long the runner may sleep with nothing runnable: until the next waiting job's
@@ -605,6 +667,10 @@ class JobService:
             )
             return
         job.finish(JobState.SUCCEEDED, None)
+
+
+def _is_port(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 65536
 
 
 def _bandwidth(spec: JobSpec, nbytes: int, seconds: float, world: int) -> tuple[float, float]:

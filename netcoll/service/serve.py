@@ -230,50 +230,55 @@ class _RankServer:
             name=f"netcoll rank {daemon.member_id}",
             tls=daemon.tls,
         )
-        self.run_task: asyncio.Task[None] = asyncio.create_task(daemon.run(), name="netcoll-rank-daemon")
+        self.run_task: asyncio.Task[None] | None = None  # started once HTTP listens (run)
         self.stopper: asyncio.Task[None] | None = None
 
     async def _stop_when_idle(self) -> None:
         """Nothing to drain while not registered (the coordinator is unreachable, so no
         result could be reported): do not wait for a connection attempt to time out."""
-        while not self.run_task.done():
+        task = self.run_task
+        while task is not None and not task.done():
             if not self.daemon.registered:
                 await asyncio.sleep(1.0)
-                if not self.run_task.done() and not self.daemon.registered:
-                    self.run_task.cancel()
+                if not task.done() and not self.daemon.registered:
+                    task.cancel()
                 return
             await asyncio.sleep(0.1)
 
     def on_signal(self, sig: int) -> None:
         self.signals += 1
         if self.signals == 1:
-            log.info(
-                "%s: draining (no new jobs; finishing job %s), then leaving", _signal_name(sig), self.daemon.current_job
-            )
+            job = self.daemon.current_job
+            running = "no job is running" if job is None else f"finishing job {job}"
+            log.info("%s: draining (no new jobs; %s), then leaving", _signal_name(sig), running)
             self.stopping = True
             self.daemon.request_stop()
             self.stopper = asyncio.create_task(self._stop_when_idle())
         else:
             log.warning("%s again: stopping now", _signal_name(sig))
-            self.run_task.cancel()
+            if self.run_task is not None:
+                self.run_task.cancel()
 
-    async def _listening(self) -> tuple[str, int]:
+    async def _listening(self, task: asyncio.Task[None]) -> tuple[str, int]:
         """The peer listener's address, once bound (a StartupError if it could not be)."""
-        while self.daemon.listener.address[1] == 0 and not self.run_task.done():  # noqa: ASYNC110 - bounded by run
+        while self.daemon.listener.address[1] == 0 and not task.done():  # noqa: ASYNC110 - bounded by run
             await asyncio.sleep(0.01)
-        if self.run_task.done():
+        if task.done():
             try:
-                self.run_task.result()
+                task.result()
             except OSError as exc:
                 raise _listen_error("peers", self.cfg.host, self.cfg.port, exc) from None
         host, port = self.daemon.listener.address[:2]
         return str(host), int(port)
 
     async def run(self) -> None:
-        """Serve until the daemon stops (drained, or cancelled by a second signal)."""
+        """Serve until the daemon stops (drained, or cancelled by a second signal). HTTP
+        listens first, so the daemon registers with its bound HTTP port (port 0: any)."""
         cfg, daemon = self.cfg, self.daemon
-        host, port = await self._listening()
         url = await _start_http(cfg, self.http)
+        daemon.http_port = self.http.address[1] if url else None
+        self.run_task = task = asyncio.create_task(daemon.run(), name="netcoll-rank-daemon")
+        host, port = await self._listening(task)
         log.info(
             "rank daemon %s: peers on %s:%d, coordinator %s%s, HTTP %s",
             daemon.member_id,
@@ -294,13 +299,13 @@ class _RankServer:
             },
         )
         try:
-            await self.run_task
+            await task
         except asyncio.CancelledError:
             if not self.stopping:
                 raise
 
     async def close(self) -> None:
-        if not self.run_task.done():
+        if self.run_task is not None and not self.run_task.done():
             self.run_task.cancel()
             await asyncio.gather(self.run_task, return_exceptions=True)
         if self.stopper is not None:

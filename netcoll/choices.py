@@ -1,0 +1,101 @@
+"""What a job names, checked against the registry before anything is queued.
+
+``netcoll submit`` (before it connects) and the coordinator (on every submit,
+through :class:`netcoll.service.jobs.JobSpec`) check the same things with the
+same words: the collective, its algorithm, the root, the dtype and the
+reduction. Each error is a :class:`ValueError` of one line that lists the
+valid choices and, for a near miss, says "did you mean ...?" (:mod:`difflib`)::
+
+    unknown collective 'all_reduc'; did you mean 'all_reduce'? choose from all_reduce, ...
+    all_reduce has no algorithm 'rign'; did you mean 'ring'? choose from auto, ring, tree, ...
+    unknown dtype 'float33'; did you mean 'float32'? choose from bool, int8, ...
+    root 4 is out of range for 4 ranks (valid roots are 0..3)
+
+The dtype check loads numpy (the others do not).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+from . import collectives
+from .collectives import Collective
+
+__all__ = [
+    "check_algorithm",
+    "check_collective",
+    "check_dtype_name",
+    "check_reduce_op",
+    "check_root",
+    "did_you_mean",
+    "dtype_names",
+]
+
+REDUCE_OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """``"did you mean 'x'? "`` for the closest of ``choices`` to ``word`` (or "")."""
+    close = difflib.get_close_matches(str(word).strip().lower(), list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _unknown(what: str, word: object, choices: Iterable[str]) -> str:
+    """``what 'word'; did you mean 'x'? choose from a, b, c``"""
+    choices = tuple(choices)
+    return f"{what} {word!r}; {did_you_mean(word, choices)}choose from {', '.join(choices)}"
+
+
+def check_collective(name: str) -> Collective:
+    """The registry entry called ``name`` (ValueError with the choices otherwise)."""
+    coll = collectives.REGISTRY.get(name) if isinstance(name, str) else None
+    if coll is None:
+        raise ValueError(_unknown("unknown collective", name, collectives.NAMES))
+    return coll
+
+
+def check_algorithm(coll: Collective, algorithm: str) -> str:
+    """``algorithm`` if ``coll`` has it (``auto`` always), else ValueError."""
+    if algorithm not in coll.algorithms:
+        raise ValueError(_unknown(f"{coll.name} has no algorithm", algorithm, coll.algorithms))
+    return algorithm
+
+
+def check_root(coll: Collective, root: int, world_size: int | None) -> None:
+    """A root rank in ``0..world_size-1`` (any root >= 0 while the size is unknown)."""
+    if root < 0:
+        raise ValueError(f"root must be >= 0, got {root}")
+    if coll.takes_root and world_size is not None and root >= world_size:
+        raise ValueError(
+            f"root {root} is out of range for {world_size} rank{'s' if world_size != 1 else ''} "
+            f"(valid roots are 0..{world_size - 1})"
+        )
+
+
+def dtype_names() -> tuple[str, ...]:
+    """Every dtype a job accepts, by name (``float32``, ``bfloat16``, ``bool``...)."""
+    from .ops import SUPPORTED_DTYPES
+
+    return tuple(str(dt) for dt in SUPPORTED_DTYPES)
+
+
+def check_dtype_name(name: str) -> str:
+    """``name`` if it names a supported dtype (numpy's spellings, e.g. ``f4``, too)."""
+    import numpy as np
+
+    from .ops import BFLOAT16, check_dtype
+
+    try:
+        check_dtype(BFLOAT16 if name == "bfloat16" else np.dtype(name))
+    except (TypeError, ValueError):
+        raise ValueError(_unknown("unknown dtype", name, dtype_names())) from None
+    return name
+
+
+def check_reduce_op(name: str) -> str:
+    """A reduction's name (case-insensitive), lower-cased."""
+    text = name.strip().lower() if isinstance(name, str) else name
+    if text not in REDUCE_OPS:
+        raise ValueError(_unknown("unknown reduction", name, REDUCE_OPS))
+    return str(text)
