@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import logs
 from ..arrays import array_from_meta, meta_of
 from ..comm import Communicator
 from ..errors import CollectiveError, NetcollError, PeerLost
@@ -143,6 +144,7 @@ class RankDaemon:
             self.coordinator, token=self.token, timeout=10.0, local_host=self.local_host, heartbeat=self.heartbeat
         )
         self.rdv = rdv
+        rdv.report_with(self._in_flight)
         lost = asyncio.Event()
 
         def on_event(event: dict[str, Any]) -> None:
@@ -182,6 +184,11 @@ class RankDaemon:
             self.registered = False
             await rdv.close()
             self.rdv = None
+
+    def _in_flight(self) -> dict[str, Any] | None:
+        """The operations this rank is in (the heartbeat thread reads it; thread-safe)."""
+        transport = self.transport
+        return None if transport is None else transport.mailbox.snapshot()
 
     async def _drain(self, rdv: RendezvousClient) -> None:
         log.info("draining: no new jobs; finishing job %s", escape(self.current_job))
@@ -238,6 +245,18 @@ class RankDaemon:
         return self.comm
 
     async def _job(self, event: dict[str, Any]) -> None:
+        """Run one job with its log context (rank, epoch, job) and, when it asks for a
+        timeline, a trace recorder; report the result to the coordinator."""
+        with logs.bind(rank=event.get("rank"), epoch=event.get("epoch"), job=event.get("job_id")):
+            spec = event.get("spec")
+            log.info(
+                "job %s: %s starts",
+                escape(event.get("job_id")),
+                escape(spec.get("op") if isinstance(spec, dict) else spec, 40),
+            )
+            await self._run_job(event)
+
+    async def _run_job(self, event: dict[str, Any]) -> None:
         job_id, rank, world = event["job_id"], event["rank"], event["world_size"]
         report: dict[str, Any] = {"job_id": job_id, "rank": rank, "ok": False}
         payload: bytes | None = None
@@ -270,6 +289,10 @@ class RankDaemon:
             log.exception("job %s failed", escape(job_id))
             report.update(error=f"internal error: {exc!r}", error_type="RpcError")
             self.jobs_failed += 1
+        if report["ok"]:
+            log.info("job %s done", escape(job_id))
+        else:
+            log.warning("job %s failed: %s", escape(job_id), escape(report.get("error"), 300))
         rdv = self.rdv
         if rdv is not None:
             try:
