@@ -22,15 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import numbers
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import algorithms
+from . import algorithms, observe
 from .errors import CollectiveError, CommunicatorClosed
+from .logs import OPERATION
 from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work
 from .transport.base import Channel, Transport
+
+log = logging.getLogger("netcoll.engine")
 
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_GRACE = 0.2  # after a deadline, how long to listen for peers' own timeout reports
@@ -96,6 +101,7 @@ class Engine:
         self.p2p_seq: dict[str, int] = {}
         self.running: set[asyncio.Task[None]] = set()
         self.fps: dict[tuple[Any, ...], str] = {}  # hot calls' fingerprints, by their arguments
+        self.slow_op_s = observe.slow_op_s()
 
     def remember_fp(self, key: tuple[Any, ...], fp: str) -> str:
         if len(self.fps) >= 256:
@@ -139,6 +145,8 @@ class Engine:
             call.group or self.group, call.seq, call.fp, call.members or self.members, call.name, work.get_loop()
         )
         work.op = op
+        context = OPERATION.set((call.name, call.seq, self.transport.rank))
+        start = time.perf_counter()
         try:
             value = await self._run(op, work, call.body, limit)
             if call.post is not None:
@@ -155,6 +163,22 @@ class Engine:
             mailbox.close(op)
             if work._driver is not None:
                 self.running.discard(work._driver)
+            self._observe(op, call, time.perf_counter() - start)
+            OPERATION.reset(context)
+
+    def _observe(self, op: Operation, call: Call, seconds: float) -> None:
+        """Record how the operation ended (metrics); log a slow or failed one."""
+        if op.failure is None:
+            observe.DURATIONS.observe(call.name, call.fp, seconds)  # its count is the "ok" outcome
+            if seconds > self.slow_op_s:
+                log.info("slow operation: %s finished after %.3fs", op.where(), seconds)
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("%s done in %.6fs", op.where(), seconds)
+            return
+        observe.count(call.name, op.failure.reason.value)
+        level = logging.INFO if op.failure.reason is Reason.CANCELLED else logging.WARNING
+        if log.isEnabledFor(level):
+            log.log(level, "%s failed after %.3fs: %s", op.where(), seconds, op.failure.message)
 
     async def _run(self, op: Operation, work: Work, body: Body, limit: float) -> Any:
         if self.closed:
@@ -166,13 +190,13 @@ class Engine:
             task = asyncio.current_task(loop)
             assert task is not None
             work._driver = task
-            deadline = _Deadline(task)
-            timer = loop.call_at(loop.time() + limit, deadline.expire)
+            deadline = _Deadline(task, op, loop.time() + limit, self.transport.rank)
+            deadline.arm(loop, self.slow_op_s)
             try:
                 try:
                     return await body(Channel(self.transport, op))
                 finally:
-                    timer.cancel()
+                    deadline.cancel()
             except asyncio.CancelledError:
                 if not deadline.expired or task.uncancel() > deadline.cancelling:
                     # cancelled: the Work, the task awaiting it, or the loop shutting down
@@ -245,14 +269,44 @@ class Engine:
 
 
 class _Deadline:
-    """Cancels ``task`` when it expires (the timer is armed by the caller);
-    ``cancelling`` is the task's count of cancel requests before, so a
-    cancellation from elsewhere at the same time is told apart."""
+    """Cancels ``task`` when it expires at ``end`` (loop time). One timer: it
+    first fires after the slow-operation threshold (when that comes before
+    the end) to log a WARNING naming the ranks still waited for, then is
+    re-armed for the end. ``cancelling`` is the task's count of cancel
+    requests before, so a cancellation from elsewhere at the same time is
+    told apart."""
 
-    __slots__ = ("task", "cancelling", "expired")
+    __slots__ = ("task", "cancelling", "expired", "op", "end", "rank", "timer", "slow")
 
-    def __init__(self, task: asyncio.Task[Any]) -> None:
+    def __init__(self, task: asyncio.Task[Any], op: Operation, end: float, rank: int) -> None:
         self.task, self.cancelling, self.expired = task, task.cancelling(), False
+        self.op, self.end, self.rank = op, end, rank
+        self.timer: asyncio.TimerHandle | None = None
+        self.slow = 0.0
+
+    def arm(self, loop: asyncio.AbstractEventLoop, slow_s: float) -> None:
+        warn_at = loop.time() + slow_s
+        if warn_at < self.end:
+            self.slow = slow_s
+            self.timer = loop.call_at(warn_at, self.warn)
+        else:
+            self.timer = loop.call_at(self.end, self.expire)
+
+    def warn(self) -> None:
+        op = self.op
+        waiting = op.waiting_for()
+        log.warning(
+            "slow operation: %s still running on rank %d after %gs; waiting for %s",
+            op.where(),
+            op.me(self.rank),
+            self.slow,
+            _ranks(waiting) or "peers to read (send blocked)",
+        )
+        self.timer = self.task.get_loop().call_at(self.end, self.expire)
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
     def expire(self) -> None:
         self.expired = True

@@ -134,6 +134,8 @@ class RpcServer:
         self.role = role
         self.on_open = on_open
         self.on_close = on_close
+        #: called with each PING's session and body (a heartbeat may carry a report)
+        self.on_ping: Callable[[Session, dict[str, Any]], None] | None = None
         self.sessions: set[Session] = set()
         self._server = Server(self._serve, settings=self.limits, tls=tls)
         self.address: tuple[str, int] = ("", 0)
@@ -182,6 +184,8 @@ class RpcServer:
                     return
                 session.last_seen = asyncio.get_running_loop().time()
                 if frame.kind == Kind.PING:
+                    if frame.header and self.on_ping is not None:
+                        self.on_ping(session, frame.header)
                     await proto.send(Kind.PONG, {})
                 elif frame.kind != Kind.REQUEST:
                     proto.fail(ProtocolError(f"expected REQUEST, got {frame.kind.name}"), tell_peer=True)

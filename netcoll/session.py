@@ -167,6 +167,7 @@ async def connect(
         )
         stack.push_async_callback(transport.close)
         await transport.connect(timeout)
+        rdv.report_with(transport.mailbox.snapshot)  # heartbeats carry what we are in (the arrival board)
         comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
         stack.push_async_callback(comm.close)
         yield comm

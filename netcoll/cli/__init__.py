@@ -46,7 +46,7 @@ from types import ModuleType
 
 from ..choices import REDUCE_OPS
 from ..collectives import NAMES as COLLECTIVES
-from .common import FORMATTER, PROG, CliError, Parser, flags
+from .common import FORMATTER, PROG, CliError, Parser, add_log_format_argument, flags, use_log_format
 from .errors import fail, guarded
 from .health import http_get
 
@@ -83,7 +83,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = _command_module(name)
         if only is None or only == name:
-            module.add_parser(sub)
+            add_log_format_argument(module.add_parser(sub))
         else:
             sub.add_parser(name, help=module.HELP, add_help=False)
     return p
@@ -112,6 +112,7 @@ class _Invocation:
             parser.print_usage(sys.stderr)
             return fail(PROG, "choose a command: " + ", ".join(COMMANDS) + " (see netcoll --help)", 2)
         self.prog = f"{PROG} {ns.command}"
+        use_log_format(ns, ns.command)
         return int(ns.handler(ns))
 
 

@@ -59,6 +59,41 @@ def add_tls_arguments(sp: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-ca", metavar="PEM", help="the CA every peer's certificate must chain to (env NETCOLL_TLS_CA)")
 
 
+def add_log_format_argument(sp: argparse.ArgumentParser) -> None:
+    """``--log-format json|text`` (every command; env NETCOLL_LOG_FORMAT)."""
+    sp.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="log lines as text (UTC times) or one JSON object a line (env NETCOLL_LOG_FORMAT; default text)",
+    )
+
+
+def use_log_format(ns: argparse.Namespace, command: str) -> None:
+    """Take ``--log-format`` off ``ns`` into ``NETCOLL_LOG_FORMAT`` (so the processes a
+    command starts log the same way) and check it; client commands (which do not set
+    up logging themselves) log warnings and errors to stderr in that format."""
+    import os
+
+    from .. import logs
+
+    chosen = getattr(ns, "log_format", None)
+    if hasattr(ns, "log_format"):
+        del ns.log_format
+    if chosen is not None:
+        os.environ[logs.ENV_FORMAT] = chosen
+    try:
+        logs.log_format()
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+    if command not in SERVER_COMMANDS:
+        level = os.environ.get("NETCOLL_LOG_LEVEL", "").strip().upper()
+        logs.setup(level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING", command)
+
+
+#: the commands that set up logging themselves (their --log-level)
+SERVER_COMMANDS = ("coordinator", "rank")
+
+
 def add_token_arguments(sp: argparse.ArgumentParser, *, client: bool, member_file: bool = True) -> None:
     """Credential flags. The member token itself is taken from the environment only
     (NETCOLL_TOKEN), so it never shows in a process list."""

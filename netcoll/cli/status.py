@@ -61,6 +61,17 @@ def print_status(status: dict[str, Any], coordinator: str, njobs: int) -> None:
     shown = jobs[-njobs:] if njobs else []
     if shown:
         _print_jobs(shown)
+    _print_board(status.get("board") or [])
+
+
+def _print_board(board: list[dict[str, Any]]) -> None:
+    """The hang explainer: each operation ranks are in, who arrived and who not."""
+    from ..rendezvous.board import lines
+
+    if board:
+        print("in flight (from the ranks' heartbeats):")
+        for line in lines(board):
+            print("  " + line)
 
 
 def _print_members(members: list[dict[str, Any]]) -> None:

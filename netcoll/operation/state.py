@@ -4,6 +4,7 @@ early, and the rules that decide what a frame or an event means for it."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ class Operation:
         "reports",
         "waiters",
         "rts",
+        "opened",
         "_loop",
         "_release",
     )
@@ -68,6 +70,7 @@ class Operation:
         self.waiters: list[asyncio.Future[Any]] | None = None
         #: slot -> callbacks waiting for a receive to be posted there (a sender's RTS; made when needed)
         self.rts: dict[SlotKey, list[Callable[[bool], None]]] | None = None
+        self.opened = time.monotonic()  # for the arrival board (how long it has been running)
         self._loop = loop or asyncio.get_running_loop()
         self._release = release
 

@@ -150,6 +150,8 @@ class _Lease:
         self.stop = threading.Event()
         self.interval: float | None = None  # granted by the coordinator
         self.beats = 0
+        #: what each beat carries (the operations this process is in: the arrival board), or None
+        self.report: Callable[[], dict[str, Any] | None] | None = None
         self.error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -241,6 +243,19 @@ class _Lease:
             delay *= 2
         return None
 
+    def _beat(self) -> dict[str, Any]:
+        """A PING's body: the in-flight operations when a reporter is set (read here, in
+        this thread; the reporter reads thread-safe copies)."""
+        report = self.report
+        if report is None:
+            return {}
+        try:
+            ops = report()
+        except Exception:  # a beat must go out whatever the report does (logged, so not blind)
+            log.debug("in-flight report failed", exc_info=True)
+            return {}
+        return {} if ops is None else {"ops": ops}
+
     async def _run(self) -> None:
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -267,7 +282,7 @@ class _Lease:
                     pass
                 if self._done():
                     break
-                await rpc.proto.send(Kind.PING, {})
+                await rpc.proto.send(Kind.PING, self._beat())
                 self.beats += 1
         except (OSError, NetcollError, TimeoutError, KeyError, TypeError, ValueError) as exc:
             self.error = exc
@@ -499,6 +514,13 @@ class RendezvousClient:
         await self.rpc.call("leave", {"group": name})
         if name == self.group:
             self.group = None
+
+    def report_with(self, report: Callable[[], dict[str, Any] | None]) -> None:
+        """Let every heartbeat carry ``report()`` (called from the heartbeat thread: it must
+        be thread-safe), e.g. ``transport.mailbox.snapshot``: the operations this rank is
+        in, from which the coordinator builds its arrival board."""
+        if self.lease is not None:
+            self.lease.report = report
 
     async def status(self) -> dict[str, Any]:
         """The coordinator's ``{groups: [...]}``."""

@@ -79,6 +79,7 @@ from ..transport import auth
 from ..transport.tls import TlsConfig
 from ..transport.tls import coerce as coerce_tls
 from ..wire import Kind
+from . import board as arrivals
 from .groups import (
     INT64_MAX,
     INT64_MIN,
@@ -108,6 +109,7 @@ MIN_LIVENESS = 0.05  # seconds: the shortest liveness timeout honoured
 _LEASE_KEY = "lease.holder"  # main Session.data[...] -> the heartbeat thread's Session
 _LEASE_OF = "lease.of"  # heartbeat Session.data[...] -> the main Session
 _UNRESPONSIVE = "liveness.unresponsive"  # Session.data[...] -> loop time its event loop went quiet
+_REPORT = "board.report"  # main Session.data[...] -> its latest in-flight report (arrivals.Report)
 _SESSION_KEY = "rendezvous"  # Session.data[...] -> {group name: (_Group, Member)}
 
 
@@ -238,6 +240,7 @@ class Coordinator:
             on_close=self._on_close,
             tls=self.tls,
         )
+        self._rpc.on_ping = self._on_ping
         await self._rpc.start(self.host, self.port)
         self._reaper = asyncio.create_task(self._reap(), name="netcoll-rendezvous-liveness")
         log.info(
@@ -650,7 +653,29 @@ class Coordinator:
                     ],
                 }
             )
-        return {"groups": out}
+        return {"groups": out, "board": self.board()}
+
+    def _on_ping(self, session: Session, body: dict[str, Any]) -> None:
+        """A heartbeat thread's PING: keep the in-flight report it carries for its main connection."""
+        main = session.data.get(_LEASE_OF)
+        if main is None or "ops" not in body:
+            return
+        report = arrivals.parse(body["ops"], asyncio.get_running_loop().time())
+        if report is not None:
+            main.data[_REPORT] = report
+
+    def board(self) -> list[dict[str, Any]]:
+        """The arrival board of every operation some connected rank is in (hang explainer)."""
+        reports = []
+        for session in self.sessions:
+            report: arrivals.Report | None = session.data.get(_REPORT)
+            if report is None:
+                continue
+            holder: Session | None = session.data.get(_LEASE_KEY)
+            report.seen = report.at if holder is None else holder.last_seen
+            reports.append(report)
+        stale = 2 * self._liveness_timeout() / LEASE_BEATS
+        return arrivals.build(reports, asyncio.get_running_loop().time(), stale)
 
     def _liveness_row(self, member: Member) -> dict[str, Any]:
         """``liveness`` ("ok", "unresponsive", "disconnected") and for how long its loop is quiet."""

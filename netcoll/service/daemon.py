@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import logs
 from ..arrays import array_from_meta, meta_of
 from ..comm import Communicator
 from ..errors import CollectiveError, NetcollError, PeerLost
@@ -163,6 +164,7 @@ class RankDaemon:
             tls=self.tls,
         )
         self.rdv = rdv
+        rdv.report_with(self._in_flight)
         lost = asyncio.Event()
 
         def on_event(event: dict[str, Any]) -> None:
@@ -203,6 +205,11 @@ class RankDaemon:
             self.registered = False
             await rdv.close()
             self.rdv = None
+
+    def _in_flight(self) -> dict[str, Any] | None:
+        """The operations this rank is in (the heartbeat thread reads it; thread-safe)."""
+        transport = self.transport
+        return None if transport is None else transport.mailbox.snapshot()
 
     async def _drain(self, rdv: RendezvousClient) -> None:
         running = "no job is running" if self.current_job is None else f"finishing job {escape(self.current_job)}"
@@ -292,7 +299,22 @@ class RankDaemon:
         return self.comm
 
     async def _job(self, event: dict[str, Any]) -> Outcome:
-        """Run one job's collective: (the report, the result bytes, whether the links broke)."""
+        """Run one job with its log context (rank, epoch, job): (the report, the result
+        bytes, whether the links broke)."""
+        with logs.bind(rank=event.get("rank"), epoch=event.get("epoch"), job=event.get("job_id")):
+            spec = event.get("spec")
+            job_id = event.get("job_id")
+            log.info(
+                "job %s: %s starts", escape(job_id), escape(spec.get("op") if isinstance(spec, dict) else spec, 40)
+            )
+            outcome = await self._run_job(event)
+            if outcome[0]["ok"]:
+                log.info("job %s done", escape(job_id))
+            else:
+                log.warning("job %s failed: %s", escape(job_id), escape(outcome[0].get("error"), 300))
+            return outcome
+
+    async def _run_job(self, event: dict[str, Any]) -> Outcome:
         job_id, rank, world = event["job_id"], event["rank"], event["world_size"]
         report: dict[str, Any] = {"job_id": job_id, "rank": rank, "ok": False}
         payload: bytes | None = None

@@ -432,6 +432,7 @@ class JobService:
             "queued": sum(j.state == JobState.QUEUED for j in self.pending.values()),
             "current_job": None if self.current is None else self.current.id,
             "jobs": recent,
+            "board": self.coord.board(),  # the hang explainer: who each stuck operation waits for
         }
 
     def _member_rows(self) -> list[dict[str, Any]]:

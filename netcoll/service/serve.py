@@ -18,13 +18,14 @@ import json
 import logging
 import os
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import logs
 from ..config import CoordinatorConfig, RankConfig
+from ..logs import ContextFilter
 
 if TYPE_CHECKING:
     from ..rendezvous.coordinator import Coordinator
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("netcoll.serve")
 
-LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s [%(who)s] %(name)s: %(message)s"
-LOG_DATEFMT = "%Y-%m-%dT%H:%M:%S"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RANK_STOP_GRACE = 10.0  # `up`: SIGTERM -> SIGKILL for rank daemons
 COORD_STOP_GRACE = 5.0
@@ -44,38 +43,10 @@ class StartupError(Exception):
 
 
 # -- logging ----------------------------------------------------------------------------------
-class _Who(logging.Filter):
-    """Stamps every record with who is logging (``coordinator``, ``rank <member id>``)."""
-
-    def __init__(self, who: str) -> None:
-        super().__init__()
-        self.who = who
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.who = self.who
-        return True
-
-
-_handler: logging.Handler | None = None
-
-
-def setup_logging(level: int | str, who: str) -> _Who:
-    """Log to stderr as ``TIME LEVEL [who] logger: message``; returns the filter so
+def setup_logging(level: int | str, who: str, fmt: str | None = None) -> ContextFilter:
+    """Log to stderr (text or JSON lines: :mod:`netcoll.logs`); returns the filter so
     the caller can update ``who`` (a rank learns its member id later)."""
-    global _handler
-    if isinstance(level, str):
-        level = int(getattr(logging, level.upper()))
-    root = logging.getLogger()
-    if _handler is not None:
-        root.removeHandler(_handler)
-    handler = logging.StreamHandler(sys.stderr)
-    tag = _Who(who)
-    handler.addFilter(tag)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATEFMT))
-    root.addHandler(handler)
-    root.setLevel(level)
-    _handler = handler
-    return tag
+    return logs.setup(level, who, fmt)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -313,7 +284,7 @@ class _RankServer:
         await self.http.close()
 
 
-async def serve_rank(cfg: RankConfig, tag: _Who | None = None) -> int:
+async def serve_rank(cfg: RankConfig, tag: ContextFilter | None = None) -> int:
     """Run a rank daemon until SIGTERM/SIGINT, then drain; return 0 (1 after a second signal)."""
     from .daemon import RankDaemon
 

@@ -11,15 +11,19 @@ algorithm code runs over :mod:`.memory` and :mod:`.tcp`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import numpy as np
 
 from ..errors import CollectiveError, CommunicatorClosed, PeerLost
+from ..escape import escape
 from ..links.base import Link, LinkStats
 from ..operation import Operation
 from ..wire import Kind
 from .mailbox import Mailbox
+
+log = logging.getLogger("netcoll.transport")
 
 CLOSE_TIMEOUT = 2.0  # how long an orderly close waits for the peers to close their ends
 
@@ -58,6 +62,7 @@ class Transport:
         self.links[link.peer] = link
         link.on_lost = self._on_lost
         link.start()
+        log.info("rank %d: %s link to rank %d up", self.rank, link.kind, link.peer)
 
     async def send(self, peer: int, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
         """Send one frame to world rank ``peer`` (PeerLost when its link is gone)."""
@@ -131,6 +136,15 @@ class Transport:
     # -- link events ----------------------------------------------------------------
     def _on_lost(self, peer: int, cause: BaseException, graceful: bool) -> None:
         if not self.closed:
+            level = logging.INFO if graceful else logging.WARNING
+            log.log(
+                level,
+                "rank %d: link to rank %d %s: %s",
+                self.rank,
+                peer,
+                "closed" if graceful else "lost",
+                escape(cause),
+            )
             self.mailbox.peer_lost(peer, cause, graceful)
 
     def _released(self, src: int, nbytes: int) -> None:

@@ -396,6 +396,8 @@ async def server_handshake(
         if key is not None:
             welcome["proof"] = auth.proof(key, "welcome", hello.header["nonce"], mine, credential)
         await proto.send(Kind.WELCOME, welcome)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("accepted a %s handshake from %s:%s as %s", role, *proto.peername[:2], credential)
         return hello.header
     except TimeoutError:
         if gate is not None and not authenticated:

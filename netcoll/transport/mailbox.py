@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import CollectiveError, CommunicatorClosed, LimitExceeded, MismatchError, PeerLost
 from ..operation import Failure, Operation, Reason, SlotKey, State
 
+SNAPSHOT_OPS = 16  # operations one heartbeat reports at most
 SUCCEEDED_KEPT = 64  # recent successful operations remembered per group (for late aborts)
 Early = tuple[int, dict[str, Any], memoryview]
 
@@ -114,6 +116,25 @@ class Mailbox:
             for slot, callback in self.early_rts.pop(key, ()):
                 op.when_posted(slot, callback)
         return op
+
+    def snapshot(self, limit: int = SNAPSHOT_OPS) -> dict[str, Any]:
+        """What this rank is in, for the coordinator's arrival board (called from the
+        heartbeat thread: it reads copies, made atomically under the GIL):
+        ``{rank, ops: [[group, seq, name, fp, seconds running, members, waiting for]],
+        next: {group: next seq}}``, at most ``limit`` operations (the oldest)."""
+        now = time.monotonic()
+        try:
+            ops = sorted(self.ops.copy().values(), key=lambda op: op.opened)[:limit]
+            rows = [
+                [op.group, op.seq, op.name, op.fp, round(now - op.opened, 3), list(op.members), _waiting(op)]
+                for op in ops
+            ]
+            groups = {op.group for op in ops}
+            nxt = self.next_seq.copy()
+            groups.update(sorted(nxt, key=lambda g: nxt[g], reverse=True)[: max(0, limit - len(groups))])
+        except RuntimeError:  # changed while read (another thread): the next beat tells
+            return {"rank": self.rank, "ops": [], "next": {}}
+        return {"rank": self.rank, "ops": rows, "next": {g: nxt.get(g, 0) for g in groups}}
 
     def close(self, op: Operation) -> None:
         """The engine is done with ``op``: stop in-place writes into its buffers."""
@@ -256,3 +277,8 @@ def _reason_of_error(exc: BaseException) -> Reason:
     if isinstance(exc, CollectiveError):
         return Reason.ERROR
     return Reason.ERROR
+
+
+def _waiting(op: Operation) -> list[int]:
+    """The group ranks ``op`` waits for (read from another thread: a copy first)."""
+    return sorted({op.rank_of.get(src, src) for (src, _, _) in op.posted.copy()})

@@ -1,0 +1,167 @@
+"""Logging for every netcoll process: text or JSON lines, UTC times, and the
+context a line was logged in (rank, epoch, job, operation, sequence).
+
+``setup(level, who, fmt)`` installs one stderr handler on the root logger.
+``fmt`` is ``"text"`` (``2026-01-02T03:04:05.678Z INFO [who] logger: msg``)
+or ``"json"`` (one object a line: ``ts``, ``level``, ``logger``, ``msg``,
+``who``, and ``rank``, ``epoch``, ``job``, ``op``, ``seq`` when known, plus
+``exc`` for an exception); the default comes from ``NETCOLL_LOG_FORMAT``.
+
+The context lives in :mod:`contextvars`, so it follows asyncio tasks: the
+rank daemon sets ``rank``/``epoch``/``job`` with :func:`bind` while it runs a
+job, and the engine sets ``op``/``seq`` (and ``rank``) while it drives an
+operation (:data:`OPERATION`, one ``set`` per operation and no formatting:
+the fields are read only when a line is actually emitted).
+
+A leaf module: it imports nothing of netcoll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+FORMATS = ("text", "json")
+ENV_FORMAT = "NETCOLL_LOG_FORMAT"
+
+#: ``(op name, seq, world rank)`` of the operation the engine is driving in this context
+OPERATION: contextvars.ContextVar[tuple[str, int, int] | None] = contextvars.ContextVar(
+    "netcoll_operation", default=None
+)
+#: ``rank``/``epoch``/``job`` (and other fields) bound by the service around a job
+FIELDS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("netcoll_log_fields", default=None)
+
+_CONTEXT_KEYS = ("rank", "epoch", "job", "op", "seq")
+
+
+def log_format(value: str | None = None) -> str:
+    """``value`` (or ``$NETCOLL_LOG_FORMAT``, else ``text``), checked."""
+    fmt = (value if value is not None else os.environ.get(ENV_FORMAT, "")).strip().lower() or "text"
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r} (NETCOLL_LOG_FORMAT)")
+    return fmt
+
+
+@contextlib.contextmanager
+def bind(**fields: Any) -> Iterator[None]:
+    """Add ``fields`` (e.g. ``rank=1, epoch=3, job=7``) to every line logged in this context."""
+    merged = dict(FIELDS.get() or {})
+    merged.update({k: v for k, v in fields.items() if v is not None})
+    token = FIELDS.set(merged)
+    try:
+        yield
+    finally:
+        FIELDS.reset(token)
+
+
+def context() -> dict[str, Any]:
+    """The context fields in effect here (only those known)."""
+    out = dict(FIELDS.get() or {})
+    current = OPERATION.get()
+    if current is not None:
+        out["op"], out["seq"] = current[0], current[1]
+        out.setdefault("rank", current[2])
+    return out
+
+
+class ContextFilter(logging.Filter):
+    """Stamps each record with ``who`` and the context fields (read at emit time)."""
+
+    def __init__(self, who: str) -> None:
+        super().__init__()
+        self.who = who
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.who = self.who
+        record.netcoll = context()
+        return True
+
+
+def _utc(created: float) -> str:
+    ms = int(created * 1000) % 1000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{ms:03d}Z"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line; every string JSON-encoded (control characters escaped)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": _utc(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        who = getattr(record, "who", None)
+        if who:
+            doc["who"] = who
+        fields = getattr(record, "netcoll", None)
+        if fields:
+            for key in _CONTEXT_KEYS:
+                if key in fields:
+                    doc[key] = fields[key]
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            doc["exc"] = record.exc_text
+        return json.dumps(doc, default=str, ensure_ascii=True)
+
+
+class TextFormatter(logging.Formatter):
+    """``TIME(UTC) LEVEL [who] logger: message (context)``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = getattr(record, "netcoll", None)
+        where = ""
+        if fields:
+            where = " (" + " ".join(f"{k}={fields[k]}" for k in _CONTEXT_KEYS if k in fields) + ")"
+        line = f"{_utc(record.created)} {record.levelname:<7} [{getattr(record, 'who', '-')}] {record.name}: "
+        line += record.getMessage() + where
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+_handler: logging.Handler | None = None
+
+
+def setup(level: int | str, who: str, fmt: str | None = None) -> ContextFilter:
+    """Log to stderr at ``level`` in ``fmt`` (default ``$NETCOLL_LOG_FORMAT``, else text);
+    returns the filter so the caller can update ``who`` (a rank learns its member id later)."""
+    global _handler
+    if isinstance(level, str):
+        level = int(getattr(logging, level.upper()))
+    chosen = log_format(fmt)
+    root = logging.getLogger()
+    if _handler is not None:
+        root.removeHandler(_handler)
+    handler = logging.StreamHandler(sys.stderr)
+    tag = ContextFilter(who)
+    handler.addFilter(tag)
+    handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter())
+    root.addHandler(handler)
+    root.setLevel(level)
+    _handler = handler
+    return tag
+
+
+__all__ = [
+    "ENV_FORMAT",
+    "FIELDS",
+    "FORMATS",
+    "OPERATION",
+    "ContextFilter",
+    "JsonFormatter",
+    "TextFormatter",
+    "bind",
+    "context",
+    "log_format",
+    "setup",
+]
