@@ -166,6 +166,30 @@ async def test_tls_client_against_a_plaintext_server(pki: dict[str, TlsConfig]) 
         await server.close()
 
 
+async def test_https_port_idle_handshakes_cannot_starve_it(pki: dict[str, TlsConfig]) -> None:
+    """The HTTP port over TLS: connections still in (or never starting) the TLS handshake hold
+    slots that idle eviction frees, so a GET /livez with a certificate is always answered."""
+    from netcoll.cli.common import CliError
+    from netcoll.cli.health import http_get
+    from netcoll.service.http import HttpServer
+
+    server = HttpServer(
+        ready=lambda: (True, ""), metrics=lambda: "", tls=pki["server"], limits=Limits(http_max_conns=4)
+    )
+    host, port = await server.start("127.0.0.1", 0)
+    idle = [await asyncio.open_connection(host, port) for _ in range(12)]  # plaintext, silent
+    try:
+        assert server.url.startswith("https://")
+        status, body = await asyncio.to_thread(http_get, f"{server.url}/livez", 5.0, pki["client"])
+        assert (status, body) == (200, "ok\n")
+        with pytest.raises(CliError, match="TLS"):  # a certificate of another CA
+            await asyncio.to_thread(http_get, f"{server.url}/livez", 5.0, pki["impostor"])
+    finally:
+        for _, writer in idle:
+            writer.close()
+        await server.close()
+
+
 def test_bad_files_are_a_config_error(pki: dict[str, TlsConfig], tmp_path: Path) -> None:
     good = pki["client"]
     with pytest.raises(TlsConfigError, match="no such file"):
