@@ -190,6 +190,25 @@ async def test_https_port_idle_handshakes_cannot_starve_it(pki: dict[str, TlsCon
         await server.close()
 
 
+async def test_check_hostname(pki: dict[str, TlsConfig]) -> None:
+    """With check_hostname the client also matches the address it dials against the server
+    certificate's SANs (127.0.0.1 and localhost here; not 127.0.0.2)."""
+    strict = TlsConfig(pki["client"].cert, pki["client"].key, pki["client"].ca, check_hostname=True)
+    for host in ("127.0.0.1", "127.0.0.2"):
+        server = RpcServer({"echo": _echo}, token=TOKEN, tls=pki["server"], limits=FAST)
+        await server.start(host, 0)
+        try:
+            if host == "127.0.0.1":
+                rpc = await RpcClient.connect(f"{host}:{server.address[1]}", token=TOKEN, tls=strict)
+                assert await rpc.call("echo", {"h": 1}) == {"h": 1}
+                await rpc.close()
+            else:
+                with pytest.raises(netcoll.AuthenticationError, match="IP address mismatch"):
+                    await RpcClient.connect(f"{host}:{server.address[1]}", token=TOKEN, tls=strict)
+        finally:
+            await server.close()
+
+
 def test_bad_files_are_a_config_error(pki: dict[str, TlsConfig], tmp_path: Path) -> None:
     good = pki["client"]
     with pytest.raises(TlsConfigError, match="no such file"):
