@@ -119,6 +119,8 @@ def _exchange(url: str, host: str, port: int, path: str, timeout: float, tls: Tl
         if not data:
             reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc)).lower()
             raise CliError(f"{url}: {reason}") from None
+    if tls is not None and not data:  # TLS 1.3: a refused client certificate shows only as a close
+        raise CliError(f"{url}: the TLS server closed the connection unanswered (is this certificate of its CA?)")
     return data
 
 

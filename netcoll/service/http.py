@@ -111,10 +111,7 @@ class HttpServer:
         return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        secure: dict[str, Any] = {}
-        if self.tls is not None:  # mutual TLS (asyncio's), the handshake within the request timeout
-            secure = {"ssl": self.tls.server_context(), "ssl_handshake_timeout": self.limits.http_timeout_s}
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST, **secure)
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST)
         sock = self._server.sockets[0].getsockname()
         self.address = (str(sock[0]), int(sock[1]))
         return self.address
@@ -156,6 +153,8 @@ class HttpServer:
             writer.transport.close()
             return
         self._writers[writer] = "waiting"
+        if self.tls is not None and not await self._start_tls(writer):
+            return
         try:
             try:
                 async with asyncio.timeout(self.limits.http_timeout_s):
@@ -189,6 +188,26 @@ class HttpServer:
                 await self._linger(reader, writer)
             finally:
                 self._writers.pop(writer, None)
+
+    async def _start_tls(self, writer: asyncio.StreamWriter) -> bool:
+        """Mutual TLS on a new connection, within ``http_timeout_s``; the connection holds
+        its slot meanwhile (so the limits and idle eviction above apply to handshakes too).
+        False (the connection closed) when it fails: a client without TLS or a certificate
+        of the CA."""
+        assert self.tls is not None
+        raw = writer.transport
+        try:
+            await writer.start_tls(self.tls.server_context(), ssl_handshake_timeout=self.limits.http_timeout_s)
+            ok = writer.transport is not None
+        except (OSError, TimeoutError, AttributeError) as exc:  # AttributeError: asyncio (3.11) when the
+            log.debug("HTTP: TLS handshake failed: %r", exc)  # connection closed, or was evicted, mid-handshake
+            ok = False
+        if not ok:
+            raw.abort()
+            if writer.transport is None:  # asyncio leaves none; StreamWriter.__del__ needs one
+                setattr(writer, "_transport", raw)  # noqa: B010
+            self._writers.pop(writer, None)
+        return ok
 
     @staticmethod
     async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

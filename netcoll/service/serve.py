@@ -103,6 +103,14 @@ def _signal_name(sig: int) -> str:
 
 
 # -- netcoll coordinator ------------------------------------------------------------------------
+def _credentials(cfg: CoordinatorConfig) -> str:
+    """What the coordinator's listener requires, for its "ready" log line."""
+    tls = " + mutual TLS" if cfg.tls_cert else ""
+    if cfg.token:
+        return f" (member + client tokens{tls})" if cfg.client_token else f" (member token only{tls})"
+    return " (mutual TLS, no token)" if tls else " (NO token: anyone who can reach this port can run jobs)"
+
+
 def _job_service(cfg: CoordinatorConfig, coord: Coordinator) -> JobService:
     """The job service, with its journal when ``cfg.state_dir`` is set (a JournalError,
     before anything listens, when the directory cannot be used)."""
@@ -126,10 +134,8 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     cfg.require_credentials("coordinator")  # secure by default (a ConfigError: exit 2)
     started = time.time()
     state = {"stopping": False, "signals": 0}
-    tls = cfg.tls_config()
-    coord = Coordinator(
-        cfg.host, cfg.port, token=cfg.token, client_token=cfg.client_token, tls=tls, insecure=cfg.insecure
-    )
+    tls, token, client = cfg.tls_config(), cfg.token, cfg.client_token
+    coord = Coordinator(cfg.host, cfg.port, token=token, client_token=client, tls=tls, insecure=cfg.insecure)
     svc = _job_service(cfg, coord)
     journal = svc.journal
     http = HttpServer(
@@ -161,9 +167,7 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
         log.info(
             "coordinator ready at %s%s; HTTP %s; jobs %s",
             coord.address,
-            (" (member + client tokens)" if cfg.client_token else " (member token only)")
-            if cfg.token
-            else (" (mutual TLS, no token)" if tls else " (NO token: anyone who can reach this port can run jobs)"),
+            _credentials(cfg),
             f"{url}/metrics" if url else "off",
             f"journaled in {journal.directory}" if journal else "in memory only (no --state-dir)",
         )

@@ -296,6 +296,29 @@ async def start_tls(
     secure.set_write_buffer_limits(high=HIGH_WATER)
 
 
+def _is_tls(proto: FramedProtocol) -> bool:
+    return proto.transport is not None and proto.transport.get_extra_info("ssl_object") is not None
+
+
+async def _challenge(proto: FramedProtocol) -> Frame:
+    """The server's first frame, which must be its CHALLENGE."""
+    try:
+        challenge = await proto.next_frame()
+    except ConnectionResetError as exc:
+        hint = (
+            "it refused the TLS session: is this process's certificate signed by the CA the server trusts? "
+            if _is_tls(proto)
+            else "does it require TLS (NETCOLL_TLS_CERT/KEY/CA)? "
+        )
+        raise ConnectionResetError(
+            f"server {proto.peername[0]}:{proto.peername[1]} closed the connection before the handshake "
+            f"({hint}see its log)"
+        ) from exc
+    if challenge.kind != Kind.CHALLENGE:
+        raise ProtocolError(f"expected CHALLENGE from the server, got {challenge.kind.name}")
+    return challenge
+
+
 async def client_handshake(
     proto: FramedProtocol,
     *,
@@ -307,30 +330,26 @@ async def client_handshake(
 ) -> dict[str, Any]:
     """Answer the server's CHALLENGE; return the WELCOME header (raises on refusal).
     ``credential`` is the role ``token`` stands for (a client token: ``auth.CLIENT``)."""
-    async with asyncio.timeout(timeout):
-        try:
-            challenge = await proto.next_frame()
-        except ConnectionResetError as exc:
-            secure = proto.transport is not None and proto.transport.get_extra_info("ssl_object") is not None
-            hint = (
-                "it refused the TLS session: is this process's certificate signed by the CA the server trusts? "
-                if secure
-                else "does it require TLS (NETCOLL_TLS_CERT/KEY/CA)? "
-            )
-            raise ConnectionResetError(
-                f"server {proto.peername[0]}:{proto.peername[1]} closed the connection before the handshake "
-                f"({hint}see its log)"
-            ) from exc
-        if challenge.kind != Kind.CHALLENGE:
-            raise ProtocolError(f"expected CHALLENGE from the server, got {challenge.kind.name}")
-        mine = auth.new_nonce()
-        header = dict(hello or {}, role=role, nonce=mine)
-        if token is not None:
-            header["proof"] = auth.proof(token, "hello", challenge.header["nonce"], mine, credential)
-            if credential != auth.MEMBER:
-                header["cred"] = credential
-        await proto.send(Kind.HELLO, header)
-        welcome = await proto.next_frame()
+    challenge: Frame | None = None
+    try:
+        async with asyncio.timeout(timeout):
+            challenge = await _challenge(proto)
+            mine = auth.new_nonce()
+            header = dict(hello or {}, role=role, nonce=mine)
+            if token is not None:
+                header["proof"] = auth.proof(token, "hello", challenge.header["nonce"], mine, credential)
+                if credential != auth.MEMBER:
+                    header["cred"] = credential
+            await proto.send(Kind.HELLO, header)
+            welcome = await proto.next_frame()
+    except TimeoutError:
+        if challenge is None and not _is_tls(proto):  # a TLS listener waits for a ClientHello
+            raise TimeoutError(
+                f"server {proto.peername[0]}:{proto.peername[1]} sent no CHALLENGE within {timeout:g}s "
+                "(does it require TLS: NETCOLL_TLS_CERT/KEY/CA?)"
+            ) from None
+        raise
+    assert challenge is not None
     if welcome.kind != Kind.WELCOME:
         raise ProtocolError(f"expected WELCOME from the server, got {welcome.kind.name}")
     auth.check(

@@ -166,6 +166,49 @@ async def test_tls_client_against_a_plaintext_server(pki: dict[str, TlsConfig]) 
         await server.close()
 
 
+async def test_https_port_idle_handshakes_cannot_starve_it(pki: dict[str, TlsConfig]) -> None:
+    """The HTTP port over TLS: connections still in (or never starting) the TLS handshake hold
+    slots that idle eviction frees, so a GET /livez with a certificate is always answered."""
+    from netcoll.cli.common import CliError
+    from netcoll.cli.health import http_get
+    from netcoll.service.http import HttpServer
+
+    server = HttpServer(
+        ready=lambda: (True, ""), metrics=lambda: "", tls=pki["server"], limits=Limits(http_max_conns=4)
+    )
+    host, port = await server.start("127.0.0.1", 0)
+    idle = [await asyncio.open_connection(host, port) for _ in range(12)]  # plaintext, silent
+    try:
+        assert server.url.startswith("https://")
+        status, body = await asyncio.to_thread(http_get, f"{server.url}/livez", 5.0, pki["client"])
+        assert (status, body) == (200, "ok\n")
+        with pytest.raises(CliError, match="TLS"):  # a certificate of another CA
+            await asyncio.to_thread(http_get, f"{server.url}/livez", 5.0, pki["impostor"])
+    finally:
+        for _, writer in idle:
+            writer.close()
+        await server.close()
+
+
+async def test_check_hostname(pki: dict[str, TlsConfig]) -> None:
+    """With check_hostname the client also matches the address it dials against the server
+    certificate's SANs (127.0.0.1 and localhost here; not 127.0.0.2)."""
+    strict = TlsConfig(pki["client"].cert, pki["client"].key, pki["client"].ca, check_hostname=True)
+    for host in ("127.0.0.1", "127.0.0.2"):
+        server = RpcServer({"echo": _echo}, token=TOKEN, tls=pki["server"], limits=FAST)
+        await server.start(host, 0)
+        try:
+            if host == "127.0.0.1":
+                rpc = await RpcClient.connect(f"{host}:{server.address[1]}", token=TOKEN, tls=strict)
+                assert await rpc.call("echo", {"h": 1}) == {"h": 1}
+                await rpc.close()
+            else:
+                with pytest.raises(netcoll.AuthenticationError, match="IP address mismatch"):
+                    await RpcClient.connect(f"{host}:{server.address[1]}", token=TOKEN, tls=strict)
+        finally:
+            await server.close()
+
+
 def test_bad_files_are_a_config_error(pki: dict[str, TlsConfig], tmp_path: Path) -> None:
     good = pki["client"]
     with pytest.raises(TlsConfigError, match="no such file"):
