@@ -160,8 +160,8 @@ WAIT = textwrap.dedent(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with netcoll.sync.connect() as comm:
         comm.barrier()
-        print("ready", flush=True)
         try:
+            print("ready", flush=True)  # (a signal may come before the call blocks: the same to us)
             comm.recv((comm.rank + 1) % comm.world_size)  # nobody sends: blocked in a call
         except KeyboardInterrupt:
             print("interrupted", flush=True)
