@@ -217,3 +217,14 @@ def test_calls_from_the_loop_thread_are_refused(coordinator: str) -> None:
         comm.barrier()  # runs after on_loop (calls are handled in order)
         assert holder and "deadlock" in str(holder[0])
         np.testing.assert_array_equal(comm.all_reduce(np.ones(3)), np.ones(3))
+
+
+def test_loop_kinds(coordinator: str) -> None:
+    def rank_main(rank: int) -> list[int]:
+        with netcoll.sync.connect(coordinator, world_size=2, rank=rank, loop="spin") as comm:
+            return comm.all_reduce(np.array([rank + 1])).tolist()  # type: ignore[no-any-return]
+
+    assert in_threads(2, rank_main) == [[3], [3]]
+    with pytest.raises(ValueError, match="unknown event loop"):
+        netcoll.sync.connect(coordinator, world_size=2, loop="fast")
+    assert sync_threads() == []
