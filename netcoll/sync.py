@@ -75,14 +75,15 @@ class _Runner:
     def start(self, **options: Any) -> Communicator:
         ready: concurrent.futures.Future[Communicator] = concurrent.futures.Future()
         self._task = self.loop.create_task(self._session(ready, options))  # the loop is not running yet
-        self.thread.start()
         try:
+            self.thread.start()
             return ready.result()
         except BaseException:
             # connecting failed, or Ctrl-C while connecting: cancel the session, end the thread
             with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(self._task.cancel)
-            self.thread.join(CLOSE_TIMEOUT)
+            if self.thread.ident is not None:  # (it started)
+                self.thread.join(CLOSE_TIMEOUT)
             raise
 
     async def _session(self, ready: concurrent.futures.Future[Communicator], options: dict[str, Any]) -> None:
@@ -212,8 +213,8 @@ class SyncCommunicator:
             issued.append(work)
             work.add_done_callback(functools.partial(_copy_outcome, done, self._comm.rank))
 
-        self._runner.submit(issue)
         try:
+            self._runner.submit(issue)
             return done.result()
         except BaseException:
             if not done.done():  # interrupted (Ctrl-C) while blocked: cancel, everywhere

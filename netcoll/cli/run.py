@@ -1,10 +1,6 @@
 """``netcoll run``: start N copies of a training script as the ranks of a group
-(what ``torchrun`` does for torch.distributed)::
-
-    netcoll run -n 4 train.py --lr 0.1
-    netcoll run -n 2 -m mypkg.train
-    netcoll run -n 4 --nnodes 2 --node-rank 0 --coordinator 10.0.0.1:29400 train.py   # on host 0
-    netcoll run -n 4 --nnodes 2 --node-rank 1 --coordinator 10.0.0.1:29400 train.py   # on host 1
+(what ``torchrun`` does for torch.distributed); usage in :data:`DESCRIPTION`
+and docs/training.md.
 
 One node: a coordinator runs inside the launcher on loopback (a fresh random
 member token unless ``NETCOLL_TOKEN`` is set), unless ``--coordinator`` names
@@ -12,11 +8,6 @@ one to use. Several nodes (a static rendezvous, as torchrun's): node 0's
 launcher runs the coordinator at ``--coordinator``, every node's launcher joins
 it (the group ``netcoll-run``, one member per node) before starting its ranks,
 and node 0 publishes ``MASTER_PORT`` there; the nodes share ``NETCOLL_TOKEN``.
-
-Each rank gets ``NETCOLL_COORDINATOR``, ``NETCOLL_WORLD_SIZE``, ``NETCOLL_RANK``,
-``NETCOLL_TOKEN`` (``netcoll.connect()`` and ``netcoll.sync.connect()`` read them)
-and torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``. Global rank = node_rank * N + local rank.
 
 Output lines are prefixed ``[rank R] `` (whole lines, never interleaved). When a
 rank fails, the others get SIGTERM, then SIGKILL after ``--grace`` seconds, and
@@ -36,6 +27,7 @@ import secrets
 import signal
 import socket
 import sys
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -254,6 +246,7 @@ class Supervisor:
         self.status: int | None = None  # the first failure's (or the signal's) exit status
         self.signalled = 0
         self._kill: asyncio.TimerHandle | None = None
+        self.output = ThreadPoolExecutor(1, thread_name_prefix="netcoll-run-output")
 
     def child_env(self, local: int) -> dict[str, str]:
         rank = self.plan.node_rank * self.plan.nprocs + local
@@ -277,6 +270,7 @@ class Supervisor:
             self.kill_all(signal.SIGKILL)  # none is left running, whatever happened
             if self._kill is not None:
                 self._kill.cancel()
+            self.output.shutdown(wait=False, cancel_futures=True)
         return self.status or 0
 
     async def start(self, local: int) -> None:
@@ -297,7 +291,7 @@ class Supervisor:
         started = Rank(rank, proc)
         assert proc.stdout is not None and proc.stderr is not None
         for stream, out in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-            started.pumps.append(asyncio.create_task(pump(stream, out, prefix)))
+            started.pumps.append(asyncio.create_task(_pump_until_shutdown(stream, out, prefix, self.output)))
         self.ranks.append(started)
 
     async def wait_all(self) -> None:
@@ -344,8 +338,12 @@ class Supervisor:
                     os.killpg(r.proc.pid, sig)
 
 
-async def pump(stream: asyncio.StreamReader, out: BinaryIO, prefix: bytes) -> None:
-    """Copy ``stream`` to ``out`` line by line, each line prefixed and written whole."""
+async def pump(stream: asyncio.StreamReader, out: BinaryIO, prefix: bytes, writer: Executor) -> None:
+    """Copy ``stream`` to ``out`` line by line, each line prefixed and written whole.
+    Writes go through ``writer`` (one thread, so in order): a stalled reader of our
+    output (``| less``) then holds up the ranks' pipes, never the event loop that
+    runs the coordinator."""
+    loop = asyncio.get_running_loop()
     pending = b""
     while chunk := await stream.read(65536):
         pending += chunk
@@ -354,9 +352,14 @@ async def pump(stream: asyncio.StreamReader, out: BinaryIO, prefix: bytes) -> No
             lines.append(pending[:MAX_LINE])
             pending = pending[MAX_LINE:]
         if lines:
-            _write(out, b"".join(prefix + line + b"\n" for line in lines))
+            await loop.run_in_executor(writer, _write, out, b"".join(prefix + line + b"\n" for line in lines))
     if pending:
-        _write(out, prefix + pending + b"\n")
+        await loop.run_in_executor(writer, _write, out, prefix + pending + b"\n")
+
+
+async def _pump_until_shutdown(stream: asyncio.StreamReader, out: BinaryIO, prefix: bytes, writer: Executor) -> None:
+    with contextlib.suppress(RuntimeError):  # the writer was shut down: the launcher is exiting
+        await pump(stream, out, prefix, writer)
 
 
 def _write(out: BinaryIO, data: bytes) -> None:

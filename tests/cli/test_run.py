@@ -160,9 +160,9 @@ WAIT = textwrap.dedent(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with netcoll.sync.connect() as comm:
         comm.barrier()
-        print("ready", flush=True)
         try:
-            comm.recv((comm.rank + 1) % comm.world_size)  # nobody sends: blocked in a call
+            print("ready", flush=True)
+            time.sleep(120)  # (not in a collective: a peer that leaves first cannot end it; see tests/sync)
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             raise
@@ -184,7 +184,7 @@ def test_signals_to_the_launcher_reach_every_rank(tmp_path: Path, sig: int, mode
     out, err = finish(proc)
     assert proc.returncode == status, err
     assert f"netcoll run: got {signal.Signals(sig).name}; passing it to the ranks" in err
-    if sig == signal.SIGINT:  # Ctrl-C in the ranks: blocked calls end with KeyboardInterrupt
+    if sig == signal.SIGINT:  # Ctrl-C reaches every rank as a KeyboardInterrupt
         assert sorted(out.splitlines()) == ["[rank 0] interrupted", "[rank 1] interrupted"]
 
 
@@ -226,3 +226,16 @@ def test_bad_flags_exit_2(args: tuple[str, ...], says: str) -> None:
     proc = launcher(*args)
     out, err = finish(proc)
     assert proc.returncode == 2 and says in err and out == "", err
+
+
+def test_no_python_programs_and_a_program_that_cannot_start() -> None:
+    script = 'echo "rank $RANK of $WORLD_SIZE"; [ "$RANK" = 1 ] && exit 3; sleep 120'
+    proc = launcher("-n", "2", "--no-python", "sh", "-c", script)
+    out, err = finish(proc)
+    assert proc.returncode == 3, err
+    assert sorted(out.splitlines()) == ["[rank 0] rank 0 of 2", "[rank 1] rank 1 of 2"]
+    assert "netcoll run: rank 1 exited with status 3; stopping the other 1 rank(s)" in err
+    proc = launcher("-n", "2", "--no-python", "/nonexistent/program")
+    out, err = finish(proc)
+    assert proc.returncode == 127 and out == ""
+    assert err.startswith("netcoll run: cannot start rank 0: ") and "/nonexistent/program" in err

@@ -29,7 +29,7 @@ RANK_SCRIPT = textwrap.dedent(
         while frame is not None:
             names.append(frame.f_code.co_name)
             frame = frame.f_back
-        return "_call" in names and names[0] == "wait"
+        return names[:3] == ["wait", "result", "_call"]  # in SyncCommunicator._call's done.result()
 
     def announce():
         while not blocked_in_call():
@@ -40,7 +40,7 @@ RANK_SCRIPT = textwrap.dedent(
         with netcoll.sync.connect() as comm:
             comm.barrier()
             if RANK == 0:
-                threading.Thread(target=announce, daemon=True).start()
+                threading.Thread(target=announce, name="announce", daemon=True).start()
                 comm.all_reduce(np.ones(4))
             elif RANK == 1:
                 try:
@@ -50,7 +50,8 @@ RANK_SCRIPT = textwrap.dedent(
             else:
                 sys.stdin.readline()  # never joins the all_reduce; leaves when told
     except KeyboardInterrupt:
-        print("KeyboardInterrupt; threads:", sorted(t.name for t in threading.enumerate()), flush=True)
+        names = sorted(t.name for t in threading.enumerate() if t.name != "announce")
+        print("KeyboardInterrupt; threads:", names, flush=True)
         sys.exit(130)
     """
 )
@@ -115,3 +116,45 @@ def test_interpreter_exit_closes_an_open_communicator(coordinator: str) -> None:
         assert p.returncode == 0, err
         assert out.strip() == "[3]"
         assert "Traceback" not in err and "warning" not in err.lower(), err
+
+
+CONNECT_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading, time
+    import netcoll.sync
+
+    def blocked_connecting():
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        names = []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        return names[:3] == ["wait", "result", "start"]  # in _Runner.start's ready.result()
+
+    def announce():
+        while not blocked_connecting():
+            time.sleep(0.01)
+        print("connecting", flush=True)
+
+    threading.Thread(target=announce, name="announce", daemon=True).start()
+    try:
+        netcoll.sync.connect()  # the second rank never comes
+    except KeyboardInterrupt:
+        names = sorted(t.name for t in threading.enumerate() if t.name != "announce")
+        print("KeyboardInterrupt; threads:", names, flush=True)
+        sys.exit(130)
+    """
+)
+
+
+def test_ctrl_c_while_connecting_leaves_no_thread(coordinator: str) -> None:
+    proc = _start(coordinator, 0, 2, CONNECT_SCRIPT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "connecting"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        _reap([proc])
+    assert proc.returncode == 130, err
+    assert out.strip() == "KeyboardInterrupt; threads: ['MainThread']"
