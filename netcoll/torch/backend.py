@@ -89,9 +89,23 @@ class ProcessGroupNetcoll(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) form exists; the stub lacks it
         self._issue = issue
         self._on_shutdown = on_shutdown
+        self._group_name = self._group_desc = ""
 
     def getBackendName(self) -> str:
         return "netcoll"
+
+    # torch names a group after creating it (functional collectives find groups by name)
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
 
     def __repr__(self) -> str:
         return f"<ProcessGroupNetcoll {self._issue.comm.group!r} rank={self.rank()} size={self.size()}>"

@@ -220,6 +220,59 @@ def _all_to_all_list() -> None:
     checked.append("all_to_all list")
 
 
+def extras(gloo: Any) -> None:
+    """What torch builds on the process group: batched p2p, object collectives,
+    uneven all_gather, the coalescing manager, functional collectives."""
+    both("batch_isend_irecv", lambda g: _batch_p2p(g), gloo)
+    both("all_gather_object", lambda g: _objects(g), gloo)
+    both("broadcast_object_list", lambda g: _object_list(g), gloo)
+    outs = [torch.zeros(k + 1) for k in range(WORLD)]
+    dist.all_gather(outs, torch.full((RANK + 1,), float(RANK)))  # uneven: netcoll only (Gloo needs one size)
+    same("all_gather uneven", outs, [torch.full((k + 1,), float(k)) for k in range(WORLD)])
+    checked.append("all_gather uneven")
+    both("coalescing manager", lambda g: _coalescing(g), gloo)
+    both("functional all_reduce", lambda g: _functional(g), gloo, dist.group.WORLD)
+
+
+def _batch_p2p(g: Any) -> torch.Tensor:
+    a, b = data((4,), seed=70), torch.zeros(4)  # both groups span every rank: group ranks = global ranks
+    ops = [dist.P2POp(dist.isend, a, (RANK + 1) % WORLD, g), dist.P2POp(dist.irecv, b, (RANK - 1) % WORLD, g)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    return b
+
+
+def _objects(g: Any) -> torch.Tensor:
+    out: list[Any] = [None] * WORLD
+    dist.all_gather_object(out, {"rank": RANK, "data": list(range(RANK))}, group=g)
+    assert out == [{"rank": r, "data": list(range(r))} for r in range(WORLD)], out
+    return torch.tensor([len(o["data"]) for o in out])
+
+
+def _object_list(g: Any) -> torch.Tensor:
+    objs: list[Any] = [f"from {RANK}", RANK] if RANK == 1 else [None, None]
+    dist.broadcast_object_list(objs, src=1, group=g)
+    assert objs == ["from 1", 1], objs
+    return torch.zeros(1)
+
+
+def _coalescing(g: Any) -> list[torch.Tensor]:
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    ts = [data((3,), seed=80), data((2, 2), seed=81)]
+    with _coalescing_manager(group=g, async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t, group=g)
+    cm.wait()
+    return ts
+
+
+def _functional(g: Any) -> torch.Tensor:
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol.all_reduce(data((5,), seed=90), "sum", g if g is not None else dist.group.WORLD)
+
+
 def async_ops(gloo: Any) -> None:
     ts = [data((1000,), seed=20 + k) for k in range(4)]
     refs = [t.clone() for t in ts]
@@ -303,7 +356,14 @@ def main() -> None:
     assert dist.get_backend() == netcoll.torch.BACKEND
     gloo = dist.new_group(backend="gloo")
     for scenario in sys.argv[1:]:
-        {"collectives": collectives, "async": async_ops, "groups": groups, "errors": errors, "ddp": ddp}[scenario](gloo)
+        {
+            "collectives": collectives,
+            "extras": extras,
+            "async": async_ops,
+            "groups": groups,
+            "errors": errors,
+            "ddp": ddp,
+        }[scenario](gloo)
     dist.destroy_process_group()
     print(json.dumps({"rank": RANK, "checked": checked}), flush=True)
 

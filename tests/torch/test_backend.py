@@ -28,14 +28,22 @@ CALLS = [
     *(f"{c} root {r}" for r in range(N) for c in ("broadcast", "reduce", "gather", "scatter")),
     "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single even",
     "all_to_all_single splits", "send/recv tags", "barrier", "reduce_scatter", "all_to_all", "all_reduce_coalesced",
-    "reduce_scatter list", "all_to_all list", "async all_reduce",
+    "reduce_scatter list", "all_to_all list",
 ]  # fmt: skip
+EXTRAS = [
+    "batch_isend_irecv",
+    "all_gather_object",
+    "broadcast_object_list",
+    "all_gather uneven",
+    "coalescing manager",
+    "functional all_reduce",
+]
 ERRORS = ["PREMUL_SUM", "recv any source", "float8", "mismatch"]
 
 
 @pytest.mark.timeout(400)
-def test_every_collective_matches_gloo_and_groups_and_errors() -> None:
-    done = run(N, WORKER, "collectives", "async", "groups", "errors")
+def test_every_collective_matches_gloo_and_what_torch_builds_on_them() -> None:
+    done = run(N, WORKER, "collectives", "extras", "async", "groups", "errors")
     assert done.returncode == 0, done.output[-5000:]
     for rank in range(N):
         checked = done.reports[rank][-1]["checked"]
@@ -45,7 +53,7 @@ def test_every_collective_matches_gloo_and_groups_and_errors() -> None:
             if rank in g
             for c in ("all_reduce", "broadcast")
         ]
-        assert checked == [*CALLS, *groups, *ERRORS], checked
+        assert checked == [*CALLS, *EXTRAS, "async all_reduce", *groups, *ERRORS], checked
 
 
 @pytest.mark.timeout(400)

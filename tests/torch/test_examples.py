@@ -1,4 +1,4 @@
-"""examples/torch_ddp.py, as its docstring runs it: ``netcoll run -n 4``; DDP
+"""examples/training/torch_ddp.py, as its docstring runs it: ``netcoll run -n 4``; DDP
 on the netcoll backend against the same training in one process."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.tcp
 
 @pytest.mark.timeout(400)
 def test_torch_ddp_example_matches_one_process() -> None:
-    done = run(4, str(REPO / "examples" / "torch_ddp.py"))
+    done = run(4, str(REPO / "examples" / "training" / "torch_ddp.py"))
     assert done.returncode == 0, done.output[-5000:]
     for rank in range(4):
         assert re.search(rf"\[rank {rank}\] rank {rank}: loss .* bit-identical on all ranks: True", done.output)

@@ -392,7 +392,8 @@ def test_any_strides_through_all_reduce_and_all_gather(case: tuple[torch.dtype, 
 
 def test_import_netcoll_does_not_import_torch() -> None:
     code = (
-        "import sys, numpy as np, asyncio, netcoll, netcoll.comm, netcoll.session, netcoll.tensors\n"
+        "import sys, numpy as np, asyncio, netcoll, netcoll.comm, netcoll.session, netcoll.sync, netcoll.tensors\n"
+        "import netcoll.cli, netcoll.service\n"
         "from tests.support import run_world\n"
         "res = asyncio.run(run_world(2, lambda c: c.all_reduce(np.ones(3))))\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

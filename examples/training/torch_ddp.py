@@ -1,7 +1,7 @@
 """Data-parallel training with unmodified torch DistributedDataParallel on the
 netcoll backend, checked against the same training in one process.
 
-    netcoll run -n 4 examples/torch_ddp.py            # 20 steps, then the checks
+    netcoll run -n 4 examples/training/torch_ddp.py            # 20 steps, then the checks
 
 Two lines differ from the same script on Gloo: ``import netcoll.torch`` and
 ``init_process_group("netcoll")`` (``netcoll run`` sets RANK, WORLD_SIZE,

@@ -1,0 +1,27 @@
+"""bench/ddp.py at a CI size: it trains on both backends and prints its table
+(the figures themselves are measured by hand: docs/torch.md)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.support import REPO
+
+from .launch import run
+
+pytestmark = pytest.mark.tcp
+
+
+@pytest.mark.timeout(400)
+def test_ddp_bench_prints_the_table() -> None:
+    argv = ["--width", "64", "--steps", "4", "--warmup", "1", "--rounds", "2", "--batch", "4"]
+    done = run(2, str(REPO / "bench" / "ddp.py"), *argv)
+    assert done.returncode == 0, done.output[-5000:]
+    out = done.output
+    assert "2 ranks, batch 4 per rank" in out and "2 round(s) x 4 steps" in out, out[-3000:]
+    for backend in ("netcoll", "gloo", "no communication"):
+        assert re.search(rf"\[rank 0\] {backend} +\d+\.\d +\d+\.\d +\d+\.\d +6\n", out), (backend, out[-3000:])
+    assert re.search(r"netcoll / gloo median step time: \d+\.\d\d", out)
+    assert "bit-identical on every rank: netcoll True, gloo True; max |netcoll - gloo| = " in out
