@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 HELP = "start N copies of a training script as the ranks of a group (like torchrun)"
 LAUNCH_GROUP = "netcoll-run"  # the launchers' own group at the coordinator (several nodes)
+EXIT_TIMEOUT = 300.0  # several nodes: how long a node waits for the others to finish (as torchrun's)
 MAX_LINE = 1 << 20  # a longer run without a newline is cut into several prefixed lines
 DESCRIPTION = """\
 Start N copies of a script as ranks 0..N-1 of one group, with NETCOLL_COORDINATOR,
@@ -131,17 +132,8 @@ def plan_of(ns: argparse.Namespace) -> Plan:
         command = [ns.target, *ns.args]
     else:
         command = [sys.executable, *(["-m"] if ns.module else []), ns.target, *ns.args]
-    return Plan(
-        ns.nprocs,
-        ns.nnodes,
-        ns.node_rank,
-        command,
-        coordinator,
-        ns.local_addr,
-        ns.master_port,
-        ns.grace,
-        ns.join_timeout,
-    )
+    fields = (ns.nprocs, ns.nnodes, ns.node_rank, command, coordinator, ns.local_addr, ns.master_port)
+    return Plan(*fields, ns.grace, ns.join_timeout)
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -162,6 +154,7 @@ def free_port(host: str) -> int:
 
 async def launch(plan: Plan) -> int:
     """Run the whole launch: coordinator (if ours), node meeting, ranks; the exit status."""
+    from ..errors import NetcollError
     from ..rendezvous import Coordinator
     from ..transport.auth import MEMBER_TOKEN_ENV, token_from_env
 
@@ -199,7 +192,13 @@ async def launch(plan: Plan) -> int:
             **({MEMBER_TOKEN_ENV: token} if token else {}),
             **({"NETCOLL_LOCAL_HOST": plan.local_addr} if plan.local_addr else {}),
         }
-        return await supervisor.run()
+        status = await supervisor.run()
+        if plan.nnodes > 1:  # node 0's coordinator stays up until every node's ranks are done
+            try:
+                await rdv.barrier("exit", EXIT_TIMEOUT)
+            except (NetcollError, OSError, TimeoutError) as exc:
+                _say(f"not every node finished cleanly: {exc}")
+        return status
 
 
 async def _meet(plan: Plan, address: str, token: str | None) -> RendezvousClient:
