@@ -269,3 +269,28 @@ def test_a_failing_rank_on_one_node_stops_both_nodes(tmp_path: Path) -> None:
     assert "[rank 3] RuntimeError: rank 3 breaks" in err1
     assert "PeerLost" in err0 or "CollectiveAborted" in err0  # node 0's ranks learnt of it
     assert "not every node finished" not in err0 + err1  # the nodes still met at the end
+
+
+CAUSE = textwrap.dedent(
+    """
+    import sys
+    import netcoll.sync
+
+    with netcoll.sync.connect() as comm:
+        comm.barrier()
+        if comm.rank == 1:
+            sys.exit(7)  # leaves the group; the others' barrier fails (PeerLost), they exit 1
+        comm.barrier()
+    """
+)
+
+
+def test_the_rank_that_failed_first_sets_the_status(tmp_path: Path) -> None:
+    """Whichever exits first, the rank whose failure caused the others' is named."""
+    script = tmp_path / "cause.py"
+    script.write_text(CAUSE)
+    for _ in range(3):  # the exit order varies; the answer must not
+        proc = launcher("-n", "3", str(script))
+        _, err = finish(proc)
+        assert proc.returncode == 7, err
+        assert "rank 1 exited with status 7" in err or "rank 1 failed first (SystemExit: 7); exit status 7" in err
