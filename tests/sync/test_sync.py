@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,3 +229,32 @@ def test_loop_kinds(coordinator: str) -> None:
     with pytest.raises(ValueError, match="unknown event loop"):
         netcoll.sync.connect(coordinator, world_size=2, loop="fast")
     assert sync_threads() == []
+
+
+def test_the_error_that_ends_a_block_is_noted(
+    coordinator: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NETCOLL_ERROR_FILE (set by netcoll run): the first error that ended a block, with its time."""
+    import asyncio
+    import json
+
+    note = tmp_path / "rank0.json"
+    monkeypatch.setenv("NETCOLL_ERROR_FILE", str(note))
+    with pytest.raises(KeyError), netcoll.sync.connect(coordinator, world_size=1):
+        raise KeyError("first")
+
+    async def later() -> None:
+        async with netcoll.connect(coordinator, world_size=1):
+            raise ValueError("second")
+
+    with pytest.raises(ValueError):
+        asyncio.run(later())
+    doc = json.loads(note.read_text())
+    assert doc["error"] == "KeyError: 'first'" and doc["time"] > 0  # the first note stays
+    note.unlink()
+    with pytest.raises(ValueError):
+        asyncio.run(later())
+    assert json.loads(note.read_text())["error"] == "ValueError: second"
+    with netcoll.sync.connect(coordinator, world_size=1):
+        pass
+    assert json.loads(note.read_text())["error"] == "ValueError: second"  # no error, no note
