@@ -244,32 +244,38 @@ class RankDaemon:
             task = self._job_task = asyncio.create_task(self._job(event))
             event = None  # the job (and its inline input bytes) is held by its task alone
             try:
-                try:
-                    report, payload, broken = await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    if not task.done():
-                        raise  # the daemon is stopping
-                    # cancelled before its first step: _job never ran to catch it
-                    report, payload, broken = _cancelled(job_id, rank), None, False
-                    self.jobs_failed += 1
-                except Exception as exc:  # never let one job stop the daemon taking jobs
-                    log.exception("job %s failed", escape(job_id))
-                    report = {
-                        "job_id": job_id,
-                        "rank": rank,
-                        "ok": False,
-                        "error": f"internal error: {exc!r}",
-                        "error_type": "RpcError",
-                    }
-                    payload, broken = None, True
-                    self.jobs_failed += 1
-                self._job_task = None
-                if broken:
-                    await self._drop_links()
-                await self._report(job_id, report, payload)
+                await self._finish(task, job_id, rank)
+            except Exception:  # never let one job stop the daemon taking jobs
+                log.exception("job %s: could not finish it", escape(job_id))
             finally:
                 self._job_task = None
                 self.current_job = None
+
+    async def _finish(self, task: asyncio.Task[Outcome], job_id: Any, rank: Any) -> None:
+        """Wait for the job's collective, drop broken links, report."""
+        try:
+            report, payload, broken = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                raise  # the daemon is stopping
+            # cancelled before its first step: _job never ran to catch it
+            report, payload, broken = _cancelled(job_id, rank), None, False
+            self.jobs_failed += 1
+        except Exception as exc:
+            log.exception("job %s failed", escape(job_id))
+            error = f"internal error: {exc!r}"
+            report = {"job_id": job_id, "rank": rank, "ok": False, "error": error, "error_type": "RpcError"}
+            payload, broken = None, True
+            self.jobs_failed += 1
+        self._job_task = None
+        if broken:
+            try:
+                await self._drop_links()
+            except Exception:  # the report still goes out
+                log.exception("job %s: could not close the broken links", escape(job_id))
+                self.transport = self.comm = None
+                self.epoch = self.rank = None
+        await self._report(job_id, report, payload)
 
     async def _report(self, job_id: Any, report: dict[str, Any], payload: bytes | None) -> None:
         rdv = self.rdv

@@ -61,3 +61,24 @@ async def test_a_killed_daemon_fails_the_job_naming_it_and_every_survivor_report
         assert sorted(rec["timings"]) == sorted(str(r) for r in range(3) if r != rank), rec
         nxt = await client.run("all_reduce", size="4KiB", timeout=30)
         assert nxt["state"] == "succeeded" and nxt["world_size"] == 2, nxt
+
+
+async def test_an_error_while_reporting_does_not_stop_the_daemon_taking_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report the coordinator refuses with a typed error (ValueError here) is logged;
+    the daemon's job worker goes on, so the next job runs (it used to die silently and
+    leave every later job waiting for its deadline)."""
+    async with service(2) as (_, client):
+        real = RpcClient.call
+        refused: list[int] = []
+
+        async def call(self: RpcClient, method: str, params: Any = None, *a: Any, **kw: Any) -> Any:
+            if method == "job_result" and not refused:
+                refused.append(params["rank"])
+                raise ValueError("refused by the test")
+            return await real(self, method, params, *a, **kw)
+
+        monkeypatch.setattr(RpcClient, "call", call)
+        rec = await client.run("all_reduce", size="4KiB", deadline=1.0, timeout=60)
+        assert rec["state"] == "failed" and f"ranks {refused} never reported" in rec["error"], rec
+        again = await client.run("all_reduce", size="4KiB", deadline=30, timeout=60)
+        assert again["state"] == "succeeded", again
