@@ -11,8 +11,10 @@ see an orderly BYE, not a crash) and leaves the group.
 from __future__ import annotations
 
 import contextlib
+import json
 import numbers
 import os
+import time
 from collections.abc import AsyncIterator, Mapping
 
 from .comm import DEFAULT_TIMEOUT, Communicator
@@ -26,6 +28,23 @@ COORDINATOR_ENV = "NETCOLL_COORDINATOR"
 WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"
 RANK_ENV = "NETCOLL_RANK"
 LOCAL_HOST_ENV = "NETCOLL_LOCAL_HOST"
+ERROR_FILE_ENV = "NETCOLL_ERROR_FILE"
+
+
+def record_failure(exc: BaseException) -> None:
+    """Note the error that ended a communicator's block, with the time, in the file
+    ``$NETCOLL_ERROR_FILE`` if set and not written yet. ``netcoll run`` sets one per
+    rank: the rank that failed first wrote first (the others failed after it left),
+    whichever process exited first."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path or isinstance(exc, GeneratorExit):
+        return
+    record = {"time": time.time(), "error": f"{type(exc).__name__}: {exc}"[:1000]}
+    try:
+        with open(path, "x", encoding="utf-8") as f:
+            json.dump(record, f)
+    except OSError:
+        pass
 
 
 def _env_int(env: Mapping[str, str], name: str, low: int) -> int | None:
@@ -157,4 +176,8 @@ async def connect(
         await transport.connect(timeout)
         comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
         stack.push_async_callback(comm.close)
-        yield comm
+        try:
+            yield comm
+        except BaseException as exc:
+            record_failure(exc)
+            raise

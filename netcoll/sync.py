@@ -52,6 +52,7 @@ from .loop import new_event_loop
 from .operation import Work
 from .ops import ReduceOp
 from .session import connect as _connect
+from .session import record_failure
 
 Array = np.ndarray[Any, Any]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -179,6 +180,8 @@ class SyncCommunicator:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is not None:
+            record_failure(exc)  # before closing: the peers fail only once we have left
         self.close()
 
     communicator = property(lambda self: self._comm, doc="the async Communicator underneath")

@@ -1,19 +1,6 @@
 """``netcoll run``: start N copies of a training script as the ranks of a group
-(what ``torchrun`` does for torch.distributed); usage in :data:`DESCRIPTION`
-and docs/training.md.
-
-One node: a coordinator runs inside the launcher on loopback (a fresh random
-member token unless ``NETCOLL_TOKEN`` is set), unless ``--coordinator`` names
-one to use. Several nodes (a static rendezvous, as torchrun's): node 0's
-launcher runs the coordinator at ``--coordinator``, every node's launcher joins
-it (the group ``netcoll-run``, one member per node) before starting its ranks,
-and node 0 publishes ``MASTER_PORT`` there; the nodes share ``NETCOLL_TOKEN``.
-
-Output lines are prefixed ``[rank R] `` (whole lines, never interleaved). When a
-rank fails, the others get SIGTERM, then SIGKILL after ``--grace`` seconds, and
-the launcher exits with the first failure's status (128+signal for a signal
-death). SIGINT/SIGTERM to the launcher go to every rank (each runs in a process
-group of its own; a second one kills them) and it exits 128+signal.
+(what ``torchrun`` does for torch.distributed). Usage: :data:`DESCRIPTION`;
+semantics (coordinator, several nodes, output, failures, signals): docs/training.md.
 """
 
 from __future__ import annotations
@@ -21,17 +8,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
-from concurrent.futures import Executor, ThreadPoolExecutor
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
+from ..escape import escape
 from .common import FORMATTER, CliError, run_client
+from .lines import pump_until_shutdown
 
 if TYPE_CHECKING:
     from ..rendezvous import RendezvousClient
@@ -39,7 +31,7 @@ if TYPE_CHECKING:
 
 HELP = "start N copies of a training script as the ranks of a group (like torchrun)"
 LAUNCH_GROUP = "netcoll-run"  # the launchers' own group at the coordinator (several nodes)
-MAX_LINE = 1 << 20  # a longer run without a newline is cut into several prefixed lines
+EXIT_TIMEOUT = 300.0  # several nodes: how long a node waits for the others to finish (as torchrun's)
 DESCRIPTION = """\
 Start N copies of a script as ranks 0..N-1 of one group, with NETCOLL_COORDINATOR,
 NETCOLL_WORLD_SIZE, NETCOLL_RANK, NETCOLL_TOKEN and torchrun's RANK, WORLD_SIZE,
@@ -131,17 +123,8 @@ def plan_of(ns: argparse.Namespace) -> Plan:
         command = [ns.target, *ns.args]
     else:
         command = [sys.executable, *(["-m"] if ns.module else []), ns.target, *ns.args]
-    return Plan(
-        ns.nprocs,
-        ns.nnodes,
-        ns.node_rank,
-        command,
-        coordinator,
-        ns.local_addr,
-        ns.master_port,
-        ns.grace,
-        ns.join_timeout,
-    )
+    fields = (ns.nprocs, ns.nnodes, ns.node_rank, command, coordinator, ns.local_addr, ns.master_port)
+    return Plan(*fields, ns.grace, ns.join_timeout)
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -162,6 +145,7 @@ def free_port(host: str) -> int:
 
 async def launch(plan: Plan) -> int:
     """Run the whole launch: coordinator (if ours), node meeting, ranks; the exit status."""
+    from ..errors import NetcollError
     from ..rendezvous import Coordinator
     from ..transport.auth import MEMBER_TOKEN_ENV, token_from_env
 
@@ -199,7 +183,13 @@ async def launch(plan: Plan) -> int:
             **({MEMBER_TOKEN_ENV: token} if token else {}),
             **({"NETCOLL_LOCAL_HOST": plan.local_addr} if plan.local_addr else {}),
         }
-        return await supervisor.run()
+        status = await supervisor.run()
+        if plan.nnodes > 1:  # node 0's coordinator stays up until every node's ranks are done
+            try:
+                await rdv.barrier("exit", EXIT_TIMEOUT)
+            except (NetcollError, OSError, TimeoutError) as exc:
+                _say(f"not every node finished cleanly: {exc}")
+        return status
 
 
 async def _meet(plan: Plan, address: str, token: str | None) -> RendezvousClient:
@@ -247,12 +237,20 @@ class Supervisor:
         self.signalled = 0
         self._kill: asyncio.TimerHandle | None = None
         self.output = ThreadPoolExecutor(1, thread_name_prefix="netcoll-run-output")
+        self.failed: dict[int, int] = {}  # rank -> exit status, in the order they exited
+        self.errors = tempfile.mkdtemp(prefix="netcoll-run-")  # NETCOLL_ERROR_FILE of each rank
 
     def child_env(self, local: int) -> dict[str, str]:
+        from ..session import ERROR_FILE_ENV
+
         rank = self.plan.node_rank * self.plan.nprocs + local
         env = {**os.environ, **self.env, "NETCOLL_RANK": str(rank), "RANK": str(rank), "LOCAL_RANK": str(local)}
+        env[ERROR_FILE_ENV] = self.note_path(rank)  # see first_cause
         env.setdefault("PYTHONUNBUFFERED", "1")  # lines show up as they are printed
         return env
+
+    def note_path(self, rank: int) -> str:
+        return os.path.join(self.errors, f"rank{rank}.json")
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -264,6 +262,7 @@ class Supervisor:
                     break
                 await self.start(local)
             await self.wait_all()
+            self.first_cause()
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
@@ -271,7 +270,21 @@ class Supervisor:
             if self._kill is not None:
                 self._kill.cancel()
             self.output.shutdown(wait=False, cancel_futures=True)
+            shutil.rmtree(self.errors, ignore_errors=True)
         return self.status or 0
+
+    def first_cause(self) -> None:
+        """The first rank to *exit* failing may have failed because another one did
+        (PeerLost): if both noted their errors (``NETCOLL_ERROR_FILE``), the earlier
+        note is the cause, and its status is the exit status."""
+        notes = {r: _note(self.note_path(r)) for r in self.failed}
+        first = next(iter(self.failed), None)
+        if self.signalled or first is None or notes[first] is None:
+            return  # no failure, a signal, or a rank that died without a word: that one it is
+        cause = min((note[0], r) for r, note in notes.items() if note is not None)[1]
+        if cause != first:
+            self.status = self.failed[cause]
+            _say(f"rank {cause} failed first ({escape(notes[cause][1])}); exit status {self.status}")  # type: ignore[index]
 
     async def start(self, local: int) -> None:
         rank = self.plan.node_rank * self.plan.nprocs + local
@@ -291,7 +304,7 @@ class Supervisor:
         started = Rank(rank, proc)
         assert proc.stdout is not None and proc.stderr is not None
         for stream, out in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-            started.pumps.append(asyncio.create_task(_pump_until_shutdown(stream, out, prefix, self.output)))
+            started.pumps.append(asyncio.create_task(pump_until_shutdown(stream, out, prefix, self.output)))
         self.ranks.append(started)
 
     async def wait_all(self) -> None:
@@ -301,8 +314,9 @@ class Supervisor:
 
     async def reap(self, r: Rank) -> None:
         code = await r.proc.wait()
-        if code != 0:  # the first rank to exit with a failure is "the" failure
+        if code != 0:  # the first rank to exit with a failure is "the" failure (see first_cause)
             status = 128 - code if code < 0 else code
+            self.failed[r.rank] = status
             how = f"was killed by {_signame(-code)}" if code < 0 else f"exited with status {code}"
             self.fail(status, f"rank {r.rank} {how}")
         with contextlib.suppress(TimeoutError):  # a grandchild holding the pipe open: stop waiting
@@ -314,7 +328,7 @@ class Supervisor:
         self.status = status
         alive = sum(r.proc.returncode is None for r in self.ranks)
         _say(message + (f"; stopping the other {alive} rank(s)" if alive else ""))
-        self.stop_all(signal.SIGTERM)
+        self.stop_all(signal.SIGTERM, spare_noted=True)
 
     def on_signal(self, sig: int) -> None:
         self.signalled += 1
@@ -326,48 +340,30 @@ class Supervisor:
             self.status = 128 + sig
         self.stop_all(sig)
 
-    def stop_all(self, sig: int) -> None:
-        self.kill_all(sig)
+    def stop_all(self, sig: int, spare_noted: bool = False) -> None:
+        self.kill_all(sig, spare_noted)
         if self._kill is None:
             self._kill = asyncio.get_running_loop().call_later(self.plan.grace, self.kill_all, signal.SIGKILL)
 
-    def kill_all(self, sig: int) -> None:
+    def kill_all(self, sig: int, spare_noted: bool = False) -> None:
+        """``sig`` to every running rank (``spare_noted``: not to those that noted a
+        failure, so leaving on their own with their own status; SIGKILL comes later)."""
         for r in self.ranks:
+            if spare_noted and os.path.exists(self.note_path(r.rank)):
+                continue
             if r.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(r.proc.pid, sig)
 
 
-async def pump(stream: asyncio.StreamReader, out: BinaryIO, prefix: bytes, writer: Executor) -> None:
-    """Copy ``stream`` to ``out`` line by line, each line prefixed and written whole.
-    Writes go through ``writer`` (one thread, so in order): a stalled reader of our
-    output (``| less``) then holds up the ranks' pipes, never the event loop that
-    runs the coordinator."""
-    loop = asyncio.get_running_loop()
-    pending = b""
-    while chunk := await stream.read(65536):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        while len(pending) > MAX_LINE:
-            lines.append(pending[:MAX_LINE])
-            pending = pending[MAX_LINE:]
-        if lines:
-            await loop.run_in_executor(writer, _write, out, b"".join(prefix + line + b"\n" for line in lines))
-    if pending:
-        await loop.run_in_executor(writer, _write, out, prefix + pending + b"\n")
-
-
-async def _pump_until_shutdown(stream: asyncio.StreamReader, out: BinaryIO, prefix: bytes, writer: Executor) -> None:
-    with contextlib.suppress(RuntimeError):  # the writer was shut down: the launcher is exiting
-        await pump(stream, out, prefix, writer)
-
-
-def _write(out: BinaryIO, data: bytes) -> None:
+def _note(path: str) -> tuple[float, str] | None:
+    """(time, error) from a rank's error file, or None."""
     try:
-        out.write(data)
-        out.flush()
-    except (BrokenPipeError, ValueError):  # our own output is gone: keep draining the rank's pipe
-        pass
+        with open(path, encoding="utf-8") as f:
+            note = json.load(f)
+        return float(note["time"]), str(note["error"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _signame(sig: int) -> str:
@@ -394,4 +390,4 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
-__all__ = ["HELP", "Plan", "Supervisor", "add_parser", "free_port", "launch", "plan_of", "pump", "run"]
+__all__ = ["HELP", "Plan", "Supervisor", "add_parser", "free_port", "launch", "plan_of", "run"]

@@ -239,3 +239,58 @@ def test_no_python_programs_and_a_program_that_cannot_start() -> None:
     out, err = finish(proc)
     assert proc.returncode == 127 and out == ""
     assert err.startswith("netcoll run: cannot start rank 0: ") and "/nonexistent/program" in err
+
+
+NODE_CRASH = textwrap.dedent(
+    """
+    import numpy as np
+    import netcoll.sync
+
+    with netcoll.sync.connect() as comm:
+        comm.barrier()
+        if comm.rank == 3:
+            raise RuntimeError("rank 3 breaks")
+        comm.all_reduce(np.ones(3))  # never completes: rank 3 is gone
+    """
+)
+
+
+def test_a_failing_rank_on_one_node_stops_both_nodes(tmp_path: Path) -> None:
+    script = tmp_path / "node_crash.py"
+    script.write_text(NODE_CRASH)
+    coordinator = f"127.0.0.2:{free_port('127.0.0.2')}"
+    common = ("-n", "2", "--nnodes", "2", "--coordinator", coordinator)
+    token = "run-test-token-fedcba9876543210"
+    node0 = launcher(*common, "--node-rank", "0", "--local-addr", "127.0.0.2", str(script), NETCOLL_TOKEN=token)
+    node1 = launcher(*common, "--node-rank", "1", "--local-addr", "127.0.0.3", str(script), NETCOLL_TOKEN=token)
+    _, err0 = finish(node0)
+    _, err1 = finish(node1)
+    assert node0.returncode == 1 and node1.returncode == 1, err0 + err1
+    assert "[rank 3] RuntimeError: rank 3 breaks" in err1
+    assert "PeerLost" in err0 or "CollectiveAborted" in err0  # node 0's ranks learnt of it
+    assert "not every node finished" not in err0 + err1  # the nodes still met at the end
+
+
+CAUSE = textwrap.dedent(
+    """
+    import sys
+    import netcoll.sync
+
+    with netcoll.sync.connect() as comm:
+        comm.barrier()
+        if comm.rank == 1:
+            sys.exit(7)  # leaves the group; the others' barrier fails (PeerLost), they exit 1
+        comm.barrier()
+    """
+)
+
+
+def test_the_rank_that_failed_first_sets_the_status(tmp_path: Path) -> None:
+    """Whichever exits first, the rank whose failure caused the others' is named."""
+    script = tmp_path / "cause.py"
+    script.write_text(CAUSE)
+    for _ in range(3):  # the exit order varies; the answer must not
+        proc = launcher("-n", "3", str(script))
+        _, err = finish(proc)
+        assert proc.returncode == 7, err
+        assert "rank 1 exited with status 7" in err or "rank 1 failed first (SystemExit: 7); exit status 7" in err

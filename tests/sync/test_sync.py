@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -217,3 +218,43 @@ def test_calls_from_the_loop_thread_are_refused(coordinator: str) -> None:
         comm.barrier()  # runs after on_loop (calls are handled in order)
         assert holder and "deadlock" in str(holder[0])
         np.testing.assert_array_equal(comm.all_reduce(np.ones(3)), np.ones(3))
+
+
+def test_loop_kinds(coordinator: str) -> None:
+    def rank_main(rank: int) -> list[int]:
+        with netcoll.sync.connect(coordinator, world_size=2, rank=rank, loop="spin") as comm:
+            return comm.all_reduce(np.array([rank + 1])).tolist()  # type: ignore[no-any-return]
+
+    assert in_threads(2, rank_main) == [[3], [3]]
+    with pytest.raises(ValueError, match="unknown event loop"):
+        netcoll.sync.connect(coordinator, world_size=2, loop="fast")
+    assert sync_threads() == []
+
+
+def test_the_error_that_ends_a_block_is_noted(
+    coordinator: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NETCOLL_ERROR_FILE (set by netcoll run): the first error that ended a block, with its time."""
+    import asyncio
+    import json
+
+    note = tmp_path / "rank0.json"
+    monkeypatch.setenv("NETCOLL_ERROR_FILE", str(note))
+    with pytest.raises(KeyError), netcoll.sync.connect(coordinator, world_size=1):
+        raise KeyError("first")
+
+    async def later() -> None:
+        async with netcoll.connect(coordinator, world_size=1):
+            raise ValueError("second")
+
+    with pytest.raises(ValueError):
+        asyncio.run(later())
+    doc = json.loads(note.read_text())
+    assert doc["error"] == "KeyError: 'first'" and doc["time"] > 0  # the first note stays
+    note.unlink()
+    with pytest.raises(ValueError):
+        asyncio.run(later())
+    assert json.loads(note.read_text())["error"] == "ValueError: second"
+    with netcoll.sync.connect(coordinator, world_size=1):
+        pass
+    assert json.loads(note.read_text())["error"] == "ValueError: second"  # no error, no note
