@@ -108,8 +108,13 @@ def describe(dt: np.dtype, shape: tuple[int, ...]) -> str:
     return f"{name}[{','.join(map(str, shape))}]"
 
 
-def meta_of(x: np.ndarray) -> dict[str, Any]:
-    return {"dtype": dtype_to_wire(x.dtype), "shape": list(x.shape), "nbytes": x.nbytes}
+def meta_of(x: np.ndarray, torch: bool = False) -> dict[str, Any]:
+    """What a receiver needs to know of ``x`` (``torch``: it was a torch tensor,
+    so a receiver that passed none gets one back: :func:`netcoll.tensors.from_peer`)."""
+    meta = {"dtype": dtype_to_wire(x.dtype), "shape": list(x.shape), "nbytes": x.nbytes}
+    if torch:
+        meta["torch"] = True
+    return meta
 
 
 def _dim(s: Any) -> int:

@@ -114,7 +114,7 @@ class Communicator:
         The root's result is ``x`` itself (sent without a copy, never
         modified) when it is a C-contiguous numpy array, else a contiguous copy."""
         x, _, io = inputs(x)
-        return self._issue(moving.broadcast(self._engine, x, root, algorithm), timeout, io)
+        return self._issue(moving.broadcast(self._engine, x, root, algorithm, io is not None), timeout, io)
 
     def reduce(
         self,
@@ -147,7 +147,7 @@ class Communicator:
         shapes (one dtype; every rank passes the same value): the result is
         then a list of ``world_size`` arrays."""
         x, out, io = inputs(x, out)
-        return self._issue(moving.all_gather(self._engine, x, uneven, out, algorithm), timeout, io)
+        return self._issue(moving.all_gather(self._engine, x, uneven, out, algorithm, io is not None), timeout, io)
 
     def gather(
         self,
@@ -163,7 +163,7 @@ class Communicator:
         ``out`` if given there); others get ``None``. ``uneven=True``: per-rank
         shapes may differ and the root gets a list of arrays."""
         x, out, io = inputs(x, out)
-        return self._issue(moving.gather(self._engine, x, root, uneven, out, algorithm), timeout, io)
+        return self._issue(moving.gather(self._engine, x, root, uneven, out, algorithm, io is not None), timeout, io)
 
     def scatter(
         self,
@@ -182,7 +182,7 @@ class Communicator:
         ``out``: a C-contiguous array of one row's shape and dtype to receive
         into; every rank passes one or none (the root's ``x`` then an array)."""
         x, out, io = inputs(x, out)
-        return self._issue(moving.scatter(self._engine, x, root, out, algorithm), timeout, io)
+        return self._issue(moving.scatter(self._engine, x, root, out, algorithm, io is not None), timeout, io)
 
     def reduce_scatter(
         self,
@@ -205,7 +205,7 @@ class Communicator:
         (``out`` if given), or for a list of ``world_size`` arrays of one dtype
         and any shapes (as MPI's ``alltoallv``; shapes travel with the data)."""
         x, out, io = inputs(x, out)
-        return self._issue(moving.all_to_all(self._engine, x, out, algorithm), timeout, io)
+        return self._issue(moving.all_to_all(self._engine, x, out, algorithm, io is not None), timeout, io)
 
     def barrier(self, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """Done once every rank has entered the barrier."""
@@ -215,7 +215,7 @@ class Communicator:
     def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> Work:
         """Send ``x`` to rank ``dst``; matched by ``dst``'s ``recv(src, tag)`` calls in order."""
         x, _, io = inputs(x)
-        return self._issue(p2p.send(self._engine, x, dst, tag), timeout, io)
+        return self._issue(p2p.send(self._engine, x, dst, tag, io is not None), timeout, io)
 
     def recv(self, src: int, tag: int = 0, *, timeout: float | None = None) -> Work:
         """Receive the next array rank ``src`` sent with ``tag``."""

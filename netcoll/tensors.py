@@ -14,6 +14,11 @@ call's result back into tensors:
 * any other array becomes a tensor over the array's memory (``torch.from_numpy``,
   no copy), of the same dtype and shape; lists are converted element by element.
 
+Arrays a rank receives without passing a buffer (``recv``, a non-root's
+``broadcast(None)``, blocks of uneven lists) come out as they were sent: the
+sender marks a tensor's metadata (``meta_of(x, torch=True)``) and
+:func:`from_peer` makes a tensor of it where torch is loaded.
+
 Dtypes: every CPU dtype numpy has a twin for (bool, int8..int64, uint8..uint64,
 float16/32/64, complex64/128) goes through ``Tensor.numpy()``; bfloat16 goes
 through a 16-bit integer view (numpy has no bfloat16; ``ml_dtypes`` does). The
@@ -35,7 +40,7 @@ import numpy as np
 
 from .ops import BFLOAT16
 
-__all__ = ["TorchIO", "inputs", "is_tensor", "to_numpy", "to_tensor"]
+__all__ = ["TorchIO", "from_peer", "inputs", "is_tensor", "to_numpy", "to_tensor"]
 
 #: torch dtypes numpy has no twin for, and what to do instead
 _ADVICE = {
@@ -95,6 +100,14 @@ def to_tensor(a: np.ndarray) -> Any:
     if a.dtype == BFLOAT16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
+
+
+def from_peer(arr: np.ndarray, meta: Any) -> Any:
+    """An array a peer sent: a tensor when the peer sent a tensor (``"torch"``
+    in its meta) and this process has torch loaded, else the array itself."""
+    if isinstance(meta, dict) and meta.get("torch") is True and _torch() is not None:
+        return to_tensor(arr)
+    return arr
 
 
 class TorchIO:

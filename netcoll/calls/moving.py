@@ -15,6 +15,7 @@ from .. import algorithms
 from ..arrays import array_from_meta, as_array, check_out, contiguous_copy, describe, leading_ranks, meta_of
 from ..engine import Call, Engine
 from ..errors import MismatchError
+from ..tensors import from_peer
 from ._common import (
     Done,
     Plan,
@@ -33,27 +34,27 @@ from ._common import (
 )
 
 
-def broadcast(e: Engine, x: Any, root: Any, algorithm: str) -> Plan:
+def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False) -> Plan:
     root = check_root(e, root)
     algo = pick(e, "broadcast", algorithm, 0)
     meta: dict[str, Any] | None = None
     arr: np.ndarray | None = None
     if e.rank == root:
         arr = contiguous(as_array(x))
-        meta = meta_of(arr)
+        meta = meta_of(arr, torch)
     elif x is not None:
         arr = check_out(x, x.shape, as_array(x).dtype, "broadcast buffer")
     if e.world_size == 1:
         return Done(arr)
     fn = algorithms.ALGORITHMS["broadcast"][algo]
 
-    def post(got_: tuple[Any, dict[str, Any]]) -> np.ndarray:
+    def post(got_: tuple[Any, dict[str, Any]]) -> Any:  # an array, or a tensor when a tensor was sent
         if e.rank == root:
-            return arr  # type: ignore[return-value]
+            return arr
         data, got_meta = got_
         got = array_from_meta(got_meta)
         if arr is None:
-            return np.frombuffer(data, dtype=got.dtype).reshape(got.shape) if got.size else got
+            return from_peer(np.frombuffer(data, dtype=got.dtype).reshape(got.shape) if got.size else got, got_meta)
         if arr.shape != got.shape or arr.dtype != got.dtype:
             raise MismatchError(
                 f"broadcast from rank {root} sent {describe(got.dtype, got.shape)} but "
@@ -72,7 +73,7 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str) -> Plan:
     )
 
 
-def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str) -> Plan:
+def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:
     x = as_array(x)
     if check_uneven(uneven):
         if out is not None:
@@ -85,7 +86,9 @@ def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str) -> Plan
         return Call(
             "all_gather",
             name,
-            lambda ch: algorithms.pairwise.all_gather_list(ch, send, meta=meta_of(send), segment_bytes=e.segment_bytes),
+            lambda ch: algorithms.pairwise.all_gather_list(
+                ch, send, meta=meta_of(send, torch), segment_bytes=e.segment_bytes
+            ),
             _arrays,
         )
     res = result(out, (e.world_size, *x.shape), x.dtype)
@@ -102,7 +105,7 @@ def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str) -> Plan
     )
 
 
-def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str) -> Plan:
+def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:
     x = as_array(x)
     root = check_root(e, root)
     if check_uneven(uneven):
@@ -116,7 +119,9 @@ def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str) 
         return Call(
             "gather",
             name,
-            lambda ch: algorithms.direct.gather_list(ch, send, root, meta=meta_of(send), segment_bytes=e.segment_bytes),
+            lambda ch: algorithms.direct.gather_list(
+                ch, send, root, meta=meta_of(send, torch), segment_bytes=e.segment_bytes
+            ),
             lambda got: None if got is None else _arrays(got),
         )
     algo = pick(e, "gather", algorithm, x.nbytes * e.world_size)
@@ -138,7 +143,7 @@ def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str) 
     )
 
 
-def scatter(e: Engine, x: Any, root: Any, out: Any, algorithm: str) -> Plan:
+def scatter(e: Engine, x: Any, root: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:
     root = check_root(e, root)
     algo = pick(e, "scatter", algorithm, 0)
     if out is not None:
@@ -153,7 +158,7 @@ def scatter(e: Engine, x: Any, root: Any, out: Any, algorithm: str) -> Plan:
             blocks = [whole[k, ...] for k in range(e.world_size)]  # 0-d rows stay arrays
     if e.world_size == 1:
         return Done(contiguous_copy(blocks[0]))  # type: ignore[index]
-    metas = None if blocks is None else [meta_of(b) for b in blocks]
+    metas = None if blocks is None else [meta_of(b, torch) for b in blocks]
     # direct scatter; each block carries its dtype/shape so non-roots need no buffer
     return Call(
         "scatter",
@@ -194,7 +199,7 @@ def _scatter_into(e: Engine, x: Any, root: int, out: Any, algo: str) -> Plan:
     )
 
 
-def all_to_all(e: Engine, x: Any, out: Any, algorithm: str) -> Plan:
+def all_to_all(e: Engine, x: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:
     if is_list(x):
         if out is not None:
             raise ValueError("all_to_all: out= is not supported for a list input")
@@ -207,7 +212,7 @@ def all_to_all(e: Engine, x: Any, out: Any, algorithm: str) -> Plan:
             "all_to_all",
             name,
             lambda ch: algorithms.pairwise.all_to_all_list(
-                ch, blocks, metas=[meta_of(b) for b in blocks], segment_bytes=e.segment_bytes
+                ch, blocks, metas=[meta_of(b, torch) for b in blocks], segment_bytes=e.segment_bytes
             ),
             _arrays,
         )
@@ -240,9 +245,10 @@ def barrier(e: Engine, algorithm: str) -> Plan:
     )
 
 
-def _array(buf: Any, meta: Any) -> np.ndarray:
-    return array_from_meta(meta, memoryview(buf))
+def _array(buf: Any, meta: Any) -> Any:
+    """A block a peer sent, as it sent it (a tensor if it was one: :func:`from_peer`)."""
+    return from_peer(array_from_meta(meta, memoryview(buf)), meta)
 
 
-def _arrays(got: Any) -> list[np.ndarray]:
+def _arrays(got: Any) -> list[Any]:
     return [_array(buf, meta) for buf, meta in got]

@@ -16,6 +16,7 @@ import numpy as np
 from .. import algorithms
 from ..arrays import array_from_meta, as_array, meta_of
 from ..engine import Call, Engine
+from ..tensors import from_peer
 from ..transport.base import Channel, as_bytes
 from ._common import fp
 
@@ -35,14 +36,16 @@ def _route(e: Engine, src: Any, dst: Any, tag: Any) -> tuple[str, int, tuple[int
     return group, seq, (e.members[src], e.members[dst])
 
 
-def send(e: Engine, x: Any, dst: Any, tag: Any) -> Call:
+def send(e: Engine, x: Any, dst: Any, tag: Any, torch: bool = False) -> Call:
     arr = as_array(x)
     data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
     group, seq, members = _route(e, e.rank, dst, tag)
     return Call(
         "send",
         fp(e, "p2p"),
-        lambda ch: algorithms.direct.send_message(ch, 1, data, meta=meta_of(data), segment_bytes=e.segment_bytes),
+        lambda ch: algorithms.direct.send_message(
+            ch, 1, data, meta=meta_of(data, torch), segment_bytes=e.segment_bytes
+        ),
         lambda _: None,
         group=group,
         seq=seq,
@@ -53,8 +56,8 @@ def send(e: Engine, x: Any, dst: Any, tag: Any) -> Call:
 def recv(e: Engine, src: Any, tag: Any) -> Call:
     group, seq, members = _route(e, src, e.rank, tag)
 
-    async def body(ch: Channel) -> np.ndarray:
+    async def body(ch: Channel) -> Any:
         buf, meta = await algorithms.direct.recv_message(ch, 0, segment_bytes=e.segment_bytes)
-        return array_from_meta(meta, as_bytes(buf))
+        return from_peer(array_from_meta(meta, as_bytes(buf)), meta)  # a tensor if a tensor was sent
 
     return Call("recv", fp(e, "p2p"), body, group=group, seq=seq, members=members)

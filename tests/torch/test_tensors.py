@@ -112,9 +112,8 @@ async def test_moving_collectives(dtype: torch.dtype) -> None:
     same(res[2], stacked)
     res = await run_world(N, lambda c: c.broadcast(xs[c.rank] if c.rank == 1 else None, root=1))
     assert res[1] is xs[1]  # the root's own tensor back
-    for r in (0, 2):  # no tensor in, none out: numpy (torch.from_numpy shares its memory)
-        assert isinstance(res[r], np.ndarray)
-        same(to_tensor(res[r]), xs[1])
+    for r in (0, 2):  # the root sent a tensor: the others get one (a tensor travels as one)
+        same(res[r], xs[1])
     bufs = [xs[1] if r == 1 else torch.zeros(2, 3, dtype=dtype) for r in range(N)]
     res = await run_world(N, lambda c: c.broadcast(bufs[c.rank], root=1))
     for r in range(N):
@@ -122,9 +121,8 @@ async def test_moving_collectives(dtype: torch.dtype) -> None:
         same(res[r], xs[1])
     whole = tdata(0, (N, 4), dtype, seed=2)
     res = await run_world(N, lambda c: c.scatter(whole if c.rank == 0 else None, root=0))
-    same(res[0], whole[0])
-    for r in range(1, N):
-        same(to_tensor(res[r]), whole[r])
+    for r in range(N):
+        same(res[r], whole[r])
     mats = [tdata(r, (N, 2), dtype, seed=4) for r in range(N)]
     res = await run_world(N, lambda c: c.all_to_all(mats[c.rank]))
     for r in range(N):
@@ -139,8 +137,7 @@ async def test_moving_collectives(dtype: torch.dtype) -> None:
 
     res = await run_world(N, p2p)
     assert res[0] is None
-    assert isinstance(res[2], np.ndarray)  # recv has no tensor to go by: numpy (torch.from_numpy shares it)
-    same(to_tensor(res[2]), xs[0])
+    same(res[2], xs[0])  # a tensor was sent: a tensor is received
 
 
 # -- grad, strides, out=, lists --------------------------------------------------------
@@ -211,6 +208,24 @@ async def test_out_tensors_are_written_and_returned() -> None:
     same(bufs[2], torch.arange(3))
 
 
+async def test_what_is_sent_as_numpy_is_received_as_numpy() -> None:
+    """With torch loaded, numpy still goes in and out as numpy; a tensor sent
+    arrives as a tensor where the receiver passed none, numpy where it passed
+    a numpy buffer."""
+    x = np.arange(6, dtype=np.int32).reshape(2, 3)
+    res = await run_world(N, lambda c: c.broadcast(x if c.rank == 0 else None))
+    assert all(type(r) is np.ndarray for r in res)
+    res = await run_world(N, lambda c: c.all_to_all([np.full(2, c.rank)] * N))
+    assert all(type(b) is np.ndarray for r in res for b in r)
+    t = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    bufs = [np.zeros((2, 3), np.int32) for _ in range(N)]
+    res = await run_world(N, lambda c: c.broadcast(t if c.rank == 0 else bufs[c.rank]))
+    assert res[0] is t and res[1] is bufs[1] and res[2] is bufs[2]
+    np.testing.assert_array_equal(bufs[2], x)
+    res = await run_world(N, lambda c: c.gather(t if c.rank == 1 else x, uneven=True))
+    assert [type(b) for b in res[0]] == [np.ndarray, torch.Tensor, np.ndarray]  # as each rank sent it
+
+
 async def test_numpy_input_with_an_out_tensor() -> None:
     outs = [torch.empty(2, dtype=torch.float64) for _ in range(N)]
     res = await run_world(N, lambda c: c.all_reduce(np.ones(2), out=outs[c.rank]))
@@ -239,8 +254,8 @@ async def test_lists_of_tensors(dtype: torch.dtype) -> None:
         for j in range(N):
             same(res[r][j], blocks[j][r])
     res = await run_world(N, lambda c: c.scatter(blocks[1] if c.rank == 1 else None, root=1))
-    for r in range(N):  # the non-roots passed no tensor: numpy
-        same(res[r] if r == 1 else to_tensor(res[r]), blocks[1][r])
+    for r in range(N):
+        same(res[r], blocks[1][r])
     op = "max" if dtype is torch.bool else "sum"
     res = await run_world(N, lambda c: c.reduce_scatter(tuple(blocks[c.rank]), op=op))
     for r in range(N):
