@@ -121,7 +121,8 @@ def _job_service(cfg: CoordinatorConfig, coord: Coordinator) -> JobService:
 async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     """Run a coordinator with the job service until SIGTERM/SIGINT; return 0."""
     from ..rendezvous.coordinator import Coordinator
-    from .http import HttpServer, coordinator_metrics, coordinator_ready
+    from .http import HttpServer, coordinator_ready
+    from .metrics import coordinator_metrics
 
     cfg.require_credentials("coordinator")  # secure by default (a ConfigError: exit 2)
     started = time.time()
@@ -131,7 +132,7 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     journal = svc.journal
     http = HttpServer(
         ready=coordinator_ready(coord, lambda: bool(state["stopping"])),
-        metrics=lambda: coordinator_metrics(coord, svc, started),
+        metrics=coordinator_metrics(coord, svc, started),
         name="netcoll coordinator",
     )
     stop = asyncio.Event()
@@ -186,14 +187,15 @@ class _RankServer:
     the first drains (no new job; the running one finishes), the second stops at once."""
 
     def __init__(self, cfg: RankConfig, daemon: Any) -> None:
-        from .http import HttpServer, rank_metrics, rank_ready
+        from .http import HttpServer, rank_ready
+        from .metrics import rank_metrics
 
         started = time.time()
         self.cfg, self.daemon = cfg, daemon
         self.stopping, self.signals = False, 0
         self.http = HttpServer(
             ready=rank_ready(daemon, lambda: self.stopping),
-            metrics=lambda: rank_metrics(daemon, started),
+            metrics=rank_metrics(daemon, started),
             name=f"netcoll rank {daemon.member_id}",
         )
         self.run_task: asyncio.Task[None] = asyncio.create_task(daemon.run(), name="netcoll-rank-daemon")
