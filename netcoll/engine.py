@@ -24,7 +24,6 @@ import asyncio
 import functools
 import logging
 import numbers
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -146,7 +145,7 @@ class Engine:
         )
         work.op = op
         context = OPERATION.set((call.name, call.seq, self.transport.rank))
-        start = time.perf_counter()
+        start = observe.now()
         try:
             value = await self._run(op, work, call.body, limit)
             if call.post is not None:
@@ -163,11 +162,17 @@ class Engine:
             mailbox.close(op)
             if work._driver is not None:
                 self.running.discard(work._driver)
-            self._observe(op, call, time.perf_counter() - start)
+            self._observe(op, call, start)
             OPERATION.reset(context)
 
-    def _observe(self, op: Operation, call: Call, seconds: float) -> None:
-        """Record how the operation ended (metrics); log a slow or failed one."""
+    def _observe(self, op: Operation, call: Call, start: float) -> None:
+        """Record how the operation ended (metrics, a traced job's span); log a slow or failed one."""
+        end = observe.now()
+        seconds = end - start
+        trace = observe.TRACE.get()
+        if trace is not None:
+            outcome = "ok" if op.failure is None else op.failure.reason.value
+            trace.add(f"{call.name} #{call.seq}", "operations", start, end, {"fp": call.fp, "outcome": outcome})
         if op.failure is None:
             observe.DURATIONS.observe(call.name, call.fp, seconds)  # its count is the "ok" outcome
             if seconds > self.slow_op_s:

@@ -21,7 +21,7 @@ from typing import Any
 #: histogram bucket upper bounds (seconds) of netcoll_collective_duration_seconds
 BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 DEFAULT_SLOW_OP_S = 5.0
-MAX_SPANS = 100_000  # spans one rank records for one traced job; beyond that they are counted as dropped
+MAX_SPANS = 50_000  # spans one rank records for one traced job; beyond that they are counted as dropped
 
 
 def slow_op_s() -> float:

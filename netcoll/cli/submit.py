@@ -73,6 +73,12 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--input", metavar="NAME", help="use the named tensor kept on the ranks instead of generated data")
     sp.add_argument("--output", metavar="NAME", help="keep the result on the ranks under this name")
     add_client_arguments(sp)
+    sp.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="record the job's timeline on every rank and write it to FILE as a Chrome trace "
+        "(open it in https://ui.perfetto.dev)",
+    )
     sp.set_defaults(handler=run)
     return sp
 
@@ -81,12 +87,13 @@ def run(ns: argparse.Namespace) -> int:
     from ..config import SubmitConfig
     from ..service.jobs import JobSpec
 
+    trace_file = vars(ns).pop("trace", None)
     cfg = SubmitConfig.load(flags(ns))
     try:
-        spec = JobSpec(**cfg.job_fields())
+        spec = JobSpec(**cfg.job_fields(), trace=trace_file is not None)
     except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         raise CliError(f"invalid job: {one_line(exc)}", 2) from None
-    rec = run_client(_submit(cfg, spec))
+    rec = run_client(_submit(cfg, spec, trace_file))
     if cfg.json_output:
         print_json(job_json(rec, cfg.coordinator))
     else:
@@ -97,11 +104,28 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
-async def _submit(cfg: SubmitConfig, spec: JobSpec) -> dict[str, Any]:
-    """Submit, then wait for the job's record (Ctrl-C / SIGTERM cancel it)."""
+async def _submit(cfg: SubmitConfig, spec: JobSpec, trace_file: str | None = None) -> dict[str, Any]:
+    """Submit, then wait for the job's record (Ctrl-C / SIGTERM cancel it); with
+    ``trace_file``, write the job's Chrome trace there."""
     async with connected(cfg) as client:
         job_id = await client.submit(spec)
-        return await _wait_or_cancel(client, job_id)
+        rec = await _wait_or_cancel(client, job_id)
+        if trace_file is not None:
+            _write_trace(trace_file, await client.trace(job_id))
+        return rec
+
+
+def _write_trace(path: str, doc: dict[str, Any]) -> None:
+    import json
+    import sys
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+    except OSError as exc:
+        raise CliError(f"cannot write the trace to {path}: {exc.strerror or exc}") from None
+    ranks = sum(1 for e in doc.get("traceEvents", ()) if e.get("name") == "process_name")
+    sys.stderr.write(f"trace: {path} ({len(doc.get('traceEvents', ()))} events from {ranks} ranks)\n")
 
 
 async def _wait_or_cancel(client: Client, job_id: int) -> dict[str, Any]:

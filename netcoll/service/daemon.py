@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import logs
+from .. import logs, observe
 from ..arrays import array_from_meta, meta_of
 from ..comm import Communicator
 from ..errors import CollectiveError, NetcollError, PeerLost
@@ -27,6 +27,7 @@ from ..rendezvous.client import RendezvousClient, new_member_id
 from ..transport.tcp import Listener, TcpTransport
 from .jobs import JobSpec, generate_input, verify
 from .runner import Progress, run_collective
+from .timeline import send_trace
 
 log = logging.getLogger("netcoll.daemon")
 
@@ -260,8 +261,12 @@ class RankDaemon:
         job_id, rank, world = event["job_id"], event["rank"], event["world_size"]
         report: dict[str, Any] = {"job_id": job_id, "rank": rank, "ok": False}
         payload: bytes | None = None
+        recorder: observe.Recorder | None = None
         try:
             spec = JobSpec.model_validate(event["spec"])
+            if spec.trace:  # this task's context: every operation of the job records spans
+                recorder = observe.Recorder()
+                observe.TRACE.set(recorder)
             async with asyncio.timeout(float(event["deadline"])):
                 comm = await self._ensure_links(event)
                 # Generating and checking data of a large job takes seconds of numpy work:
@@ -296,6 +301,9 @@ class RankDaemon:
         rdv = self.rdv
         if rdv is not None:
             try:
+                if recorder is not None:  # before the result: the job is complete with its trace
+                    observe.TRACE.set(None)
+                    await send_trace(rdv.rpc, job_id, rank, recorder)
                 await rdv.rpc.call("job_result", report, payload, timeout=30.0)
             except (OSError, NetcollError, TimeoutError) as exc:
                 log.warning("could not report job %s: %s", escape(job_id), escape(exc))
