@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .. import logs
 from ..config import CoordinatorConfig, RankConfig
 from ..logs import ContextFilter
+from .metrics import coordinator_metrics, rank_metrics
 
 if TYPE_CHECKING:
     from ..rendezvous.coordinator import Coordinator
@@ -122,7 +123,6 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     """Run a coordinator with the job service until SIGTERM/SIGINT; return 0."""
     from ..rendezvous.coordinator import Coordinator
     from .http import HttpServer, coordinator_ready
-    from .metrics import coordinator_metrics
 
     cfg.require_credentials("coordinator")  # secure by default (a ConfigError: exit 2)
     started = time.time()
@@ -188,7 +188,6 @@ class _RankServer:
 
     def __init__(self, cfg: RankConfig, daemon: Any) -> None:
         from .http import HttpServer, rank_ready
-        from .metrics import rank_metrics
 
         started = time.time()
         self.cfg, self.daemon = cfg, daemon
