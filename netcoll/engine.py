@@ -30,7 +30,7 @@ from typing import Any
 
 from . import algorithms, observe
 from .errors import CollectiveError, CommunicatorClosed
-from .logs import OPERATION
+from .logs import OPERATIONS
 from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work
 from .transport.base import Channel, Transport
 
@@ -101,6 +101,7 @@ class Engine:
         self.running: set[asyncio.Task[None]] = set()
         self.fps: dict[tuple[Any, ...], str] = {}  # hot calls' fingerprints, by their arguments
         self.slow_op_s = observe.slow_op_s()
+        self._durations = observe.DURATIONS.observe
 
     def remember_fp(self, key: tuple[Any, ...], fp: str) -> str:
         if len(self.fps) >= 256:
@@ -144,8 +145,9 @@ class Engine:
             call.group or self.group, call.seq, call.fp, call.members or self.members, call.name, work.get_loop()
         )
         work.op = op
-        context = OPERATION.set((call.name, call.seq, self.transport.rank))
-        start = observe.now()
+        driver = asyncio.current_task()
+        OPERATIONS[driver] = (call.name, call.seq, self.transport.rank)
+        start = op.opened  # observe.now() when the operation opened
         try:
             value = await self._run(op, work, call.body, limit)
             if call.post is not None:
@@ -163,7 +165,7 @@ class Engine:
             if work._driver is not None:
                 self.running.discard(work._driver)
             self._observe(op, call, start)
-            OPERATION.reset(context)
+            OPERATIONS.pop(driver, None)
 
     def _observe(self, op: Operation, call: Call, start: float) -> None:
         """Record how the operation ended (metrics, a traced job's span); log a slow or failed one."""
@@ -174,7 +176,7 @@ class Engine:
             outcome = "ok" if op.failure is None else op.failure.reason.value
             trace.add(f"{call.name} #{call.seq}", "operations", start, end, {"fp": call.fp, "outcome": outcome})
         if op.failure is None:
-            observe.DURATIONS.observe(call.name, call.fp, seconds)  # its count is the "ok" outcome
+            self._durations(call.name, call.fp, seconds)  # its count is the "ok" outcome
             if seconds > self.slow_op_s:
                 log.info("slow operation: %s finished after %.3fs", op.where(), seconds)
             elif log.isEnabledFor(logging.DEBUG):
@@ -195,8 +197,7 @@ class Engine:
             task = asyncio.current_task(loop)
             assert task is not None
             work._driver = task
-            deadline = _Deadline(task, op, loop.time() + limit, self.transport.rank)
-            deadline.arm(loop, self.slow_op_s)
+            deadline = _Deadline(task, op, loop, limit, self.slow_op_s, self.transport.rank)
             try:
                 try:
                     return await body(Channel(self.transport, op))
@@ -283,22 +284,31 @@ class _Deadline:
 
     __slots__ = ("task", "cancelling", "expired", "op", "end", "rank", "timer", "slow")
 
-    def __init__(self, task: asyncio.Task[Any], op: Operation, end: float, rank: int) -> None:
+    def __init__(
+        self,
+        task: asyncio.Task[Any],
+        op: Operation,
+        loop: asyncio.AbstractEventLoop,
+        limit: float,
+        slow: float,
+        rank: int,
+    ) -> None:
         self.task, self.cancelling, self.expired = task, task.cancelling(), False
-        self.op, self.end, self.rank = op, end, rank
-        self.timer: asyncio.TimerHandle | None = None
-        self.slow = 0.0
-
-    def arm(self, loop: asyncio.AbstractEventLoop, slow_s: float) -> None:
-        warn_at = loop.time() + slow_s
-        if warn_at < self.end:
-            self.slow = slow_s
-            self.timer = loop.call_at(warn_at, self.warn)
+        self.op: Operation | None = op
+        self.rank = rank
+        now = loop.time()
+        self.end = now + limit
+        if slow < limit:
+            self.slow = slow
+            self.timer = loop.call_at(now + slow, self.warn)
         else:
+            self.slow = 0.0
             self.timer = loop.call_at(self.end, self.expire)
 
     def warn(self) -> None:
         op = self.op
+        if op is None:
+            return
         waiting = op.waiting_for()
         log.warning(
             "slow operation: %s still running on rank %d after %gs; waiting for %s",
@@ -310,8 +320,8 @@ class _Deadline:
         self.timer = self.task.get_loop().call_at(self.end, self.expire)
 
     def cancel(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+        self.timer.cancel()
+        self.op = None  # a cancelled timer lingers in the loop's heap: hold nothing big
 
     def expire(self) -> None:
         self.expired = True

@@ -7,17 +7,18 @@ or ``"json"`` (one object a line: ``ts``, ``level``, ``logger``, ``msg``,
 ``who``, and ``rank``, ``epoch``, ``job``, ``op``, ``seq`` when known, plus
 ``exc`` for an exception); the default comes from ``NETCOLL_LOG_FORMAT``.
 
-The context lives in :mod:`contextvars`, so it follows asyncio tasks: the
+The job context lives in :mod:`contextvars`, so it follows asyncio tasks: the
 rank daemon sets ``rank``/``epoch``/``job`` with :func:`bind` while it runs a
-job, and the engine sets ``op``/``seq`` (and ``rank``) while it drives an
-operation (:data:`OPERATION`, one ``set`` per operation and no formatting:
-the fields are read only when a line is actually emitted).
+job, and the engine records ``op``/``seq`` (and ``rank``) for the task that
+drives an operation (:data:`OPERATIONS`, one dict entry per operation and no
+formatting: the fields are read only when a line is actually emitted).
 
 A leaf module: it imports nothing of netcoll.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import json
@@ -31,10 +32,10 @@ from typing import Any
 FORMATS = ("text", "json")
 ENV_FORMAT = "NETCOLL_LOG_FORMAT"
 
-#: ``(op name, seq, world rank)`` of the operation the engine is driving in this context
-OPERATION: contextvars.ContextVar[tuple[str, int, int] | None] = contextvars.ContextVar(
-    "netcoll_operation", default=None
-)
+#: asyncio task -> ``(op name, seq, world rank)`` of the operation the engine is driving in
+#: it (a dict entry, not a context variable: setting one per operation costs allocations
+#: that showed in the small-collective latency)
+OPERATIONS: dict[object, tuple[str, int, int]] = {}
 #: ``rank``/``epoch``/``job`` (and other fields) bound by the service around a job
 FIELDS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("netcoll_log_fields", default=None)
 
@@ -64,7 +65,12 @@ def bind(**fields: Any) -> Iterator[None]:
 def context() -> dict[str, Any]:
     """The context fields in effect here (only those known)."""
     out = dict(FIELDS.get() or {})
-    current = OPERATION.get()
+    current = None
+    if OPERATIONS:
+        try:
+            current = OPERATIONS.get(asyncio.current_task())
+        except RuntimeError:  # no event loop in this thread
+            pass
     if current is not None:
         out["op"], out["seq"] = current[0], current[1]
         out.setdefault("rank", current[2])
@@ -156,7 +162,7 @@ __all__ = [
     "ENV_FORMAT",
     "FIELDS",
     "FORMATS",
-    "OPERATION",
+    "OPERATIONS",
     "ContextFilter",
     "JsonFormatter",
     "TextFormatter",
