@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from netcoll import observe
+from netcoll.cli import main
 from netcoll.cli.submit import _write_trace
 from netcoll.service.timeline import Traces
 from tests.support.services import service
@@ -53,6 +55,33 @@ async def test_a_traced_job_has_spans_from_every_rank(tmp_path: Path) -> None:
         plain = await client.run("all_reduce", size=64, timeout=60)  # not traced: nothing kept
         with pytest.raises(KeyError, match="no trace of job"):
             await client.trace(plain["id"])
+
+
+async def test_netcoll_submit_trace_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    path = tmp_path / "job.json"
+    try:
+        async with service(2) as (cluster, _client):
+            argv = [
+                "submit",
+                "broadcast",
+                "--size",
+                "4KiB",
+                "--coordinator",
+                cluster.coord.address,
+                "--trace",
+                str(path),
+            ]
+            assert await asyncio.to_thread(main, argv) == 0
+    finally:
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+        root.setLevel(level)
+    assert f"trace: {path} (" in capsys.readouterr().err
+    with path.open() as f:
+        check_perfetto(json.load(f), 2)
 
 
 async def test_the_span_limit_drops_and_says_so() -> None:
