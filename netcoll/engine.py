@@ -30,6 +30,7 @@ from typing import Any
 
 from . import algorithms, observe
 from .errors import CollectiveError, CommunicatorClosed
+from .escape import escape
 from .logs import OPERATIONS
 from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work
 from .transport.base import Channel, Transport
@@ -185,7 +186,7 @@ class Engine:
         observe.count(call.name, op.failure.reason.value)
         level = logging.INFO if op.failure.reason is Reason.CANCELLED else logging.WARNING
         if log.isEnabledFor(level):
-            log.log(level, "%s failed after %.3fs: %s", op.where(), seconds, op.failure.message)
+            log.log(level, "%s failed after %.3fs: %s", op.where(), seconds, escape(op.failure.message, 500))
 
     async def _run(self, op: Operation, work: Work, body: Body, limit: float) -> Any:
         if self.closed:
