@@ -31,7 +31,7 @@ from typing import Any
 from . import algorithms, observe
 from .errors import CollectiveError, CommunicatorClosed
 from .escape import escape
-from .logs import OPERATIONS
+from .logs import OPERATIONS, op_extra
 from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work
 from .transport.base import Channel, Transport
 
@@ -146,8 +146,9 @@ class Engine:
             call.group or self.group, call.seq, call.fp, call.members or self.members, call.name, work.get_loop()
         )
         work.op = op
-        driver = asyncio.current_task()
-        OPERATIONS[driver] = (call.name, call.seq, self.transport.rank)
+        driver = asyncio.current_task() if log.isEnabledFor(logging.DEBUG) else None
+        if driver is not None:  # per-operation detail: every line logged while it runs names it
+            OPERATIONS[driver] = (call.name, call.seq, self.transport.rank)
         start = op.opened  # observe.now() when the operation opened
         try:
             value = await self._run(op, work, call.body, limit)
@@ -166,7 +167,8 @@ class Engine:
             if work._driver is not None:
                 self.running.discard(work._driver)
             self._observe(op, call, start)
-            OPERATIONS.pop(driver, None)
+            if driver is not None:
+                OPERATIONS.pop(driver, None)
 
     def _observe(self, op: Operation, call: Call, start: float) -> None:
         """Record how the operation ended (metrics, a traced job's span); log a slow or failed one."""
@@ -179,14 +181,19 @@ class Engine:
         if op.failure is None:
             self._durations(call.name, call.fp, seconds)  # its count is the "ok" outcome
             if seconds > self.slow_op_s:
-                log.info("slow operation: %s finished after %.3fs", op.where(), seconds)
+                log.info("slow operation: %s finished after %.3fs", op.where(), seconds, extra=self._extra(call))
             elif log.isEnabledFor(logging.DEBUG):
-                log.debug("%s done in %.6fs", op.where(), seconds)
+                log.debug("%s done in %.6fs", op.where(), seconds, extra=self._extra(call))
             return
         observe.count(call.name, op.failure.reason.value)
         level = logging.INFO if op.failure.reason is Reason.CANCELLED else logging.WARNING
         if log.isEnabledFor(level):
-            log.log(level, "%s failed after %.3fs: %s", op.where(), seconds, escape(op.failure.message, 500))
+            message = escape(op.failure.message, 500)
+            log.log(level, "%s failed after %.3fs: %s", op.where(), seconds, message, extra=self._extra(call))
+
+    def _extra(self, call: Call) -> dict[str, Any]:
+        assert call.seq is not None
+        return op_extra(call.name, call.seq, self.transport.rank)
 
     async def _run(self, op: Operation, work: Work, body: Body, limit: float) -> Any:
         if self.closed:
@@ -317,6 +324,7 @@ class _Deadline:
             op.me(self.rank),
             self.slow,
             _ranks(waiting) or "peers to read (send blocked)",
+            extra=op_extra(op.name, op.seq, self.rank),
         )
         self.timer = self.task.get_loop().call_at(self.end, self.expire)
 

@@ -33,9 +33,17 @@ FORMATS = ("text", "json")
 ENV_FORMAT = "NETCOLL_LOG_FORMAT"
 
 #: asyncio task -> ``(op name, seq, world rank)`` of the operation the engine is driving in
-#: it (a dict entry, not a context variable: setting one per operation costs allocations
-#: that showed in the small-collective latency)
+#: it, kept while DEBUG is enabled (a dict entry, not a context variable: setting one per
+#: operation costs allocations that showed in the small-collective latency). The engine's
+#: own lines carry the operation as ``extra={"netcoll_op": ...}`` (:func:`op_extra`) at any level.
 OPERATIONS: dict[object, tuple[str, int, int]] = {}
+
+
+def op_extra(name: str, seq: int, rank: int) -> dict[str, Any]:
+    """``extra=`` for a line about operation ``name #seq`` on world rank ``rank``."""
+    return {"netcoll_op": (name, seq, rank)}
+
+
 #: ``rank``/``epoch``/``job`` (and other fields) bound by the service around a job
 FIELDS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("netcoll_log_fields", default=None)
 
@@ -62,11 +70,11 @@ def bind(**fields: Any) -> Iterator[None]:
         FIELDS.reset(token)
 
 
-def context() -> dict[str, Any]:
-    """The context fields in effect here (only those known)."""
+def context(current: tuple[str, int, int] | None = None) -> dict[str, Any]:
+    """The context fields in effect here (only those known); ``current``: the operation
+    a line names itself."""
     out = dict(FIELDS.get() or {})
-    current = None
-    if OPERATIONS:
+    if current is None and OPERATIONS:
         try:
             current = OPERATIONS.get(asyncio.current_task())
         except RuntimeError:  # no event loop in this thread
@@ -86,7 +94,7 @@ class ContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.who = self.who
-        record.netcoll = context()
+        record.netcoll = context(getattr(record, "netcoll_op", None))
         return True
 
 
@@ -168,6 +176,7 @@ __all__ = [
     "TextFormatter",
     "bind",
     "context",
+    "op_extra",
     "log_format",
     "setup",
 ]
