@@ -136,7 +136,7 @@ class CollectiveCollector:
             labels=["op", "algorithm"],
         )
         merged: dict[tuple[str, str], list[float]] = {}
-        for (name, fp), row in list(observe.DURATIONS.rows.items()):
+        for (name, fp), row in list(observe.DURATIONS.fold().items()):
             key = (name, observe.algorithm_of(fp))
             acc = merged.setdefault(key, [0.0] * len(row))
             for i, v in enumerate(row):
