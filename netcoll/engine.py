@@ -166,18 +166,21 @@ class Engine:
             mailbox.close(op)
             if work._driver is not None:
                 self.running.discard(work._driver)
-            self._observe(op, call, start)
+            seconds = observe.now() - start
+            if op.failure is None and driver is None and seconds <= self.slow_op_s and observe.TRACE.get() is None:
+                self._durations(call.name, call.fp, seconds)  # the usual case; its count is the "ok" outcome
+            else:
+                self._observe(op, call, start, seconds)
             if driver is not None:
                 OPERATIONS.pop(driver, None)
 
-    def _observe(self, op: Operation, call: Call, start: float) -> None:
+    def _observe(self, op: Operation, call: Call, start: float, seconds: float) -> None:
         """Record how the operation ended (metrics, a traced job's span); log a slow or failed one."""
-        end = observe.now()
-        seconds = end - start
         trace = observe.TRACE.get()
         if trace is not None:
             outcome = "ok" if op.failure is None else op.failure.reason.value
-            trace.add(f"{call.name} #{call.seq}", "operations", start, end, {"fp": call.fp, "outcome": outcome})
+            args = {"fp": call.fp, "outcome": outcome}
+            trace.add(f"{call.name} #{call.seq}", "operations", start, start + seconds, args)
         if op.failure is None:
             self._durations(call.name, call.fp, seconds)  # its count is the "ok" outcome
             if seconds > self.slow_op_s:
