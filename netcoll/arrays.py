@@ -144,7 +144,8 @@ def array_from_meta(meta: Any, payload: memoryview | None = None, limits: Limits
     over = _over_limit(count * dt.itemsize, limits)
     if over is not None:
         raise LimitExceeded(f"peer declared a {dt} array of {len(shape)} dimensions and {over}")
-    if any(n.bit_length() > 62 for n in shape):  # a 0 elsewhere keeps the count small
+    # a 0 elsewhere keeps the count small, but numpy still needs the other sizes' strides to fit
+    if math.prod(n for n in shape if n) * dt.itemsize >= 1 << 63:
         raise MismatchError(f"peer sent an array shape numpy cannot hold {_show(raw)}")
     if payload is None:
         return np.empty(shape, dtype=dt)

@@ -24,14 +24,14 @@ import asyncio
 import functools
 import logging
 import numbers
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import algorithms, observe
 from .errors import CollectiveError, CommunicatorClosed
-from .logs import OPERATION
+from .escape import escape
+from .logs import OPERATIONS, op_extra
 from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work
 from .transport.base import Channel, Transport
 
@@ -102,6 +102,7 @@ class Engine:
         self.running: set[asyncio.Task[None]] = set()
         self.fps: dict[tuple[Any, ...], str] = {}  # hot calls' fingerprints, by their arguments
         self.slow_op_s = observe.slow_op_s()
+        self._durations = observe.DURATIONS.observe
 
     def remember_fp(self, key: tuple[Any, ...], fp: str) -> str:
         if len(self.fps) >= 256:
@@ -145,8 +146,10 @@ class Engine:
             call.group or self.group, call.seq, call.fp, call.members or self.members, call.name, work.get_loop()
         )
         work.op = op
-        context = OPERATION.set((call.name, call.seq, self.transport.rank))
-        start = time.perf_counter()
+        driver = asyncio.current_task() if log.isEnabledFor(logging.DEBUG) else None
+        if driver is not None:  # per-operation detail: every line logged while it runs names it
+            OPERATIONS[driver] = (call.name, call.seq, self.transport.rank)
+        start = op.opened  # observe.now() when the operation opened
         try:
             value = await self._run(op, work, call.body, limit)
             if call.post is not None:
@@ -163,22 +166,37 @@ class Engine:
             mailbox.close(op)
             if work._driver is not None:
                 self.running.discard(work._driver)
-            self._observe(op, call, time.perf_counter() - start)
-            OPERATION.reset(context)
+            seconds = observe.now() - start
+            if op.failure is None and driver is None and seconds <= self.slow_op_s and observe.TRACE.get() is None:
+                self._durations(call.name, call.fp, seconds)  # the usual case; its count is the "ok" outcome
+            else:
+                self._observe(op, call, start, seconds)
+            if driver is not None:
+                OPERATIONS.pop(driver, None)
 
-    def _observe(self, op: Operation, call: Call, seconds: float) -> None:
-        """Record how the operation ended (metrics); log a slow or failed one."""
+    def _observe(self, op: Operation, call: Call, start: float, seconds: float) -> None:
+        """Record how the operation ended (metrics, a traced job's span); log a slow or failed one."""
+        trace = observe.TRACE.get()
+        if trace is not None:
+            outcome = "ok" if op.failure is None else op.failure.reason.value
+            args = {"fp": call.fp, "outcome": outcome}
+            trace.add(f"{call.name} #{call.seq}", "operations", start, start + seconds, args)
         if op.failure is None:
-            observe.DURATIONS.observe(call.name, call.fp, seconds)  # its count is the "ok" outcome
+            self._durations(call.name, call.fp, seconds)  # its count is the "ok" outcome
             if seconds > self.slow_op_s:
-                log.info("slow operation: %s finished after %.3fs", op.where(), seconds)
+                log.info("slow operation: %s finished after %.3fs", op.where(), seconds, extra=self._extra(call))
             elif log.isEnabledFor(logging.DEBUG):
-                log.debug("%s done in %.6fs", op.where(), seconds)
+                log.debug("%s done in %.6fs", op.where(), seconds, extra=self._extra(call))
             return
         observe.count(call.name, op.failure.reason.value)
         level = logging.INFO if op.failure.reason is Reason.CANCELLED else logging.WARNING
         if log.isEnabledFor(level):
-            log.log(level, "%s failed after %.3fs: %s", op.where(), seconds, op.failure.message)
+            message = escape(op.failure.message, 500)
+            log.log(level, "%s failed after %.3fs: %s", op.where(), seconds, message, extra=self._extra(call))
+
+    def _extra(self, call: Call) -> dict[str, Any]:
+        assert call.seq is not None
+        return op_extra(call.name, call.seq, self.transport.rank)
 
     async def _run(self, op: Operation, work: Work, body: Body, limit: float) -> Any:
         if self.closed:
@@ -190,8 +208,7 @@ class Engine:
             task = asyncio.current_task(loop)
             assert task is not None
             work._driver = task
-            deadline = _Deadline(task, op, loop.time() + limit, self.transport.rank)
-            deadline.arm(loop, self.slow_op_s)
+            deadline = _Deadline(task, op, loop, limit, self.slow_op_s, self.transport.rank)
             try:
                 try:
                     return await body(Channel(self.transport, op))
@@ -278,22 +295,31 @@ class _Deadline:
 
     __slots__ = ("task", "cancelling", "expired", "op", "end", "rank", "timer", "slow")
 
-    def __init__(self, task: asyncio.Task[Any], op: Operation, end: float, rank: int) -> None:
+    def __init__(
+        self,
+        task: asyncio.Task[Any],
+        op: Operation,
+        loop: asyncio.AbstractEventLoop,
+        limit: float,
+        slow: float,
+        rank: int,
+    ) -> None:
         self.task, self.cancelling, self.expired = task, task.cancelling(), False
-        self.op, self.end, self.rank = op, end, rank
-        self.timer: asyncio.TimerHandle | None = None
-        self.slow = 0.0
-
-    def arm(self, loop: asyncio.AbstractEventLoop, slow_s: float) -> None:
-        warn_at = loop.time() + slow_s
-        if warn_at < self.end:
-            self.slow = slow_s
-            self.timer = loop.call_at(warn_at, self.warn)
+        self.op: Operation | None = op
+        self.rank = rank
+        now = loop.time()
+        self.end = now + limit
+        if slow < limit:
+            self.slow = slow
+            self.timer = loop.call_at(now + slow, self.warn)
         else:
+            self.slow = 0.0
             self.timer = loop.call_at(self.end, self.expire)
 
     def warn(self) -> None:
         op = self.op
+        if op is None:
+            return
         waiting = op.waiting_for()
         log.warning(
             "slow operation: %s still running on rank %d after %gs; waiting for %s",
@@ -301,12 +327,13 @@ class _Deadline:
             op.me(self.rank),
             self.slow,
             _ranks(waiting) or "peers to read (send blocked)",
+            extra=op_extra(op.name, op.seq, self.rank),
         )
         self.timer = self.task.get_loop().call_at(self.end, self.expire)
 
     def cancel(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+        self.timer.cancel()
+        self.op = None  # a cancelled timer lingers in the loop's heap: hold nothing big
 
     def expire(self) -> None:
         self.expired = True

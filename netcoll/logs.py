@@ -7,17 +7,18 @@ or ``"json"`` (one object a line: ``ts``, ``level``, ``logger``, ``msg``,
 ``who``, and ``rank``, ``epoch``, ``job``, ``op``, ``seq`` when known, plus
 ``exc`` for an exception); the default comes from ``NETCOLL_LOG_FORMAT``.
 
-The context lives in :mod:`contextvars`, so it follows asyncio tasks: the
+The job context lives in :mod:`contextvars`, so it follows asyncio tasks: the
 rank daemon sets ``rank``/``epoch``/``job`` with :func:`bind` while it runs a
-job, and the engine sets ``op``/``seq`` (and ``rank``) while it drives an
-operation (:data:`OPERATION`, one ``set`` per operation and no formatting:
-the fields are read only when a line is actually emitted).
+job, and the engine records ``op``/``seq`` (and ``rank``) for the task that
+drives an operation (:data:`OPERATIONS`, one dict entry per operation and no
+formatting: the fields are read only when a line is actually emitted).
 
 A leaf module: it imports nothing of netcoll.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import json
@@ -31,10 +32,18 @@ from typing import Any
 FORMATS = ("text", "json")
 ENV_FORMAT = "NETCOLL_LOG_FORMAT"
 
-#: ``(op name, seq, world rank)`` of the operation the engine is driving in this context
-OPERATION: contextvars.ContextVar[tuple[str, int, int] | None] = contextvars.ContextVar(
-    "netcoll_operation", default=None
-)
+#: asyncio task -> ``(op name, seq, world rank)`` of the operation the engine is driving in
+#: it, kept while DEBUG is enabled (a dict entry, not a context variable: setting one per
+#: operation costs allocations that showed in the small-collective latency). The engine's
+#: own lines carry the operation as ``extra={"netcoll_op": ...}`` (:func:`op_extra`) at any level.
+OPERATIONS: dict[object, tuple[str, int, int]] = {}
+
+
+def op_extra(name: str, seq: int, rank: int) -> dict[str, Any]:
+    """``extra=`` for a line about operation ``name #seq`` on world rank ``rank``."""
+    return {"netcoll_op": (name, seq, rank)}
+
+
 #: ``rank``/``epoch``/``job`` (and other fields) bound by the service around a job
 FIELDS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("netcoll_log_fields", default=None)
 
@@ -61,10 +70,15 @@ def bind(**fields: Any) -> Iterator[None]:
         FIELDS.reset(token)
 
 
-def context() -> dict[str, Any]:
-    """The context fields in effect here (only those known)."""
+def context(current: tuple[str, int, int] | None = None) -> dict[str, Any]:
+    """The context fields in effect here (only those known); ``current``: the operation
+    a line names itself."""
     out = dict(FIELDS.get() or {})
-    current = OPERATION.get()
+    if current is None and OPERATIONS:
+        try:
+            current = OPERATIONS.get(asyncio.current_task())
+        except RuntimeError:  # no event loop in this thread
+            pass
     if current is not None:
         out["op"], out["seq"] = current[0], current[1]
         out.setdefault("rank", current[2])
@@ -80,7 +94,7 @@ class ContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.who = self.who
-        record.netcoll = context()
+        record.netcoll = context(getattr(record, "netcoll_op", None))
         return True
 
 
@@ -156,12 +170,13 @@ __all__ = [
     "ENV_FORMAT",
     "FIELDS",
     "FORMATS",
-    "OPERATION",
+    "OPERATIONS",
     "ContextFilter",
     "JsonFormatter",
     "TextFormatter",
     "bind",
     "context",
+    "op_extra",
     "log_format",
     "setup",
 ]

@@ -21,7 +21,8 @@ from typing import Any
 #: histogram bucket upper bounds (seconds) of netcoll_collective_duration_seconds
 BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 DEFAULT_SLOW_OP_S = 5.0
-MAX_SPANS = 100_000  # spans one rank records for one traced job; beyond that they are counted as dropped
+FOLD_EVERY = 256  # observations kept as a list before they are sorted into buckets
+MAX_SPANS = 50_000  # spans one rank records for one traced job; beyond that they are counted as dropped
 
 
 def slow_op_s() -> float:
@@ -36,26 +37,40 @@ def slow_op_s() -> float:
 class Durations:
     """Per ``(collective, fingerprint)``: bucket counts, sum and count of durations.
 
-    The fingerprint holds the algorithm (``algorithm=ring``); the collector
-    reads it out at scrape time, so nothing is parsed per operation."""
+    :meth:`observe` only appends to a short list (the hot path); :meth:`fold` sorts
+    the list into buckets every :data:`FOLD_EVERY` observations and before each read.
+    The fingerprint holds the algorithm (``algorithm=ring``); the collector reads it
+    out at scrape time, so nothing is parsed per operation."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "pending")
 
     def __init__(self) -> None:
         #: (name, fp) -> [count per bucket (+Inf last)..., sum, count]
         self.rows: dict[tuple[str, str], list[float]] = {}
+        self.pending: list[tuple[str, str, float]] = []
 
     def observe(self, name: str, fp: str, seconds: float) -> None:
-        row = self.rows.get((name, fp))
-        if row is None:
-            if len(self.rows) >= 4096:  # many distinct shapes: fold them into one row per collective
-                fp = ""
-                row = self.rows.get((name, fp))
+        pending = self.pending
+        pending.append((name, fp, seconds))
+        if len(pending) >= FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> dict[tuple[str, str], list[float]]:
+        """Move the pending observations into :attr:`rows`; return the rows."""
+        pending, self.pending = self.pending, []
+        rows, find = self.rows, bisect.bisect_left
+        for name, fp, seconds in pending:
+            row = rows.get((name, fp))
             if row is None:
-                row = self.rows[(name, fp)] = [0.0] * (len(BUCKETS) + 3)
-        row[bisect.bisect_left(BUCKETS, seconds)] += 1
-        row[-2] += seconds
-        row[-1] += 1
+                if len(rows) >= 4096:  # many distinct shapes: fold them into one row per collective
+                    fp = ""
+                    row = rows.get((name, fp))
+                if row is None:
+                    row = rows[(name, fp)] = [0.0] * (len(BUCKETS) + 3)
+            row[find(BUCKETS, seconds)] += 1
+            row[-2] += seconds
+            row[-1] += 1
+        return rows
 
 
 def algorithm_of(fp: str) -> str:

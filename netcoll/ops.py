@@ -42,6 +42,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .observe import TRACE, now
+
 __all__ = [
     "BFLOAT16",
     "ReduceOp",
@@ -254,11 +256,15 @@ def reduce_into(op: str | ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
     ):
         _check_pair(acc, other)  # raises with the reason (ndarray subclasses pass on)
     ufunc, quiet = _fast(op, acc.dtype)
+    trace = TRACE.get()
+    start = 0.0 if trace is None else now()
     if quiet:
         ufunc(acc, other, out=acc)
     else:
         with np.errstate(all="ignore"):  # float overflow, NaN compares
             ufunc(acc, other, out=acc)
+    if trace is not None:
+        trace.add("reduce", "reduce", start, now(), {"bytes": acc.nbytes, "op": op.value})
 
 
 def reduce_to(op: str | ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
@@ -267,8 +273,12 @@ def reduce_to(op: str | ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray)
     op = parse_op(op)
     _check_pair(out, a)
     _check_pair(out, b)
+    trace = TRACE.get()
+    start = 0.0 if trace is None else now()
     with np.errstate(all="ignore"):
         _ufunc(op, out.dtype)(a, b, out=out)
+    if trace is not None:
+        trace.add("reduce", "reduce", start, now(), {"bytes": out.nbytes, "op": op.value})
 
 
 def finalize(op: str | ReduceOp, acc: np.ndarray, world_size: int) -> None:

@@ -1,7 +1,8 @@
 """``netcoll health URL``: exit 0 iff GET URL answers 200 (container healthchecks).
 
-Plain sockets and the standard library only: this runs every few seconds and
-must load neither numpy nor pydantic.
+:mod:`http.client` only: this runs every few seconds and must load neither
+numpy nor pydantic. ``--retries N`` tries a refused connection or a 5xx answer
+again after a backoff with full jitter.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 HELP = "GET a health URL: exit 0 on 200 (for healthchecks)"
 MAX_RESPONSE = 65536
+RETRY_BASE = 0.2  # seconds: the first retry waits up to this, doubling after
 
 
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
@@ -28,6 +30,13 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     )
     sp.add_argument("url", metavar="URL", help="e.g. http://127.0.0.1:29401/readyz (or HOST:PORT)")
     sp.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS", help="default 2")
+    sp.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="try a failed connection or 5xx answer again N times, backing off with jitter (default 2)",
+    )
     sp.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     add_tls_arguments(sp)
     sp.set_defaults(handler=run)
@@ -47,7 +56,7 @@ def _tls(ns: argparse.Namespace) -> TlsConfig | None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    status, body = http_get(ns.url, ns.timeout, tls=_tls(ns))
+    status, body = http_get(ns.url, ns.timeout, retries=ns.retries, tls=_tls(ns))
     first = body.strip().splitlines()[0] if body.strip() else ""
     if status == 200:
         if not ns.quiet:
@@ -56,11 +65,15 @@ def run(ns: argparse.Namespace) -> int:
     raise CliError(f"{ns.url}: HTTP {status}{': ' + first[:200] if first else ''}")
 
 
-def http_get(url: str, timeout: float = 2.0, tls: TlsConfig | None = None) -> tuple[int, str]:
-    """GET ``url`` (``http://host:port/path``, or ``host:port`` for ``/readyz``);
-    return (status, body). Plain sockets: no heavy imports. Raises CliError.
-    With ``tls`` (netcoll's mutual TLS) the request goes over TLS whatever the
-    scheme says, presenting the certificate and checking the server's against the CA."""
+def http_get(url: str, timeout: float = 2.0, *, retries: int = 0, tls: TlsConfig | None = None) -> tuple[int, str]:
+    """GET ``url`` (``http://host:port/path``, or ``host:port`` for ``/readyz``) with
+    :mod:`http.client`; return (status, body). A failed connection or a 5xx answer is
+    tried again up to ``retries`` times, after a backoff with full jitter
+    (``uniform(0, RETRY_BASE * 2**attempt)``). With ``tls`` (netcoll's mutual TLS) the
+    request goes over TLS whatever the scheme says, presenting the certificate and
+    checking the server's against the CA. Raises CliError."""
+    import random
+    import time
     from urllib.parse import urlsplit
 
     if "://" not in url:
@@ -72,66 +85,61 @@ def http_get(url: str, timeout: float = 2.0, tls: TlsConfig | None = None) -> tu
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise CliError(f"bad port in {url!r}", 2) from None
-    if parts.scheme == "https" and tls is None:
-        return _https_get(url, timeout)
     path = (parts.path or "/readyz") + (f"?{parts.query}" if parts.query else "")
-    data = _exchange(url, parts.hostname, port, path, timeout, tls)
-    head, _, body = data.partition(b"\r\n\r\n")
-    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    fields = status_line.split()
-    if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
-        raise CliError(f"{url}: not an HTTP response ({status_line[:60]!r})")
-    return int(fields[1]), body.decode("utf-8", "replace")
+    for attempt in range(max(0, retries) + 1):
+        try:
+            status, body = _get(parts.scheme, parts.hostname, port, path, timeout, tls)
+        except CliError:
+            if attempt >= retries:
+                raise
+        else:
+            if status < 500 or attempt >= retries:
+                return status, body
+        time.sleep(random.uniform(0, RETRY_BASE * 2**attempt))
+    raise AssertionError("unreachable")  # the last attempt returned or raised
 
 
-def _exchange(url: str, host: str, port: int, path: str, timeout: float, tls: TlsConfig | None = None) -> bytes:
-    """Send the request; the response's first MAX_RESPONSE bytes (CliError if none came)."""
+def _get(scheme: str, host: str, port: int, path: str, timeout: float, tls: TlsConfig | None) -> tuple[int, str]:
+    """One GET; the status and the body's first MAX_RESPONSE bytes."""
+    import http.client
     import socket
     import ssl
 
-    host_header = f"[{host}]" if ":" in host else host
-    request = (
-        f"GET {path} HTTP/1.1\r\nHost: {host_header}:{port}\r\nUser-Agent: netcoll-health\r\n"
-        "Accept: */*\r\nConnection: close\r\n\r\n"
-    ).encode("ascii", "replace")
-    data = b""
+    url = f"{scheme}://{host}:{port}{path}"
+    conn: http.client.HTTPConnection
+    if tls is not None:
+        conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=tls.client_context())
+    elif scheme == "https":
+        conn = http.client.HTTPSConnection(host, port, timeout=timeout)
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        with socket.create_connection((host, port), timeout=timeout) as plain:
-            sock = plain
-            if tls is not None:  # the TLS socket takes over the descriptor (and closes it)
-                sock = tls.client_context().wrap_socket(plain, server_hostname=tls.server_hostname(host))
-            with sock:
-                sock.settimeout(timeout)
-                sock.sendall(request)
-                while len(data) < MAX_RESPONSE:
-                    chunk = sock.recv(MAX_RESPONSE)
-                    if not chunk:
-                        break
-                    data += chunk
+        conn.request("GET", path, headers={"User-Agent": "netcoll-health", "Accept": "*/*", "Connection": "close"})
+        resp = conn.getresponse()
+        return int(resp.status), resp.read(MAX_RESPONSE).decode("utf-8", "replace")
     except socket.gaierror as exc:
         raise CliError(f"{url}: cannot resolve {host!r} ({exc.strerror or exc})") from None
     except ssl.SSLError as exc:
         from ..transport.tls import describe_failure
 
-        if not data:
-            raise CliError(f"{url}: TLS handshake failed: {describe_failure(exc)}") from None
+        raise CliError(f"{url}: TLS handshake failed: {describe_failure(exc)}") from None
+    except ConnectionResetError as exc:  # http.client.RemoteDisconnected is one too
+        if tls is not None:  # TLS 1.3: a refused client certificate shows only as a close
+            raise CliError(
+                f"{url}: the TLS server closed the connection unanswered (is this certificate of its CA?)"
+            ) from None
+        raise CliError(f"{url}: {_reason(exc)}") from None
+    except http.client.HTTPException as exc:
+        raise CliError(f"{url}: not an HTTP response ({type(exc).__name__}: {str(exc)[:60]!r})") from None
     except OSError as exc:
-        if not data:
-            reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc)).lower()
-            raise CliError(f"{url}: {reason}") from None
-    if tls is not None and not data:  # TLS 1.3: a refused client certificate shows only as a close
-        raise CliError(f"{url}: the TLS server closed the connection unanswered (is this certificate of its CA?)")
-    return data
+        raise CliError(f"{url}: {_reason(exc)}") from None
+    finally:
+        conn.close()
 
 
-def _https_get(url: str, timeout: float) -> tuple[int, str]:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return int(resp.status), resp.read(MAX_RESPONSE).decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read(MAX_RESPONSE).decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError) as exc:
-        raise CliError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if getattr(exc, "strerror", None) is None and type(exc).__name__ == "RemoteDisconnected":
+        return "not an HTTP response (closed without answering)"
+    return (exc.strerror or str(exc)).lower()

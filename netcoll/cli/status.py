@@ -57,7 +57,8 @@ def print_status(status: dict[str, Any], coordinator: str, njobs: int) -> None:
         f"epoch {status.get('epoch')}, {status.get('queued', 0)} queued"
         + (f", running job {current} ({running['op'] if running else '?'})" if current is not None else "")
     )
-    _print_members(members)
+    if members or not status.get("board"):  # (embedded groups only: their board says it all)
+        _print_members(members)
     shown = jobs[-njobs:] if njobs else []
     if shown:
         _print_jobs(shown)

@@ -97,6 +97,12 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "line per update (default: on when stderr is a terminal)",
     )
     add_client_arguments(sp)
+    sp.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="record the job's timeline on every rank and write it to FILE as a Chrome trace "
+        "(open it in https://ui.perfetto.dev)",
+    )
     sp.set_defaults(handler=run)
     return sp
 
@@ -104,10 +110,11 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace) -> int:
     from ..config import SubmitConfig
 
+    trace_file = vars(ns).pop("trace", None)
     cfg = SubmitConfig.load(flags(ns))
-    spec = job_spec(cfg)
+    spec = job_spec(cfg, trace=trace_file is not None)
     show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
-    rec = run_client(_submit(cfg, spec, show))
+    rec = run_client(_submit(cfg, spec, show, trace_file))
     if cfg.json_output:
         print_json(job_json(rec, cfg.coordinator))
     else:
@@ -118,7 +125,7 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
-def job_spec(cfg: SubmitConfig) -> JobSpec:
+def job_spec(cfg: SubmitConfig, *, trace: bool = False) -> JobSpec:
     """The job, checked before anything is sent (exit 2): the names first, which need no
     numpy (collective, algorithm, root against --world-size), then all of it (dtype,
     reduction, size ...) as the coordinator will check it (:mod:`netcoll.choices`)."""
@@ -128,29 +135,50 @@ def job_spec(cfg: SubmitConfig) -> JobSpec:
         check_root(coll, cfg.root, cfg.world_size)
         from ..service.jobs import JobSpec
 
-        return JobSpec(**cfg.job_fields())
+        return JobSpec(**cfg.job_fields(), trace=trace)
     except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         raise CliError(f"invalid job: {one_line(exc)}", 2) from None
 
 
-async def _submit(cfg: SubmitConfig, spec: JobSpec, show_progress: bool) -> dict[str, Any]:
+async def _submit(
+    cfg: SubmitConfig, spec: JobSpec, show_progress: bool, trace_file: str | None = None
+) -> dict[str, Any]:
     """Check the root against the ranks, submit, then wait for the job's record
-    (Ctrl-C / SIGTERM cancel it), showing its progress on stderr if asked to."""
+    (Ctrl-C / SIGTERM cancel it), showing its progress on stderr if asked to; with
+    ``trace_file``, write the job's Chrome trace there."""
     async with connected(cfg) as client:
         await _check_root(client, spec)
         job_id = await client.submit(spec)
-        if not show_progress:
-            return await _wait_or_cancel(client, job_id)
-        display = ProgressDisplay(job_id, spec.op)
-        watching = asyncio.ensure_future(_show_progress(client, job_id, display))
-        rec: dict[str, Any] | None = None
-        try:
-            rec = await _wait_or_cancel(client, job_id)
-        finally:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
-            display.finish(None if rec is None else str(rec["state"]))  # before any error line
+        rec = await (_watch(client, job_id, spec) if show_progress else _wait_or_cancel(client, job_id))
+        if trace_file is not None:
+            _write_trace(trace_file, await client.trace(job_id))
         return rec
+
+
+async def _watch(client: Client, job_id: int, spec: JobSpec) -> dict[str, Any]:
+    """Wait for the job's record while its progress shows on stderr."""
+    display = ProgressDisplay(job_id, spec.op)
+    watching = asyncio.ensure_future(_show_progress(client, job_id, display))
+    rec: dict[str, Any] | None = None
+    try:
+        rec = await _wait_or_cancel(client, job_id)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        display.finish(None if rec is None else str(rec["state"]))  # before any error line
+    return rec
+
+
+def _write_trace(path: str, doc: dict[str, Any]) -> None:
+    import json
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+    except OSError as exc:
+        raise CliError(f"cannot write the trace to {path}: {exc.strerror or exc}") from None
+    ranks = sum(1 for e in doc.get("traceEvents", ()) if e.get("name") == "process_name")
+    sys.stderr.write(f"trace: {path} ({len(doc.get('traceEvents', ()))} events from {ranks} ranks)\n")
 
 
 async def _show_progress(client: Client, job_id: int, display: ProgressDisplay) -> None:

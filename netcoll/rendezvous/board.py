@@ -78,6 +78,7 @@ def build(reports: list[Report], now: float, stale_after: float) -> list[dict[st
     """The board: one row per operation some rank is in (oldest first)."""
     by_rank: dict[tuple[str, int], Report] = {}  # (group, world rank) -> its report
     for rep in reports:
+        by_rank.setdefault(("", rep.rank), rep)  # a rank that never ran anything in the group
         for g in {row[0] for row in rep.ops} | set(rep.next):
             by_rank[(g, rep.rank)] = rep
     ops: dict[tuple[str, int], dict[int, tuple[str, str, float, tuple[int, ...], list[int]]]] = {}
@@ -103,7 +104,7 @@ def _row(
     name, members = first[0], first[3]
     arrived, missing = [], []
     for grank, world in enumerate(members):
-        rep = by_rank.get((group, world))
+        rep = by_rank.get((group, world)) or by_rank.get(("", world))
         if world in inside or (rep is not None and rep.next.get(group, 0) > seq):
             arrived.append(grank)
             continue
@@ -113,7 +114,9 @@ def _row(
         else:
             entry["last_heartbeat_s"] = round(now - rep.seen, 1)
             where = [f"{r[2]} #{r[1]}" for r in rep.ops if r[0] == group]
-            at = f"in {', '.join(where)}" if where else f"idle at #{rep.next.get(group, 0)} (has not called it)"
+            last = rep.next.get(group, 0) - 1
+            idle = f"idle after #{last}" if last >= 0 else "no operation in this group yet"
+            at = f"in {', '.join(where)}" if where else f"has not called it: {idle}"
             quiet = now - rep.seen
             heard = f"no heartbeat for {quiet:.0f}s" if quiet > stale_after else f"last heartbeat {_ago(now, rep.seen)}"
             entry["why"] = f"{at}; {heard}"
@@ -134,25 +137,30 @@ def _row(
 
 
 def lines(board: list[dict[str, Any]]) -> list[str]:
-    """The board as text, one operation a paragraph (strings escaped)."""
+    """The board as text: one line per operation, then its mismatched calls (strings escaped)."""
     out = []
     for row in board:
-        head = f"{escape(row['op'], 60)} #{row['seq']} of group {escape(row['group'], 60)!s}"
-        head += f" (running {row['running_s']:g}s): arrived {_list(row['arrived'])}"
+        head = (
+            f"{escape(row['op'], 60)} #{row['seq']} (group {escape(row['group'], 60)}, running {row['running_s']:g}s): "
+        )
         missing = row.get("missing") or []
         if missing:
-            out.append(f"{head}; waiting for {_list([m['rank'] for m in missing])}")
-            out.extend(f"    rank {m['rank']}: {escape(m.get('why', ''), 200)}" for m in missing)
+            waits = ", ".join(f"rank {m['rank']} ({escape(m.get('why', ''), 200)})" for m in missing)
+            out.append(f"{head}waiting for {waits}; arrived: {_list(row['arrived'])}")
+        elif row.get("mismatch"):
+            out.append(f"{head}every rank arrived ({_list(row['arrived'])}), but not with the same call")
         else:
-            out.append(f"{head}; every rank arrived (still exchanging data)")
+            out.append(f"{head}every rank arrived ({_list(row['arrived'])}); still exchanging data")
         if row.get("mismatch"):
             out.append("    MISMATCH: the ranks made different calls:")
-            out.extend(f"      ranks {_list(c['ranks'])}: {escape(c['call'], 200)}" for c in row["calls"])
+            out.extend(f"      {_list(c['ranks'])}: {escape(c['call'], 200)}" for c in row["calls"])
     return out
 
 
 def _list(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks) if ranks else "none"
+    if not ranks:
+        return "none"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
 __all__ = ["Report", "build", "lines", "parse"]

@@ -41,7 +41,8 @@ kv_delete  group, key                                                   {deleted
 barrier    group, name, timeout                                         {}
 leave      group                                                        {}
 status     (none)                                                       {groups: [{name, world_size, state,
-                                                                        generation, session, members: [...]}]}
+                                                                        generation, session, members: [...]}],
+                                                                        board: [...] (netcoll.rendezvous.board)}
 lease      lease (the id the main connection declared in its HELLO)    {interval, timeout}: PING every interval
 ========== ============================================================ =====================================
 

@@ -10,6 +10,7 @@ async with netcoll.Client("coord:29400") as client:
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -127,8 +128,22 @@ class Client:
     result = wait
 
     async def run(self, op: str | JobSpec, *, timeout: float | None = None, **kw: Any) -> dict[str, Any]:
-        """Submit and wait."""
-        return await self.wait(await self.submit(op, **kw), timeout)
+        """Submit and wait. A job with ``trace=True`` comes back with its Chrome trace
+        under ``"trace"`` (see :meth:`trace`)."""
+        job_id = await self.submit(op, **kw)
+        rec = await self.wait(job_id, timeout)
+        if (op.trace if isinstance(op, JobSpec) else kw.get("trace")) and rec.get("state") != "cancelled":
+            rec["trace"] = await self.trace(job_id)
+        return rec
+
+    async def trace(self, job_id: int) -> dict[str, Any]:
+        """The timeline of a finished job submitted with ``trace=True``: a Chrome trace
+        (Trace Event Format: ``json.dump`` it and open it in https://ui.perfetto.dev)
+        merged from every rank's send/receive/reduce spans (:mod:`netcoll.service.timeline`).
+        KeyError when the coordinator has none for it."""
+        _, payload = await self._rpc().call_payload("trace", {"id": job_id}, timeout=60.0)
+        doc: dict[str, Any] = json.loads(bytes(payload))
+        return doc
 
     async def job(self, job_id: int) -> dict[str, Any]:
         return await self._rpc().call("job", {"id": job_id})  # type: ignore[no-any-return]

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import logs
+from .. import logs, observe
 from ..arrays import array_from_meta, meta_of
 from ..comm import Communicator
 from ..errors import CollectiveError, NetcollError, PeerLost
@@ -28,6 +28,7 @@ from ..transport.tcp import Listener, TcpTransport
 from ..transport.tls import TlsConfig
 from .jobs import JobSpec, generate_input, verify
 from .runner import ProgressReporter, run_collective
+from .timeline import send_trace
 
 log = logging.getLogger("netcoll.daemon")
 
@@ -83,6 +84,8 @@ class RankDaemon:
         self.member_id = member_id or new_member_id()
         #: the bound HTTP health/metrics port, told to the coordinator (None: no HTTP)
         self.http_port: int | None = None
+        #: the running job's span recorder, when it asked for a timeline (sent before its result)
+        self._recorder: observe.Recorder | None = None
         self.listener = Listener(token=token, tls=tls, insecure=insecure)
         self.rdv: RendezvousClient | None = None
         self.registered = False
@@ -278,9 +281,11 @@ class RankDaemon:
         await self._report(job_id, report, payload)
 
     async def _report(self, job_id: Any, report: dict[str, Any], payload: bytes | None) -> None:
-        rdv = self.rdv
+        rdv, recorder, self._recorder = self.rdv, self._recorder, None
         if rdv is not None:
             try:
+                if recorder is not None:  # before the result: the job is complete with its trace
+                    await send_trace(rdv.rpc, job_id, report["rank"], recorder)
                 await rdv.rpc.call("job_result", report, payload, timeout=30.0)
             except (OSError, NetcollError, TimeoutError) as exc:
                 log.warning("could not report job %s: %s", escape(job_id), escape(exc))
@@ -327,6 +332,9 @@ class RankDaemon:
         broken = False
         try:
             spec = JobSpec.model_validate(event["spec"])
+            if spec.trace:  # this task's context: every operation of the job records spans
+                self._recorder = observe.Recorder()
+                observe.TRACE.set(self._recorder)
             async with asyncio.timeout(float(event["deadline"])):
                 comm = await self._ensure_links(event)
                 # Generating and checking data of a large job takes seconds of numpy work:

@@ -1,4 +1,5 @@
-"""A tiny HTTP/1.1 server for health checks and metrics (no dependency).
+"""A tiny HTTP/1.1 server for health checks and metrics (the metrics themselves:
+:mod:`netcoll.service.metrics`).
 
 Every ``netcoll coordinator`` and ``netcoll rank`` process can serve:
 
@@ -8,7 +9,7 @@ GET        answer
 /livez     ``200 ok`` while the event loop runs
 /readyz    ``200 ok`` when ready (coordinator: listening; rank: registered
            with the coordinator), else ``503`` and the reason
-/metrics   Prometheus text exposition (format 0.0.4)
+/metrics   Prometheus text exposition (``503`` and why without ``prometheus_client``)
 ========== ==================================================================
 
 ``HEAD`` works too; anything else is ``404`` / ``405``. No token is needed:
@@ -34,19 +35,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..escape import escape
 from ..limits import DEFAULT as DEFAULT_LIMITS
 from ..limits import Limits
+from .metrics import MetricsUnavailable
 
 if TYPE_CHECKING:
     from ..rendezvous.coordinator import Coordinator
     from ..transport.tls import TlsConfig
     from .daemon import RankDaemon
-    from .scheduler import JobService
 
 log = logging.getLogger("netcoll.http")
 
@@ -56,6 +56,8 @@ PATHS = ("/livez", "/readyz", "/metrics")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Ready = Callable[[], "tuple[bool, str]"]
+#: ``/metrics``: the exposition text, or (content type, text)
+Metrics = Callable[[], "str | tuple[str, str]"]
 
 _REASONS = {
     200: "OK",
@@ -78,13 +80,14 @@ class _BadRequest(Exception):
 
 class HttpServer:
     """Serves ``/livez``, ``/readyz`` (``ready()`` -> (ok, reason)) and
-    ``/metrics`` (``metrics()`` -> exposition text)."""
+    ``/metrics`` (``metrics()`` -> exposition text, or (content type, text); it
+    raises :class:`MetricsUnavailable` for a 503)."""
 
     def __init__(
         self,
         *,
         ready: Ready,
-        metrics: Callable[[], str],
+        metrics: Metrics,
         name: str = "netcoll",
         limits: Limits | None = None,
         tls: TlsConfig | None = None,
@@ -280,7 +283,12 @@ class HttpServer:
             if path == "/readyz":
                 ok, reason = self.ready()
                 return (200, "ok\n", text) if ok else (503, f"not ready: {reason}\n", text)
-            return 200, self.metrics(), METRICS_TYPE
+            body = self.metrics()
+            if isinstance(body, tuple):
+                return 200, body[1], body[0]
+            return 200, body, METRICS_TYPE
+        except MetricsUnavailable as exc:
+            return 503, f"{exc}\n", text
         except Exception as exc:  # noqa: BLE001
             log.warning("HTTP %s failed: %r", escape(path, 100), exc)
             return 500, f"internal error: {exc!r}\n", text
@@ -315,176 +323,6 @@ class HttpServer:
             pass
 
 
-# -- Prometheus text exposition ----------------------------------------------------------------
-def _escape(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _number(value: float | bool | None) -> str:
-    if value is None:
-        return "NaN"
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-class Exposition:
-    """Builds Prometheus text format: ``add(name, type, help, value | [(labels, value)])``."""
-
-    def __init__(self) -> None:
-        self._lines: list[str] = []
-
-    def add(
-        self,
-        name: str,
-        kind: str,
-        help_text: str,
-        samples: float | bool | Iterable[tuple[dict[str, Any], float | int | bool | None]] | None,
-    ) -> None:
-        self._lines.append(f"# HELP {name} {help_text}")
-        self._lines.append(f"# TYPE {name} {kind}")
-        if samples is None or isinstance(samples, (int, float, bool)):
-            samples = [({}, samples)]
-        for labels, value in samples:
-            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            self._lines.append(f"{name}{{{label_text}}} {_number(value)}" if label_text else f"{name} {_number(value)}")
-
-    def render(self) -> str:
-        return "\n".join(self._lines) + "\n"
-
-
-def _version() -> str:
-    try:
-        from .. import __version__
-
-        return str(__version__)
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def coordinator_metrics(coord: Coordinator, svc: JobService, started: float | None = None) -> str:
-    """``/metrics`` of a coordinator with its job service."""
-    from .jobs import JobState
-
-    out = Exposition()
-    out.add(
-        "netcoll_info",
-        "gauge",
-        "Constant 1, labelled with the role and version.",
-        [({"role": "coordinator", "version": _version()}, 1)],
-    )
-    if started is not None:
-        out.add("netcoll_start_time_seconds", "gauge", "Unix time the process started serving.", started)
-    members = list(svc.members.values())
-    ready = svc.ready_members()
-    out.add("netcoll_members", "gauge", "Rank daemons registered with the coordinator.", len(members))
-    out.add("netcoll_members_ready", "gauge", "Registered rank daemons that take jobs (not draining).", len(ready))
-    out.add("netcoll_epoch", "gauge", "Current membership epoch (0 before the first job).", svc.epoch)
-    out.add("netcoll_groups", "gauge", "Rendezvous groups (embedded use) at this coordinator.", len(coord.groups))
-    totals = getattr(svc, "finished", None) or {}
-    out.add(
-        "netcoll_jobs_total",
-        "counter",
-        "Jobs that ended, by final state.",
-        [
-            ({"state": s.value}, int(totals.get(s.value, 0)))
-            for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-        ],
-    )
-    out.add(
-        "netcoll_jobs_submitted_total",
-        "counter",
-        "Jobs accepted by the coordinator.",
-        int(getattr(svc, "submitted", 0)),
-    )
-    jobs = list(svc.jobs.values())
-    out.add("netcoll_jobs_queued", "gauge", "Jobs waiting to run.", sum(j.state == JobState.QUEUED for j in jobs))
-    out.add("netcoll_jobs_running", "gauge", "Jobs running now (at most one at a time).", int(svc.current is not None))
-    _last_job(out, jobs)
-    return out.render()
-
-
-def _last_job(out: Exposition, jobs: list[Any]) -> None:
-    """The gauges of the last succeeded job (issue 13 replaces them with histograms)."""
-    from .jobs import JobState
-
-    last = next((j for j in reversed(jobs) if j.state == JobState.SUCCEEDED and j.busbw is not None), None)
-    if last is not None:
-        labels = {"op": last.spec.op, "dtype": last.spec.dtype}
-        out.add(
-            "netcoll_job_busbw_gbps",
-            "gauge",
-            "Bus bandwidth of the last succeeded job (GB/s, nccl-tests).",
-            [(labels, last.busbw)],
-        )
-        out.add(
-            "netcoll_job_algbw_gbps",
-            "gauge",
-            "Algorithm bandwidth of the last succeeded job (GB/s).",
-            [(labels, last.algbw)],
-        )
-        out.add(
-            "netcoll_job_time_seconds",
-            "gauge",
-            "Mean time per iteration of the last succeeded job.",
-            [(labels, last.time_s)],
-        )
-        out.add("netcoll_job_world_size", "gauge", "Ranks of the last succeeded job.", [(labels, last.world_size)])
-
-
-def rank_metrics(daemon: RankDaemon, started: float | None = None) -> str:
-    """``/metrics`` of a rank daemon."""
-    out = Exposition()
-    out.add(
-        "netcoll_info",
-        "gauge",
-        "Constant 1, labelled with the role, member id and version.",
-        [({"role": "rank", "member_id": daemon.member_id, "version": _version()}, 1)],
-    )
-    if started is not None:
-        out.add("netcoll_start_time_seconds", "gauge", "Unix time the process started serving.", started)
-    out.add(
-        "netcoll_rank_registered",
-        "gauge",
-        "Whether registered with the coordinator (1) or not (0).",
-        bool(daemon.registered),
-    )
-    out.add("netcoll_rank_epoch", "gauge", "Epoch of the current links (0: none yet).", daemon.epoch or 0)
-    out.add(
-        "netcoll_rank_rank",
-        "gauge",
-        "Rank in the current epoch (-1: none yet).",
-        -1 if daemon.rank is None else daemon.rank,
-    )
-    out.add(
-        "netcoll_rank_busy",
-        "gauge",
-        "Whether a job runs on this rank now (1) or not (0).",
-        daemon.current_job is not None,
-    )
-    out.add(
-        "netcoll_rank_jobs_total",
-        "counter",
-        "Jobs this daemon ran, by result.",
-        [({"result": "ok"}, daemon.jobs_done), ({"result": "failed"}, daemon.jobs_failed)],
-    )
-    buffers = list(daemon.buffers.values())
-    out.add("netcoll_rank_buffers", "gauge", "Named tensors kept on this rank.", len(buffers))
-    out.add(
-        "netcoll_rank_buffer_bytes",
-        "gauge",
-        "Bytes held by named tensors.",
-        sum(int(getattr(b, "nbytes", 0)) for b in buffers),
-    )
-    return out.render()
-
-
 def coordinator_ready(coord: Coordinator, stopping: Callable[[], bool] = lambda: False) -> Ready:
     def ready() -> tuple[bool, str]:
         if stopping():
@@ -511,10 +349,7 @@ def rank_ready(daemon: RankDaemon, stopping: Callable[[], bool] = lambda: False)
 
 __all__ = [
     "PATHS",
-    "Exposition",
     "HttpServer",
-    "coordinator_metrics",
     "coordinator_ready",
-    "rank_metrics",
     "rank_ready",
 ]

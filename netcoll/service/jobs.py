@@ -79,6 +79,8 @@ class JobSpec(BaseModel):
     input: str | None = None
     output: str | None = None
     return_result: bool = True
+    #: record a timeline (send/receive/reduce spans on every rank): Client.trace(id)
+    trace: bool = False
 
     @field_validator("op")
     @classmethod

@@ -42,6 +42,7 @@ from ..escape import escape
 from ..rendezvous.coordinator import Coordinator
 from ..rendezvous.groups import is_loopback
 from ..rpc import Reply, Session
+from . import timeline
 from .jobs import JobSpec, JobState
 from .journal import Journal, Recovered, StoredJob
 from .records import Inputs, Job, Member, assign_ranks, split_inputs
@@ -108,6 +109,7 @@ class JobService:
             # daemon_register / daemon_drain / job_result / job_progress are for members only
             coordinator.register(name, getattr(self, "_rpc_" + name), clients=name in CLIENT_METHODS)
         coordinator.close_hooks.append(self._on_close)
+        self.traces = timeline.serve(self)  # clock, job_trace, trace: job timelines
 
     def start(self) -> None:
         if self._runner is None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .. import logs
 from ..config import CoordinatorConfig, RankConfig
 from ..logs import ContextFilter
+from .metrics import coordinator_metrics, rank_metrics
 
 if TYPE_CHECKING:
     from ..rendezvous.coordinator import Coordinator
@@ -129,7 +130,7 @@ def _job_service(cfg: CoordinatorConfig, coord: Coordinator) -> JobService:
 async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     """Run a coordinator with the job service until SIGTERM/SIGINT; return 0."""
     from ..rendezvous.coordinator import Coordinator
-    from .http import HttpServer, coordinator_metrics, coordinator_ready
+    from .http import HttpServer, coordinator_ready
 
     cfg.require_credentials("coordinator")  # secure by default (a ConfigError: exit 2)
     started = time.time()
@@ -140,7 +141,7 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     journal = svc.journal
     http = HttpServer(
         ready=coordinator_ready(coord, lambda: bool(state["stopping"])),
-        metrics=lambda: coordinator_metrics(coord, svc, started),
+        metrics=coordinator_metrics(coord, svc, started),
         name="netcoll coordinator",
         tls=tls,
     )
@@ -194,14 +195,14 @@ class _RankServer:
     the first drains (no new job; the running one finishes), the second stops at once."""
 
     def __init__(self, cfg: RankConfig, daemon: Any) -> None:
-        from .http import HttpServer, rank_metrics, rank_ready
+        from .http import HttpServer, rank_ready
 
         started = time.time()
         self.cfg, self.daemon = cfg, daemon
         self.stopping, self.signals = False, 0
         self.http = HttpServer(
             ready=rank_ready(daemon, lambda: self.stopping),
-            metrics=lambda: rank_metrics(daemon, started),
+            metrics=rank_metrics(daemon, started),
             name=f"netcoll rank {daemon.member_id}",
             tls=daemon.tls,
         )

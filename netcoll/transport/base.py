@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import observe
 from ..errors import CollectiveError, CommunicatorClosed, PeerLost
 from ..escape import escape
 from ..links.base import Link, LinkStats
@@ -166,7 +167,7 @@ class Channel:
         op: the open operation (group, seq, fingerprint, members).
     """
 
-    __slots__ = ("transport", "op", "members", "rank", "size", "_mailbox", "_head")
+    __slots__ = ("transport", "op", "members", "rank", "size", "_mailbox", "_head", "_trace")
 
     def __init__(self, transport: Transport, op: Operation) -> None:
         self.transport = transport
@@ -176,6 +177,8 @@ class Channel:
         self.rank = op.rank_of[transport.rank]
         self._mailbox = transport.mailbox
         self._head = {"g": op.group, "q": op.seq, "f": op.fp}
+        #: the traced job's span recorder (read once per operation; None: not tracing)
+        self._trace = observe.TRACE.get()
 
     async def send(
         self,
@@ -190,7 +193,28 @@ class Channel:
         header = dict(self._head, s=step, c=chunk)
         if meta is not None:
             header["m"] = meta
-        await self.transport.send(self.members[peer], Kind.DATA, header, as_bytes(data))
+        if self._trace is None:
+            await self.transport.send(self.members[peer], Kind.DATA, header, as_bytes(data))
+            return
+        view, start = as_bytes(data), observe.now()
+        await self.transport.send(self.members[peer], Kind.DATA, header, view)
+        self._span("send", f"send to rank {peer}", start, step, chunk, view.nbytes)
+
+    def _span(self, name: str, tid: str, start: float, step: int, chunk: int, nbytes: int) -> None:
+        assert self._trace is not None
+        args = {"step": step, "chunk": chunk, "bytes": nbytes, "op": f"{self.op.name} #{self.op.seq}"}
+        self._trace.add(name, tid, start, observe.now(), args)
+
+    def _traced(self, fut: asyncio.Future[Any], peer: int, step: int, chunk: int) -> asyncio.Future[Any]:
+        """Record a receive's span (posted until it completes) when the future ends."""
+        start = observe.now()
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self._span("recv", f"recv from rank {peer}", start, step, chunk, f.result()[0].nbytes)
+
+        fut.add_done_callback(done)
+        return fut
 
     def post(
         self, peer: int, *, step: int, chunk: int = 0, out: np.ndarray | memoryview | None = None
@@ -198,7 +222,8 @@ class Channel:
         """Post a receive now (no await) and return its future of ``(payload,
         header)``. A receive posted before its message arrives gets the bytes
         written straight into ``out``. Awaiting the future is :meth:`recv_meta`."""
-        return self._mailbox.take(self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out))
+        fut = self._mailbox.take(self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out))
+        return fut if self._trace is None else self._traced(fut, peer, step, chunk)
 
     async def recv(
         self, peer: int, *, step: int, chunk: int = 0, out: np.ndarray | memoryview | None = None
@@ -206,16 +231,14 @@ class Channel:
         """Receive the matching message from group rank ``peer``. With ``out``
         the bytes land in it (sizes must match exactly) and a byte view of
         ``out`` is returned; without, a fresh writable buffer is returned."""
-        payload, _ = await self._mailbox.take(
-            self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out)
-        )
+        fut = self._mailbox.take(self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out))
+        payload, _ = await (fut if self._trace is None else self._traced(fut, peer, step, chunk))
         return payload  # type: ignore[no-any-return]
 
     async def recv_meta(
         self, peer: int, *, step: int, chunk: int = 0, out: np.ndarray | memoryview | None = None
     ) -> tuple[memoryview, dict[str, Any] | None]:
         """Like :meth:`recv`, also returning the sender's ``meta`` (or None)."""
-        payload, header = await self._mailbox.take(
-            self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out)
-        )
+        fut = self._mailbox.take(self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out))
+        payload, header = await (fut if self._trace is None else self._traced(fut, peer, step, chunk))
         return payload, header.get("m")

@@ -64,13 +64,13 @@ async def test_board_names_the_rank_that_did_not_call() -> None:
         row = next(r for r in status["board"] if r["seq"] == 1)
         assert row["op"] == "all_reduce" and row["arrived"] == [0, 1]
         assert [m["rank"] for m in row["missing"]] == [2]
-        assert "idle at #1 (has not called it)" in row["missing"][0]["why"]
+        assert "has not called it: idle after #0" in row["missing"][0]["why"]
         assert not row["mismatch"]
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             print_status(status, "test", 0)
         text = out.getvalue()
-        assert "all_reduce #1 of group default" in text and "waiting for 2" in text
+        assert "all_reduce #1 (group default, running" in text and "waiting for rank 2 (has not called it" in text
         await comms[2].all_reduce(np.ones(4, np.float32))  # it arrives: everything completes
         results = await asyncio.gather(*works)
         assert all(np.array_equal(x, np.full(4, 3, np.float32)) for x in results)

@@ -59,6 +59,24 @@ async def test_json_lines_carry_the_collective_context() -> None:
         await group.close()
 
 
+async def test_a_slow_operation_is_a_warning_naming_whom_it_waits_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_SLOW_OP_S", "0.05")
+    group = memory_group(2)
+    try:
+        comms = group.communicators()
+        with captured("json", logging.INFO) as out:
+            first = comms[0].all_reduce(np.ones(4, np.float32))
+            async with asyncio.timeout(20):  # rank 1 calls only once rank 0 has warned
+                while "still running" not in out.getvalue():
+                    await asyncio.sleep(0.01)
+            await asyncio.gather(first, comms[1].all_reduce(np.ones(4, np.float32)))
+        slow = [d for d in json_lines(out) if "still running" in str(d["msg"])]
+        assert slow and slow[0]["level"] == "WARNING" and "waiting for rank 1" in str(slow[0]["msg"])
+        assert slow[0]["op"] == "all_reduce" and slow[0]["seq"] == 0 and slow[0]["rank"] == 0
+    finally:
+        await group.close()
+
+
 @pytest.mark.tcp
 async def test_json_lines_carry_the_job_context() -> None:
     async with service(2) as (_cluster, client):
