@@ -65,7 +65,7 @@ def run(ns: argparse.Namespace) -> int:
     raise CliError(f"{ns.url}: HTTP {status}{': ' + first[:200] if first else ''}")
 
 
-def http_get(url: str, timeout: float = 2.0, *, retries: int = 0, tls: TlsConfig | None = None) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 2.0, tls: TlsConfig | None = None, *, retries: int = 0) -> tuple[int, str]:
     """GET ``url`` (``http://host:port/path``, or ``host:port`` for ``/readyz``) with
     :mod:`http.client`; return (status, body). A failed connection or a 5xx answer is
     tried again up to ``retries`` times, after a backoff with full jitter
