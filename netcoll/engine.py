@@ -59,6 +59,8 @@ class Call:
     group: str | None = None
     seq: int | None = None
     members: tuple[int, ...] | None = None
+    #: world rank -> the rank errors name (point-to-point: the communicator's ranks)
+    labels: dict[int, int] | None = None
 
 
 def _ranks(ranks: Any) -> str:
@@ -143,7 +145,13 @@ class Engine:
         mailbox = self.transport.mailbox
         assert call.seq is not None  # set by issue()
         op = mailbox.open(
-            call.group or self.group, call.seq, call.fp, call.members or self.members, call.name, work.get_loop()
+            call.group or self.group,
+            call.seq,
+            call.fp,
+            call.members or self.members,
+            call.name,
+            work.get_loop(),
+            call.labels,
         )
         work.op = op
         driver = asyncio.current_task() if log.isEnabledFor(logging.DEBUG) else None

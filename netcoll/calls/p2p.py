@@ -21,8 +21,9 @@ from ..transport.base import Channel, as_bytes
 from ._common import fp
 
 
-def _route(e: Engine, src: Any, dst: Any, tag: Any) -> tuple[str, int, tuple[int, ...]]:
-    """The message's (group, seq, world ranks): the seq is taken now."""
+def _route(e: Engine, src: Any, dst: Any, tag: Any) -> tuple[str, int, tuple[int, ...], dict[int, int]]:
+    """The message's (group, seq, world ranks, their ranks in the communicator): the
+    seq is taken now. Errors name the communicator's ranks, not 0 and 1 of the pair."""
     if isinstance(tag, bool) or not isinstance(tag, numbers.Integral) or tag < 0:
         raise ValueError(f"tag must be a non-negative int, got {tag!r}")
     for what, r in (("dst", dst), ("src", src)):
@@ -33,13 +34,13 @@ def _route(e: Engine, src: Any, dst: Any, tag: Any) -> tuple[str, int, tuple[int
     group = f"{e.group}/p2p/{tag}/{src}>{dst}"
     seq = e.p2p_seq.get(group, 0)
     e.p2p_seq[group] = seq + 1
-    return group, seq, (e.members[src], e.members[dst])
+    return group, seq, (e.members[src], e.members[dst]), {e.members[src]: int(src), e.members[dst]: int(dst)}
 
 
 def send(e: Engine, x: Any, dst: Any, tag: Any, torch: bool = False) -> Call:
     arr = as_array(x)
     data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-    group, seq, members = _route(e, e.rank, dst, tag)
+    group, seq, members, labels = _route(e, e.rank, dst, tag)
     return Call(
         "send",
         fp(e, "p2p"),
@@ -50,14 +51,15 @@ def send(e: Engine, x: Any, dst: Any, tag: Any, torch: bool = False) -> Call:
         group=group,
         seq=seq,
         members=members,
+        labels=labels,
     )
 
 
 def recv(e: Engine, src: Any, tag: Any) -> Call:
-    group, seq, members = _route(e, src, e.rank, tag)
+    group, seq, members, labels = _route(e, src, e.rank, tag)
 
     async def body(ch: Channel) -> Any:
         buf, meta = await algorithms.direct.recv_message(ch, 0, segment_bytes=e.segment_bytes)
         return from_peer(array_from_meta(meta, as_bytes(buf)), meta)  # a tensor if a tensor was sent
 
-    return Call("recv", fp(e, "p2p"), body, group=group, seq=seq, members=members)
+    return Call("recv", fp(e, "p2p"), body, group=group, seq=seq, members=members, labels=labels)

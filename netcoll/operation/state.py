@@ -30,6 +30,7 @@ class Operation:
         "members",
         "name",
         "rank_of",
+        "labels",
         "state",
         "failure",
         "error",
@@ -53,9 +54,13 @@ class Operation:
         rank_of: dict[int, int] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         release: Release | None = None,
+        labels: dict[int, int] | None = None,
     ) -> None:
         self.group, self.seq, self.fp, self.members, self.name = group, seq, fp, members, name
         self.rank_of = rank_of if rank_of is not None else {w: r for r, w in enumerate(members)}
+        #: world rank -> the rank users know it by, where that is not its place in
+        #: ``members`` (a send/recv's pair: the communicator's ranks, not 0 and 1)
+        self.labels = labels
         self.state = State.ISSUED
         self.failure: Failure | None = None
         #: the error users see (a typed CollectiveError, or the ValueError/TypeError a body raised)
@@ -81,6 +86,9 @@ class Operation:
         return f"{self.name} #{self.seq} of group {self.group!r}"
 
     def me(self, world_rank: int) -> int:
+        """The rank messages and errors name for ``world_rank``."""
+        if self.labels is not None:
+            return self.labels.get(world_rank, world_rank)
         return self.rank_of.get(world_rank, world_rank)
 
     # -- life -----------------------------------------------------------------------
@@ -239,7 +247,7 @@ class Operation:
 
     def waiting_for(self) -> list[int]:
         """Group ranks this operation is currently blocked on."""
-        return sorted({self.rank_of.get(src, src) for (src, _, _) in self.posted})
+        return sorted({self.me(src) for (src, _, _) in self.posted})
 
     # -- for links: flow control hooks ---------------------------------------------------
     def watch(self, fut: asyncio.Future[Any]) -> None:

@@ -87,13 +87,15 @@ class Mailbox:
         members: tuple[int, ...],
         name: str,
         loop: asyncio.AbstractEventLoop | None = None,
+        labels: dict[int, int] | None = None,
     ) -> Operation:
-        """Open and start operation ``(group, seq)``: it receives what arrived for it."""
+        """Open and start operation ``(group, seq)``: it receives what arrived for it
+        (``labels``: the ranks its messages name, see :class:`Operation`)."""
         key = (group, seq)
         if key in self.ops:
             raise RuntimeError(f"operation {key} is already open")
         rank_of = self._rank_of.get(members) or self._group_ranks(members)
-        op = Operation(group, seq, fp, members, name, rank_of, loop, self._release)
+        op = Operation(group, seq, fp, members, name, rank_of, loop, self._release, labels)
         op.state = State.RUNNING
         self.ops[key] = op
         if seq >= self.next_seq.get(group, 0):
