@@ -11,11 +11,9 @@ import contextlib
 import json
 import logging
 import os
-import random
 import secrets
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..escape import escape
 from .common import FORMATTER, CliError, run_client
 from .lines import pump_until_shutdown
+from .ports import free_port
 
 if TYPE_CHECKING:
     from ..rendezvous import RendezvousClient
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 
 HELP = "start N copies of a training script as the ranks of a group (like torchrun)"
 LAUNCH_GROUP = "netcoll-run"  # the launchers' own group at the coordinator (several nodes)
-FREE_PORT_FLOOR = 20000  # MASTER_PORT is picked from [FREE_PORT_FLOOR, the ephemeral range)
 EXIT_TIMEOUT = 300.0  # several nodes: how long a node waits for the others to finish (as torchrun's)
 DESCRIPTION = """\
 Start N copies of a script as ranks 0..N-1 of one group, with NETCOLL_COORDINATOR,
@@ -135,34 +133,6 @@ def run(ns: argparse.Namespace) -> int:
 
 def _host(address: str) -> str:
     return address.rsplit(":", 1)[0].strip("[]")
-
-
-def free_port(host: str) -> int:
-    """A port free on ``host`` now (for MASTER_PORT, as torchrun picks one), taken from
-    *below* the kernel's ephemeral range: a port from inside it can be taken meanwhile by
-    a client's own source port, e.g. a torch store client dialing that very port before
-    its server is up (a TCP self-connect), and the store then fails with EADDRINUSE."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    low = _ephemeral_low()
-    rng = random.SystemRandom()
-    for _ in range(64):
-        port = rng.randrange(FREE_PORT_FLOOR, low) if low > FREE_PORT_FLOOR + 64 else 0
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return int(s.getsockname()[1])
-    raise OSError(f"no free port on {host} below {low} (pass --master-port)")
-
-
-def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
-    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
-    try:
-        with open(path, encoding="ascii") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 async def launch(plan: Plan) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from netcoll.cli import run
+from netcoll.cli import ports as run
 
 
 def test_master_port_is_below_the_ephemeral_range() -> None:
