@@ -18,7 +18,8 @@ clients check the server's name or IP against its certificate's SANs too.
 Authentication on top stays the token handshake (:mod:`.auth`): TLS proves
 "holds a certificate of this CA", the tokens say "member" or "client".
 
-This module is imported by ``netcoll health``: standard library only.
+This module is imported by ``netcoll health``: standard library (and
+:mod:`netcoll.errors`) only.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from ..errors import ConfigError
 
 CERT_ENV: Final = "NETCOLL_TLS_CERT"
 KEY_ENV: Final = "NETCOLL_TLS_KEY"
@@ -39,8 +42,9 @@ SHUTDOWN_TIMEOUT: Final = 5.0
 _TRUE = ("1", "true", "yes", "on")
 
 
-class TlsConfigError(ValueError):
-    """A TLS setting or file is unusable; ``str()`` is one line naming it."""
+class TlsConfigError(ConfigError):
+    """A TLS setting or file is unusable; ``str()`` is one line naming it
+    (a :class:`~netcoll.ConfigError`, so also a ``ValueError``)."""
 
 
 def _no_password() -> str:

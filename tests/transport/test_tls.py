@@ -224,6 +224,10 @@ def test_bad_files_are_a_config_error(pki: dict[str, TlsConfig], tmp_path: Path)
     assert TlsConfig.from_env({}) is None
     with pytest.raises(TlsConfigError):
         netcoll.Client("127.0.0.1:1", tls={"cert": good.cert})
+    # the project's typed configuration error (so the CLI exits 2), still a ValueError
+    with pytest.raises(netcoll.ConfigError):
+        TlsConfig.from_env({"NETCOLL_TLS_CERT": good.cert})
+    assert issubclass(TlsConfigError, ValueError)
 
 
 async def test_secure_by_default_embedded(pki: dict[str, TlsConfig]) -> None:
