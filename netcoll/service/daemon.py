@@ -270,7 +270,6 @@ class RankDaemon:
             report = {"job_id": job_id, "rank": rank, "ok": False, "error": error, "error_type": "RpcError"}
             payload, broken = None, True
             self.jobs_failed += 1
-        self._job_task = None
         if broken:
             try:
                 await self._drop_links()
