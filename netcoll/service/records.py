@@ -127,9 +127,8 @@ class Job:
         self.done = asyncio.Event()
         self.cancel_requested = False
         self.watchers: set[Session] = set()
-        #: the ranks' latest progress reports, and their sum (:meth:`report_progress`)
+        #: the ranks' latest progress reports (:meth:`report_progress`; summed by :attr:`progress`)
         self.rank_progress: dict[int, dict[str, int]] = {}
-        self.progress: dict[str, Any] = {}
         #: set (and replaced) whenever the job changes in a way a watcher would show
         self.updated = asyncio.Event()
         self.time_s: float | None = None
@@ -204,14 +203,20 @@ class Job:
         """Rank ``rank`` has done ``iteration`` of ``of`` timed iterations and sent ``sent``
         payload bytes in this job; :attr:`progress` sums the ranks' reports."""
         self.rank_progress[rank] = {"iteration": iteration, "of": of, "bytes_sent": sent}
-        reports = self.rank_progress.values()
-        self.progress = {
-            "iteration": min(p["iteration"] for p in reports),  # done on every reporting rank
-            "of": of,
-            "bytes_sent": sum(p["bytes_sent"] for p in reports),
-            "ranks_reporting": len(self.rank_progress),
-        }
         self.notify()
+
+    @property
+    def progress(self) -> dict[str, Any]:
+        """The ranks' progress reports summed ({} before the first)."""
+        reports = self.rank_progress.values()
+        if not reports:
+            return {}
+        return {
+            "iteration": min(p["iteration"] for p in reports),  # done on every reporting rank
+            "of": max(p["of"] for p in reports),
+            "bytes_sent": sum(p["bytes_sent"] for p in reports),
+            "ranks_reporting": len(reports),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """The job as a progress event: ``state``, and what it waits for (queued) or how far
