@@ -660,9 +660,12 @@ class Server:
         try:
             await start_tls(proto, config.server_context(), server_side=True, timeout=self.time_left(proto))
         except (OSError, TimeoutError) as exc:
-            why = describe_failure(exc)
-            if isinstance(exc, ConnectionAbortedError) or "taking longer" in why:
-                why = "no TLS handshake in time (a client without TLS?)"
+            # asyncio aborts a handshake past ssl_handshake_timeout with ConnectionAbortedError
+            why = (
+                "no TLS handshake in time (a client without TLS?)"
+                if isinstance(exc, ConnectionAbortedError)
+                else describe_failure(exc)
+            )
             self.failed(proto, f"TLS handshake failed: {why}", None)
             if self.settings.auth_fail_delay_s > 0:
                 await asyncio.sleep(self.settings.auth_fail_delay_s)
