@@ -48,11 +48,9 @@ def _unknown(what: str, word: object, choices: Iterable[str]) -> str:
 
 
 def check_collective(name: str) -> Collective:
-    """The registry entry called ``name`` (ValueError with the choices otherwise)."""
-    coll = collectives.REGISTRY.get(name) if isinstance(name, str) else None
-    if coll is None:
-        raise ValueError(_unknown("unknown collective", name, collectives.NAMES))
-    return coll
+    """The registry entry called ``name`` (ValueError with the choices otherwise):
+    :func:`netcoll.collectives.get`."""
+    return collectives.get(name)
 
 
 def check_algorithm(coll: Collective, algorithm: str) -> str:

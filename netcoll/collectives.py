@@ -362,11 +362,16 @@ WITH_DATA: Final[tuple[str, ...]] = tuple(c.name for c in REGISTRY.values() if c
 
 
 def get(name: str) -> Collective:
-    """The collective called ``name``. Raises ValueError naming the known ones."""
+    """The collective called ``name``. Raises ValueError naming the known ones
+    (and, for a near miss, "did you mean ...?")."""
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown collective {name!r}; choose from {', '.join(NAMES)}") from None
+        from .choices import did_you_mean
+
+        raise ValueError(
+            f"unknown collective {name!r}; {did_you_mean(name, NAMES)}choose from {', '.join(NAMES)}"
+        ) from None
 
 
 def algorithms_help(names: Iterable[str] = NAMES, indent: str = "  ") -> str:

@@ -128,6 +128,8 @@ def _get(scheme: str, host: str, port: int, path: str, timeout: float, tls: TlsC
             raise CliError(
                 f"{url}: the TLS server closed the connection unanswered (is this certificate of its CA?)"
             ) from None
+        if isinstance(exc, http.client.RemoteDisconnected):
+            raise CliError(f"{url}: not an HTTP response (closed without answering)") from None
         raise CliError(f"{url}: {_reason(exc)}") from None
     except http.client.HTTPException as exc:
         raise CliError(f"{url}: not an HTTP response ({type(exc).__name__}: {str(exc)[:60]!r})") from None
@@ -140,6 +142,4 @@ def _get(scheme: str, host: str, port: int, path: str, timeout: float, tls: TlsC
 def _reason(exc: OSError) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
-    if getattr(exc, "strerror", None) is None and type(exc).__name__ == "RemoteDisconnected":
-        return "not an HTTP response (closed without answering)"
     return (exc.strerror or str(exc)).lower()
