@@ -32,8 +32,9 @@ from .timeline import send_trace
 
 log = logging.getLogger("netcoll.daemon")
 
-#: what a job's task hands back: its report, its result bytes, whether its links broke
-Outcome = tuple[dict[str, Any], bytes | None, bool]
+#: what a job's task hands back: its report, its result bytes, whether its links broke,
+#: and its span recorder when it asked for a timeline (sent before its result)
+Outcome = tuple[dict[str, Any], bytes | None, bool, observe.Recorder | None]
 
 RETRY = 1.0  # first reconnect delay; doubles up to RETRY_MAX
 RETRY_MAX = 10.0
@@ -84,8 +85,6 @@ class RankDaemon:
         self.member_id = member_id or new_member_id()
         #: the bound HTTP health/metrics port, told to the coordinator (None: no HTTP)
         self.http_port: int | None = None
-        #: the running job's span recorder, when it asked for a timeline (sent before its result)
-        self._recorder: observe.Recorder | None = None
         self.listener = Listener(token=token, tls=tls, insecure=insecure)
         self.rdv: RendezvousClient | None = None
         self.registered = False
@@ -257,18 +256,18 @@ class RankDaemon:
     async def _finish(self, task: asyncio.Task[Outcome], job_id: Any, rank: Any) -> None:
         """Wait for the job's collective, drop broken links, report."""
         try:
-            report, payload, broken = await asyncio.shield(task)
+            report, payload, broken, recorder = await asyncio.shield(task)
         except asyncio.CancelledError:
             if not task.done():
                 raise  # the daemon is stopping
             # cancelled before its first step: _job never ran to catch it
-            report, payload, broken = _cancelled(job_id, rank), None, False
+            report, payload, broken, recorder = _cancelled(job_id, rank), None, False, None
             self.jobs_failed += 1
         except Exception as exc:
             log.exception("job %s failed", escape(job_id))
             error = f"internal error: {exc!r}"
             report = {"job_id": job_id, "rank": rank, "ok": False, "error": error, "error_type": "RpcError"}
-            payload, broken = None, True
+            payload, broken, recorder = None, True, None
             self.jobs_failed += 1
         if broken:
             try:
@@ -277,10 +276,12 @@ class RankDaemon:
                 log.exception("job %s: could not close the broken links", escape(job_id))
                 self.transport = self.comm = None
                 self.epoch = self.rank = None
-        await self._report(job_id, report, payload)
+        await self._report(job_id, report, payload, recorder)
 
-    async def _report(self, job_id: Any, report: dict[str, Any], payload: bytes | None) -> None:
-        rdv, recorder, self._recorder = self.rdv, self._recorder, None
+    async def _report(
+        self, job_id: Any, report: dict[str, Any], payload: bytes | None, recorder: observe.Recorder | None
+    ) -> None:
+        rdv = self.rdv
         if rdv is not None:
             try:
                 if recorder is not None:  # before the result: the job is complete with its trace
@@ -309,8 +310,7 @@ class RankDaemon:
         return self.comm
 
     async def _job(self, event: dict[str, Any]) -> Outcome:
-        """Run one job with its log context (rank, epoch, job): (the report, the result
-        bytes, whether the links broke)."""
+        """Run one job with its log context (rank, epoch, job): its :data:`Outcome`."""
         with logs.bind(rank=event.get("rank"), epoch=event.get("epoch"), job=event.get("job_id")):
             spec = event.get("spec")
             job_id = event.get("job_id")
@@ -329,11 +329,12 @@ class RankDaemon:
         report: dict[str, Any] = {"job_id": job_id, "rank": rank, "ok": False}
         payload: bytes | None = None
         broken = False
+        recorder: observe.Recorder | None = None
         try:
             spec = JobSpec.model_validate(event["spec"])
             if spec.trace:  # this task's context: every operation of the job records spans
-                self._recorder = observe.Recorder()
-                observe.TRACE.set(self._recorder)
+                recorder = observe.Recorder()
+                observe.TRACE.set(recorder)
             async with asyncio.timeout(float(event["deadline"])):
                 comm = await self._ensure_links(event)
                 # Generating and checking data of a large job takes seconds of numpy work:
@@ -361,7 +362,7 @@ class RankDaemon:
             log.exception("job %s failed", escape(job_id))
             report.update(error=f"internal error: {exc!r}", error_type="RpcError")
             self.jobs_failed += 1
-        return report, payload, broken
+        return report, payload, broken, recorder
 
     def _progress_sender(self, job_id: int, rank: int) -> Callable[[dict[str, int]], Awaitable[None]]:
         """Sends this rank's progress in the job to the coordinator (best effort)."""
