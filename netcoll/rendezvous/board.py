@@ -5,7 +5,7 @@ Every rank's heartbeat thread carries a report of the operations it is in
 (:meth:`netcoll.transport.mailbox.Mailbox.snapshot`): ``{rank, ops: [[group,
 seq, name, fingerprint, seconds running, members, waiting for]], next: {group:
 next seq}}``. The coordinator keeps the latest report of each connection
-(:class:`Reports`) and builds the board from them: for each operation some
+(:class:`Report`) and builds the board from them: for each operation some
 rank is in, a rank has *arrived* if it is in it (or already past it: its next
 sequence number is higher) and *not arrived* otherwise; ranks in the same
 operation with different calls (fingerprints) are a *mismatch*, shown side by
