@@ -246,8 +246,9 @@ class Operation:
         )
 
     def waiting_for(self) -> list[int]:
-        """Group ranks this operation is currently blocked on."""
-        return sorted({self.me(src) for (src, _, _) in self.posted})
+        """Group ranks this operation is currently blocked on (safe to call from another
+        thread, the heartbeat's: it reads a copy of :attr:`posted`)."""
+        return sorted({self.me(src) for (src, _, _) in self.posted.copy()})
 
     # -- for links: flow control hooks ---------------------------------------------------
     def watch(self, fut: asyncio.Future[Any]) -> None:

@@ -128,7 +128,7 @@ class Mailbox:
         try:
             ops = sorted(self.ops.copy().values(), key=lambda op: op.opened)[:limit]
             rows = [
-                [op.group, op.seq, op.name, op.fp, round(now - op.opened, 3), list(op.members), _waiting(op)]
+                [op.group, op.seq, op.name, op.fp, round(now - op.opened, 3), list(op.members), op.waiting_for()]
                 for op in ops
             ]
             groups = {op.group for op in ops}
@@ -279,8 +279,3 @@ def _reason_of_error(exc: BaseException) -> Reason:
     if isinstance(exc, CollectiveError):
         return Reason.ERROR
     return Reason.ERROR
-
-
-def _waiting(op: Operation) -> list[int]:
-    """The group ranks ``op`` waits for (read from another thread: a copy first)."""
-    return sorted({op.rank_of.get(src, src) for (src, _, _) in op.posted.copy()})
