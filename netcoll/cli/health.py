@@ -89,7 +89,7 @@ def http_get(url: str, timeout: float = 2.0, tls: TlsConfig | None = None, *, re
     for attempt in range(max(0, retries) + 1):
         try:
             status, body = _get(parts.scheme, parts.hostname, port, path, timeout, tls)
-        except CliError:
+        except _Unreachable:  # refused, reset, timed out: it may be starting; anything else is final
             if attempt >= retries:
                 raise
         else:
@@ -97,6 +97,10 @@ def http_get(url: str, timeout: float = 2.0, tls: TlsConfig | None = None, *, re
                 return status, body
         time.sleep(random.uniform(0, RETRY_BASE * 2**attempt))
     raise AssertionError("unreachable")  # the last attempt returned or raised
+
+
+class _Unreachable(CliError):
+    """The connection failed (refused, reset, timed out): worth another try."""
 
 
 def _get(scheme: str, host: str, port: int, path: str, timeout: float, tls: TlsConfig | None) -> tuple[int, str]:
@@ -130,11 +134,11 @@ def _get(scheme: str, host: str, port: int, path: str, timeout: float, tls: TlsC
             ) from None
         if isinstance(exc, http.client.RemoteDisconnected):
             raise CliError(f"{url}: not an HTTP response (closed without answering)") from None
-        raise CliError(f"{url}: {_reason(exc)}") from None
+        raise _Unreachable(f"{url}: {_reason(exc)}") from None
     except http.client.HTTPException as exc:
         raise CliError(f"{url}: not an HTTP response ({type(exc).__name__}: {str(exc)[:60]!r})") from None
     except OSError as exc:
-        raise CliError(f"{url}: {_reason(exc)}") from None
+        raise _Unreachable(f"{url}: {_reason(exc)}") from None
     finally:
         conn.close()
 
