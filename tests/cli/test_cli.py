@@ -36,6 +36,7 @@ import netcoll
 from netcoll.collectives import NAMES as OPS
 from netcoll.config import ConfigError, RankConfig, SubmitConfig, UpConfig
 from tests.support import REPO
+from tests.support.env import subprocess_env as base_env
 
 pytestmark = [
     pytest.mark.tcp,
@@ -45,14 +46,6 @@ pytestmark = [
 ]
 
 TOKEN = "cli-test-" + secrets.token_hex(8)
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
 
 
 def netcoll_cmd(*args: str) -> list[str]:

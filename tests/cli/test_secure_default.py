@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,18 +19,10 @@ from typing import Any
 import pytest
 
 from netcoll.config import ClientConfig, ConfigError, CoordinatorConfig, RankConfig, is_loopback
+from tests.support.env import subprocess_env as env_of
 
-REPO = Path(__file__).resolve().parents[2]
 MEMBER, CLIENT = "member-s3cret", "client-s3cret"
 REFUSED = "without credentials"
-
-
-def env_of(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

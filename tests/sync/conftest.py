@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -13,8 +12,10 @@ from typing import Any
 import pytest
 
 import netcoll
-from tests.support import REPO
+from tests.support.env import subprocess_env
 from tests.support.loops import LoopThread
+
+__all__ = ["PYTHON", "coordinator", "in_threads", "subprocess_env", "sync_threads"]
 
 
 @pytest.fixture
@@ -38,14 +39,6 @@ def in_threads(n: int, fn: Callable[[int], Any], timeout: float = 60.0) -> list[
 
 def sync_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "netcoll-sync"]
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
 
 
 PYTHON = sys.executable
