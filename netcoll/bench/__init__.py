@@ -251,8 +251,12 @@ async def _execute(cfg: SweepConfig, args: argparse.Namespace, display: _Display
     from .remote import run_remote
 
     try:
+        credentials = _credentials(args)  # flags, else the environment; checked before any rank starts
         if args.coordinator:
-            return await run_remote(cfg, args.coordinator, **_credentials(args), on_event=display.on_event)
+            return await run_remote(cfg, args.coordinator, **credentials, on_event=display.on_event)
+        tls = credentials["tls"]
+        if tls is not None:  # the local cluster (coordinator here, ranks as children) reads NETCOLL_TLS_*
+            os.environ.update(NETCOLL_TLS_CERT=tls.cert, NETCOLL_TLS_KEY=tls.key, NETCOLL_TLS_CA=tls.ca)
         return await run_local(cfg, args.ranks, on_event=display.on_event, loop=args.loop)
     finally:
         if display.progress is not None:

@@ -96,3 +96,16 @@ def test_bad_tls_files_exit_2(tls_cluster: TlsCluster, tmp_path: Path) -> None:
     partial = base_env(NETCOLL_TLS_CERT=files["cert"])
     proc = run_cli("status", "--coordinator", tls_cluster.address, env=partial)
     assert proc.returncode == 2 and "NETCOLL_TLS_KEY" in one_error_line(proc)
+
+
+def test_bench_local_cluster_takes_the_tls_flags(tmp_path: Path) -> None:
+    """``netcoll bench --ranks N --tls-*``: the flags reach the local coordinator and ranks
+    (they used to read only NETCOLL_TLS_*, so the flags were dropped and the run was plain TCP)."""
+    files = issue(make_ca(tmp_path, "ca"), tmp_path, "node")
+    proc = run_cli(
+        "bench", "--ranks", "2", "--op", "all_reduce", "-b", "4", "-e", "4", "-n", "2", "-w", "1",
+        "--tls-cert", files["cert"], "--tls-key", files["key"], "--tls-ca", files["ca"],
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tls, loopback" in proc.stdout, proc.stdout
