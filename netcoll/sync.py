@@ -108,10 +108,13 @@ class _Runner:
         finally:
             self.loop.close()
 
-    def submit(self, fn: Callable[[], object]) -> None:
-        """Run ``fn`` on the loop (in the order submitted)."""
+    def _off_loop(self) -> None:
         if threading.current_thread() is self.thread:
             raise RuntimeError("a netcoll.sync call from the event loop's own thread would deadlock; use the async API")
+
+    def submit(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the loop (in the order submitted)."""
+        self._off_loop()
         try:
             self.loop.call_soon_threadsafe(fn)
         except RuntimeError:  # the loop is closed
@@ -119,8 +122,7 @@ class _Runner:
 
     def run(self, make: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T:
         """Run the coroutine ``make()`` on the loop and wait for it."""
-        if threading.current_thread() is self.thread:
-            raise RuntimeError("a netcoll.sync call from the event loop's own thread would deadlock; use the async API")
+        self._off_loop()
         coro = make()
         try:
             done = asyncio.run_coroutine_threadsafe(coro, self.loop)

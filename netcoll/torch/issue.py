@@ -28,6 +28,8 @@ from ..operation import Work
 
 __all__ = ["Issuer", "NetcollWork", "completed"]
 
+_running_loop = asyncio._get_running_loop  # the running loop or None (no raise), as in netcoll.operation.work
+
 
 class NetcollWork(dist.Work):
     """torch's ``Work`` for a netcoll collective: over a ``torch.futures.Future``
@@ -104,13 +106,6 @@ class Issuer:
                 raise RuntimeError(f"the netcoll process group {self.comm.group!r} is shut down") from None
         issued.result()
         return NetcollWork(fut)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _complete(work: Work, finish: Callable[[Any], Any], fut: torch.futures.Future[Any]) -> None:
