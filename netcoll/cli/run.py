@@ -131,14 +131,11 @@ def run(ns: argparse.Namespace) -> int:
     return run_client(launch(plan_of(ns)))
 
 
-def _host(address: str) -> str:
-    return address.rsplit(":", 1)[0].strip("[]")
-
-
 async def launch(plan: Plan) -> int:
     """Run the whole launch: coordinator (if ours), node meeting, ranks; the exit status."""
     from ..errors import NetcollError
     from ..rendezvous import Coordinator
+    from ..rpc import split_address
     from ..transport.auth import MEMBER_TOKEN_ENV, token_from_env
 
     token = token_from_env(MEMBER_TOKEN_ENV)
@@ -154,7 +151,7 @@ async def launch(plan: Plan) -> int:
             coord = Coordinator(host.strip("[]"), int(port), token=token)
             await stack.enter_async_context(coord)
             address = coord.address
-        master_addr = _host(address) if plan.nnodes > 1 else (plan.local_addr or "127.0.0.1")
+        master_addr = split_address(address)[0] if plan.nnodes > 1 else (plan.local_addr or "127.0.0.1")
         master_port = plan.master_port
         if plan.nnodes > 1:
             rdv = await _meet(plan, address, token)
