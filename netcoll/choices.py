@@ -16,11 +16,10 @@ The dtype check loads numpy (the others do not).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 from . import collectives
-from .collectives import Collective
+from .collectives import Collective, did_you_mean
 
 __all__ = [
     "check_algorithm",
@@ -33,12 +32,6 @@ __all__ = [
 ]
 
 REDUCE_OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
-
-
-def did_you_mean(word: object, choices: Iterable[str]) -> str:
-    """``"did you mean 'x'? "`` for the closest of ``choices`` to ``word`` (or "")."""
-    close = difflib.get_close_matches(str(word).strip().lower(), list(choices), n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def _unknown(what: str, word: object, choices: Iterable[str]) -> str:

@@ -25,6 +25,7 @@ cheaply); algorithms, data and dispatch load what they need on first use.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -361,14 +362,18 @@ NAMES: Final[tuple[str, ...]] = tuple(REGISTRY)
 WITH_DATA: Final[tuple[str, ...]] = tuple(c.name for c in REGISTRY.values() if c.has_data)
 
 
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """``"did you mean 'x'? "`` for the closest of ``choices`` to ``word`` (or "")."""
+    close = difflib.get_close_matches(str(word).strip().lower(), list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
 def get(name: str) -> Collective:
     """The collective called ``name``. Raises ValueError naming the known ones
     (and, for a near miss, "did you mean ...?")."""
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        from .choices import did_you_mean
-
         raise ValueError(
             f"unknown collective {name!r}; {did_you_mean(name, NAMES)}choose from {', '.join(NAMES)}"
         ) from None
