@@ -1,9 +1,13 @@
 """The peers netcoll is compared with, as rank processes: torch.distributed's Gloo
-backend (CPU) and MPI (mpi4py on Open MPI, TCP only). Started by
+backend (CPU) and MPI (mpi4py on Open MPI: TCP only, or Open MPI's defaults). Started by
 ``bench/compare.py``; not meant to be run by hand, but it can be:
 
     python bench/peers.py gloo --rank R --world-size N --init tcp://127.0.0.1:PORT --config JSON
     mpirun -np N --mca pml ob1 --mca btl tcp,self python bench/peers.py mpi --config JSON
+
+``--config`` is one SweepConfig as JSON, or a JSON list of them (the bands of a large world and
+the latency run, one launch: 16 ranks importing torch take a while); each row carries
+``"band"``, the index of its config in that list.
 
 Each runs the same sweep as ``netcoll bench`` (sizes, geometry and busbw
 factors from :mod:`netcoll.bench.common`): ``warmup`` untimed calls, a barrier,
@@ -23,7 +27,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,6 +55,17 @@ def _time(call: Callable[[], Any], barrier: Callable[[], Any], cfg: SweepConfig)
         d[i] = clock() - ts
     total = clock() - t0
     return np.array([total / cfg.iters, statistics.median(d.tolist()), d.min()], dtype=np.float64)
+
+
+def _configs(text: str) -> list[SweepConfig]:
+    data = json.loads(text)
+    return [SweepConfig.from_json(c) for c in (data if isinstance(data, list) else [data])]
+
+
+def _steps(cfgs: list[SweepConfig]) -> Iterator[tuple[int, SweepConfig, str, int]]:
+    for band, cfg in enumerate(cfgs):
+        for op, requested in cfg.steps():
+            yield band, cfg, op, requested
 
 
 def _row(g: Any, cfg: SweepConfig, stats: np.ndarray, impl: str, requested: int) -> dict[str, Any]:
@@ -135,7 +150,8 @@ def gloo(ns: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    cfg = SweepConfig.from_json(json.loads(ns.config))
+    cfgs = _configs(ns.config)
+    cfg = cfgs[0]  # dtype, reduction and root are the same in every band
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=ns.init, rank=ns.rank, world_size=ns.world_size)
     n, rank, root = ns.world_size, ns.rank, cfg.root
@@ -164,7 +180,7 @@ def gloo(ns: argparse.Namespace) -> None:
         "bxor": dist.ReduceOp.BXOR,
     }[cfg.redop]
     _emit({"event": "hello", "rank": rank, "torch": torch.__version__})
-    for op, requested in cfg.steps():
+    for band, cfg, op, requested in _steps(cfgs):
         g = geometry(op, requested, dt, n)
         if g.size == 0:
             continue
@@ -180,12 +196,20 @@ def gloo(ns: argparse.Namespace) -> None:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         if flag.item() < 1:
             if rank == 0:
-                _emit({"event": "unsupported", "op": op, "size": g.size, "reason": why or "failed on a peer"})
+                _emit(
+                    {
+                        "event": "unsupported",
+                        "op": op,
+                        "size": g.size,
+                        "band": band,
+                        "reason": why or "failed on a peer",
+                    }
+                )
             continue
         stats = torch.from_numpy(_time(call, dist.barrier, cfg))
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         if rank == 0:
-            _emit({"event": "row", "row": _row(g, cfg, stats.numpy(), "gloo", requested)})
+            _emit({"event": "row", "row": {**_row(g, cfg, stats.numpy(), "gloo", requested), "band": band}})
     dist.barrier()
     dist.destroy_process_group()
     _emit({"event": "done", "rank": rank})
@@ -194,7 +218,8 @@ def gloo(ns: argparse.Namespace) -> None:
 def mpi(ns: argparse.Namespace) -> None:
     from mpi4py import MPI
 
-    cfg = SweepConfig.from_json(json.loads(ns.config))
+    cfgs = _configs(ns.config)
+    cfg = cfgs[0]
     comm = MPI.COMM_WORLD
     n, rank, root = comm.Get_size(), comm.Get_rank(), cfg.root
     dt = cfg.np_dtype
@@ -220,7 +245,7 @@ def mpi(ns: argparse.Namespace) -> None:
                 "mpi4py": __import__("mpi4py").__version__,
             }
         )
-    for op, requested in cfg.steps():
+    for band, cfg, op, requested in _steps(cfgs):
         g = geometry(op, requested, dt, n)
         if g.size == 0:
             continue
@@ -229,7 +254,7 @@ def mpi(ns: argparse.Namespace) -> None:
         worst = np.empty_like(mine)
         comm.Reduce(mine, worst, op=MPI.MAX, root=0)
         if rank == 0:
-            _emit({"event": "row", "row": _row(g, cfg, worst, "mpi", requested)})
+            _emit({"event": "row", "row": {**_row(g, cfg, worst, "mpi", requested), "band": band}})
     comm.Barrier()
     if rank == 0:
         _emit({"event": "done", "rank": rank})
