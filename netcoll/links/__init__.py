@@ -3,7 +3,8 @@
 * :mod:`.base` — the :class:`Link` interface and :class:`LinkStats`;
 * :mod:`.flow` — credit window + RTS/CTS rendezvous bookkeeping (sans-IO);
 * :mod:`.framed` — the peer protocol over any frame mover;
-* :mod:`.tcp`, :mod:`.memory` — the link kinds;
+* :mod:`.tcp`, :mod:`.tls`, :mod:`.shm`, :mod:`.memory` — the link kinds
+  (:mod:`.shmring`: the shared-memory segments and rings of ``shm``);
 * :mod:`.factory` — capabilities in the handshake, the choice, the settings.
 """
 

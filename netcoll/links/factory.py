@@ -4,8 +4,9 @@ announce in the peer handshake (``link`` in HELLO and WELCOME, see
 
 A capability is a bit: TCP (plain); TLS (the same framing over mutual TLS:
 offered instead of TCP, never besides it, when TLS is configured, so a rank
-with TLS never links in plain text); SHM is reserved for shared memory;
-MEMORY is the in-process test hub. Each side announces
+with TLS never links in plain text); SHM (shared memory, :mod:`.shm`, offered
+besides TCP or TLS and announced per pair: only with a segment the peer can
+map, see :mod:`netcoll.transport.tcp`); MEMORY is the in-process test hub. Each side announces
 the kinds it can make (only the forced one when ``NETCOLL_TRANSPORT`` names
 one), so both compute the same choice: the first kind, in :data:`PREFERENCE`
 order, that both announce and this process has a maker for. A new link kind
@@ -14,11 +15,15 @@ with :meth:`LinkFactory.register`.
 
 Environment (read by :meth:`LinkConfig.from_env`):
 
-``NETCOLL_TRANSPORT``    ``auto`` (default) or a link kind to force (``tcp``):
-                         benchmarks compare like with like
+``NETCOLL_TRANSPORT``    ``auto`` (default) or a link kind to force (``tcp``,
+                         ``tls``, ``shm``): benchmarks compare like with like;
+                         ``shm`` fails the link when shared memory is impossible
 ``NETCOLL_RECV_WINDOW``  bytes of eager DATA a link accepts before the
                          receiver returns credit (default 64 MiB; ``4M``,
                          ``64MiB``, ``1G`` are understood)
+``NETCOLL_SHM_BYTES``    bytes of each direction's ring of a shared-memory link
+                         (a multiple of 4 KiB, 64 KiB to 1 GiB; default 4 MiB, less
+                         beyond 9 ranks: :func:`~.shmring.auto_ring`)
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, Final
 from ..errors import ProtocolError
 from ..sizes import parse_size
 from .base import Link
+from .shmring import check_ring
 
 #: version of the link protocol announced in the handshake (1: credits + RTS/CTS)
 LINK_VERSION: Final = 1
@@ -39,7 +45,7 @@ MIN_WINDOW: Final = 1024
 
 TCP: Final = 1 << 0
 TLS: Final = 1 << 1  # TLS links (links/tls.py)
-SHM: Final = 1 << 2  # reserved: shared-memory links between ranks on one host
+SHM: Final = 1 << 2  # shared-memory links between ranks on one host (links/shm.py)
 MEMORY: Final = 1 << 3  # in-process links of the test hub
 BITS: Final[dict[str, int]] = {"tcp": TCP, "tls": TLS, "shm": SHM, "memory": MEMORY}
 #: most preferred first
@@ -53,16 +59,21 @@ class LinkConfig:
     Args:
         window: receive window in bytes (eager DATA held before credit returns).
         transport: ``"auto"`` or the link kind to force (``"tcp"``).
+        shm_bytes: the ring size of each direction of a shared-memory link
+            (None: by the number of peers, :func:`~.shmring.auto_ring`).
     """
 
     window: int = DEFAULT_WINDOW
     transport: str = "auto"
+    shm_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < MIN_WINDOW:
             raise ValueError(f"the receive window must be an int of at least {MIN_WINDOW} bytes, got {self.window!r}")
         if self.transport != "auto" and self.transport not in BITS:
             raise ValueError(f"transport must be 'auto' or one of {', '.join(BITS)}, got {self.transport!r}")
+        if self.shm_bytes is not None:
+            check_ring(self.shm_bytes)
 
     @classmethod
     def from_env(
@@ -81,7 +92,13 @@ class LinkConfig:
             transport = (env.get("NETCOLL_TRANSPORT") or "auto").strip().lower()
             if transport != "auto" and transport not in BITS:
                 raise ValueError(f"NETCOLL_TRANSPORT must be 'auto' or one of {', '.join(BITS)}, got {transport!r}")
-        return cls(window=window, transport=transport)
+        raw = env.get("NETCOLL_SHM_BYTES") or ""
+        try:
+            shm_bytes = check_ring(parse_size(raw), "NETCOLL_SHM_BYTES") if raw else None
+        except ValueError as exc:
+            msg = str(exc)
+            raise ValueError(msg if msg.startswith("NETCOLL_SHM_BYTES") else f"NETCOLL_SHM_BYTES: {msg}") from None
+        return cls(window=window, transport=transport, shm_bytes=shm_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,14 +179,18 @@ class LinkFactory:
             raise ValueError(f"unknown link kind {kind!r}")
         self.makers[kind] = maker
 
-    def capabilities(self) -> Capabilities:
+    def capabilities(self, exclude: tuple[str, ...] = ()) -> Capabilities:
+        """What this side announces (``exclude``: kinds it cannot make for this pair)."""
         bits = 0
         for kind in self.offers:
-            bits |= BITS[kind]
+            if kind not in exclude:
+                bits |= BITS[kind]
         return Capabilities(bits=bits, window=self.config.window)
 
-    def choose(self, theirs: Capabilities) -> str:
-        return choose(self.capabilities(), theirs, tuple(k for k in self.offers if k in self.makers))
+    def choose(self, theirs: Capabilities, exclude: tuple[str, ...] = ()) -> str:
+        """The kind for a pair whose peer announced ``theirs`` (``exclude`` as above)."""
+        mine = self.capabilities(exclude)
+        return choose(mine, theirs, tuple(k for k in self.offers if k in self.makers and k not in exclude))
 
     def make(self, kind: str, **kwargs: Any) -> Link:
         try:

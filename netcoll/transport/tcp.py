@@ -14,8 +14,17 @@ window) in the HELLO / WELCOME of the peer handshake; the
 :class:`~netcoll.links.factory.LinkFactory` picks the link kind for the pair
 from both and makes the link that carries the pair's frames with flow
 control: a :class:`~netcoll.links.tcp.TcpLink`, or, with TLS configured on the
-listener, a :class:`~netcoll.links.tls.TlsLink` (TLS is then the only kind
-offered: never a fallback to plain TCP; ``NETCOLL_TRANSPORT=tcp`` is refused).
+listener, a :class:`~netcoll.links.tls.TlsLink` (TLS is then the only socket
+kind offered: never a fallback to plain TCP; ``NETCOLL_TRANSPORT=tcp`` is
+refused), or a :class:`~netcoll.links.shm.ShmLink` for a peer on this host.
+
+Shared memory is proven, not guessed from host names: the dialer makes a
+segment (:class:`~netcoll.links.shmring.Segment`) and offers its name and a
+random nonce in its HELLO (``link.shm``, inside TLS when configured); the
+acceptor offers SHM in its WELCOME only if it could map that file and read
+the nonce there (then it unlinks the file at once). Each side announces SHM
+only when it can make the link, so both pick the same kind; when they pick
+another, both log why at INFO and ``link_stats()`` shows the kind used.
 A broken link fails the operations that involve the lost peer (see
 :meth:`Mailbox.peer_lost`); an orderly close announces itself with BYE first.
 """
@@ -23,18 +32,23 @@ A broken link fails the operations that involve the lost peer (see
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from .. import wire
 from ..errors import CommunicatorClosed, ProtocolError, RendezvousError
+from ..links import shm
 from ..links.base import Link
 from ..links.factory import Capabilities, LinkConfig, LinkFactory
+from ..links.shmring import SHM_DIR, Segment, auto_ring
 from ..links.tcp import TcpLink
 from ..links.tls import TlsLink
 from . import auth
 from .base import Transport
 from .connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
 from .tls import TlsConfig
+
+log = logging.getLogger("netcoll.transport")
 
 CONNECT_RETRY = 0.05
 #: how long an incoming peer link waits for its session to be set up here
@@ -82,7 +96,7 @@ class Listener:
         await self._server.close()
 
     async def _on_accept(self, proto: FramedProtocol) -> None:
-        found: list[tuple[TcpTransport, Capabilities]] = []
+        found: list[tuple[TcpTransport, Capabilities, str, Segment | None]] = []
 
         async def accept(hello: dict[str, Any]) -> dict[str, Any]:
             session, rank = hello.get("session"), hello.get("rank")
@@ -97,13 +111,19 @@ class Listener:
             mesh = self._meshes[session]
             mesh.check_incoming(rank)
             theirs = Capabilities.from_wire(hello.get("link"), f"rank {rank}")
-            mesh.factory.choose(theirs)  # refuse a peer we share no link kind with, before WELCOME
-            found.append((mesh, theirs))
-            return {"rank": mesh.rank, "link": mesh.capabilities}
+            segment, link = mesh.accept_shm(rank, theirs)  # refuses a peer we share no kind with
+            found.append((mesh, theirs, link["kind"], segment))
+            return {"rank": mesh.rank, "link": link["caps"]}
 
-        hello = await server_handshake(proto, token=self.token, role="rank", accept=accept)
-        mesh, theirs = found[0]
-        mesh.attach(mesh.make_link(hello["rank"], proto, theirs))
+        try:
+            hello = await server_handshake(proto, token=self.token, role="rank", accept=accept)
+            mesh, theirs, kind, segment = found[0]
+            mesh.attach(mesh.make_link(hello["rank"], proto, theirs, kind, segment))
+        except BaseException:
+            for *_, segment in found:
+                if segment is not None:
+                    segment.close()
+            raise
 
 
 class TcpTransport(Transport):
@@ -139,8 +159,11 @@ class TcpTransport(Transport):
         #: TLS is the listener's: with it, links are TLS links, never plain TCP
         self.tls = listener.tls
         kind = "tcp" if self.tls is None else "tls"
-        self.factory = LinkFactory(self.config, offers=(kind,))
+        if self.config.transport == "shm" and not shm.possible():
+            raise ValueError(f"NETCOLL_TRANSPORT=shm, but this host has no {SHM_DIR} directory")
+        self.factory = LinkFactory(self.config, offers=("shm", kind) if shm.possible() else (kind,))
         self.factory.register(kind, TcpLink if self.tls is None else TlsLink)
+        self.factory.register("shm", shm.ShmLink)
         #: the ``link`` map this rank announces in its HELLO / WELCOME
         self.capabilities = self.factory.capabilities().to_wire()
         self._all_linked = asyncio.Event()
@@ -179,20 +202,68 @@ class TcpTransport(Transport):
                 if loop.time() > deadline:
                     raise
                 await asyncio.sleep(CONNECT_RETRY)
+        link: Link | None = None
+        try:
+            segment, caps = self._offer_shm(peer)
+        except BaseException:
+            proto.close()
+            raise
         try:
             welcome = await client_handshake(
                 proto,
                 token=self.token,
                 role="peer",
-                hello={"session": self.session, "rank": self.rank, "size": self.size, "link": self.capabilities},
+                hello={"session": self.session, "rank": self.rank, "size": self.size, "link": caps},
             )
             if welcome.get("rank") != peer:
                 raise RendezvousError(f"{host}:{port} answered as rank {welcome.get('rank')}, expected rank {peer}")
-            link = self.make_link(peer, proto, Capabilities.from_wire(welcome.get("link"), f"rank {peer}"))
+            theirs = Capabilities.from_wire(welcome.get("link"), f"rank {peer}")
+            kind = self.factory.choose(theirs, () if segment is not None else ("shm",))
+            if segment is not None and kind != "shm":
+                self._no_shm(peer, theirs.extra.get("shm_refused") or f"rank {peer} does not offer it")
+            link = self.make_link(peer, proto, theirs, kind, segment)
         except BaseException:
             proto.close()
             raise
+        finally:
+            if segment is not None:
+                segment.unlink()  # the peer has mapped it (or will not): nothing left to leak
+                if link is None or link.kind != "shm":
+                    segment.close()
         self.attach(link)
+
+    def _offer_shm(self, peer: int) -> tuple[Segment | None, dict[str, Any]]:
+        """A new segment for the link to ``peer`` and the ``link`` map offering it
+        (no segment, and no SHM bit, when shared memory is off or impossible)."""
+        if "shm" not in self.factory.offers:
+            return None, self.capabilities
+        segment, why = shm.make_segment(self.config.shm_bytes or auto_ring(self.size - 1))
+        if segment is None:
+            if self.config.transport == "shm":
+                raise RendezvousError(f"NETCOLL_TRANSPORT=shm, but rank {self.rank} cannot use shared memory: {why}")
+            self._no_shm(peer, why)
+            return None, self.factory.capabilities(("shm",)).to_wire()
+        return segment, {**self.capabilities, "shm": segment.offer()}
+
+    def accept_shm(self, peer: int, theirs: Capabilities) -> tuple[Segment | None, dict[str, Any]]:
+        """Map the segment ``peer`` offers, if any; the pair's kind and this side's
+        ``link`` map for the WELCOME (ProtocolError: no kind in common)."""
+        segment, why = shm.attach_segment(theirs, peer) if "shm" in self.factory.offers else (None, "")
+        exclude = () if segment is not None else ("shm",)
+        try:
+            kind = self.factory.choose(theirs, exclude)
+        except ProtocolError as exc:
+            if segment is not None:
+                segment.close()
+            raise ProtocolError(f"{exc}{f'; shared memory with rank {peer}: {why}' if why else ''}") from None
+        caps = self.factory.capabilities(exclude).to_wire()
+        if why:
+            caps["shm_refused"] = why
+            self._no_shm(peer, why)
+        return segment, {"kind": kind, "caps": caps}
+
+    def _no_shm(self, peer: int, why: str) -> None:
+        log.info("rank %d: no shared memory with rank %d, linking over the socket: %s", self.rank, peer, why)
 
     def check_incoming(self, peer: int) -> None:
         """Refuse an incoming link that breaks the dialer rule or duplicates one."""
@@ -205,15 +276,30 @@ class TcpTransport(Transport):
         if peer in self.links:
             raise RendezvousError(f"rank {peer} is already linked to rank {self.rank}")
 
-    def make_link(self, peer: int, proto: FramedProtocol, theirs: Capabilities) -> Link:
-        """The link to ``peer`` over ``proto``, of the kind both sides' capabilities pick."""
+    def make_link(
+        self,
+        peer: int,
+        proto: FramedProtocol,
+        theirs: Capabilities,
+        kind: str | None = None,
+        segment: Segment | None = None,
+    ) -> Link:
+        """The link to ``peer`` over ``proto``, of the kind both sides' capabilities
+        pick (``kind``, when already chosen; ``segment``: the pair's shared memory)."""
+        kind = kind or self.factory.choose(theirs, () if segment is not None else ("shm",))
+        extra: dict[str, Any] = {}
+        if kind == "shm":
+            if segment is None:
+                raise ProtocolError(f"an shm link to rank {peer} without a segment")
+            extra["segment"] = segment
         return self.factory.make(
-            self.factory.choose(theirs),
+            kind,
             peer=peer,
             proto=proto,
             mailbox=self.mailbox,
             window=self.config.window,
             peer_window=theirs.window,
+            **extra,
         )
 
     def attach(self, link: Link) -> None:

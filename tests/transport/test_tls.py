@@ -43,7 +43,8 @@ async def _echo(session: object, params: dict[str, object], payload: memoryview)
     return params
 
 
-async def test_embedded_group_over_tls(pki: dict[str, TlsConfig]) -> None:
+async def test_embedded_group_over_tls(pki: dict[str, TlsConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_TRANSPORT", "tls")  # else ranks on one host share memory (test_shm_links.py)
     async with netcoll.Coordinator(token=TOKEN, tls=pki["server"]) as coord:
 
         async def rank(i: int) -> tuple[np.ndarray, dict[int, dict[str, object]], str | None]:
@@ -64,9 +65,10 @@ async def test_embedded_group_over_tls(pki: dict[str, TlsConfig]) -> None:
         assert version in ("TLSv1.2", "TLSv1.3")
 
 
-async def test_flow_control_over_tls(pki: dict[str, TlsConfig]) -> None:
+async def test_flow_control_over_tls(pki: dict[str, TlsConfig], monkeypatch: pytest.MonkeyPatch) -> None:
     """Credits and rendezvous work the same over TLS: with a 64 KiB window, 4 MiB sent before
     the receive is posted goes by RTS/CTS, and a burst of small eager frames is credited back."""
+    monkeypatch.setenv("NETCOLL_TRANSPORT", "tls")  # else ranks on one host share memory (test_shm_links.py)
     async with netcoll.Coordinator(token=TOKEN, tls=pki["server"]) as coord:
 
         async def rank(i: int) -> dict[int, dict[str, object]]:

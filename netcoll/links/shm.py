@@ -1,0 +1,283 @@
+"""A link through shared memory for two ranks on one host (``kind == "shm"``).
+
+It rides on the pair's authenticated connection (TCP, or TLS when
+configured): that socket stays the doorbell — the event loop sleeps in
+``epoll`` until a frame arrives — and carries every control frame (ABORT,
+CREDIT, RTS/CTS, BYE, PING) and every DATA payload under :data:`RING_MIN`
+bytes as a TCP link does. A larger DATA payload goes through this side's
+ring of the pair's :class:`~netcoll.links.shmring.Segment` instead, in
+pieces of at most a quarter of the ring: the sender copies a piece into the
+ring and sends a header-only DATA frame saying where it is (``z: [pos, n]``;
+the first piece also says the whole length, ``zn``); the receiver copies it
+straight into the posted receive buffer (or a buffer of its own, held as TCP
+holds it) and gives ring space back with ``CREDIT {n: 0, z: pos}``, a
+quarter of the ring at a time. One copy in, one copy out, no system call
+per byte.
+
+Flow control is :class:`~netcoll.links.framed.FramedLink`'s, unchanged: the
+first piece's header is the DATA header (eager: charged against the window;
+``rz``: after a CTS), and the message is delivered to the mailbox once its
+last piece is in. The pieces of one message are contiguous on the link (a
+lock held from the first to the last); a sender cancelled part-way copies
+the rest of its payload and finishes in a task, as a TCP send does.
+
+Loss is the connection's: a killed peer's socket reaches EOF, which fails its
+operations (PeerLost) as on TCP. The mapping is dropped when the link is gone;
+the file was unlinked in the handshake (:mod:`netcoll.transport.tcp`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..errors import ProtocolError
+from ..transport.connection import FramedProtocol
+from ..transport.mailbox import Mailbox
+from ..wire import Frame, Kind
+from . import shmring
+from .factory import SHM, Capabilities
+from .framed import FramedLink, connection_error
+from .shmring import RingReader, RingWriter, Segment, ShmRefused
+from .tcp import TcpLink
+
+#: DATA payloads of at least this many bytes go through the ring; smaller ones
+#: ride behind their header on the socket (one write, one read)
+RING_MIN: Final = 64 << 10
+_EMPTY = memoryview(b"")
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    """A message being written into the ring."""
+
+    header: dict[str, Any]
+    payload: memoryview
+    pos: int = 0  # bytes of it in the ring so far
+
+
+@dataclass(slots=True)
+class _Incoming:
+    """A message arriving through the ring."""
+
+    header: dict[str, Any]
+    n: int
+    target: memoryview | None  # None: diverted (its receive is gone), read and dropped
+    got: int = 0
+
+
+class ShmLink(TcpLink):
+    """One peer on this host: bulk DATA through shared memory, the rest over the connection.
+
+    Args:
+        peer, proto, mailbox, window, peer_window: as for :class:`TcpLink`.
+        segment: the pair's mapped segment (this side writes ``tx``, reads ``rx``).
+    """
+
+    kind = "shm"
+
+    def __init__(
+        self,
+        *,
+        peer: int,
+        proto: FramedProtocol,
+        mailbox: Mailbox,
+        window: int,
+        peer_window: int,
+        segment: Segment,
+    ) -> None:
+        super().__init__(peer=peer, proto=proto, mailbox=mailbox, window=window, peer_window=peer_window)
+        self.segment = segment
+        self._writer = RingWriter(segment.ring)
+        self._reader = RingReader(segment.ring)
+        self._lock = asyncio.Lock()  # held while a message's pieces go out
+        self._room: asyncio.Future[None] | None = None  # a writer waiting for ring space
+        self._in: _Incoming | None = None
+
+    # -- sending ----------------------------------------------------------------------
+    async def _transmit(self, kind: Kind, header: dict[str, Any], payload: memoryview | None) -> None:
+        if kind is not Kind.DATA or payload is None or payload.nbytes < RING_MIN:
+            if kind is Kind.DATA and self._lock.locked():  # a ring message is part-way: after it
+                async with self._lock:
+                    await super()._transmit(kind, header, payload)
+            else:
+                await super()._transmit(kind, header, payload)
+            return
+        await self._lock.acquire()
+        job = _Outgoing(header, payload)
+        try:
+            done = self._push(job)
+        except BaseException:
+            self._lock.release()
+            raise
+        if done:
+            self._lock.release()
+            return
+        task = asyncio.get_running_loop().create_task(self._finish(job))  # releases the lock
+        task.add_done_callback(_retrieve)  # a caller that was cancelled never looks
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():  # the caller takes its buffer back: the task sends a copy of the rest
+                job.payload = memoryview(bytes(job.payload))
+            raise
+
+    async def _finish(self, job: _Outgoing) -> None:
+        """Write the rest of ``job`` as ring space comes back."""
+        try:
+            while not self._push(job):
+                self._room = asyncio.get_running_loop().create_future()
+                await self._room
+        finally:
+            self._room = None
+            self._lock.release()
+
+    def _push(self, job: _Outgoing) -> bool:
+        """Write pieces of ``job`` while there is room; whether it is all out."""
+        payload, n, tx, writer = job.payload, job.payload.nbytes, self.segment.tx, self._writer
+        while job.pos < n:
+            if self.lost is not None:
+                raise connection_error(self.lost)
+            size = min(n - job.pos, writer.piece)
+            at = writer.place(size)
+            if at is None:
+                return False
+            off = at % writer.size
+            tx[off : off + size] = payload[job.pos : job.pos + size]
+            header = dict(job.header, z=[at, size])
+            if job.pos:
+                self._frames_sent += 1  # (the first is counted by send)
+            else:
+                header["zn"] = n
+            try:
+                self.proto.write(Kind.DATA, header)
+            except RuntimeError:  # written after our BYE: the link is closing
+                raise ConnectionResetError("the link is closing") from None
+            job.pos += size
+        return True
+
+    def _freed(self, header: dict[str, Any]) -> None:
+        """``CREDIT {z}``: the peer consumed our ring up to ``z``."""
+        if self._writer.released(header.get("z")) and self._room is not None and not self._room.done():
+            self._room.set_result(None)
+        if header["n"]:
+            self.flow.credited(header["n"])
+
+    # -- receiving ----------------------------------------------------------------------
+    def sink(self, kind: Kind, header: dict[str, Any], n: int) -> memoryview | None:
+        if self._in is not None:
+            raise ProtocolError("a DATA payload on the socket while a ring message was part-way")
+        return super().sink(kind, header, n)
+
+    def receive(self, frame: Frame) -> None:
+        header = frame.header
+        if "z" not in header:
+            if frame.kind is Kind.DATA and self._in is not None:
+                raise ProtocolError("a DATA frame on the socket while a ring message was part-way")
+            super().receive(frame)
+        elif frame.kind is Kind.DATA:
+            self._piece(frame)
+        elif frame.kind is Kind.CREDIT:
+            self._frames_received += 1
+            self._freed(header)
+        else:
+            super().receive(frame)
+
+    def _piece(self, frame: Frame) -> None:
+        """One DATA frame pointing into the peer's ring."""
+        if self.lost is not None:
+            return
+        header = frame.header
+        if frame.payload.nbytes:
+            raise ProtocolError("a DATA frame pointing into the ring also carries a payload")
+        off, size = self._reader.take(header["z"])
+        inc = self._in
+        if "zn" in header:
+            inc = self._begin(header)
+        elif inc is None or any(header[k] != inc.header[k] for k in ("g", "q", "s", "c")):
+            raise ProtocolError("a ring piece that belongs to no message arriving now")
+        if inc.got + size > inc.n:
+            raise ProtocolError(f"ring pieces of more than the {inc.n} bytes announced")
+        if inc.target is not None:
+            inc.target[inc.got : inc.got + size] = self.segment.rx[off : off + size]
+        inc.got += size
+        self._give_ring()
+        if inc.got < inc.n:
+            self._frames_received += 1
+            return
+        self._in = None
+        FramedLink.receive(self, Frame(Kind.DATA, inc.header, _EMPTY if inc.target is None else inc.target))
+
+    def _begin(self, header: dict[str, Any]) -> _Incoming:
+        """The first piece of a message: flow control and the destination, as a socket frame's sink."""
+        n = header["zn"]
+        if self._in is not None:
+            raise ProtocolError("a ring message began before the last one ended")
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ProtocolError(f"malformed ring message length {n!r}")
+        self.admit(Kind.DATA, header, n)
+        buf = self.mailbox.sink(self.peer, header, n)
+        self._cur_hit = buf is not None
+        target = memoryview(buf).cast("B") if buf is not None else memoryview(bytearray(n))
+        self._in = _Incoming(header, n, target)
+        return self._in
+
+    def _give_ring(self) -> None:
+        upto = self._reader.report()
+        if upto is not None and self.lost is None:
+            try:
+                self._emit(Kind.CREDIT, {"n": 0, "z": upto})
+            except (ConnectionError, RuntimeError):
+                pass  # the link is going (or we said BYE): its end is reported on its own
+
+    def divert(self) -> None:
+        if self._in is not None:  # between pieces: the rest is consumed and dropped
+            self._in.target = None
+        else:
+            super().divert()
+
+    # -- ending -----------------------------------------------------------------------
+    def _lost(self, exc: BaseException | None) -> None:
+        super()._lost(exc)
+        if self._room is not None and not self._room.done():
+            self._room.set_exception(connection_error(self.lost))
+            self._room.exception()
+        self._in = None
+        self.segment.close()
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def possible() -> bool:
+    """Whether this host has a shared-memory directory at all."""
+    return sys.platform.startswith("linux") and os.path.isdir(shmring.SHM_DIR)
+
+
+def make_segment(ring: int) -> tuple[Segment | None, str]:
+    """A new segment for a pair, or None and why not."""
+    try:
+        return Segment.create(ring), ""
+    except OSError as exc:
+        return None, f"cannot make a {2 * ring}-byte segment in {shmring.SHM_DIR}: {exc.strerror or exc}"
+
+
+def attach_segment(theirs: Capabilities, peer: int) -> tuple[Segment | None, str]:
+    """Map the segment rank ``peer`` offers in ``theirs`` (and unlink its file:
+    both sides have it now), or None and why not."""
+    if not theirs.bits & SHM or "shm" not in theirs.extra:
+        return None, f"rank {peer} does not offer it"
+    try:
+        segment = Segment.attach(theirs.extra["shm"])
+    except ShmRefused as exc:
+        return None, str(exc)
+    segment.unlink()
+    return segment, ""
+
+
+__all__ = ["ShmLink", "RING_MIN", "possible", "make_segment", "attach_segment"]

@@ -1,0 +1,369 @@
+"""Shared-memory links between ranks on one host, over real loopback TCP
+connections: chosen automatically, every collective correct, messages larger
+than the ring and the window, concurrent and cancelled sends, a lying peer,
+the visible fallback to TCP, forced kinds, and no file left in /dev/shm by any
+of it (a peer killed mid-transfer: test_shm_kill.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from netcoll.comm import Communicator
+from netcoll.errors import ProtocolError, RendezvousError
+from netcoll.links import shm
+from netcoll.links.factory import LinkConfig
+from netcoll.links.shm import RING_MIN, ShmLink
+from netcoll.links.shmring import SHM_DIR, Segment
+from netcoll.transport.base import Channel
+from netcoll.transport.tcp import Listener, TcpTransport
+from netcoll.transport.tls import TlsConfig
+from netcoll.wire import Kind
+from tests.support.tlsca import issue, make_ca
+
+pytestmark = [pytest.mark.tcp, pytest.mark.skipif(not shm.possible(), reason="no /dev/shm here")]
+
+LOOPBACK = "127.0.0.1"
+TOKEN = "shm-s3cret"
+KIB, MIB = 1 << 10, 1 << 20
+_SESSIONS = itertools.count()
+
+
+def leftovers(pid: int | None = None) -> list[str]:
+    """Segment files of process ``pid`` (default: this one) still in /dev/shm."""
+    prefix = f"netcoll-{os.getpid() if pid is None else pid}-"
+    return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(prefix))
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Iterator[None]:
+    assert leftovers() == []
+    yield
+    assert leftovers() == []
+
+
+@asynccontextmanager
+async def mesh(
+    n: int, config: LinkConfig | None = None, tls: TlsConfig | None = None
+) -> AsyncIterator[list[TcpTransport]]:
+    """``n`` ranks in this loop, one Listener each, linked over loopback."""
+    listeners = [Listener(token=TOKEN, tls=tls) for _ in range(n)]
+    transports: list[TcpTransport] = []
+    try:
+        addresses = [await listener.start(LOOPBACK, 0) for listener in listeners]
+        session = f"shm-{next(_SESSIONS)}"
+        for r in range(n):
+            transports.append(
+                TcpTransport(listeners[r], rank=r, size=n, session=session, peers=addresses, token=TOKEN, links=config)
+            )
+        async with asyncio.timeout(15):
+            await asyncio.gather(*(t.connect(10.0) for t in transports))
+        yield transports
+    finally:
+        await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+        for listener in listeners:
+            await listener.close()
+
+
+def kinds(transports: list[TcpTransport]) -> set[str]:
+    return {s.kind for t in transports for s in t.link_stats().values()}
+
+
+async def run(transports: list[TcpTransport], fns: list[Any], seq: int, timeout: float = 30.0) -> list[Any]:
+    """``fns[r](channel)`` on rank r in operation ``seq``; results by rank."""
+
+    async def one(r: int) -> Any:
+        t = transports[r]
+        op = t.mailbox.open("g", seq, "fp", tuple(range(len(transports))), "test")
+        try:
+            return await fns[r](Channel(t, op))
+        finally:
+            t.mailbox.close(op)
+
+    async with asyncio.timeout(timeout):
+        return list(await asyncio.gather(*(one(r) for r in range(len(fns)))))
+
+
+def pattern(n: int, salt: int) -> np.ndarray:
+    return ((np.arange(n, dtype=np.int64) * 7 + salt) % 251).astype(np.uint8)
+
+
+# --------------------------------------------------------------------------- the choice
+
+
+async def test_ranks_on_one_host_link_over_shared_memory_and_leave_no_file() -> None:
+    async with mesh(3) as ts:
+        assert kinds(ts) == {"shm"}
+        assert all(isinstance(link, ShmLink) for t in ts for link in t.links.values())
+        assert leftovers() == []  # unlinked in the handshake, while still mapped
+        link = ts[1].links[0]
+        assert isinstance(link, ShmLink) and link.segment.ring == 4 * MIB
+
+
+async def test_fallback_to_tcp_when_the_segment_cannot_be_opened(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The acceptor looks in another directory, as a container without shared IPC would."""
+    monkeypatch.setattr(Segment, "attach", functools.partial(Segment.attach.__func__, Segment, directory=str(tmp_path)))  # type: ignore[attr-defined]
+    caplog.set_level(logging.INFO, "netcoll.transport")
+    async with mesh(2) as ts:
+        assert kinds(ts) == {"tcp"}
+        comms = [Communicator(t) for t in ts]
+        ys = await asyncio.wait_for(asyncio.gather(*(c.all_reduce(np.ones(MIB, np.float32)) for c in comms)), 30)
+        assert all((y == 2).all() for y in ys)
+        for c in comms:
+            await c.close()
+    said = [r.getMessage() for r in caplog.records if "no shared memory" in r.getMessage()]
+    assert any(m.startswith("rank 0: no shared memory with rank 1") and "cannot open" in m for m in said), said
+    assert any(m.startswith("rank 1: no shared memory with rank 0") and "cannot open" in m for m in said), said
+
+
+async def test_fallback_to_tcp_when_no_segment_can_be_made(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(shm, "make_segment", lambda ring: (None, "cannot make a segment: No space left on device"))
+    caplog.set_level(logging.INFO, "netcoll.transport")
+    async with mesh(3) as ts:
+        assert kinds(ts) == {"tcp"}
+    said = [r.getMessage() for r in caplog.records if "no shared memory" in r.getMessage()]
+    assert "rank 2: no shared memory with rank 0, linking over the socket: cannot make a segment: No space" in " ".join(
+        said
+    ), said
+    assert any(m.startswith("rank 0: no shared memory with rank 2") and "does not offer it" in m for m in said)
+
+
+async def test_netcoll_transport_tcp_forces_tcp_and_makes_no_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[int] = []
+    monkeypatch.setattr(shm, "make_segment", lambda ring: made.append(ring) or (None, "not called"))
+    monkeypatch.setenv("NETCOLL_TRANSPORT", "tcp")
+    async with mesh(2) as ts:
+        assert kinds(ts) == {"tcp"} and made == []
+
+
+async def test_netcoll_transport_shm_forces_shm_and_fails_clearly_when_impossible(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("NETCOLL_TRANSPORT", "shm")
+    async with mesh(2) as ts:
+        assert kinds(ts) == {"shm"}
+    monkeypatch.setattr(Segment, "attach", functools.partial(Segment.attach.__func__, Segment, directory=str(tmp_path)))  # type: ignore[attr-defined]
+    with pytest.raises((ProtocolError, RendezvousError), match="shared memory with rank 1: cannot open"):
+        async with mesh(2, LinkConfig(transport="shm")):
+            pass
+    monkeypatch.setattr(shm, "possible", lambda: False)
+    with pytest.raises(ValueError, match="NETCOLL_TRANSPORT=shm, but this host has no /dev/shm"):
+        TcpTransport(Listener(), rank=0, size=1, session="x", peers=[(LOOPBACK, 1)])
+    monkeypatch.setattr(shm, "possible", lambda: True)
+    monkeypatch.setattr(shm, "make_segment", lambda ring: (None, "/dev/shm is full"))
+    with pytest.raises(RendezvousError, match="NETCOLL_TRANSPORT=shm, but rank 1 cannot use shared memory"):
+        async with mesh(2, LinkConfig(transport="shm")):
+            pass
+
+
+async def test_with_tls_ranks_on_one_host_still_share_memory_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The segment's name and nonce travel inside TLS; the bulk bytes never leave
+    the host. ``NETCOLL_TRANSPORT=tls`` keeps every byte on TLS."""
+    tls = TlsConfig(**issue(make_ca(tmp_path), tmp_path, "node"))
+    async with mesh(2, tls=tls) as ts:
+        assert kinds(ts) == {"shm"}
+        link = ts[0].links[1]
+        assert isinstance(link, ShmLink) and link.transport is not None
+        assert link.transport.get_extra_info("ssl_object") is not None  # control frames: TLS
+        data = pattern(3 * MIB, 7)
+        got = await run(ts, [lambda ch: ch.send(1, data, step=0), lambda ch: ch.recv(0, step=0)], 0)
+        assert np.array_equal(np.frombuffer(got[1], np.uint8), data)
+    monkeypatch.setenv("NETCOLL_TRANSPORT", "tls")
+    async with mesh(2, tls=tls) as ts:
+        assert kinds(ts) == {"tls"}
+
+
+# --------------------------------------------------------------------------- data
+
+
+@pytest.mark.parametrize("n", [1, 1000, RING_MIN // 4 + 3, 300_000])
+async def test_every_collective_is_correct_over_shared_memory(n: int) -> None:
+    async with mesh(4, LinkConfig(shm_bytes=256 * KIB)) as ts:
+        assert kinds(ts) == {"shm"}
+        comms = [Communicator(t) for t in ts]
+        size = len(comms)
+        xs = [np.arange(n, dtype=np.float32) * (r + 1) for r in range(size)]
+        rows = [np.stack([x + j for j in range(size)]) for x in xs]
+        total = sum(xs)
+
+        async def every(c: Communicator) -> None:
+            r = c.rank
+            np.testing.assert_array_equal(await c.all_reduce(xs[r]), total)
+            got = await c.reduce(xs[r], root=2)
+            if r == 2:
+                np.testing.assert_array_equal(got, total)
+            np.testing.assert_array_equal(await c.broadcast(xs[r] if r == 1 else None, root=1), xs[1])
+            np.testing.assert_array_equal(await c.all_gather(xs[r]), np.stack(xs))
+            got = await c.gather(xs[r], root=3)
+            if r == 3:
+                np.testing.assert_array_equal(got, np.stack(xs))
+            np.testing.assert_array_equal(await c.scatter(rows[0] if r == 0 else None, root=0), rows[0][r])
+            np.testing.assert_array_equal(await c.reduce_scatter(rows[r]), sum(rows)[r])
+            np.testing.assert_array_equal(await c.all_to_all(rows[r]), np.stack([rows[j][r] for j in range(size)]))
+            if r in (0, 3):
+                other = 3 - r
+                send = c.send(xs[r], other)
+                np.testing.assert_array_equal(await c.recv(other), xs[other])
+                await send
+            await c.barrier()
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(every(c) for c in comms)), 60)
+        finally:
+            for c in comms:
+                await c.close()
+        if n * 4 >= RING_MIN:
+            assert ts[0].link_stats()[1].bytes_sent > 0
+
+
+async def test_messages_larger_than_the_ring_and_the_window_go_by_rendezvous_into_place() -> None:
+    """8 MiB through a 64 KiB ring with a 1 MiB window, sent before the receive is
+    posted: RTS, CTS, then 512 pieces straight into the posted buffer."""
+    async with mesh(2, LinkConfig(window=MIB, shm_bytes=64 * KIB)) as ts:
+        data = pattern(8 * MIB, 1)
+        out = np.zeros_like(data)
+
+        async def sender(ch: Channel) -> None:
+            await ch.send(1, data, step=0)
+
+        async def receiver(ch: Channel) -> memoryview:
+            await asyncio.sleep(0.2)  # the sender gets there first
+            return await ch.recv(0, step=0, out=out)
+
+        _, got = await run(ts, [sender, receiver], 0)
+        assert np.shares_memory(np.frombuffer(got, np.uint8), out) and np.array_equal(out, data)
+        s0, s1 = ts[0].link_stats()[1], ts[1].link_stats()[0]
+        assert s0.kind == "shm" and s0.rendezvous == 1 and s0.bytes_sent == s1.bytes_received == 8 * MIB
+        assert s1.unexpected_peak == 0
+
+
+async def test_held_messages_and_a_burst_of_concurrent_sends_arrive_whole() -> None:
+    """Eager messages of every size, sent at once (the ring lock keeps each one's
+    pieces together), received in reverse order: held, then copied out."""
+    sizes = [3, RING_MIN - 1, RING_MIN, 100_000, 700_000, 5, 2 * MIB + 1, RING_MIN + 1]
+    async with mesh(2, LinkConfig(window=16 * MIB, shm_bytes=128 * KIB)) as ts:
+
+        async def sender(ch: Channel) -> None:
+            await asyncio.gather(*(ch.send(1, pattern(n, k), step=0, chunk=k) for k, n in enumerate(sizes)))
+
+        async def receiver(ch: Channel) -> list[bool]:
+            await asyncio.sleep(0.2)
+            got = [await ch.recv(0, step=0, chunk=k) for k in reversed(range(len(sizes)))][::-1]
+            return [
+                np.array_equal(np.frombuffer(g, np.uint8), pattern(n, k))
+                for k, (g, n) in enumerate(zip(got, sizes, strict=True))
+            ]
+
+        _, ok = await run(ts, [sender, receiver], 0)
+        assert all(ok), ok
+        s1 = ts[1].link_stats()[0]
+        assert s1.unexpected_peak == sum(sizes) and s1.unexpected_bytes == 0
+        assert ts[0].link_stats()[1].credit == 16 * MIB - sum(sizes)  # < a quarter window: not given back yet
+
+
+async def test_a_cancelled_send_finishes_with_a_copy_of_its_rest() -> None:
+    """Cancelled while it waits for ring space, a send lets its caller reuse the
+    buffer at once; the receiver still gets the bytes as they were."""
+    async with mesh(2, LinkConfig(shm_bytes=64 * KIB)) as ts:
+        data = pattern(MIB, 3)
+        src = data.copy()
+        out = np.zeros_like(data)
+
+        async def sender(ch: Channel) -> None:
+            task = asyncio.ensure_future(ch.send(1, src, step=0))
+            await asyncio.sleep(0)  # it wrote what fits in the ring and waits for room
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            src[:] = 0  # the caller's buffer is its own again
+
+        async def receiver(ch: Channel) -> None:
+            await ch.recv(0, step=0, out=out)
+
+        await run(ts, [sender, receiver], 0)
+        assert np.array_equal(out, data)
+        followup = pattern(300_000, 4)  # the link carries on
+        got = await run(ts, [lambda ch: ch.send(1, followup, step=0), lambda ch: ch.recv(0, step=0)], 1)
+        assert np.array_equal(np.frombuffer(got[1], np.uint8), followup)
+
+
+async def test_a_receive_that_ends_mid_message_gets_no_more_bytes_and_the_link_carries_on() -> None:
+    """The receiver's operation closes while the pieces of a message arrive: the
+    rest is read from the ring and dropped (its buffer is the caller's again)."""
+    async with mesh(2, LinkConfig(shm_bytes=64 * KIB)) as ts:
+        link = ts[1].links[0]
+        assert isinstance(link, ShmLink)
+        data = pattern(2 * MIB, 5)
+        out = np.zeros_like(data)
+        ops = [t.mailbox.open("g", 0, "fp", (0, 1), "test") for t in ts]
+        recv = Channel(ts[1], ops[1]).post(0, step=0, out=out)
+        send = asyncio.ensure_future(Channel(ts[0], ops[0]).send(1, data, step=0))
+        async with asyncio.timeout(10):
+            while link._in is None or link._in.got < 64 * KIB:
+                await asyncio.sleep(0)
+            got = link._in.got
+            ts[1].mailbox.close(ops[1])  # ends the receive: its buffer is the caller's again
+            assert recv.done() and link._in.target is None
+            await send
+            while link._in is not None:
+                await asyncio.sleep(0.001)
+        assert np.array_equal(out[:got], data[:got]) and not out[got:].any()
+        ts[0].mailbox.close(ops[0])
+        assert link.stats().unexpected_bytes == 0
+        followup = pattern(300_000, 6)
+        res = await run(ts, [lambda ch: ch.send(1, followup, step=0), lambda ch: ch.recv(0, step=0)], 1)
+        assert np.array_equal(np.frombuffer(res[1], np.uint8), followup)
+
+
+# --------------------------------------------------------------------------- a lying peer
+
+
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [
+        ({"z": [1 << 40, 100], "zn": 100}, "ring piece at"),
+        ({"z": [0, 300 * KIB], "zn": 300 * KIB}, "outside the"),
+        ({"z": [0, 100], "zn": 50}, "more than the 50 bytes"),
+        ({"z": [0, 100]}, "belongs to no message"),
+        ({"z": "x", "zn": 1}, "malformed ring piece"),
+        ({"z": [0, 100], "zn": True}, "malformed ring message length"),
+    ],
+)
+async def test_bad_ring_references_break_the_link_with_a_protocol_error(header: dict[str, Any], why: str) -> None:
+    async with mesh(2, LinkConfig(shm_bytes=256 * KIB)) as ts:
+        liar, victim = ts[1].links[0], ts[0].links[1]
+        assert isinstance(liar, ShmLink) and isinstance(victim, ShmLink)
+        liar.proto.write(Kind.DATA, {"g": "g", "q": 0, "s": 0, "c": 0, "f": "fp", **header})
+        async with asyncio.timeout(5):
+            while victim.lost is None:
+                await asyncio.sleep(0.01)
+        assert isinstance(victim.lost, ProtocolError) and why in str(victim.lost), victim.lost
+        assert 1 in ts[0].mailbox.dead
+
+
+async def test_a_ring_credit_beyond_what_was_sent_breaks_the_link() -> None:
+    async with mesh(2) as ts:
+        liar, victim = ts[1].links[0], ts[0].links[1]
+        assert isinstance(liar, ShmLink)
+        liar.proto.write(Kind.CREDIT, {"n": 0, "z": 4096})
+        async with asyncio.timeout(5):
+            while victim.lost is None:
+                await asyncio.sleep(0.01)
+        assert isinstance(victim.lost, ProtocolError) and "ring position 4096" in str(victim.lost)
