@@ -1,0 +1,228 @@
+"""bench/netem.py (issue 12, goal 4): the cost formulas and crossover finder, the "this
+machine does not allow it: say so, exit 0" path, and — where the machine allows network
+namespaces (root + iproute2) — a tiny real run that must leave no namespace or process."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.support import REPO
+from tests.support.env import subprocess_env
+
+SCRIPT = Path(REPO) / "bench" / "netem.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_netem", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+netem = _load()
+
+
+def _run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(**env),
+        cwd=REPO,
+        check=False,
+    )
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+def test_units() -> None:
+    assert netem.parse_delay("200us") == pytest.approx(200e-6)
+    assert netem.parse_delay("1.5ms") == pytest.approx(1.5e-3)
+    assert netem.parse_delay("0") == 0
+    assert netem.parse_rate("1gbit") == 1e9
+    assert netem.parse_rate("125mbps") == 1e9  # tc: bps = bytes per second
+    assert netem.tc_time(200e-6) == "200us" and netem.tc_rate(1e9) == "1000000000bit"
+    for bad in ("fast", "2s"):
+        with pytest.raises(Exception, match="delay"):
+            netem.parse_delay(bad)
+
+
+def test_cost_terms_follow_the_algorithm_headers() -> None:
+    n = 1 << 20
+    assert netem.cost_terms("all_reduce", "ring", n, 4) == (6, pytest.approx(1.5 * n))
+    assert netem.cost_terms("all_reduce", "doubling", n, 4) == (2, 2 * n)
+    assert netem.cost_terms("all_reduce", "doubling", n, 3) == (3, 3 * n)  # 1 round + fold in/out
+    assert netem.cost_terms("all_reduce", "allpairs", n, 4) == (1, 3 * n)
+    assert netem.cost_terms("all_reduce", "tree", n, 4) == (4, 4 * n)
+    assert netem.cost_terms("all_reduce", "halving", n, 4) == (4, pytest.approx(1.5 * n))
+    assert netem.cost_terms("all_gather", "doubling", n, 4) == (2, pytest.approx(0.75 * n))
+    assert netem.cost_terms("broadcast", "tree", n, 4) == (2, 2 * n)
+    with pytest.raises(ValueError):
+        netem.cost_terms("all_to_all", "pairwise", n, 4)
+
+
+def test_model_crossovers() -> None:
+    # latency-bound doubling against bandwidth-optimal ring: a crossover the model must place
+    m = netem.Model(alpha=100e-6, beta=8e-9, p=4)
+    sizes = [4 << (2 * i) for i in range(12)]
+    curves = {a: [(s, m.seconds("all_reduce", a, s)) for s in sizes] for a in ("ring", "doubling")}
+    (cx,) = netem.crossovers(curves)
+    assert (cx["from"], cx["to"]) == ("doubling", "ring")
+    # 2a + 2Nb = 6a + 1.5Nb  <=>  N = 8a / b = 100 KB
+    assert cx["between"][0] < 100_000 < cx["between"][1]
+    assert 50_000 < cx["at"] < 200_000
+    assert netem.crossovers({"ring": curves["ring"]}) == []
+    # netcoll/algorithms/cost.py, where it exists, gives the same two-parameter predictions
+    cost = netem.load_cost_module(str(REPO))
+    if cost is not None:
+        mc = netem.Model(alpha=100e-6, beta=8e-9, p=4, cost=cost)
+        for s in (4, 1 << 16, 1 << 20):
+            for a in ("ring", "doubling", "allpairs"):
+                assert mc.seconds("all_reduce", a, s) == pytest.approx(m.seconds("all_reduce", a, s), rel=0.05)
+
+
+@pytest.mark.parametrize("kind", ["netem", "tbf"])
+def test_shaping_commands(kind: str, tmp_path: Path) -> None:
+    """The qdiscs each rank link gets (the netem path cannot run on a kernel without netem, so
+    its commands are checked here): delay and rate on the rank side, the rate on the switch side."""
+    args = netem.build_parser().parse_args(["--ranks", "2", "--delay", "200us", "--rate", "1gbit"])
+    caps = {"ip": "ip", "tc": "tc", "netem": kind == "netem", "tbf": True, "netem_error": "unknown qdisc"}
+    run = netem.Run(args, caps)
+    try:
+        calls: list[tuple[str, ...]] = []
+
+        def ns(name: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+            calls.append((name, *argv))
+            return subprocess.CompletedProcess(list(argv), 0, "qdisc shown", "")
+
+        run.host.ns = ns  # type: ignore[method-assign]
+        run.shape()
+    finally:
+        shutil.rmtree(run.tmp, ignore_errors=True)
+    adds = [c for c in calls if c[1:4] == ("tc", "qdisc", "add")]
+    assert len(adds) == 4  # 2 ranks x (rank side, switch side)
+    rank_side = next(c for c in adds if c[0] == run.rns[0])
+    switch_side = next(c for c in adds if c[0] == run.sw and "p0" in c)
+    if kind == "netem":
+        assert rank_side[4:11] == ("dev", "eth0", "root", "netem", "delay", "200us", "rate")
+        assert "1000000000bit" in rank_side and "delay" not in switch_side and "rate" in switch_side
+        assert run.delay_applied == pytest.approx(200e-6)
+    else:
+        assert rank_side[4:9] == ("dev", "eth0", "root", "tbf", "rate") and "1000000000bit" in rank_side
+        assert switch_side[4:9] == ("dev", "p0", "root", "tbf", "rate")
+        assert run.delay_applied == 0 and run.result["notes"]
+
+
+# -- the machine does not allow it: a message and exit 0 ------------------------------------------
+def test_missing_ip_says_so_and_exits_0(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = _run("--ip", str(tmp_path / "no-such-ip"), "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "skipped" in res.stdout and "no-such-ip" in res.stdout and "exiting 0" in res.stdout
+    assert not out.exists()
+    # the same through the environment variable
+    res = _run("--json", str(out), NETCOLL_NETEM_IP=str(tmp_path / "no-such-ip"))
+    assert res.returncode == 0 and "skipped" in res.stdout and not out.exists()
+
+
+def test_unprivileged_says_so_and_exits_0(tmp_path: Path) -> None:
+    """Not root: namespaces are tried, refused by the kernel, and the script says so and exits 0.
+    (As root the test drops to uid/gid 65534 for the child; the skip path needs only the stdlib.)"""
+    if not sys.platform.startswith("linux") or shutil.which("ip") is None:
+        pytest.skip("needs Linux with iproute2 to reach the namespace attempt")
+    python, preexec = sys.executable, None
+    if os.geteuid() == 0:
+        if not os.access(sys.executable, os.X_OK) or Path(sys.executable).is_relative_to("/root"):
+            python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+        def preexec() -> None:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+    os.chmod(tmp_path, 0o777)
+    res = subprocess.run(
+        [python, str(SCRIPT), "--json", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C.UTF-8"},
+        cwd=tmp_path,
+        preexec_fn=preexec,
+        check=False,
+    )
+    if res.returncode != 0 and "Permission denied" in res.stderr:
+        pytest.skip(f"no Python the unprivileged user may run: {res.stderr.strip()}")
+    assert res.returncode == 0, res.stderr
+    assert "skipped" in res.stdout and "not root" in res.stdout and "exiting 0" in res.stdout
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_bad_subnet_is_refused() -> None:
+    res = _run("--subnet", "8.8.8")
+    assert res.returncode == 2 and "private" in res.stderr
+
+
+# -- a real run, where namespaces are allowed -----------------------------------------------------
+def _namespaces_allowed() -> str | None:
+    """None if this machine allows the run; else why not."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if not (shutil.which("ip") and shutil.which("tc")):
+        return "iproute2 (ip, tc) is not installed"
+    res = _run("--check", timeout=30)
+    if res.returncode != 0 or "allows: netns" not in res.stdout:
+        return f"the machine does not allow namespaces here: {res.stdout.strip()} {res.stderr.strip()}"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.tcp
+@pytest.mark.timeout(200)
+def test_tiny_run_writes_results_and_leaves_nothing(tmp_path: Path) -> None:
+    why = _namespaces_allowed()
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "netem.json"
+    res = _run(
+        "--ranks", "2", "-b", "4", "-e", "64K", "-f", "16384", "-n", "2", "-w", "1", "--calib-iters", "20",
+        "--algorithms", "doubling,ring,auto", "--limit", "100", "--json", str(out), "--no-plot",
+        timeout=150,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(out.read_text())
+    assert doc["ranks"] == 2 and doc["shaping"] in ("netem", "tbf")
+    if doc["shaping"] == "tbf":  # the kernel has no netem: rate only, and it says so
+        assert doc["delay_applied_s"] == 0 and "could NOT be emulated" in res.stdout
+    assert [(s["op"], s["algorithm"]) for s in doc["sweeps"]] == [
+        ("all_reduce", "doubling"),
+        ("all_reduce", "ring"),
+        ("all_reduce", "auto"),
+    ]
+    for sweep in doc["sweeps"]:
+        assert [r["size"] for r in sweep["rows"]] == [4, 65536]
+        for r in sweep["rows"]:
+            assert r["wrong"] == 0 and r["time_us"] > 0 and r["predicted_us"] > 0
+    assert doc["calibration"]["overhead_per_message_s"] > 0
+    assert "all_reduce" in doc["crossovers"]
+    assert doc["members"] == ["10.213.7.10", "10.213.7.11"]
+    # nothing left: no namespace of this run, no process it started
+    assert doc["cleanup"] == {"ok": True, "problems": [], "namespaces_deleted": True}
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert doc["prefix"].startswith("ncX-") and doc["prefix"] not in listed
+    assert doc["pids"]
+    for pid in doc["pids"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
