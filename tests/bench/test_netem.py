@@ -1,6 +1,7 @@
-"""bench/netem.py (issue 12, goal 4): the cost formulas and crossover finder, the "this
-machine does not allow it: say so, exit 0" path, and — where the machine allows network
-namespaces (root + iproute2) — a tiny real run that must leave no namespace or process."""
+"""bench/netem.py and its parts in bench/netemlib/ (issue 12, goal 4): the cost formulas and
+crossover finder, the "this machine does not allow it: say so, exit 0" path, and — where the
+machine allows network namespaces (root + iproute2) — a tiny real run that must leave no
+namespace or process."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from types import ModuleType
 
 import pytest
 
+from bench.netemlib import common, model, netns
+from bench.netemlib.run import Run
 from tests.support import REPO
 from tests.support.env import subprocess_env
 
@@ -46,46 +49,46 @@ def _run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedPro
 
 # -- pure parts ---------------------------------------------------------------------------------
 def test_units() -> None:
-    assert netem.parse_delay("200us") == pytest.approx(200e-6)
-    assert netem.parse_delay("1.5ms") == pytest.approx(1.5e-3)
-    assert netem.parse_delay("0") == 0
-    assert netem.parse_rate("1gbit") == 1e9
-    assert netem.parse_rate("125mbps") == 1e9  # tc: bps = bytes per second
-    assert netem.tc_time(200e-6) == "200us" and netem.tc_rate(1e9) == "1000000000bit"
+    assert common.parse_delay("200us") == pytest.approx(200e-6)
+    assert common.parse_delay("1.5ms") == pytest.approx(1.5e-3)
+    assert common.parse_delay("0") == 0
+    assert common.parse_rate("1gbit") == 1e9
+    assert common.parse_rate("125mbps") == 1e9  # tc: bps = bytes per second
+    assert common.tc_time(200e-6) == "200us" and common.tc_rate(1e9) == "1000000000bit"
     for bad in ("fast", "2s"):
         with pytest.raises(Exception, match="delay"):
-            netem.parse_delay(bad)
+            common.parse_delay(bad)
 
 
 def test_cost_terms_follow_the_algorithm_headers() -> None:
     n = 1 << 20
-    assert netem.cost_terms("all_reduce", "ring", n, 4) == (6, pytest.approx(1.5 * n))
-    assert netem.cost_terms("all_reduce", "doubling", n, 4) == (2, 2 * n)
-    assert netem.cost_terms("all_reduce", "doubling", n, 3) == (3, 3 * n)  # 1 round + fold in/out
-    assert netem.cost_terms("all_reduce", "allpairs", n, 4) == (1, 3 * n)
-    assert netem.cost_terms("all_reduce", "tree", n, 4) == (4, 4 * n)
-    assert netem.cost_terms("all_reduce", "halving", n, 4) == (4, pytest.approx(1.5 * n))
-    assert netem.cost_terms("all_gather", "doubling", n, 4) == (2, pytest.approx(0.75 * n))
-    assert netem.cost_terms("broadcast", "tree", n, 4) == (2, 2 * n)
+    assert model.cost_terms("all_reduce", "ring", n, 4) == (6, pytest.approx(1.5 * n))
+    assert model.cost_terms("all_reduce", "doubling", n, 4) == (2, 2 * n)
+    assert model.cost_terms("all_reduce", "doubling", n, 3) == (3, 3 * n)  # 1 round + fold in/out
+    assert model.cost_terms("all_reduce", "allpairs", n, 4) == (1, 3 * n)
+    assert model.cost_terms("all_reduce", "tree", n, 4) == (4, 4 * n)
+    assert model.cost_terms("all_reduce", "halving", n, 4) == (4, pytest.approx(1.5 * n))
+    assert model.cost_terms("all_gather", "doubling", n, 4) == (2, pytest.approx(0.75 * n))
+    assert model.cost_terms("broadcast", "tree", n, 4) == (2, 2 * n)
     with pytest.raises(ValueError):
-        netem.cost_terms("all_to_all", "pairwise", n, 4)
+        model.cost_terms("all_to_all", "pairwise", n, 4)
 
 
 def test_model_crossovers() -> None:
     # latency-bound doubling against bandwidth-optimal ring: a crossover the model must place
-    m = netem.Model(alpha=100e-6, beta=8e-9, p=4)
+    m = model.Model(alpha=100e-6, beta=8e-9, p=4)
     sizes = [4 << (2 * i) for i in range(12)]
     curves = {a: [(s, m.seconds("all_reduce", a, s)) for s in sizes] for a in ("ring", "doubling")}
-    (cx,) = netem.crossovers(curves)
+    (cx,) = model.crossovers(curves)
     assert (cx["from"], cx["to"]) == ("doubling", "ring")
     # 2a + 2Nb = 6a + 1.5Nb  <=>  N = 8a / b = 100 KB
     assert cx["between"][0] < 100_000 < cx["between"][1]
     assert 50_000 < cx["at"] < 200_000
-    assert netem.crossovers({"ring": curves["ring"]}) == []
+    assert model.crossovers({"ring": curves["ring"]}) == []
     # netcoll/algorithms/cost.py, where it exists, gives the same two-parameter predictions
-    cost = netem.load_cost_module(str(REPO))
+    cost = model.load_cost_module(str(REPO))
     if cost is not None:
-        mc = netem.Model(alpha=100e-6, beta=8e-9, p=4, cost=cost)
+        mc = model.Model(alpha=100e-6, beta=8e-9, p=4, cost=cost)
         for s in (4, 1 << 16, 1 << 20):
             for a in ("ring", "doubling", "allpairs"):
                 assert mc.seconds("all_reduce", a, s) == pytest.approx(m.seconds("all_reduce", a, s), rel=0.05)
@@ -97,7 +100,7 @@ def test_shaping_commands(kind: str, tmp_path: Path) -> None:
     its commands are checked here): delay and rate on the rank side, the rate on the switch side."""
     args = netem.build_parser().parse_args(["--ranks", "2", "--delay", "200us", "--rate", "1gbit"])
     caps = {"ip": "ip", "tc": "tc", "netem": kind == "netem", "tbf": True, "netem_error": "unknown qdisc"}
-    run = netem.Run(args, caps)
+    run = Run(args, caps)
     try:
         calls: list[tuple[str, ...]] = []
 
@@ -106,7 +109,7 @@ def test_shaping_commands(kind: str, tmp_path: Path) -> None:
             return subprocess.CompletedProcess(list(argv), 0, "qdisc shown", "")
 
         run.host.ns = ns  # type: ignore[method-assign]
-        run.shape()
+        netns.shape(run)
     finally:
         shutil.rmtree(run.tmp, ignore_errors=True)
     adds = [c for c in calls if c[1:4] == ("tc", "qdisc", "add")]
