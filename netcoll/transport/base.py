@@ -22,6 +22,7 @@ from .. import observe
 from ..errors import CollectiveError, CommunicatorClosed, PeerLost
 from ..escape import escape
 from ..links.base import Link, LinkStats
+from ..loop import crowded
 from ..operation import Operation
 from ..wire import Kind
 from .mailbox import Mailbox
@@ -226,7 +227,7 @@ class Channel:
         more ranks than cores, a trip through the scheduler. Only while the
         event loop has nothing else ready to run, and for at most
         :data:`POLL_BUDGET`; then the loop's own wait takes over."""
-        if fut.done() or POLL_BUDGET <= 0:
+        if fut.done() or POLL_BUDGET <= 0 or crowded():
             return
         loop = asyncio.get_running_loop()
         if getattr(loop, "_ready", True):  # other work ready (or a loop we cannot see into)

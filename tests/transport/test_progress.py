@@ -122,3 +122,22 @@ async def test_small_collectives_over_tcp_with_and_without_polling(
             assert [int(o[0]) for o in outs] == [6 + 4 * k] * 4
     finally:
         await g.close()
+
+
+async def test_progress_does_not_poll_on_a_crowded_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(base, "POLL_BUDGET", 1.0)
+    monkeypatch.setattr(base, "crowded", lambda: True)
+    fut = asyncio.get_running_loop().create_future()
+    link = FakeLink(fut, after=1)
+    channel(link).progress(fut, 1)
+    assert link.polls == 0
+
+
+def test_local_ranks_counts_this_host_and_loopback() -> None:
+    from netcoll.transport.tcp import local_ranks
+
+    assert local_ranks([("127.0.0.1", 1), ("127.0.0.2", 2), ("127.0.0.3", 3)], 0) == 3
+    assert local_ranks([("10.0.0.1", 1), ("10.0.0.2", 2), ("10.0.0.1", 3)], 0) == 2
+    assert local_ranks([("10.0.0.1", 1), ("10.0.0.2", 2), ("10.0.0.1", 3)], 1) == 1
+    assert local_ranks([("node-a", 1), ("node-b", 2), ("localhost", 3)], 0) == 2
+    assert local_ranks([], 0) == 1
