@@ -31,21 +31,26 @@ build the algorithm call, :class:`~netcoll.engine.Engine` sequences and runs it.
 
 from __future__ import annotations
 
+import logging
 import numbers
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
-from .calls import moving, p2p, reducing
+from .algorithms.tuning import Pending
+from .calls import moving, p2p, reducing, tune
 from .calls._common import Done, Plan
-from .engine import DEFAULT_TIMEOUT, Engine
+from .engine import DEFAULT_TIMEOUT, Call, Engine
 from .operation import Work
 from .ops import ReduceOp
 from .tensors import TorchIO, inputs
 from .transport.base import Transport, as_bytes
 
 Array = np.ndarray[Any, Any]
+COST_MODEL_ENV = "NETCOLL_COST_MODEL"
+log = logging.getLogger("netcoll.comm")
 
 
 class Communicator:
@@ -83,15 +88,73 @@ class Communicator:
     closed = property(lambda self: self._engine.closed, doc="True once closed")
 
     def _issue(self, plan: Plan, timeout: float | None, io: TorchIO | None = None) -> Work:
-        if io is not None:  # torch tensors in: torch tensors out
-            if isinstance(plan, Done):
-                plan.value = io.result(plan.value)
-            else:
-                post = plan.post
-                plan.post = io.result if post is None else lambda value: io.result(post(value))
+        _torch_out(plan, io)
         if isinstance(plan, Done):
             return Work.completed(getattr(plan, "name", "local"), plan.value)
         return self._engine.issue(plan, timeout)
+
+    def _plan(self, make: Callable[[], Plan], timeout: float | None, io: TorchIO | None = None) -> Work:
+        """Plan and issue a collective; a call whose cost-model parameters are still
+        being agreed is issued now (its sequence number) and planned once they are."""
+        e = self._engine
+        e.choice = None
+        try:
+            plan = make()
+        except Pending as pending:
+            plan = Call(pending.name, "", _never, waits=pending.future, rebuild=self._rebuilder(make, io))
+            io = None
+        if isinstance(plan, Done):
+            return self._issue(plan, timeout, io)
+        if plan.rebuild is None:
+            plan.choice = e.choice
+        work = self._issue(plan, timeout, io)
+        tuner = e.tuner
+        tuner.collectives += 1
+        if tuner.due():
+            self._model_op(tune.refine(e), e.seq + tuner.lag)
+        return work
+
+    def _rebuilder(self, make: Callable[[], Plan], io: TorchIO | None) -> Callable[[Call], None]:
+        e = self._engine
+
+        def rebuild(call: Call) -> None:
+            e.plan_seq, e.choice = call.seq, None
+            try:
+                plan = make()
+            finally:
+                e.plan_seq = None
+            assert isinstance(plan, Call)  # deferred: a group of 2+ ranks
+            _torch_out(plan, io)
+            call.fp, call.body, call.post, call.choice = plan.fp, plan.body, plan.post, e.choice
+
+        return rebuild
+
+    def _model_op(self, call: Call, start: int) -> Work:
+        """Issue a model operation whose parameters apply from sequence number ``start``."""
+        work = self._engine.issue(call, None)
+        work.add_done_callback(_log_model)
+        self._engine.tuner.add(start, work)
+        return work
+
+    def calibrate(self, *, timeout: float | None = None) -> Work:
+        """Collective: measure the group's links and agree on the cost model's
+        parameters (``docs/algorithms.md``, "Cost model"); calls issued after it
+        choose with them (and wait for them if needed). ``connect()`` calls it;
+        ``NETCOLL_COST_MODEL=0`` turns it into a no-op (the fixed table stays)."""
+        e = self._engine
+        if e.world_size < 2 or os.environ.get(COST_MODEL_ENV, "1").strip() in ("0", "off", "false", "no"):
+            return Work.completed("calibrate", None)
+        call = tune.calibrate(e)
+        work = self._engine.issue(call, timeout)
+        work.add_done_callback(_log_model)
+        e.tuner.add(e.seq, work)
+        return work
+
+    @property
+    def model_stats(self) -> dict[str, Any]:
+        """The cost model's parameters (None before calibration) and, per collective,
+        the last choice (algorithm, segment size) with its predicted and measured seconds."""
+        return self._engine.tuner.stats()
 
     # -- collectives ----------------------------------------------------------------
     def all_reduce(
@@ -106,7 +169,7 @@ class Communicator:
         """Reduce ``x`` over all ranks; every rank gets the bit-identical result
         (``out`` if given: a C-contiguous array of ``x``'s shape and dtype)."""
         x, out, io = inputs(x, out)
-        return self._issue(reducing.all_reduce(self._engine, x, op, out, algorithm), timeout, io)
+        return self._plan(lambda: reducing.all_reduce(self._engine, x, op, out, algorithm), timeout, io)
 
     def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """Root's ``x`` to every rank. Non-roots pass ``None`` (shape and dtype
@@ -114,7 +177,7 @@ class Communicator:
         The root's result is ``x`` itself (sent without a copy, never
         modified) when it is a C-contiguous numpy array, else a contiguous copy."""
         x, _, io = inputs(x)
-        return self._issue(moving.broadcast(self._engine, x, root, algorithm, io is not None), timeout, io)
+        return self._plan(lambda: moving.broadcast(self._engine, x, root, algorithm, io is not None), timeout, io)
 
     def reduce(
         self,
@@ -130,7 +193,7 @@ class Communicator:
         ``out`` (optional; used at the root, ignored elsewhere): a C-contiguous
         array of ``x``'s shape and dtype that receives and is the result."""
         x, out, io = inputs(x, out)
-        return self._issue(reducing.reduce(self._engine, x, op, root, out, algorithm), timeout, io)
+        return self._plan(lambda: reducing.reduce(self._engine, x, op, root, out, algorithm), timeout, io)
 
     def all_gather(
         self,
@@ -147,7 +210,9 @@ class Communicator:
         shapes (one dtype; every rank passes the same value): the result is
         then a list of ``world_size`` arrays."""
         x, out, io = inputs(x, out)
-        return self._issue(moving.all_gather(self._engine, x, uneven, out, algorithm, io is not None), timeout, io)
+        return self._plan(
+            lambda: moving.all_gather(self._engine, x, uneven, out, algorithm, io is not None), timeout, io
+        )
 
     def gather(
         self,
@@ -163,7 +228,9 @@ class Communicator:
         ``out`` if given there); others get ``None``. ``uneven=True``: per-rank
         shapes may differ and the root gets a list of arrays."""
         x, out, io = inputs(x, out)
-        return self._issue(moving.gather(self._engine, x, root, uneven, out, algorithm, io is not None), timeout, io)
+        return self._plan(
+            lambda: moving.gather(self._engine, x, root, uneven, out, algorithm, io is not None), timeout, io
+        )
 
     def scatter(
         self,
@@ -182,7 +249,7 @@ class Communicator:
         ``out``: a C-contiguous array of one row's shape and dtype to receive
         into; every rank passes one or none (the root's ``x`` then an array)."""
         x, out, io = inputs(x, out)
-        return self._issue(moving.scatter(self._engine, x, root, out, algorithm, io is not None), timeout, io)
+        return self._plan(lambda: moving.scatter(self._engine, x, root, out, algorithm, io is not None), timeout, io)
 
     def reduce_scatter(
         self,
@@ -198,18 +265,18 @@ class Communicator:
         one dtype (``x[j]`` of one shape on every rank) reduces uneven rows, in
         the fixed order ``((x[r+1] op x[r+2]) op ...) op x[r]``."""
         x, out, io = inputs(x, out)
-        return self._issue(reducing.reduce_scatter(self._engine, x, op, out, algorithm), timeout, io)
+        return self._plan(lambda: reducing.reduce_scatter(self._engine, x, op, out, algorithm), timeout, io)
 
     def all_to_all(self, x: Any, *, out: Any = None, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """``y[j]`` = rank ``j``'s ``x[rank]``, for ``x`` of shape ``(world_size, *s)``
         (``out`` if given), or for a list of ``world_size`` arrays of one dtype
         and any shapes (as MPI's ``alltoallv``; shapes travel with the data)."""
         x, out, io = inputs(x, out)
-        return self._issue(moving.all_to_all(self._engine, x, out, algorithm, io is not None), timeout, io)
+        return self._plan(lambda: moving.all_to_all(self._engine, x, out, algorithm, io is not None), timeout, io)
 
     def barrier(self, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """Done once every rank has entered the barrier."""
-        return self._issue(moving.barrier(self._engine, algorithm), timeout)
+        return self._plan(lambda: moving.barrier(self._engine, algorithm), timeout)
 
     # -- point to point -------------------------------------------------------------
     def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> Work:
@@ -232,29 +299,33 @@ class Communicator:
         row = np.array([-1 if color is None else color, key, self.rank], np.int64)
         index = self._splits
         self._splits += 1
-        plan = moving.all_gather(self._engine, row, False, None, "auto")
+        # a fixed algorithm: the sub-group is made from the result, whatever the model's state
+        plan = moving.all_gather(self._engine, row, False, None, "doubling")
         if isinstance(plan, Done):
-            return Work.completed("split", self._sub(plan.value, color, index))
+            return Work.completed("split", self._sub(plan.value, color, index, self._engine.seq))
         gathered = plan.post
         assert gathered is not None
+        seq = self._engine.seq
 
         def finish(value: Any) -> Communicator | None:
-            return self._sub(gathered(value), color, index)
+            return self._sub(gathered(value), color, index, seq)
 
         plan.name, plan.post = "split", finish
         return self._engine.issue(plan, timeout)
 
-    def _sub(self, table: Array, color: int | None, index: int) -> Communicator | None:
+    def _sub(self, table: Array, color: int | None, index: int, seq: int) -> Communicator | None:
         if color is None:
             return None
         mine = sorted((int(k), int(r)) for c, k, r in table if c == color)
-        return Communicator(
+        sub = Communicator(
             self.transport,
             group=f"{self.group}/split{index}:{color}",
             members=tuple(self.members[r] for _, r in mine),
             timeout=self.timeout,
-            segment_bytes=self.segment_bytes,
+            segment_bytes=self.segment_bytes if self._engine.fixed_segment else None,
         )
+        sub._engine.tuner.inherit(self._engine.tuner, seq)  # the parent's parameters at the split
+        return sub
 
     def link_stats(self) -> dict[int, dict[str, Any]]:
         """This rank's link to each other member, by group rank: its kind
@@ -272,4 +343,30 @@ class Communicator:
             await hook()
 
 
-__all__ = ["DEFAULT_TIMEOUT", "Communicator", "as_bytes"]
+def _torch_out(plan: Plan, io: TorchIO | None) -> None:
+    """torch tensors in: torch tensors out."""
+    if io is None:
+        return
+    if isinstance(plan, Done):
+        plan.value = io.result(plan.value)
+    else:
+        post = plan.post
+        plan.post = io.result if post is None else lambda value: io.result(post(value))
+
+
+async def _never(ch: Any) -> None:
+    raise AssertionError("a deferred call ran before it was planned")
+
+
+def _log_model(work: Work) -> None:
+    """A model operation ended: its new parameters, or why the old ones stay."""
+    if work.cancelled():
+        return
+    exc = work.exception()
+    if exc is not None:
+        log.warning("%s #%s failed; the previous cost-model parameters stay: %s", work.name, work.seq, exc)
+    elif work.result() is not None:
+        log.info("%s #%s: cost-model parameters %s", work.name, work.seq, work.result())
+
+
+__all__ = ["COST_MODEL_ENV", "DEFAULT_TIMEOUT", "Communicator", "as_bytes"]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import algorithms, observe
+from .algorithms.tuning import Choice, Gate, describe, raising
 from .errors import CollectiveError, CommunicatorClosed
 from .escape import escape
 from .logs import OPERATIONS, op_extra
@@ -61,6 +62,9 @@ class Call:
     members: tuple[int, ...] | None = None
     #: world rank -> the rank errors name (point-to-point: the communicator's ranks)
     labels: dict[int, int] | None = None
+    choice: Choice | None = None  # what the plan chose (algorithm, segment, prediction)
+    waits: asyncio.Future[Any] | None = None  # deferred: ``rebuild(call)`` plans it once this is done
+    rebuild: Callable[[Call], None] | None = None
 
 
 def _ranks(ranks: Any) -> str:
@@ -105,6 +109,13 @@ class Engine:
         self.fps: dict[tuple[Any, ...], str] = {}  # hot calls' fingerprints, by their arguments
         self.slow_op_s = observe.slow_op_s()
         self._durations = observe.DURATIONS.observe
+        # the cost model (algorithms.tuning): a user's segment size is kept; NETCOLL_ALGO checked now
+        self.fixed_segment = segment_bytes is not None
+        self.overrides = algorithms.overrides_from_env()
+        self.tuner = algorithms.tuning.Tuner()
+        self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
+        self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
+        self.gate = Gate()  # keeps the group's calls opening in sequence order behind deferred ones
 
     def remember_fp(self, key: tuple[Any, ...], fp: str) -> str:
         if len(self.fps) >= 256:
@@ -125,9 +136,25 @@ class Engine:
             call.seq, self.seq = self.seq, self.seq + 1
         loop = asyncio.get_running_loop()
         work = Work(call.name, call.seq, loop=loop)
-        work._drive = functools.partial(self._drive, work, call, limit)
-        loop.call_soon(self._start, work)
+        start = functools.partial(self._arm, work, call, limit, at_once=True)
+        if not self.gate.hold(call.group is None, call.waits, loop, start):
+            self._arm(work, call, limit, at_once=False)
         return work
+
+    def _arm(self, work: Work, call: Call, limit: float, *, at_once: bool) -> None:
+        """Plan a deferred call now (its parameters are agreed), then start it:
+        ``at_once``, its task is made now (so it opens before the calls behind it)."""
+        rebuild, call.rebuild = call.rebuild, None
+        if rebuild is not None:
+            try:
+                rebuild(call)
+            except Exception as exc:  # noqa: BLE001 - the operation fails with it, on every rank
+                call.body = functools.partial(raising, exc)
+        work._drive = functools.partial(self._drive, work, call, limit)
+        if at_once:
+            self._start(work)
+        else:
+            work.get_loop().call_soon(self._start, work)
 
     def _start(self, work: Work) -> None:
         drive = work._drive
@@ -175,6 +202,8 @@ class Engine:
             if work._driver is not None:
                 self.running.discard(work._driver)
             seconds = observe.now() - start
+            if call.choice is not None and op.failure is None:
+                self.tuner.learn(call.choice, seconds, self.world_size)
             if op.failure is None and driver is None and seconds <= self.slow_op_s and observe.TRACE.get() is None:
                 self._durations(call.name, call.fp, seconds)  # the usual case; its count is the "ok" outcome
             else:
@@ -194,7 +223,7 @@ class Engine:
             if seconds > self.slow_op_s:
                 log.info("slow operation: %s finished after %.3fs", op.where(), seconds, extra=self._extra(call))
             elif log.isEnabledFor(logging.DEBUG):
-                log.debug("%s done in %.6fs", op.where(), seconds, extra=self._extra(call))
+                log.debug("%s done in %.6fs%s", op.where(), seconds, describe(call.choice), extra=self._extra(call))
             return
         observe.count(call.name, op.failure.reason.value)
         level = logging.INFO if op.failure.reason is Reason.CANCELLED else logging.WARNING

@@ -347,6 +347,11 @@ class SyncCommunicator:
         return self._call(self._comm.barrier, async_op, timeout=timeout, algorithm=algorithm)
 
     @_blocking
+    def calibrate(self, *, timeout: float | None = None, async_op: bool = False) -> Any:
+        """Collective: measure the links and agree on the cost model (connect() already did)."""
+        return self._call(self._comm.calibrate, async_op, timeout=timeout)
+
+    @_blocking
     def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None, async_op: bool = False) -> Any:
         return self._call(self._comm.send, async_op, x, dst, tag, timeout=timeout)
 

@@ -32,23 +32,36 @@ collective          algorithms                 call
 
 Block buffers (all_gather, all_to_all, gather, scatter) are handled as raw
 bytes; reduction buffers keep their dtype. :func:`choose` maps
-``algorithm="auto"`` to a name. Point-to-point messages of any size use
+``algorithm="auto"`` to a name by the table below; :func:`decide` maps it to
+``(name, segment_bytes, predicted seconds)`` by the cost model
+(:mod:`.cost`) when the group's parameters are known, and
+:func:`overrides_from_env` reads ``NETCOLL_ALGO``. Point-to-point messages of any size use
 :func:`netcoll.algorithms.direct.send_message` / ``recv_message``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import os
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from . import allpairs, direct, doubling, halving, pairwise, ring, tree
+from ..errors import ConfigError
+from . import allpairs, cost, direct, doubling, halving, pairwise, probe, ring, tree, tuning
 from ._common import DEFAULT_SEGMENT_BYTES
 
 __all__ = [
     "ALGORITHMS",
+    "ALGO_ENV",
     "DEFAULT_SEGMENT_BYTES",
     "allpairs",
     "choose",
+    "cost",
+    "decide",
+    "overrides_from_env",
+    "parse_overrides",
+    "probe",
+    "tuning",
     "direct",
     "doubling",
     "pairwise",
@@ -131,3 +144,74 @@ def choose(collective: str, nbytes: int, world_size: int) -> str:
             return "ring"
         return "tree"
     return next(iter(ALGORITHMS[collective]))
+
+
+#: collectives whose size only the root knows: the Communicator passes 0, so the model
+#: cannot weigh their algorithms (the table's choice, at the default segment size)
+SIZE_UNKNOWN: Final = ("broadcast", "scatter")
+
+
+def decide(
+    collective: str,
+    nbytes: int,
+    world_size: int,
+    params: cost.Params | None,
+    segment: int | None = None,
+) -> tuple[str, int | None, float | None]:
+    """``algorithm="auto"`` with the cost model: ``(algorithm, segment_bytes,
+    predicted seconds)``. ``params`` None (not agreed yet, or the model is off)
+    or a size only the root knows: the table (:func:`choose`), segment and
+    prediction None (the communicator's segment size). ``segment``: the
+    communicator's fixed segment size (set by the user), else the model picks
+    one of :data:`cost.SEGMENTS`. Every rank passing the same arguments gets
+    the same answer."""
+    if params is None or collective in SIZE_UNKNOWN or world_size < 2:
+        return choose(collective, nbytes, world_size), None, None
+    return _decided(collective, nbytes, world_size, params, segment)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decided(
+    collective: str, nbytes: int, world_size: int, params: cost.Params, segment: int | None
+) -> tuple[str, int | None, float]:
+    """:func:`decide` by the model, remembered (every call of a training loop asks the same)."""
+    segments = cost.SEGMENTS if segment is None else (segment,)
+    algo, seg, predicted = cost.best(collective, nbytes, world_size, params, segments=segments)
+    return algo, (None if segment is not None else seg), predicted
+
+
+ALGO_ENV: Final = "NETCOLL_ALGO"
+
+
+def parse_overrides(text: str, what: str = ALGO_ENV) -> dict[str, str]:
+    """``"all_reduce=ring,broadcast=tree"`` (per collective) or ``"ring"`` (every
+    collective that has it) -> ``{collective: algorithm}``; empty: no overrides.
+
+    Raises:
+        ConfigError: an unknown collective or algorithm, naming ``what`` and the choices.
+    """
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "=" not in part:
+            have = [c for c, table in ALGORITHMS.items() if part in table]
+            if not have and part != "auto":
+                names = sorted({a for table in ALGORITHMS.values() for a in table})
+                raise ConfigError(f"{what}: no collective has an algorithm {part!r}; known: {', '.join(names)}")
+            out.update(dict.fromkeys(have, part))
+            continue
+        coll, _, algo = (x.strip() for x in part.partition("="))
+        if coll not in ALGORITHMS:
+            raise ConfigError(f"{what}: unknown collective {coll!r}; known: {', '.join(ALGORITHMS)}")
+        if algo != "auto" and algo not in ALGORITHMS[coll]:
+            choices = ", ".join(["auto", *sorted(ALGORITHMS[coll])])
+            raise ConfigError(f"{what}: {coll} has no algorithm {algo!r}; choose one of {choices}")
+        out[coll] = algo
+    return {c: a for c, a in out.items() if a != "auto"}
+
+
+def overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """:func:`parse_overrides` of ``$NETCOLL_ALGO`` (unset: none)."""
+    env = os.environ if environ is None else environ
+    return parse_overrides(env.get(ALGO_ENV, ""))

@@ -63,17 +63,25 @@ def _out_buffer(g: Geometry, rank: int, root: int) -> np.ndarray | None:
     return np.empty(g.output_shape, dtype=g.dtype)
 
 
-def _algorithm(cfg: SweepConfig, g: Geometry) -> str:
-    """The algorithm run: the forced one, or what ``auto`` picks (``auto:ring``)."""
+def _algorithm(cfg: SweepConfig, g: Geometry, comm: Any) -> str:
+    """The algorithm run: the forced one, or what ``auto`` picked (``auto:ring``),
+    as the communicator's model stats say."""
     algo = cfg.algorithm_for(g.op)
     if algo != "auto":
         return algo
-    from ..algorithms import choose
+    stats = getattr(comm, "model_stats", None)
+    chosen = stats["choices"].get(g.op) if stats is not None else None
+    return "auto" if chosen is None else f"auto:{chosen['algorithm']}"
 
-    try:  # the size the Communicator passes to choose(): 0 where only the root knows it
-        return "auto:" + choose(g.op, 0 if g.collective.root_sends else g.size, g.world_size)
-    except Exception:  # noqa: BLE001 - informational only
-        return "auto"
+
+def _choice(comm: Any, op: str) -> tuple[int, float]:
+    """This rank's last choice for ``op``: (segment_bytes, predicted seconds; NaN if none)."""
+    stats = getattr(comm, "model_stats", None)
+    chosen = stats["choices"].get(op) if stats is not None else None
+    if chosen is None:
+        return 0, float("nan")
+    predicted = chosen["predicted_s"]
+    return int(chosen["segment_bytes"]), float("nan") if predicted is None else float(predicted)
 
 
 @dataclasses.dataclass
@@ -125,6 +133,7 @@ async def _report(
             float(peak),
             float(peak - baseline),
             float(baseline),
+            *map(float, _choice(comm, g.op)),
         ],
         dtype=np.float64,
     )
@@ -143,7 +152,9 @@ async def _report(
         requested=requested,
         iters=cfg.iters,
         warmup=cfg.warmup,
-        algorithm=_algorithm(cfg, g),
+        algorithm=_algorithm(cfg, g, comm),
+        segment_bytes=int(table[0, 7]),
+        predicted_us=None if np.isnan(table[0, 8]) else float(table[0, 8]) * 1e6,
         peak_rss_bytes=int(table[:, 4].max()),
         rss_growth_bytes=int(table[:, 5].max()),
         baseline_rss_bytes=int(table[:, 6].max()),

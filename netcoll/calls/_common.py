@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import algorithms
+from ..algorithms.tuning import Pending
 from ..arrays import as_array, check_out
 from ..engine import Call, Engine
 from ..ops import BFLOAT16
@@ -36,14 +37,30 @@ class Done:
 Plan = Call | Done
 
 
-def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> str:
-    """The algorithm to run (``"auto"``: by size and world size)."""
+def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
+    """The algorithm and segment size to run. ``"auto"``: ``NETCOLL_ALGO``'s
+    choice for the collective if it names one, else the cost model with the
+    group's agreed parameters for this call's sequence number (the table
+    before they are known). Raises :class:`~netcoll.algorithms.tuning.Pending`
+    when those parameters are still being agreed (the Communicator defers the
+    call). Leaves the choice in ``e.choice`` for the engine's stats."""
     table = algorithms.ALGORITHMS[name]
     if algorithm == "auto":
-        return algorithms.choose(name, nbytes, e.world_size)
-    if algorithm not in table:
+        algorithm = e.overrides.get(name, "auto")
+    elif algorithm not in table:
         raise ValueError(f"{name} has no algorithm {algorithm!r}; choose one of {', '.join(['auto', *sorted(table)])}")
-    return algorithm
+    seg, predicted = e.segment_bytes, None
+    if algorithm == "auto":
+        try:
+            params = e.tuner.params_at(e.seq if e.plan_seq is None else e.plan_seq)
+        except Pending as pending:
+            pending.name = name
+            raise
+        fixed = e.segment_bytes if e.fixed_segment else None
+        algorithm, chosen, predicted = algorithms.decide(name, nbytes, e.world_size, params, fixed)
+        seg = chosen or seg
+    e.choice = (name, algorithm, nbytes, seg, predicted)
+    return algorithm, seg
 
 
 def pick_v(name: str, algorithm: str, only: str) -> str:
@@ -61,12 +78,13 @@ def check_root(e: Engine, root: Any) -> int:
     return int(root)
 
 
-def fp(e: Engine, name: str, *, segmented: bool = True, **parts: Any) -> str:
+def fp(e: Engine, name: str, *, segmented: bool = True, segment: int | None = None, **parts: Any) -> str:
     """The call's fingerprint, sent with every frame. ``segmented``: the
-    message pattern depends on ``segment_bytes``, so it is part of it (ranks
-    with different segment sizes would otherwise exchange mis-cut messages)."""
+    message pattern depends on ``segment_bytes`` (``segment``, else the
+    communicator's), so it is part of it (ranks with different segment sizes
+    would otherwise exchange mis-cut messages)."""
     if segmented:
-        parts["segment_bytes"] = e.segment_bytes
+        parts["segment_bytes"] = e.segment_bytes if segment is None else segment
     return _format_fp(name, tuple(parts.items()))
 
 

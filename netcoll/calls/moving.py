@@ -36,7 +36,7 @@ from ._common import (
 
 def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False) -> Plan:
     root = check_root(e, root)
-    algo = pick(e, "broadcast", algorithm, 0)
+    algo, _ = pick(e, "broadcast", algorithm, 0)
     meta: dict[str, Any] | None = None
     arr: np.ndarray | None = None
     if e.rank == root:
@@ -93,14 +93,14 @@ def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: 
         )
     res = result(out, (e.world_size, *x.shape), x.dtype)
     res[e.rank] = unaliased(x, res, res[e.rank])
-    algo = pick(e, "all_gather", algorithm, res.nbytes)
+    algo, seg = pick(e, "all_gather", algorithm, res.nbytes)
     if e.world_size == 1:
         return Done(res)
     fn = algorithms.ALGORITHMS["all_gather"][algo]
     return Call(
         "all_gather",
-        fp(e, "all_gather", x=describe(x.dtype, x.shape), algorithm=algo),
-        lambda ch: fn(ch, flat_bytes(res), segment_bytes=e.segment_bytes),
+        fp(e, "all_gather", segment=seg, x=describe(x.dtype, x.shape), algorithm=algo),
+        lambda ch: fn(ch, flat_bytes(res), segment_bytes=seg),
         lambda _: res,
     )
 
@@ -124,7 +124,7 @@ def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str, 
             ),
             lambda got: None if got is None else _arrays(got),
         )
-    algo = pick(e, "gather", algorithm, x.nbytes * e.world_size)
+    algo, seg = pick(e, "gather", algorithm, x.nbytes * e.world_size)
     send = contiguous(x)
     res: np.ndarray | None = None
     if e.rank == root:
@@ -137,15 +137,15 @@ def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str, 
     recv = None if res is None else flat_bytes(res)
     return Call(
         "gather",
-        fp(e, "gather", x=describe(x.dtype, x.shape), root=root, algorithm=algo),
-        lambda ch: fn(ch, flat_bytes(send), recv, root, segment_bytes=e.segment_bytes),
+        fp(e, "gather", segment=seg, x=describe(x.dtype, x.shape), root=root, algorithm=algo),
+        lambda ch: fn(ch, flat_bytes(send), recv, root, segment_bytes=seg),
         lambda _: res,
     )
 
 
 def scatter(e: Engine, x: Any, root: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:
     root = check_root(e, root)
-    algo = pick(e, "scatter", algorithm, 0)
+    algo, _ = pick(e, "scatter", algorithm, 0)
     if out is not None:
         return _scatter_into(e, x, root, out, algo)
     blocks: list[np.ndarray] | None = None
@@ -218,7 +218,7 @@ def all_to_all(e: Engine, x: Any, out: Any, algorithm: str, torch: bool = False)
         )
     x = as_array(x)
     leading_ranks(x, e.world_size, "all_to_all")
-    algo = pick(e, "all_to_all", algorithm, x.nbytes)
+    algo, seg = pick(e, "all_to_all", algorithm, x.nbytes)
     res = result(out, x.shape, x.dtype)
     send = unaliased(contiguous(x), res)
     if e.world_size == 1:
@@ -227,14 +227,14 @@ def all_to_all(e: Engine, x: Any, out: Any, algorithm: str, torch: bool = False)
     fn = algorithms.ALGORITHMS["all_to_all"][algo]
     return Call(
         "all_to_all",
-        fp(e, "all_to_all", x=describe(x.dtype, x.shape), algorithm=algo),
-        lambda ch: fn(ch, flat_bytes(send), flat_bytes(res), segment_bytes=e.segment_bytes),
+        fp(e, "all_to_all", segment=seg, x=describe(x.dtype, x.shape), algorithm=algo),
+        lambda ch: fn(ch, flat_bytes(send), flat_bytes(res), segment_bytes=seg),
         lambda _: res,
     )
 
 
 def barrier(e: Engine, algorithm: str) -> Plan:
-    algo = pick(e, "barrier", algorithm, 0)
+    algo, _ = pick(e, "barrier", algorithm, 0)
     if e.world_size == 1:
         return Done(None)
     return Call(

@@ -40,8 +40,8 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
     x = as_array(x)
     rop = parse_op(op)
     check_op_dtype(rop, x.dtype)
-    algo = pick(e, "all_reduce", algorithm, x.nbytes)
-    kw: dict[str, Any] = {"segment_bytes": e.segment_bytes}
+    algo, seg = pick(e, "all_reduce", algorithm, x.nbytes)
+    kw: dict[str, Any] = {"segment_bytes": seg}
     if (
         algo == "ring"
         and e.world_size > 1
@@ -61,10 +61,12 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
     if e.world_size == 1:
         return Done(post(None))
     fn = algorithms.ALGORITHMS["all_reduce"][algo]
-    key = (x.dtype, x.shape, rop, algo, e.segment_bytes)
+    key = (x.dtype, x.shape, rop, algo, seg)
     name = e.fps.get(key)
     if name is None:
-        name = e.remember_fp(key, fp(e, "all_reduce", x=describe(x.dtype, x.shape), op=rop.value, algorithm=algo))
+        name = e.remember_fp(
+            key, fp(e, "all_reduce", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, algorithm=algo)
+        )
     flat = buf.reshape(-1)
     return Call("all_reduce", name, lambda ch: fn(ch, flat, rop, **kw), post)
 
@@ -74,8 +76,8 @@ def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str) -> P
     rop = parse_op(op)
     check_op_dtype(rop, x.dtype)
     root = check_root(e, root)
-    algo = pick(e, "reduce", algorithm, x.nbytes)
-    kw: dict[str, Any] = {"segment_bytes": e.segment_bytes}
+    algo, seg = pick(e, "reduce", algorithm, x.nbytes)
+    kw: dict[str, Any] = {"segment_bytes": seg}
     mine = out if e.rank == root else None
     buf: np.ndarray | None
     if algo == "ring" and e.world_size > 1:
@@ -92,7 +94,7 @@ def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str) -> P
     if e.world_size == 1:
         return Done(post(None))
     fn = algorithms.ALGORITHMS["reduce"][algo]
-    name = fp(e, "reduce", x=describe(x.dtype, x.shape), op=rop.value, root=root, algorithm=algo)
+    name = fp(e, "reduce", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, root=root, algorithm=algo)
     flat = None if buf is None else buf.reshape(-1)
     return Call("reduce", name, lambda ch: fn(ch, flat, rop, root, **kw), post)
 
@@ -106,18 +108,18 @@ def reduce_scatter(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan
     x = as_array(x)
     leading_ranks(x, e.world_size, "reduce_scatter")
     check_op_dtype(rop, x.dtype)
-    algo = pick(e, "reduce_scatter", algorithm, x.nbytes)
+    algo, seg = pick(e, "reduce_scatter", algorithm, x.nbytes)
     res = result(out, x.shape[1:], x.dtype)
     buf = unaliased(contiguous(x), res)  # read only: no copy unless out overlaps it
     if e.world_size == 1:
         res[...] = buf[0]
         return Done(_finalized(rop, res, 1))
     fn = algorithms.ALGORITHMS["reduce_scatter"][algo]
-    name = fp(e, "reduce_scatter", x=describe(x.dtype, x.shape), op=rop.value, algorithm=algo)
+    name = fp(e, "reduce_scatter", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, algorithm=algo)
     return Call(
         "reduce_scatter",
         name,
-        lambda ch: fn(ch, buf.reshape(-1), rop, res.reshape(-1), segment_bytes=e.segment_bytes),
+        lambda ch: fn(ch, buf.reshape(-1), rop, res.reshape(-1), segment_bytes=seg),
         lambda _: _finalized(rop, res, e.world_size),
     )
 

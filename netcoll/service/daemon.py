@@ -11,6 +11,7 @@ fails cleanly), the daemon deregisters and exits 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -306,6 +307,8 @@ class RankDaemon:
             await transport.connect(timeout=min(30.0, float(event["deadline"])))
             self.epoch, self.rank = event["epoch"], event["rank"]
             self.comm = Communicator(transport, group=f"epoch{event['epoch']}")
+            with contextlib.suppress(CollectiveError):  # logged; "auto" then keeps the fixed table
+                await self.comm.calibrate()  # the cost model's parameters (docs/algorithms.md)
             log.info("epoch %s: rank %s of %s", escape(self.epoch), escape(self.rank), escape(event["world_size"]))
         return self.comm
 
@@ -342,7 +345,7 @@ class RankDaemon:
                 x = await asyncio.to_thread(self._input, spec, event, rank, world)
                 async with ProgressReporter(self._progress_sender(job_id, rank), comm, spec.iters) as progress:
                     y, timings, nbytes = await run_collective(comm, spec, x, progress.step)
-            report.update(timings=timings, nbytes=nbytes, links=_link_kinds(comm))
+            report.update(timings=timings, nbytes=nbytes, links=_link_kinds(comm), model=comm.model_stats)
             if spec.data == "generated" and spec.op not in ("barrier",):
                 report["verified"], report["wrong"] = await asyncio.to_thread(verify, spec, rank, world, y)
             payload = self._output(spec, rank, y, report)

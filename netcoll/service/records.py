@@ -252,6 +252,8 @@ class Job:
             "timings": {str(r): rep.get("timings", []) for r, rep in sorted(self.reports.items())},
             # rank -> {peer rank: link kind}: which connection each pair of ranks used
             "links": {str(r): rep.get("links", {}) for r, rep in sorted(self.reports.items())},
+            # rank -> the cost model's parameters and choice: algorithm, segment, predicted/measured s
+            "model": {str(r): rep.get("model") for r, rep in sorted(self.reports.items())},
             "time_s": self.time_s,  # mean seconds per timed iteration (slowest rank's)
             "algbw": self.algbw,
             "busbw": self.busbw,

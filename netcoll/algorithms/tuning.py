@@ -1,0 +1,329 @@
+"""How a group's cost-model parameters are fitted, agreed and versioned.
+
+* :func:`fit` — robust least squares of :class:`~.cost.Params` from
+  ``(terms, seconds)`` samples: relative errors (a 1 µs call counts as much as
+  a 1 s one), a ridge pull toward a prior (so a parameter the samples say
+  nothing about stays put), every result clamped to :data:`~.cost.BOUNDS`;
+  never NaN, never negative.
+* :func:`combine` — the group's parameters from every rank's estimate: the
+  maximum (calibration: the slowest link sets the pace) or the median
+  (refinement: robust to one noisy rank), rounded to 3 significant digits.
+  Every rank combines the same gathered table, so every rank gets the same.
+* :class:`Tuner` — per communicator: the agreed versions, each applying from
+  a sequence number; the local samples; the overrides. A version whose
+  agreement is still running is *pending*: a call that would use it waits
+  (:class:`Pending`), so no rank ever chooses with parameters another rank
+  does not have yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+from .cost import BOUNDS, PAIR_INDEX, Params, Terms, split_cost, terms
+
+#: one finished call: (collective, algorithm, terms, seconds)
+Sample = tuple[str, str, Terms, float]
+
+#: the ridge weight of the prior, per parameter (relative units)
+PRIOR_WEIGHT: Final = 0.05
+#: local samples kept for refinement
+MAX_SAMPLES: Final = 512
+#: refine after these many collectives, then every REFINE_EVERY; the agreed result
+#: applies REFINE_LAG calls after the refinement was issued
+REFINE_FIRST: Final = (4, 8, 16, 32, 64, 128)
+REFINE_EVERY: Final = 256
+REFINE_LAG: Final = 4
+
+
+def _ridge(rows: Iterable[tuple[Sequence[float], float]], prior: np.ndarray, weight: float) -> np.ndarray:
+    """``x`` minimising ``sum(((t - c.x) / t)^2) + weight * sum(((x - prior) / prior)^2)``
+    over ``(c, t)`` rows (relative errors; the prior where the rows say nothing)."""
+    a_rows, rhs = [], []
+    for c_, seconds in rows:
+        c = np.asarray(c_, dtype=np.float64)
+        if not (math.isfinite(seconds) and seconds > 0 and np.all(np.isfinite(c))) or not np.any(c):
+            continue
+        a_rows.append(c * prior / seconds)
+        rhs.append((seconds - float(c @ prior)) / seconds)
+    if not a_rows:
+        return prior
+    a = np.vstack([np.array(a_rows), math.sqrt(weight) * np.eye(prior.size)])
+    b = np.concatenate([np.array(rhs), np.zeros(prior.size)])
+    try:
+        u = np.linalg.lstsq(a, b, rcond=None)[0]
+    except np.linalg.LinAlgError:
+        return prior
+    x = prior * (1.0 + u)
+    return x if np.all(np.isfinite(x)) else prior
+
+
+def fit(samples: Iterable[tuple[Sequence[float], float]], prior: Params, weight: float = PRIOR_WEIGHT) -> Params:
+    """Least-squares alpha, overhead, beta, gamma from ``(terms, seconds)`` samples
+    (see the module docstring); ``prior``'s factors are kept."""
+    x = _ridge(samples, np.array(prior.vector(), dtype=np.float64), weight)
+    return Params.of((float(v) for v in x), prior.factors)
+
+
+def fit_factors(samples: Iterable[Sample], params: Params, weight: float = PRIOR_WEIGHT) -> Params:
+    """``params`` with each algorithm's two factors fitted from its samples
+    ``(collective, algorithm, terms, seconds)``: ``seconds ~ f_lat * latency +
+    f_bw * bandwidth`` (:func:`~.cost.split_cost`), pulled toward the current
+    factors; algorithms without samples keep theirs."""
+    by_pair: dict[tuple[str, str], list[tuple[tuple[float, float], float]]] = {}
+    for coll, algo, t, seconds in samples:
+        by_pair.setdefault((coll, algo), []).append((split_cost(t, params), seconds))
+    factors = params.row()[len(BOUNDS) :]
+    for pair, rows in by_pair.items():
+        i = 2 * PAIR_INDEX[pair]
+        prior = np.array(factors[i : i + 2], dtype=np.float64)
+        factors[i : i + 2] = (float(v) for v in _ridge(rows, prior, weight))
+    return Params.of(params.vector(), factors)
+
+
+def _round3(v: float) -> float:
+    return float(f"{v:.3g}")
+
+
+def combine(table: Sequence[Sequence[float]], how: str) -> Params:
+    """The group's :class:`Params` from one :meth:`Params.row` per rank: alpha,
+    overhead, beta, gamma by ``how`` (``"max"`` or ``"median"``) per column, the
+    factors by the median; each clamped and rounded to 3 significant digits
+    (a pure function of the table, so the same on every rank)."""
+    cols = np.array(table, dtype=np.float64)
+    cols = np.where(np.isfinite(cols), cols, 0.0)  # clamped to the lower bound below
+    k = len(BOUNDS)
+    if how == "max":
+        head = cols[:, :k].max(axis=0)
+    elif how == "median":
+        head = np.median(cols[:, :k], axis=0)
+    else:
+        raise ValueError(f"combine: how must be 'max' or 'median', got {how!r}")
+    tail = np.median(cols[:, k:], axis=0) if cols.shape[1] > k else np.zeros(0)
+    physical = (_round3(_c(n, float(v))) for n, v in zip(BOUNDS, head, strict=True))
+    return Params.of(physical, (_round3(float(v)) if v > 0 else 1.0 for v in tail))
+
+
+def _c(name: str, v: float) -> float:
+    lo, hi = BOUNDS[name]
+    return lo if not math.isfinite(v) else min(hi, max(lo, v))
+
+
+#: what a call chose: (collective, algorithm, nbytes, segment_bytes, predicted seconds or None)
+Choice = tuple[str, str, int, int, float | None]
+
+
+def describe(choice: Choice | None) -> str:
+    """The choice, for the DEBUG line of a finished operation."""
+    if choice is None:
+        return ""
+    predicted = "" if choice[4] is None else f", predicted {choice[4]:.6f}s"
+    return f" ({choice[1]}, segment_bytes={choice[3]}{predicted})"
+
+
+def when_done(futures: list[asyncio.Future[Any]], fn: Callable[[], None]) -> None:
+    """Call ``fn`` once every future is done (in turn: one callback at a time)."""
+    rest = [f for f in futures if not f.done()]
+    if not rest:
+        fn()
+        return
+    rest[0].add_done_callback(lambda _: when_done(rest[1:], fn))
+
+
+async def raising(exc: BaseException, ch: Any) -> Any:
+    """An operation body that fails with ``exc`` (a deferred call that could not be planned)."""
+    raise exc
+
+
+class Gate:
+    """Keeps a group's operations opening in sequence order (the mailbox drops the
+    frames of an operation it believes finished): a call deferred for parameters
+    being agreed holds up the group's later calls until it has started."""
+
+    def __init__(self) -> None:
+        self.last: asyncio.Future[None] | None = None  # done once the last held call started
+
+    def hold(
+        self,
+        ordered: bool,
+        waits: asyncio.Future[Any] | None,
+        loop: asyncio.AbstractEventLoop,
+        start: Callable[[], None],
+    ) -> bool:
+        """Whether the call must wait (for ``waits``, and, ``ordered``, for the last held
+        call); if so ``start()`` runs once it may start."""
+        pending = [f for f in ((self.last if ordered else None), waits) if f is not None and not f.done()]
+        if not pending:
+            return False
+        armed: asyncio.Future[None] = loop.create_future()
+        if ordered:
+            self.last = armed
+
+        def go() -> None:
+            start()
+            armed.set_result(None)
+
+        when_done(pending, go)
+        return True
+
+
+class Pending(Exception):
+    """The parameters a call must choose with are still being agreed: wait for ``future``."""
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        super().__init__("cost-model parameters are being agreed")
+        self.future = future
+        self.name = ""  # the collective that must wait (set by the plan)
+
+
+@dataclass(slots=True)
+class Version:
+    """Agreed parameters applying from sequence number ``start`` (``future``: the
+    agreement, while it runs; its result is a :class:`Params` or None)."""
+
+    start: int
+    params: Params | None
+    future: asyncio.Future[Any] | None = None
+
+
+@dataclass(slots=True)
+class Tuner:
+    """A communicator's model state (see the module docstring)."""
+
+    every: int = REFINE_EVERY
+    lag: int = REFINE_LAG
+    versions: list[Version] = field(default_factory=lambda: [Version(0, None)])
+    samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    active: bool = False  # calibrated (or inherited): samples are kept and refined
+    collectives: int = 0  # collectives issued (every rank counts the same)
+    cost_seq: int = 0  # the next sequence number of the group's model operations
+    #: collective -> [algorithm, segment, predicted, last seconds, sum of seconds, calls]
+    last: dict[str, list[Any]] = field(default_factory=dict)
+
+    def due(self) -> bool:
+        """Whether the collective just counted is followed by a refinement (the
+        same answer on every rank: they count the same collectives)."""
+        n = self.collectives
+        return self.active and (n in REFINE_FIRST or n % self.every == 0)
+
+    def params_at(self, seq: int) -> Params | None:
+        """The agreed parameters for the call with sequence number ``seq``
+        (None: none agreed, use the table). Raises :class:`Pending`."""
+        for i in range(len(self.versions) - 1, -1, -1):
+            v = self.versions[i]
+            if v.start > seq:
+                continue
+            if v.future is not None:
+                if not v.future.done():
+                    raise Pending(v.future)
+                self._settle(i)
+            return v.params
+        return None
+
+    def _settle(self, i: int) -> None:
+        v = self.versions[i]
+        assert v.future is not None and v.future.done()
+        got = None if v.future.cancelled() or v.future.exception() is not None else v.future.result()
+        previous = self.params_before(i)
+        v.params = got if isinstance(got, Params) else previous
+        v.future = None
+
+    def params_before(self, i: int) -> Params | None:
+        for j in range(i - 1, -1, -1):
+            if self.versions[j].future is None:
+                return self.versions[j].params
+        return None
+
+    def add(self, start: int, future: asyncio.Future[Any]) -> None:
+        """A new version, agreed by ``future``, applying from ``start``."""
+        self.versions.append(Version(start, None, future))
+        if len(self.versions) > 8:
+            del self.versions[0]
+
+    def pending(self) -> list[asyncio.Future[Any]]:
+        """The agreements still running."""
+        return [v.future for v in self.versions if v.future is not None and not v.future.done()]
+
+    def current(self) -> Params | None:
+        """The newest settled parameters (a prior for a local fit, the stats; not for choosing)."""
+        for i in range(len(self.versions) - 1, -1, -1):
+            v = self.versions[i]
+            if v.future is not None and v.future.done():
+                self._settle(i)
+            if v.future is None and v.params is not None:
+                return v.params
+        return None
+
+    def learn(self, choice: Choice, seconds: float, world_size: int) -> None:
+        """A finished call: keep its choice and time for the stats, and (once
+        calibrated) a sample for the next refinement."""
+        name, algo, nbytes, seg, predicted = choice
+        t = terms(name, algo, nbytes, world_size, seg) if self.active else None
+        self.record(name, algo, seg, predicted, seconds, t)
+
+    def record(self, name: str, algo: str, seg: int, predicted: float | None, seconds: float, t: Terms | None) -> None:
+        """A finished call: its choice and time (and a sample, when ``t`` is given)."""
+        if t is not None:
+            self.samples.append((name, algo, t, seconds))
+        row = self.last.get(name)
+        if row is None or row[0] != algo or row[1] != seg:
+            self.last[name] = [algo, seg, predicted, seconds, seconds, 1]
+            return
+        row[2], row[3] = predicted, seconds
+        row[4] += seconds
+        row[5] += 1
+
+    def stats(self) -> dict[str, Any]:
+        """Per collective: the last choice, its predicted and measured seconds (last
+        call, and the mean over the calls with that choice), and the parameters."""
+        params = self.current()
+        choices = {
+            name: {
+                "algorithm": algo,
+                "segment_bytes": seg,
+                "predicted_s": predicted,
+                "measured_s": last,
+                "mean_s": total / calls,
+                "calls": calls,
+            }
+            for name, (algo, seg, predicted, last, total, calls) in self.last.items()
+        }
+        return {"model": None if params is None else params.as_dict(), "choices": choices}
+
+    def inherit(self, parent: Tuner, seq: int) -> None:
+        """Start from ``parent``'s parameters for its call ``seq`` (a sub-group made
+        by that call): the same on every member, settled or still being agreed."""
+        self.active = parent.active
+        for i in range(len(parent.versions) - 1, -1, -1):
+            v = parent.versions[i]
+            if v.start <= seq:
+                self.versions = [Version(0, parent.params_before(i) if v.future else v.params)]
+                if v.future is not None:
+                    self.versions.append(Version(0, None, v.future))
+                return
+
+
+__all__ = [
+    "MAX_SAMPLES",
+    "Choice",
+    "Gate",
+    "REFINE_EVERY",
+    "REFINE_LAG",
+    "Pending",
+    "Sample",
+    "Tuner",
+    "Version",
+    "combine",
+    "describe",
+    "fit",
+    "fit_factors",
+    "raising",
+    "when_done",
+]

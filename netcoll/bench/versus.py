@@ -1,0 +1,125 @@
+"""``python -m netcoll.bench.versus``: ``algorithm="auto"`` against every fixed
+algorithm, cell by cell (collective × size), on a local cluster.
+
+Each round runs the sweep once with ``auto`` and once per algorithm of the
+collective (fresh rank processes each time, so every run calibrates anew);
+rounds interleave the runs (in reverse order every other round) so a burst of
+noise on a shared machine hits them alike, and each cell keeps the best
+(minimum) time over the rounds. ``auto`` learns from traffic as it goes (see
+docs/algorithms.md, "Cost model"), so its first cells include that learning. The table
+shows what ``auto`` chose (algorithm, segment size), its predicted and
+measured time, the best fixed algorithm and its time, and ``auto / best``;
+a cell is ``ok`` when that ratio is at most ``1 + --tolerance``. Exit status 1
+if any cell is not ok.
+
+Example: ``python -m netcoll.bench.versus all_reduce --ranks 4 -b 4K -e 64M --rounds 3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from .. import collectives
+from ..sizes import parse_size
+from .common import SweepConfig
+from .local import run_local
+
+Cell = tuple[str, int]  # (collective, size)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m netcoll.bench.versus", description=__doc__.split("\n\n")[0])
+    p.add_argument("ops", nargs="?", default="all_reduce", help="collective(s), comma-separated (default all_reduce)")
+    p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
+    p.add_argument("-e", "--maxbytes", default="16M", help="largest size (default 16M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=4)
+    p.add_argument("-n", "--iters", type=int, default=10)
+    p.add_argument("-w", "--warmup", type=int, default=3)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; each cell keeps its best")
+    p.add_argument("--tolerance", type=float, default=0.10, help="auto may be this much slower (default 0.10)")
+    p.add_argument("--json", metavar="PATH", help="also write the cells as JSON")
+    return p
+
+
+def _runs(ops: list[str]) -> list[str]:
+    """``auto`` and every fixed algorithm of any of ``ops``."""
+    names = {a for op in ops for a in collectives.get(op).algorithms if a != "auto"}
+    return ["auto", *sorted(names)]
+
+
+async def _sweep(ns: argparse.Namespace, ops: list[str], algorithm: str) -> list[dict[str, Any]]:
+    cfg = SweepConfig(
+        ops=ops,
+        minbytes=parse_size(ns.minbytes),
+        maxbytes=parse_size(ns.maxbytes),
+        stepfactor=ns.stepfactor,
+        iters=ns.iters,
+        warmup=ns.warmup,
+        algorithm=algorithm,
+        check=False,
+    )
+    # an algorithm a collective lacks runs "auto" there: those rows are not that algorithm's
+    result = await run_local(cfg, ns.ranks)
+    return [r for r in result["rows"] if algorithm == "auto" or r["algorithm"] == algorithm]
+
+
+async def collect(ns: argparse.Namespace) -> dict[Cell, dict[str, dict[str, Any]]]:
+    """cell -> run name -> the best row of that run over the rounds."""
+    ops = [o.strip() for o in ns.ops.split(",") if o.strip()]
+    cells: dict[Cell, dict[str, dict[str, Any]]] = {}
+    for i in range(ns.rounds):
+        names = _runs(ops)
+        for name in names if i % 2 == 0 else reversed(names):  # auto first, then last: fair to both
+            for row in await _sweep(ns, ops, name):
+                runs = cells.setdefault((row["op"], row["size"]), {})
+                if name not in runs or row["time_us"] < runs[name]["time_us"]:
+                    runs[name] = row
+    return cells
+
+
+def table(cells: dict[Cell, dict[str, dict[str, Any]]], tolerance: float) -> tuple[list[dict[str, Any]], str]:
+    """The rows of the comparison and their text."""
+    out, lines = [], []
+    head = f"{'op':<15}{'size':>10}  {'auto chose':<22}{'pred us':>10}{'auto us':>10}  {'best fixed':<10}"
+    lines.append(head + f"{'best us':>10}{'ratio':>7}  verdict")
+    for (op, size), runs in sorted(cells.items()):
+        auto = runs.get("auto")
+        fixed = {k: v for k, v in runs.items() if k != "auto"}
+        if auto is None or not fixed:
+            continue
+        best_name, best = min(fixed.items(), key=lambda kv: kv[1]["time_us"])
+        ratio = auto["time_us"] / best["time_us"]
+        seg = auto.get("segment_bytes") or 0
+        chose = f"{auto['algorithm'].removeprefix('auto:')}/{seg >> 10}K"
+        pred = auto.get("predicted_us")
+        verdict = "ok" if ratio <= 1 + tolerance else "SLOW"
+        cell = {"op": op, "size": size, "auto": chose, "predicted_us": pred, "auto_us": auto["time_us"]}
+        cell.update(best=best_name, best_us=best["time_us"], ratio=ratio, ok=verdict == "ok")
+        cell["fixed_us"] = {k: v["time_us"] for k, v in fixed.items()}
+        out.append(cell)
+        pred_text = "-" if pred is None else f"{pred:.0f}"
+        lines.append(
+            f"{op:<15}{size:>10}  {chose:<22}{pred_text:>10}{auto['time_us']:>10.0f}  {best_name:<10}"
+            f"{best['time_us']:>10.0f}{ratio:>7.2f}  {verdict}"
+        )
+    return out, "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    cells = asyncio.run(collect(ns))
+    rows, text = table(cells, ns.tolerance)
+    print(text)
+    if ns.json:
+        with open(ns.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The cost model in a Communicator: calibration agreed by every rank,
+refinement from traffic that keeps every rank's choice identical even when
+their local estimates differ, calls deferred while parameters are agreed,
+NETCOLL_ALGO, and the stats."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from netcoll.algorithms import cost as cm
+from netcoll.algorithms.tuning import Tuner
+from netcoll.comm import Communicator
+from netcoll.errors import ConfigError
+from tests.support.worlds import memory_world
+
+
+def _params(comms: list[Communicator]) -> list[cm.Params | None]:
+    return [c._engine.tuner.current() for c in comms]
+
+
+def _record_choices(comms: list[Communicator], monkeypatch: pytest.MonkeyPatch) -> dict[int, list[Any]]:
+    """Every finished call's choice, per rank (in the order they finished)."""
+    seen: dict[int, list[Any]] = {c.rank: [] for c in comms}
+    rank_of = {id(c._engine.tuner): c.rank for c in comms}
+    real = Tuner.learn
+
+    def learn(self: Tuner, choice: Any, seconds: float, world_size: int) -> None:
+        seen[rank_of[id(self)]].append(choice[:4])
+        real(self, choice, seconds, world_size)
+
+    monkeypatch.setattr(Tuner, "learn", learn)
+    return seen
+
+
+async def test_calibration_is_agreed() -> None:
+    _, comms = memory_world(3)
+    got = await asyncio.gather(*(c.calibrate() for c in comms))
+    assert all(isinstance(p, cm.Params) for p in got)
+    assert got[0] == got[1] == got[2] == _params(comms)[0]
+    for name, v in zip(cm.BOUNDS, got[0].vector(), strict=True):
+        assert cm.BOUNDS[name][0] <= v <= cm.BOUNDS[name][1]
+    x = np.arange(1 << 16, dtype=np.float32)
+    res = await asyncio.gather(*(c.all_reduce(x) for c in comms))
+    assert all(np.array_equal(r, 3 * x) for r in res)
+    stats = [c.model_stats for c in comms]
+    assert stats[0]["model"] == got[0].as_dict()
+    row = stats[0]["choices"]["all_reduce"]
+    assert row["predicted_s"] > 0 and row["measured_s"] > 0 and row["calls"] == 1
+    assert {s["choices"]["all_reduce"]["algorithm"] for s in stats} == {row["algorithm"]}
+
+
+async def test_calls_wait_for_parameters_being_agreed() -> None:
+    """Issued before calibration is done, an auto call waits for it and then
+    chooses with the agreed parameters (a prediction is the sign)."""
+    _, comms = memory_world(4)
+    cal = [c.calibrate() for c in comms]
+    x = np.ones(1000, np.float64)
+    works = [c.all_reduce(x) for c in comms]
+    forced = [c.all_reduce(x, algorithm="ring") for c in comms]  # a forced algorithm does not wait
+    res = await asyncio.gather(*works, *forced, *cal)
+    assert all(np.array_equal(r, 4 * x) for r in res[:8])
+    assert all(c.model_stats["choices"]["all_reduce"]["calls"] >= 1 for c in comms)
+    assert comms[0]._engine.tuner.versions[-1].params is not None
+
+
+async def test_ranks_with_different_estimates_still_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank is fed different local samples (rank r: 'halving is r+1 times
+    slower'); refinements every few calls, with many calls in flight at once,
+    still give every rank the same parameters and the same choice per call."""
+    _, comms = memory_world(4)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    base = comms[0]._engine.tuner.current()
+    assert base is not None
+    for c in comms:
+        t = c._engine.tuner
+        t.every, t.lag = 3, 1  # refinements mid-round, applying at once: later calls must wait
+        n, p, seg = 1 << 20, 4, 4 << 20
+        terms = cm.terms("all_reduce", "halving", n, p, seg)
+        slow = (c.rank + 1) * cm.predict("all_reduce", "halving", n, p, base, seg)
+        for _ in range(20):
+            t.samples.append(("all_reduce", "halving", terms, slow))
+    seen = _record_choices(comms, monkeypatch)
+    deferred = []
+    real = Communicator._rebuilder
+    monkeypatch.setattr(Communicator, "_rebuilder", lambda self, *a: deferred.append(1) or real(self, *a))
+    sizes = [64, 4096, 1 << 16, 1 << 20, 1 << 18]
+    rounds = 6
+    for _ in range(rounds):  # 5 calls per round, all in flight together: refinements land mid-stream
+        works = [[c.all_reduce(np.full(s // 8, c.rank + 1.0)) for s in sizes] for c in comms]
+        results = await asyncio.gather(*(w for ws in works for w in ws))
+        assert all(np.all(r == 10.0) for r in results)
+    assert all(len(v) == rounds * len(sizes) for v in seen.values())
+    # (a different choice for one call would also have failed it: the fingerprint names both)
+    assert sorted(seen[0]) == sorted(seen[1]) == sorted(seen[2]) == sorted(seen[3])
+    params = _params(comms)
+    assert params[0] == params[1] == params[2] == params[3]
+    assert params[0] is not None and params[0].factor("all_reduce", "halving") != (1.0, 1.0)
+    assert len(comms[0]._engine.tuner.versions) > 2  # refinements happened
+    assert deferred  # and calls waited for them
+
+
+async def test_split_inherits_the_parameters() -> None:
+    _, comms = memory_world(4)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    subs = await asyncio.gather(*(c.split(c.rank % 2) for c in comms))
+    assert all(s is not None for s in subs)
+    assert {s._engine.tuner.current() for s in subs} == {comms[0]._engine.tuner.current()}
+    res = await asyncio.gather(*(s.all_reduce(np.ones(10)) for s in subs))
+    assert all(np.array_equal(r, 2 * np.ones(10)) for r in res)
+
+
+async def test_netcoll_algo_overrides_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_ALGO", "all_reduce=allpairs,broadcast=ring")
+    _, comms = memory_world(3)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    x = np.ones(1 << 18, np.float32)
+    await asyncio.gather(*(c.all_reduce(x) for c in comms))
+    await asyncio.gather(*(c.broadcast(x if c.rank == 0 else None) for c in comms))
+    choices = comms[1].model_stats["choices"]
+    assert choices["all_reduce"]["algorithm"] == "allpairs" and choices["all_reduce"]["predicted_s"] is None
+    assert choices["broadcast"]["algorithm"] == "ring"
+    r = await asyncio.gather(*(c.all_reduce(x, algorithm="ring") for c in comms))  # explicit wins
+    assert np.array_equal(r[0], 3 * x) and comms[0].model_stats["choices"]["all_reduce"]["algorithm"] == "ring"
+
+
+def test_invalid_netcoll_algo_fails_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_ALGO", "all_reduce=rign")
+    with pytest.raises(ConfigError, match=r"NETCOLL_ALGO: all_reduce has no algorithm 'rign'; choose one of auto, "):
+        memory_world(2)
+
+
+async def test_cost_model_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_COST_MODEL", "0")
+    _, comms = memory_world(2)
+    assert await asyncio.gather(*(c.calibrate() for c in comms)) == [None, None]
+    assert not comms[0]._engine.tuner.active
+    await asyncio.gather(*(c.all_reduce(np.ones(4)) for c in comms))
+    row = comms[0].model_stats["choices"]["all_reduce"]
+    assert row["algorithm"] == "doubling" and row["predicted_s"] is None  # the table's choice
+
+
+async def test_uncalibrated_communicators_send_nothing_extra() -> None:
+    _, comms = memory_world(2)
+    await asyncio.gather(*(c.all_reduce(np.ones(4)) for c in comms))
+    assert comms[0].model_stats["model"] is None
+    assert not any(c._engine.tuner.active for c in comms)
