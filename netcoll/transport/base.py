@@ -22,7 +22,6 @@ from .. import observe
 from ..errors import CollectiveError, CommunicatorClosed, PeerLost
 from ..escape import escape
 from ..links.base import Link, LinkStats
-from ..loop import crowded
 from ..operation import Operation
 from ..wire import Kind
 from .mailbox import Mailbox
@@ -75,6 +74,9 @@ class Transport:
         self.mailbox = Mailbox(rank)
         self.closed = False
         self.links: dict[int, Link] = {}
+        #: this host runs too many ranks for polling to pay (:func:`netcoll.loop.note_local_ranks`):
+        #: waits sleep at once (set by transports that know where their peers run)
+        self.crowded = False
         self.mailbox.divert = self._divert
         self.mailbox.released = self._released
 
@@ -227,7 +229,7 @@ class Channel:
         more ranks than cores, a trip through the scheduler. Only while the
         event loop has nothing else ready to run, and for at most
         :data:`POLL_BUDGET`; then the loop's own wait takes over."""
-        if fut.done() or POLL_BUDGET <= 0 or crowded():
+        if fut.done() or POLL_BUDGET <= 0 or self.transport.crowded:
             return
         loop = asyncio.get_running_loop()
         if getattr(loop, "_ready", True):  # other work ready (or a loop we cannot see into)

@@ -186,7 +186,7 @@ class TcpTransport(Transport):
         self.factory.register("shm", shm.ShmLink)
         #: the ``link`` map this rank announces in its HELLO / WELCOME
         self.capabilities = self.factory.capabilities().to_wire()
-        note_local_ranks(local_ranks(peers, rank))
+        self.crowded = note_local_ranks(local_ranks(peers, rank))
         self._all_linked = asyncio.Event()
         if size == 1:
             self._all_linked.set()

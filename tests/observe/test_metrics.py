@@ -13,6 +13,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from netcoll.cli.health import http_get  # noqa: E402
+from netcoll.links import shm  # noqa: E402
 from netcoll.service import metrics  # noqa: E402
 from netcoll.service.http import HttpServer  # noqa: E402
 from tests.support.services import service  # noqa: E402
@@ -73,7 +74,8 @@ async def test_scrape_a_coordinator_and_a_rank_after_a_job() -> None:
             peer = str(1 - me)  # its one peer
             assert value(rank["netcoll_peer_sent_bytes"], "_total", peer=peer) >= 3 * (1 << 20) // 2
             assert value(rank["netcoll_peer_received_bytes"], "_total", peer=peer) >= 3 * (1 << 20) // 2
-            assert value(rank["netcoll_peer_link_info"], peer=peer, kind="tcp") == 1
+            kind = "shm" if shm.possible() else "tcp"  # the daemons share this host
+            assert value(rank["netcoll_peer_link_info"], peer=peer, kind=kind) == 1
             assert value(rank["netcoll_peer_send_backlog_bytes"], peer=peer) >= 0
             assert value(rank["netcoll_rank_jobs"], "_total", result="ok") == 1
             assert not any(name.endswith("gbps") for name in (*coord, *rank))  # base units only
