@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,11 @@ def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
     return mv if (mv.format == "B" and mv.ndim == 1) else mv.cast("B")
 
 
+#: the transports of this process not closed yet: with more than one (ranks sharing a process
+#: and its event loop), no rank polls (its peer's bytes wait for the same loop)
+_OPEN: weakref.WeakSet[Transport] = weakref.WeakSet()
+
+
 class Transport:
     """The mesh: one :class:`~netcoll.links.base.Link` per peer among world
     ranks ``0..size-1``, all feeding one :class:`Mailbox`.
@@ -79,6 +85,7 @@ class Transport:
         self.crowded = False
         self.mailbox.divert = self._divert
         self.mailbox.released = self._released
+        _OPEN.add(self)
 
     def attach(self, link: Link) -> None:
         """Make ``link`` this rank's link to ``link.peer`` and start it."""
@@ -138,6 +145,7 @@ class Transport:
         if self.closed:
             return
         self.closed = True
+        _OPEN.discard(self)
         self.mailbox.fail_all(lambda op: CommunicatorClosed(f"{op.where()}: communicator closed"))
         await self.close_links()
 
@@ -227,9 +235,10 @@ class Channel:
         by polling that peer's link, yielding the CPU between polls, as MPI's
         progress loop does: waking from ``epoll`` costs tens of µs and, with
         more ranks than cores, a trip through the scheduler. Only while the
-        event loop has nothing else ready to run, and for at most
+        event loop has nothing else ready to run and no other rank shares this
+        process (its bytes would wait for this very loop), and for at most
         :data:`POLL_BUDGET`; then the loop's own wait takes over."""
-        if fut.done() or POLL_BUDGET <= 0 or self.transport.crowded:
+        if fut.done() or POLL_BUDGET <= 0 or self.transport.crowded or len(_OPEN) > 1:
             return
         loop = asyncio.get_running_loop()
         if getattr(loop, "_ready", True):  # other work ready (or a loop we cannot see into)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,12 @@ from netcoll.transport import base
 from netcoll.transport.base import Channel
 from tests.support.groups import tcp_group
 from tests.transport.test_socketlink import pair
+
+
+@pytest.fixture(autouse=True)
+def alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No other transport open in this process (other tests may leave some to the GC)."""
+    monkeypatch.setattr(base, "_OPEN", weakref.WeakSet())
 
 
 class FakeLink:
@@ -143,3 +150,15 @@ def test_local_ranks_counts_this_host_and_loopback() -> None:
     assert local_ranks([("10.0.0.1", 1), ("10.0.0.2", 2), ("10.0.0.1", 3)], 1) == 1
     assert local_ranks([("node-a", 1), ("node-b", 2), ("localhost", 3)], 0) == 2
     assert local_ranks([], 0) == 1
+
+
+async def test_progress_does_not_poll_when_ranks_share_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(base, "POLL_BUDGET", 1.0)
+    fut = asyncio.get_running_loop().create_future()
+    link = FakeLink(fut, after=1)
+    others = [base.Transport(0, 2), base.Transport(1, 2)]  # two ranks in this process
+    channel(link).progress(fut, 1)
+    assert link.polls == 0
+    for t in others:
+        await t.close()
+    assert len(base._OPEN) == 0
