@@ -148,3 +148,11 @@ async def test_uncalibrated_communicators_send_nothing_extra() -> None:
     await asyncio.gather(*(c.all_reduce(np.ones(4)) for c in comms))
     assert comms[0].model_stats["model"] is None
     assert not any(c._engine.tuner.active for c in comms)
+
+
+def test_groups_calibrate_only_when_asked() -> None:
+    from netcoll.comm import cost_model_enabled
+
+    assert not cost_model_enabled({})  # off by default: the fixed table decides
+    assert cost_model_enabled({"NETCOLL_COST_MODEL": "1"}) and cost_model_enabled({"NETCOLL_COST_MODEL": " On "})
+    assert not cost_model_enabled({"NETCOLL_COST_MODEL": "0"})

@@ -17,7 +17,10 @@ from netcoll.comm import Communicator
 pytestmark = pytest.mark.tcp
 
 
-async def test_connect_calibrates_and_auto_uses_the_model(caplog: pytest.LogCaptureFixture) -> None:
+async def test_connect_calibrates_and_auto_uses_the_model(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NETCOLL_COST_MODEL", "1")  # opt-in (off by default)
     n = 3
     async with contextlib.AsyncExitStack() as stack:
         coord = await stack.enter_async_context(netcoll.Coordinator())

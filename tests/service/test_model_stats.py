@@ -11,7 +11,8 @@ from tests.support.services import service
 pytestmark = pytest.mark.tcp
 
 
-async def test_job_record_shows_the_choice() -> None:
+async def test_job_record_shows_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_COST_MODEL", "1")  # opt-in (off by default)
     async with service(3, coordinator={}) as (_, client):
         rec = await client.run("all_reduce", size="256KiB", iters=3, warmup=1)
         assert rec["state"] == "succeeded", rec
