@@ -35,37 +35,6 @@ else:  # epoll where there is one (DefaultSelector may be another kind), else th
     _Base = getattr(selectors, "EpollSelector", selectors.DefaultSelector)
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-CPUS = _cpus()
-#: polling pays while each core has at most this many rank processes to run; beyond, a
-#: polling rank takes the core from the peer whose message it waits for (Open MPI's
-#: "yield when idle" rule for oversubscribed hosts)
-CROWDED_RANKS_PER_CPU = 2
-_crowded = False
-
-
-def note_local_ranks(n: int) -> bool:
-    """Tell this process how many ranks of its group run on this host (the
-    transport does, when it forms a mesh). With more than
-    :data:`CROWDED_RANKS_PER_CPU` per usable CPU, nothing polls: the spinning
-    selector and :meth:`Channel.progress` sleep at once. Returns whether the
-    host is that crowded."""
-    global _crowded
-    _crowded = n > CROWDED_RANKS_PER_CPU * CPUS
-    return _crowded
-
-
-def crowded() -> bool:
-    """Whether polling is off because this host runs too many ranks (see :func:`note_local_ranks`)."""
-    return _crowded
-
-
 class SpinSelector(_Base):
     """A selector that polls (yielding the CPU) for ``spin`` seconds before blocking."""
 
@@ -76,7 +45,7 @@ class SpinSelector(_Base):
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None or timeout > 0:
             ready = super().select(0)
-            if ready or self.spin <= 0 or _crowded:
+            if ready or self.spin <= 0:
                 return ready or super().select(timeout)
             end = time.monotonic() + min(self.spin, timeout if timeout is not None else self.spin)
             while time.monotonic() < end:
@@ -119,4 +88,4 @@ def run(coro: Coroutine[Any, Any, T], kind: str | None = None) -> T:
         return runner.run(coro)
 
 
-__all__ = ["SpinSelector", "new_event_loop", "run", "loop_kind", "note_local_ranks", "crowded", "DEFAULT_SPIN"]
+__all__ = ["SpinSelector", "new_event_loop", "run", "loop_kind", "DEFAULT_SPIN"]

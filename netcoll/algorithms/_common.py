@@ -260,7 +260,6 @@ async def exchange(
         got = ch.post(peer, step=step, chunk=0, out=recv)  # one message each way: every small call
         if send is not None:
             await ch.send(peer, send, step=step, chunk=0)
-        ch.progress(got, peer)
         await got
         if fold is not None:
             reduce_into(*fold)

@@ -77,11 +77,6 @@ class Link(abc.ABC):
         """Begin delivering received frames (called by the mesh once :attr:`on_lost` is set)."""
         return None
 
-    def poll(self) -> bool:
-        """Take in whatever frames have arrived, now, without the event loop
-        (False: nothing arrived, or this kind of link cannot be polled)."""
-        return False
-
     @abc.abstractmethod
     async def send(self, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
         """Send one frame; return when ``payload`` may be reused. Raises

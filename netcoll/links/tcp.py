@@ -18,7 +18,6 @@ from typing import Any
 from ..errors import ProtocolError
 from ..transport.connection import FramedProtocol
 from ..transport.mailbox import Mailbox
-from ..transport.socketlink import SocketTransport
 from ..wire import Kind
 from .framed import FramedLink
 
@@ -49,10 +48,6 @@ class TcpLink(FramedLink):
     def usable(self) -> bool:
         t = self.proto.transport
         return self.lost is None and self.proto.lost is None and t is not None and not t.is_closing()
-
-    def poll(self) -> bool:
-        t = self.proto.transport
-        return isinstance(t, SocketTransport) and t.poll()
 
     def start(self) -> None:
         proto = self.proto

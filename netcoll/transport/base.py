@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import time
-import weakref
 from typing import Any
 
 import numpy as np
@@ -32,23 +29,6 @@ log = logging.getLogger("netcoll.transport")
 CLOSE_TIMEOUT = 2.0  # how long an orderly close waits for the peers to close their ends
 
 
-def _poll_budget(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
-    """``NETCOLL_POLL_US``: how long an operation waiting for a small message
-    polls its link before leaving the wait to the event loop (microseconds;
-    0 turns polling off)."""
-    raw = env.get("NETCOLL_POLL_US") or "300"
-    try:
-        us = float(raw)
-    except ValueError:
-        raise ValueError(f"NETCOLL_POLL_US must be a number of microseconds, got {raw!r}") from None
-    if not 0 <= us <= 100_000:
-        raise ValueError(f"NETCOLL_POLL_US must be between 0 and 100000, got {raw!r}")
-    return us * 1e-6
-
-
-POLL_BUDGET = _poll_budget()
-
-
 def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
     """A flat unsigned-byte memoryview of a C-contiguous buffer, without copying."""
     if isinstance(x, np.ndarray):
@@ -57,11 +37,6 @@ def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
         return x.reshape(-1).view(np.uint8).data
     mv = memoryview(x)
     return mv if (mv.format == "B" and mv.ndim == 1) else mv.cast("B")
-
-
-#: the transports of this process not closed yet: with more than one (ranks sharing a process
-#: and its event loop), no rank polls (its peer's bytes wait for the same loop)
-_OPEN: weakref.WeakSet[Transport] = weakref.WeakSet()
 
 
 class Transport:
@@ -80,12 +55,8 @@ class Transport:
         self.mailbox = Mailbox(rank)
         self.closed = False
         self.links: dict[int, Link] = {}
-        #: this host runs too many ranks for polling to pay (:func:`netcoll.loop.note_local_ranks`):
-        #: waits sleep at once (set by transports that know where their peers run)
-        self.crowded = False
         self.mailbox.divert = self._divert
         self.mailbox.released = self._released
-        _OPEN.add(self)
 
     def attach(self, link: Link) -> None:
         """Make ``link`` this rank's link to ``link.peer`` and start it."""
@@ -145,7 +116,6 @@ class Transport:
         if self.closed:
             return
         self.closed = True
-        _OPEN.discard(self)
         self.mailbox.fail_all(lambda op: CommunicatorClosed(f"{op.where()}: communicator closed"))
         await self.close_links()
 
@@ -229,29 +199,6 @@ class Channel:
         view, start = as_bytes(data), observe.now()
         await self.transport.send(self.members[peer], Kind.DATA, header, view)
         self._span("send", f"send to rank {peer}", start, step, chunk, view.nbytes)
-
-    def progress(self, fut: asyncio.Future[Any], peer: int) -> None:
-        """Wait a little for ``fut`` (a small receive from group rank ``peer``)
-        by polling that peer's link, yielding the CPU between polls, as MPI's
-        progress loop does: waking from ``epoll`` costs tens of µs and, with
-        more ranks than cores, a trip through the scheduler. Only while the
-        event loop has nothing else ready to run and no other rank shares this
-        process (its bytes would wait for this very loop), and for at most
-        :data:`POLL_BUDGET`; then the loop's own wait takes over."""
-        if fut.done() or POLL_BUDGET <= 0 or self.transport.crowded or len(_OPEN) > 1:
-            return
-        loop = asyncio.get_running_loop()
-        if getattr(loop, "_ready", True):  # other work ready (or a loop we cannot see into)
-            return
-        link = self.transport.links.get(self.members[peer])
-        if link is None:
-            return
-        end = time.monotonic() + POLL_BUDGET
-        while not fut.done() and not loop._ready:  # type: ignore[attr-defined]
-            if not link.poll():
-                if time.monotonic() >= end:
-                    return
-                os.sched_yield()
 
     def _span(self, name: str, tid: str, start: float, step: int, chunk: int, nbytes: int) -> None:
         assert self._trace is not None

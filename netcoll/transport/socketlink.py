@@ -116,15 +116,6 @@ class SocketTransport(asyncio.Transport):
         """One ``recv_into`` per readable event, straight into the protocol's
         buffer (reading until drained measured slower: it delays forwarding in
         pipelined collectives)."""
-        self.poll()
-
-    def poll(self) -> bool:
-        """Read what has arrived, if anything, without waiting for the event
-        loop to report the socket readable (an operation waiting for a small
-        message polls its link this way: :meth:`Channel.progress
-        <netcoll.transport.base.Channel.progress>`). True if bytes were read."""
-        if not self._reading:
-            return False
         try:
             buf = self._protocol.get_buffer(-1)
             if not len(buf):  # type: ignore[arg-type]  # a memoryview or bytearray
@@ -133,15 +124,14 @@ class SocketTransport(asyncio.Transport):
             if n:
                 self._protocol.buffer_updated(n)
         except _RETRY:
-            return False
+            return
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:  # noqa: BLE001 - a reset, the fd closed under us, or a protocol bug
             self._fatal(exc)
-            return False
+            return
         if not n:
             self._eof()
-        return bool(n)
 
     def _eof(self) -> None:
         self.pause_reading()

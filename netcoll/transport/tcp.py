@@ -32,9 +32,7 @@ A broken link fails the operations that involve the lost peer (see
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from .. import wire
@@ -45,7 +43,6 @@ from ..links.factory import Capabilities, LinkConfig, LinkFactory
 from ..links.shmring import SHM_DIR, Segment, auto_ring
 from ..links.tcp import TcpLink
 from ..links.tls import TlsLink
-from ..loop import note_local_ranks
 from . import auth
 from .base import Transport
 from .connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
@@ -57,23 +54,6 @@ CONNECT_RETRY = 0.05
 #: how long an incoming peer link waits for its session to be set up here
 #: (the peer may have finished the rendezvous a moment before us)
 SESSION_WAIT = 10.0
-
-
-def local_ranks(peers: Sequence[tuple[str, int]], rank: int) -> int:
-    """How many ranks of ``peers`` (world rank -> advertised address) run on this
-    rank's host: those advertising its host, and every loopback address
-    (127.0.0.x stand in for hosts in tests, but share this machine's cores)."""
-    if not peers:
-        return 1
-    mine = peers[rank][0] if 0 <= rank < len(peers) else ""
-    return sum(1 for host, _ in peers if host == mine or _loopback(host)) or 1
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 class Listener:
@@ -186,7 +166,6 @@ class TcpTransport(Transport):
         self.factory.register("shm", shm.ShmLink)
         #: the ``link`` map this rank announces in its HELLO / WELCOME
         self.capabilities = self.factory.capabilities().to_wire()
-        self.crowded = note_local_ranks(local_ranks(peers, rank))
         self._all_linked = asyncio.Event()
         if size == 1:
             self._all_linked.set()

@@ -34,29 +34,3 @@ def test_run_and_loop_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     assert nloop.loop_kind() == "asyncio"
     with pytest.raises(ValueError, match="unknown event loop"):
         nloop.loop_kind("fast")
-
-
-def test_a_crowded_host_does_not_spin(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nloop, "CPUS", 2)
-    monkeypatch.setattr(nloop, "_crowded", False)
-    assert nloop.note_local_ranks(4) is False and not nloop.crowded()  # 2 ranks per CPU: polling helps
-    assert nloop.note_local_ranks(5) is True and nloop.crowded()
-    sel = nloop.SpinSelector(spin=0.5)
-    polls = 0
-    real = nloop._Base.select
-
-    def counting(self: nloop.SpinSelector, timeout: float | None = None) -> list[object]:
-        nonlocal polls
-        polls += 1
-        return real(self, timeout)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(nloop._Base, "select", counting)
-    try:
-        assert sel.select(0.01) == []
-        assert polls == 2  # one look, then straight to sleep: no spinning
-        nloop.note_local_ranks(1)
-        polls = 0
-        assert sel.select(0.01) == []
-        assert polls > 2  # spins (polls) before sleeping
-    finally:
-        sel.close()
