@@ -20,6 +20,7 @@ from netcoll.bench.common import OPS, SweepConfig, geometry, make_row, parse_ops
 from netcoll.bench.local import run_local
 from netcoll.sizes import format_size
 from tests.support import REPO
+from tests.support.scripts import load_script
 
 ROOT = str(REPO)
 
@@ -371,13 +372,7 @@ def test_closed_stdout_stops_quietly() -> None:  # | head
 
 # -- bench/compare.py's report (synthetic results; no peers are run) -------------------------------
 def _compare_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_compare", os.path.join(ROOT, "bench", "compare.py"))
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/compare.py", "bench_compare")
 
 
 def _fake_rows(impl: str, speed: float) -> list[dict]:

@@ -13,6 +13,7 @@ import pytest
 
 from bench import labels, machine, report, runners, scaling
 from netcoll.bench.common import SweepConfig, geometry, make_row
+from tests.support.scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = (4, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
@@ -27,11 +28,7 @@ SPEED = {
 
 
 def compare_module():
-    spec = importlib.util.spec_from_file_location("bench_compare_render", os.path.join(ROOT, "bench", "compare.py"))
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/compare.py", "bench_compare_render")
 
 
 def _rows(impl: str, p: int) -> list[dict]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
@@ -25,42 +23,11 @@ from netcoll.transport.base import Transport
 from netcoll.transport.memory import MemoryHub
 from netcoll.transport.tcp import Listener, TcpTransport
 from netcoll.wire import FrameDecoder, Kind, encode_header
+from tests.support.groups import tcp_mesh
 
 LOOPBACK = "127.0.0.1"
 MIB = 1 << 20
 _SESSIONS = itertools.count()
-
-
-@asynccontextmanager
-async def tcp_mesh(
-    n: int, *, token: str | None = "links-s3cret", configs: list[LinkConfig | None] | None = None
-) -> AsyncIterator[list[TcpTransport]]:
-    """``n`` TcpTransports on loopback (``configs[r]``: rank r's link settings,
-    None for the default from the environment)."""
-    listeners = [Listener(token=token) for _ in range(n)]
-    transports: list[TcpTransport] = []
-    try:
-        addresses = [await listener.start(LOOPBACK, 0) for listener in listeners]
-        session = f"links-{next(_SESSIONS)}"
-        for r in range(n):
-            transports.append(
-                TcpTransport(
-                    listeners[r],
-                    rank=r,
-                    size=n,
-                    session=session,
-                    peers=addresses,
-                    token=token,
-                    links=(configs or [None] * n)[r],
-                )
-            )
-        async with asyncio.timeout(10):
-            await asyncio.gather(*(t.connect(10.0) for t in transports))
-        yield transports
-    finally:
-        await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
-        for listener in listeners:
-            await listener.close()
 
 
 # --------------------------------------------------------------------------- the interface

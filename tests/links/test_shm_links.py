@@ -11,8 +11,7 @@ import functools
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from netcoll.transport.base import Channel
 from netcoll.transport.tcp import Listener, TcpTransport
 from netcoll.transport.tls import TlsConfig
 from netcoll.wire import Kind
+from tests.support.groups import tcp_mesh
 from tests.support.tlsca import issue, make_ca
 
 pytestmark = [pytest.mark.tcp, pytest.mark.skipif(not shm.possible(), reason="no /dev/shm here")]
@@ -52,27 +52,9 @@ def no_leftovers() -> Iterator[None]:
     assert leftovers() == []
 
 
-@asynccontextmanager
-async def mesh(
-    n: int, config: LinkConfig | None = None, tls: TlsConfig | None = None
-) -> AsyncIterator[list[TcpTransport]]:
-    """``n`` ranks in this loop, one Listener each, linked over loopback."""
-    listeners = [Listener(token=TOKEN, tls=tls) for _ in range(n)]
-    transports: list[TcpTransport] = []
-    try:
-        addresses = [await listener.start(LOOPBACK, 0) for listener in listeners]
-        session = f"shm-{next(_SESSIONS)}"
-        for r in range(n):
-            transports.append(
-                TcpTransport(listeners[r], rank=r, size=n, session=session, peers=addresses, token=TOKEN, links=config)
-            )
-        async with asyncio.timeout(15):
-            await asyncio.gather(*(t.connect(10.0) for t in transports))
-        yield transports
-    finally:
-        await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
-        for listener in listeners:
-            await listener.close()
+def mesh(n: int, config: LinkConfig | None = None, tls: TlsConfig | None = None) -> Any:
+    """``n`` ranks in this loop, linked over loopback (shared memory where it works)."""
+    return tcp_mesh(n, token=TOKEN, configs=[config] * n, tls=tls, timeout=15)
 
 
 def kinds(transports: list[TcpTransport]) -> set[str]:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from netcoll.comm import Communicator
+from netcoll.links import LinkConfig
 from netcoll.transport.base import Channel, Transport
 from netcoll.transport.memory import MemoryHub
 from netcoll.transport.tcp import Listener, TcpTransport
+from netcoll.transport.tls import TlsConfig
 from netcoll.wire import Kind
 
 #: the transports :func:`make_group` runs a test over (its ids)
@@ -243,3 +246,41 @@ class MakeGroup(Protocol):
     """The type of the :func:`make_group` fixture."""
 
     def __call__(self, size: int, *, killable: bool = False) -> Awaitable[Group]: ...
+
+
+@asynccontextmanager
+async def tcp_mesh(
+    n: int,
+    *,
+    token: str | None = "links-s3cret",
+    configs: list[LinkConfig | None] | None = None,
+    tls: TlsConfig | None = None,
+    timeout: float = 10.0,
+) -> AsyncIterator[list[TcpTransport]]:
+    """``n`` TcpTransports in this loop, one Listener each, linked over loopback
+    (``configs[r]``: rank r's link settings, None for the default from the
+    environment; ``tls``: every listener's)."""
+    listeners = [Listener(token=token, tls=tls) for _ in range(n)]
+    transports: list[TcpTransport] = []
+    try:
+        addresses = [await listener.start(LOOPBACK, 0) for listener in listeners]
+        session = f"links-{next(_SESSIONS)}"
+        for r in range(n):
+            transports.append(
+                TcpTransport(
+                    listeners[r],
+                    rank=r,
+                    size=n,
+                    session=session,
+                    peers=addresses,
+                    token=token,
+                    links=(configs or [None] * n)[r],
+                )
+            )
+        async with asyncio.timeout(timeout):
+            await asyncio.gather(*(t.connect(10.0) for t in transports))
+        yield transports
+    finally:
+        await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+        for listener in listeners:
+            await listener.close()
