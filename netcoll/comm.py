@@ -105,13 +105,13 @@ class Communicator:
             return Work.completed(getattr(plan, "name", "local"), plan.value)
         return self._engine.issue(plan, timeout)
 
-    def _plan(self, make: Callable[[], Plan], timeout: float | None, io: TorchIO | None = None) -> Work:
+    def _plan(self, make: Callable[[Engine], Plan], timeout: float | None, io: TorchIO | None = None) -> Work:
         """Plan and issue a collective; a call whose cost-model parameters are still
         being agreed is issued now (its sequence number) and planned once they are."""
         e = self._engine
         e.choice = None
         try:
-            plan = make()
+            plan = make(e)
         except Pending as pending:
             plan = Call(pending.name, "", _never, waits=pending.future, rebuild=self._rebuilder(make, io))
             io = None
@@ -126,13 +126,13 @@ class Communicator:
             self._model_op(tune.refine(e), e.seq + tuner.lag)
         return work
 
-    def _rebuilder(self, make: Callable[[], Plan], io: TorchIO | None) -> Callable[[Call], None]:
+    def _rebuilder(self, make: Callable[[Engine], Plan], io: TorchIO | None) -> Callable[[Call], None]:
         e = self._engine
 
         def rebuild(call: Call) -> None:
             e.plan_seq, e.choice = call.seq, None
             try:
-                plan = make()
+                plan = make(e)
             finally:
                 e.plan_seq = None
             assert isinstance(plan, Call)  # deferred: a group of 2+ ranks
@@ -182,7 +182,7 @@ class Communicator:
         """Reduce ``x`` over all ranks; every rank gets the bit-identical result
         (``out`` if given: a C-contiguous array of ``x``'s shape and dtype)."""
         x, out, io = inputs(x, out)
-        return self._plan(lambda: reducing.all_reduce(self._engine, x, op, out, algorithm), timeout, io)
+        return self._plan(lambda e: reducing.all_reduce(e, x, op, out, algorithm), timeout, io)
 
     def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """Root's ``x`` to every rank. Non-roots pass ``None`` (shape and dtype
@@ -190,7 +190,7 @@ class Communicator:
         The root's result is ``x`` itself (sent without a copy, never
         modified) when it is a C-contiguous numpy array, else a contiguous copy."""
         x, _, io = inputs(x)
-        return self._plan(lambda: moving.broadcast(self._engine, x, root, algorithm, io is not None), timeout, io)
+        return self._plan(lambda e: moving.broadcast(e, x, root, algorithm, io is not None), timeout, io)
 
     def reduce(
         self,
@@ -206,7 +206,7 @@ class Communicator:
         ``out`` (optional; used at the root, ignored elsewhere): a C-contiguous
         array of ``x``'s shape and dtype that receives and is the result."""
         x, out, io = inputs(x, out)
-        return self._plan(lambda: reducing.reduce(self._engine, x, op, root, out, algorithm), timeout, io)
+        return self._plan(lambda e: reducing.reduce(e, x, op, root, out, algorithm), timeout, io)
 
     def all_gather(
         self,
@@ -223,9 +223,7 @@ class Communicator:
         shapes (one dtype; every rank passes the same value): the result is
         then a list of ``world_size`` arrays."""
         x, out, io = inputs(x, out)
-        return self._plan(
-            lambda: moving.all_gather(self._engine, x, uneven, out, algorithm, io is not None), timeout, io
-        )
+        return self._plan(lambda e: moving.all_gather(e, x, uneven, out, algorithm, io is not None), timeout, io)
 
     def gather(
         self,
@@ -241,9 +239,7 @@ class Communicator:
         ``out`` if given there); others get ``None``. ``uneven=True``: per-rank
         shapes may differ and the root gets a list of arrays."""
         x, out, io = inputs(x, out)
-        return self._plan(
-            lambda: moving.gather(self._engine, x, root, uneven, out, algorithm, io is not None), timeout, io
-        )
+        return self._plan(lambda e: moving.gather(e, x, root, uneven, out, algorithm, io is not None), timeout, io)
 
     def scatter(
         self,
@@ -262,7 +258,7 @@ class Communicator:
         ``out``: a C-contiguous array of one row's shape and dtype to receive
         into; every rank passes one or none (the root's ``x`` then an array)."""
         x, out, io = inputs(x, out)
-        return self._plan(lambda: moving.scatter(self._engine, x, root, out, algorithm, io is not None), timeout, io)
+        return self._plan(lambda e: moving.scatter(e, x, root, out, algorithm, io is not None), timeout, io)
 
     def reduce_scatter(
         self,
@@ -278,18 +274,18 @@ class Communicator:
         one dtype (``x[j]`` of one shape on every rank) reduces uneven rows, in
         the fixed order ``((x[r+1] op x[r+2]) op ...) op x[r]``."""
         x, out, io = inputs(x, out)
-        return self._plan(lambda: reducing.reduce_scatter(self._engine, x, op, out, algorithm), timeout, io)
+        return self._plan(lambda e: reducing.reduce_scatter(e, x, op, out, algorithm), timeout, io)
 
     def all_to_all(self, x: Any, *, out: Any = None, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """``y[j]`` = rank ``j``'s ``x[rank]``, for ``x`` of shape ``(world_size, *s)``
         (``out`` if given), or for a list of ``world_size`` arrays of one dtype
         and any shapes (as MPI's ``alltoallv``; shapes travel with the data)."""
         x, out, io = inputs(x, out)
-        return self._plan(lambda: moving.all_to_all(self._engine, x, out, algorithm, io is not None), timeout, io)
+        return self._plan(lambda e: moving.all_to_all(e, x, out, algorithm, io is not None), timeout, io)
 
     def barrier(self, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
         """Done once every rank has entered the barrier."""
-        return self._plan(lambda: moving.barrier(self._engine, algorithm), timeout)
+        return self._plan(lambda e: moving.barrier(e, algorithm), timeout)
 
     # -- point to point -------------------------------------------------------------
     def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> Work:

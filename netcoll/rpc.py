@@ -241,8 +241,13 @@ class RpcServer:
             if not isinstance(exc, (NetcollError, ValueError, TypeError, KeyError, TimeoutError)):
                 log.exception("RPC %s failed", escape(method))
             header = {"id": rid, "ok": False, "error": error_to_wire(exc)}
+        body = None if payload is None else memoryview(payload).cast("B")
         try:
-            await session.proto.send(Kind.RESPONSE, header, None if payload is None else memoryview(payload).cast("B"))
+            try:
+                await session.proto.send(Kind.RESPONSE, header, body)
+            except NetcollError as exc:  # the answer cannot be framed (over a limit): say so, never leave it unanswered
+                log.warning("RPC %s: cannot send its answer: %s", escape(method), escape(str(exc)))
+                await session.proto.send(Kind.RESPONSE, {"id": rid, "ok": False, "error": error_to_wire(exc)}, None)
         except (ConnectionError, NetcollError):
             pass
         finally:

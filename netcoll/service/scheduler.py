@@ -427,7 +427,8 @@ class JobService:
         return self._member_rows()
 
     async def _rpc_cluster(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
-        recent = [j.record() for j in list(self.jobs.values())[-20:]]
+        # a summary: per-rank timings and model stats stay in the job's own record (``job``)
+        recent = [_summary(j.record()) for j in list(self.jobs.values())[-20:]]
         return {
             "epoch": self.epoch,
             "members": self._member_rows(),
@@ -693,3 +694,11 @@ async def _wait(event: asyncio.Event, seconds: float) -> None:
             await event.wait()
     except TimeoutError:
         pass
+
+
+#: what a status row leaves out of a job's record: per-rank detail that grows with ranks and calls
+_DETAIL = ("timings", "model")
+
+
+def _summary(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k not in _DETAIL}

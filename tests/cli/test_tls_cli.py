@@ -5,7 +5,6 @@ refused at startup (exit 2, one line). A throwaway CA made here; loopback only."
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,13 +58,9 @@ def test_job_over_tls(tls_cluster: TlsCluster) -> None:
     assert tls_cluster.http.startswith("https://")
     proc, record = tls_cluster.submit_json("all_reduce", "--size", "1MiB")
     assert proc.returncode == 0 and record["state"] == "succeeded", (record, tls_cluster.logs())
-    kinds = {
-        kind
-        for per_rank in record["links"].values()
-        for kind in json.dumps(per_rank).split('"')
-        if kind in ("tls", "tcp")
-    }
-    assert kinds == {"tls"}, record["links"]
+    kinds = {kind for per_rank in record["links"].values() for kind in per_rank.values()}
+    # never plain TCP: TLS, or shared memory between ranks on this host (protocol.md §5.4)
+    assert kinds and kinds <= {"tls", "shm"}, record["links"]
 
 
 def test_health_over_tls(tls_cluster: TlsCluster) -> None:
