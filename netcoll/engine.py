@@ -30,6 +30,8 @@ from typing import Any
 
 from . import algorithms, observe
 from .algorithms.tuning import Choice, Gate, describe, raising
+from .deadlines import Deadlines
+from .deadlines import ranks_text as _ranks
 from .errors import CollectiveError, CommunicatorClosed
 from .escape import escape
 from .logs import OPERATIONS, op_extra
@@ -65,10 +67,6 @@ class Call:
     choice: Choice | None = None  # what the plan chose (algorithm, segment, prediction)
     waits: asyncio.Future[Any] | None = None  # deferred: ``rebuild(call)`` plans it once this is done
     rebuild: Callable[[Call], None] | None = None
-
-
-def _ranks(ranks: Any) -> str:
-    return ", ".join(f"rank {r}" for r in ranks)
 
 
 def check_timeout(timeout: Any) -> float:
@@ -115,6 +113,7 @@ class Engine:
         self.tuner = algorithms.tuning.Tuner()
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
         self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
+        self.deadlines = Deadlines()  # one timer for the running operations' deadlines
         self.gate = Gate()  # keeps the group's calls opening in sequence order behind deferred ones
 
     def remember_fp(self, key: tuple[Any, ...], fp: str) -> str:
@@ -245,7 +244,7 @@ class Engine:
             task = asyncio.current_task(loop)
             assert task is not None
             work._driver = task
-            deadline = _Deadline(task, op, loop, limit, self.slow_op_s, self.transport.rank)
+            deadline = self.deadlines.start(task, op, limit, self.slow_op_s, self.transport.rank)
             try:
                 try:
                     return await body(Channel(self.transport, op))
@@ -320,61 +319,6 @@ class Engine:
             return
         await self.transport.abort(op, failure.reason.value, failure.message, failure.ranks)
         op.failure = Failure(failure.reason, failure.message, failure.ranks, told=True)
-
-
-class _Deadline:
-    """Cancels ``task`` when it expires at ``end`` (loop time). One timer: it
-    first fires after the slow-operation threshold (when that comes before
-    the end) to log a WARNING naming the ranks still waited for, then is
-    re-armed for the end. ``cancelling`` is the task's count of cancel
-    requests before, so a cancellation from elsewhere at the same time is
-    told apart."""
-
-    __slots__ = ("task", "cancelling", "expired", "op", "end", "rank", "timer", "slow")
-
-    def __init__(
-        self,
-        task: asyncio.Task[Any],
-        op: Operation,
-        loop: asyncio.AbstractEventLoop,
-        limit: float,
-        slow: float,
-        rank: int,
-    ) -> None:
-        self.task, self.cancelling, self.expired = task, task.cancelling(), False
-        self.op: Operation | None = op
-        self.rank = rank
-        now = loop.time()
-        self.end = now + limit
-        if slow < limit:
-            self.slow = slow
-            self.timer = loop.call_at(now + slow, self.warn)
-        else:
-            self.slow = 0.0
-            self.timer = loop.call_at(self.end, self.expire)
-
-    def warn(self) -> None:
-        op = self.op
-        if op is None:
-            return
-        waiting = op.waiting_for()
-        log.warning(
-            "slow operation: %s still running on rank %d after %gs; waiting for %s",
-            op.where(),
-            op.me(self.rank),
-            self.slow,
-            _ranks(waiting) or "peers to read (send blocked)",
-            extra=op_extra(op.name, op.seq, self.rank),
-        )
-        self.timer = self.task.get_loop().call_at(self.end, self.expire)
-
-    def cancel(self) -> None:
-        self.timer.cancel()
-        self.op = None  # a cancelled timer lingers in the loop's heap: hold nothing big
-
-    def expire(self) -> None:
-        self.expired = True
-        self.task.cancel()
 
 
 def _fail_from(op: Operation, exc: Exception, me: int) -> None:

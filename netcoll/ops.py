@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib
 import numbers
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import ml_dtypes
@@ -243,6 +245,41 @@ def _fast(op: ReduceOp, dt: np.dtype) -> tuple[np.ufunc, bool]:
     return hit
 
 
+def _errstate_var() -> tuple[ContextVar[Any], Any] | None:
+    """numpy's error-state variable and an "ignore all" value for it, if this
+    numpy keeps its state that way (checked): setting the variable is what
+    ``np.errstate`` does, without building a new state object per call (that
+    costs as much as the ufunc on a small array; docs/performance.md)."""
+    try:
+        config = importlib.import_module("numpy._core._ufunc_config")
+        var, value = config._extobj_contextvar, config._make_extobj(all="ignore")
+        token = var.set(value)
+        try:
+            works = set(np.geterr().values()) == {"ignore"}
+        finally:
+            var.reset(token)
+    except Exception:  # noqa: BLE001 - another numpy: np.errstate it is
+        return None
+    return (var, value) if works else None
+
+
+_QUIET = _errstate_var()
+
+
+def _ignoring_errors(ufunc: np.ufunc, acc: np.ndarray, other: np.ndarray) -> None:
+    """``ufunc(acc, other, out=acc)`` under ``np.errstate(all="ignore")``."""
+    if _QUIET is None:
+        with np.errstate(all="ignore"):
+            ufunc(acc, other, out=acc)
+        return
+    var, value = _QUIET
+    token = var.set(value)
+    try:
+        ufunc(acc, other, out=acc)
+    finally:
+        var.reset(token)
+
+
 def reduce_into(op: str | ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
     """In place: ``acc = acc (op) other`` elementwise. ``avg`` accumulates as ``sum``."""
     if op.__class__ is not ReduceOp:
@@ -261,8 +298,7 @@ def reduce_into(op: str | ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
     if quiet:
         ufunc(acc, other, out=acc)
     else:
-        with np.errstate(all="ignore"):  # float overflow, NaN compares
-            ufunc(acc, other, out=acc)
+        _ignoring_errors(ufunc, acc, other)  # float overflow, NaN compares
     if trace is not None:
         trace.add("reduce", "reduce", start, now(), {"bytes": acc.nbytes, "op": op.value})
 

@@ -159,6 +159,9 @@ class Gate:
     ) -> bool:
         """Whether the call must wait (for ``waits``, and, ``ordered``, for the last held
         call); if so ``start()`` runs once it may start."""
+        last = self.last
+        if (waits is None or waits.done()) and (not ordered or last is None or last.done()):
+            return False  # every call of a communicator that is not being tuned
         pending = [f for f in ((self.last if ordered else None), waits) if f is not None and not f.done()]
         if not pending:
             return False

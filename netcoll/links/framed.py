@@ -29,6 +29,9 @@ from ..wire import Frame, Kind
 from .base import Link, LinkStats
 from .flow import Flow
 
+#: DATA payloads up to this size may go out without awaiting (:meth:`FramedLink.send_nowait`)
+EAGER_NOWAIT_MAX: Final = 64 * 1024
+
 ABORT_REASON_MAX: Final = 4096  # characters of an ABORT's reason (control frames are small)
 ABORT_RANKS_MAX: Final = 512
 
@@ -85,6 +88,11 @@ class FramedLink(Link):
     def _backlog(self) -> int:
         return 0
 
+    def _write_now(self, header: dict[str, Any], payload: memoryview) -> bool:
+        """Write an eager DATA frame at once if the way to the wire is clear
+        (no backpressure to wait for); False: nothing written."""
+        return False
+
     # -- sending ----------------------------------------------------------------------
     async def send(self, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
         if self.lost is not None:
@@ -98,6 +106,17 @@ class FramedLink(Link):
         await self._transmit(kind, header, payload)
         self._frames_sent += 1
         self._bytes_sent += n
+
+    def send_nowait(self, header: dict[str, Any], payload: memoryview) -> bool:
+        n = payload.nbytes
+        if self.lost is not None or n > EAGER_NOWAIT_MAX or n > self.flow.credit:
+            return False
+        if not self._write_now(header, payload):
+            return False
+        self.flow.try_spend(n)
+        self._frames_sent += 1
+        self._bytes_sent += n
+        return True
 
     async def _send_rendezvous(self, header: dict[str, Any], payload: memoryview, n: int) -> None:
         """RTS, wait for the CTS (or the operation's end), then the DATA."""

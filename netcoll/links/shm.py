@@ -125,6 +125,10 @@ class ShmLink(TcpLink):
                 job.payload = memoryview(bytes(job.payload))
             raise
 
+    def _write_now(self, header: dict[str, Any], payload: memoryview) -> bool:
+        # small DATA goes on the socket, behind a ring message that is part-way
+        return payload.nbytes < RING_MIN and not self._lock.locked() and super()._write_now(header, payload)
+
     async def _finish(self, job: _Outgoing) -> None:
         """Write the rest of ``job`` as ring space comes back."""
         try:

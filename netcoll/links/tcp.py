@@ -16,7 +16,7 @@ import asyncio
 from typing import Any
 
 from ..errors import ProtocolError
-from ..transport.connection import FramedProtocol
+from ..transport.connection import COALESCE_MAX, FramedProtocol
 from ..transport.mailbox import Mailbox
 from ..wire import Kind
 from .framed import FramedLink
@@ -66,6 +66,16 @@ class TcpLink(FramedLink):
 
     async def _transmit(self, kind: Kind, header: dict[str, Any], payload: memoryview | None) -> None:
         await self.proto.send(kind, header, payload)
+
+    def _write_now(self, header: dict[str, Any], payload: memoryview) -> bool:
+        proto = self.proto
+        if payload.nbytes > COALESCE_MAX or not proto.writable_now():
+            return False
+        try:
+            proto.write(Kind.DATA, header, payload)
+        except Exception:  # noqa: BLE001 - raised before a byte went out: send() raises it properly
+            return False
+        return True
 
     def _post(self, kind: Kind, header: dict[str, Any]) -> None:
         self.proto.write(kind, header)

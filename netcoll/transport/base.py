@@ -34,7 +34,10 @@ def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous:
             raise ValueError("buffers passed to a channel must be C-contiguous")
-        return x.reshape(-1).view(np.uint8).data
+        if x.size and x.dtype.isbuiltin == 1:  # numpy's own dtypes export a buffer: the cheapest view
+            mv = memoryview(x)  # type: ignore[arg-type]  # numpy's stubs: no Buffer before 3.12
+            return mv if (mv.format == "B" and mv.ndim == 1) else mv.cast("B")
+        return x.reshape(-1).view(np.uint8).data  # (ml_dtypes' bfloat16 exports none)
     mv = memoryview(x)
     return mv if (mv.format == "B" and mv.ndim == 1) else mv.cast("B")
 
@@ -85,6 +88,12 @@ class Transport:
             if self.closed:
                 raise CommunicatorClosed("transport is closed") from None
             raise PeerLost(f"lost connection to rank {peer}: {exc}", ranks=(peer,)) from None
+
+    def send_nowait(self, peer: int, header: dict[str, Any], payload: memoryview) -> bool:
+        """Send a small DATA frame to world rank ``peer`` at once if its link
+        can (see :meth:`Link.send_nowait`); False: nothing was sent, :meth:`send` it."""
+        link = self.links.get(peer)
+        return link is not None and link.send_nowait(header, payload)
 
     def link_stats(self) -> dict[int, LinkStats]:
         """Each peer's link: its kind, traffic, held bytes and credit."""
@@ -194,7 +203,9 @@ class Channel:
         if meta is not None:
             header["m"] = meta
         if self._trace is None:
-            await self.transport.send(self.members[peer], Kind.DATA, header, as_bytes(data))
+            view, world = as_bytes(data), self.members[peer]
+            if not self.transport.send_nowait(world, header, view):
+                await self.transport.send(world, Kind.DATA, header, view)
             return
         view, start = as_bytes(data), observe.now()
         await self.transport.send(self.members[peer], Kind.DATA, header, view)

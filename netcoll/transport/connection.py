@@ -165,6 +165,12 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.transport.write(head)
             self.transport.write(payload)  # type: ignore[arg-type]
 
+    def writable_now(self) -> bool:
+        """Whether a frame written now goes out with nothing to wait for (not
+        lost or closing, no backpressure)."""
+        t = self.transport
+        return self.lost is None and t is not None and self._can_write.is_set() and not t.is_closing()
+
     async def send(self, kind: Kind, header: dict[str, Any], payload: memoryview | None = None) -> None:
         """Write one frame and return when the caller may reuse ``payload``:
         a large payload goes to the kernel without a copy (this waits until the

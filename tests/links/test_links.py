@@ -16,7 +16,9 @@ from netcoll.errors import ProtocolError
 from netcoll.links import Capabilities, Link, LinkConfig, LinkFactory, LinkStats, choose
 from netcoll.links import factory as factory_mod
 from netcoll.links.framed import ABORT_REASON_MAX
+from netcoll.links.framed import EAGER_NOWAIT_MAX as FRAMED_NOWAIT_MAX
 from netcoll.links.memory import MemoryLink
+from netcoll.links.shm import ShmLink
 from netcoll.links.tcp import TcpLink
 from netcoll.transport import auth
 from netcoll.transport.base import Transport
@@ -180,6 +182,55 @@ async def test_link_stats_count_traffic_per_peer() -> None:
         s0, s1 = ts[0].link_stats()[1], ts[1].link_stats()[0]
         assert s0.bytes_sent == s1.bytes_received > 0 and s1.bytes_sent == s0.bytes_received > 0
         assert s0.frames_sent >= 2 and s0.unexpected_bytes == s1.unexpected_bytes == 0
+
+
+async def _received(t: TcpTransport, seq: int, peer: int) -> bytes:
+    op = t.mailbox.open("g", seq, "fp", (0, 1), "test")
+    try:
+        async with asyncio.timeout(10):
+            payload, _ = await t.mailbox.take(op, (peer, 0, 0), None)
+        return bytes(payload)
+    finally:
+        t.mailbox.close(op)
+
+
+@pytest.mark.parametrize("kind", ["tcp", "shm"])
+async def test_small_sends_go_out_without_awaiting_unless_something_is_in_the_way(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The eager path (Link.send_nowait) sends a small DATA frame at once; with
+    backpressure, too little credit or a ring message part-way it sends nothing
+    and says so, and the awaited send() then does the work."""
+    monkeypatch.setenv("NETCOLL_TRANSPORT", kind)
+    monkeypatch.setenv("NETCOLL_RECV_WINDOW", "32K")  # less credit than an eager message may be
+    async with tcp_mesh(2) as ts:
+        link = ts[0].links[1]
+        assert isinstance(link, TcpLink) and link.kind == kind
+        head = {"g": "g", "q": 0, "f": "fp", "s": 0, "c": 0}
+        assert ts[0].send_nowait(1, head, memoryview(b"now"))
+        assert await _received(ts[1], 0, 0) == b"now"
+        assert link.stats().frames_sent == 1 and link.stats().bytes_sent == 3
+
+        link.proto.pause_writing()  # the socket's buffer is over its high-water mark
+        head = dict(head, q=1)
+        assert not ts[0].send_nowait(1, head, memoryview(b"later"))
+        sending = asyncio.ensure_future(ts[0].send(1, Kind.DATA, head, memoryview(b"later")))
+        await asyncio.sleep(0.05)
+        assert not sending.done()  # send() waits for the buffer to drain
+        link.proto.resume_writing()
+        await asyncio.wait_for(sending, 5)
+        assert await _received(ts[1], 1, 0) == b"later"
+
+        credit = link.flow.credit
+        assert credit + 1 <= FRAMED_NOWAIT_MAX
+        assert not ts[0].send_nowait(1, dict(head, q=2), memoryview(bytes(credit + 1)))  # over the credit
+        big = memoryview(bytes(FRAMED_NOWAIT_MAX + 1))
+        assert not ts[0].send_nowait(1, dict(head, q=2), big)  # a large message is awaited
+        if isinstance(link, ShmLink):
+            async with link._lock:  # a ring message is part-way: small ones queue behind it
+                assert not ts[0].send_nowait(1, dict(head, q=2), memoryview(b"behind"))
+        assert link.flow.credit == credit and link.stats().frames_sent == 2  # nothing went out
+        assert not ts[1].send_nowait(5, head, memoryview(b"x"))  # no such peer: send() says why
 
 
 async def test_a_peer_without_link_capabilities_is_refused() -> None:

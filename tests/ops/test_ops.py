@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import netcoll.ops as ops_mod
 from netcoll.ops import (
     BFLOAT16,
     SUPPORTED_DTYPES,
@@ -275,6 +276,28 @@ def test_float_overflow_to_inf_silently(dt):
         assert np.isinf(acc.astype(np.float64)).all()
         reduce_into("sum", acc, -acc)  # inf + -inf -> nan, no "invalid" warning
         assert np.isnan(acc.astype(np.float64)).all()
+
+
+@pytest.mark.parametrize("quiet", [True, False], ids=["errstate-variable", "np.errstate"])
+def test_float_reductions_leave_the_callers_error_state_alone(quiet, monkeypatch):
+    """reduce_into silences float warnings for itself only (numpy's error-state
+    variable set and reset, or np.errstate where that variable is not there)."""
+    if quiet:
+        assert ops_mod._QUIET is not None  # the numpy we install keeps its error state in a variable
+    else:
+        monkeypatch.setattr(ops_mod, "_QUIET", None)
+    big = np.array([np.finfo(np.float32).max] * 3, dtype=np.float32)
+    with np.errstate(over="raise", invalid="call", divide="print"):
+        before = np.geterr()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            acc = big.copy()
+            reduce_into("sum", acc, big)
+            reduce_into("min", acc, np.array([np.nan] * 3, dtype=np.float32))
+        assert np.geterr() == before
+        with pytest.raises(FloatingPointError):
+            big + big  # the caller's own "raise" still holds
+    assert np.isnan(acc).all()
 
 
 # --------------------------------------------------------------------------- in place
