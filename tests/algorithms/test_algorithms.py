@@ -699,6 +699,7 @@ async def test_killed_rank_mid_stream(make_group: MakeGroup) -> None:
         await original(peer, kind, header, payload)
 
     t3.send = send_then_stall  # type: ignore[method-assign]
+    t3.send_nowait = lambda *_: False  # type: ignore[method-assign]  # every send through the stall
 
     async def body(ch: Channel) -> Any:
         try:

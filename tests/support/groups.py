@@ -102,7 +102,15 @@ class Group:
                     counts[r] += 1
                 await send(peer, kind, header, payload)
 
+            def counted_nowait(
+                peer: int, header: dict[str, Any], payload: memoryview, *, r: int = r, nowait: Any = t.send_nowait
+            ) -> bool:
+                sent: bool = nowait(peer, header, payload)
+                counts[r] += sent
+                return sent
+
             t.send = counted  # type: ignore[method-assign]
+            t.send_nowait = counted_nowait  # type: ignore[method-assign]
         return counts
 
     def communicators(self, **kw: Any) -> list[Communicator]:
