@@ -1,0 +1,33 @@
+"""bench/floor.py, the asyncio floor netcoll's small-message latency is compared
+with (docs/performance.md): it runs, computes the right sum, and reports. Loopback only."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.scripts import ROOT
+
+
+def test_the_floor_runs_real_processes_and_reports_the_slowest_rank() -> None:
+    out = subprocess.run(
+        [sys.executable, "bench/floor.py", "--ranks", "2", "--iters", "50"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr  # each rank asserts the all_reduce's sum
+    m = re.fullmatch(r"asyncio floor, 2 processes, 4-byte all_reduce: median per call (\d+) µs .*\n", out.stdout)
+    assert m and int(m.group(1)) > 0, out.stdout
+
+
+@pytest.mark.parametrize("ranks", ["3", "1"])
+def test_the_floor_wants_a_power_of_two(ranks: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "bench/floor.py", "--ranks", ranks], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and "power of two" in out.stderr
