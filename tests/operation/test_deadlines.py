@@ -38,6 +38,12 @@ def _task() -> asyncio.Task[None]:
     return asyncio.get_running_loop().create_task(_sleeper())
 
 
+async def _cancel(*tasks: asyncio.Task[None]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_operations_in_sequence_share_one_timer() -> None:
     deadlines = Deadlines()
     first = deadlines.start(_task(), _Op(), 30.0, 10.0, 0)  # type: ignore[arg-type]
@@ -49,8 +55,7 @@ async def test_operations_in_sequence_share_one_timer() -> None:
         tasks.append(_task())
         deadlines.start(tasks[-1], _Op(), 30.0, 10.0, 0).cancel()  # type: ignore[arg-type]
     assert deadlines.timer is timer and not deadlines.active  # no timer per operation
-    for t in [*tasks, first.task]:
-        t.cancel()
+    await _cancel(*tasks, first.task)
     deadlines.close()
     assert deadlines.timer is None and timer.cancelled()
 
@@ -68,7 +73,7 @@ async def test_a_shorter_deadline_after_a_longer_one_fires_on_time() -> None:
     assert short.expired and not long.expired and not long_task.done()
     assert deadlines.active == {long} and deadlines.at == pytest.approx(long.end)  # re-armed for what runs
     long.cancel()
-    long_task.cancel()
+    await _cancel(long_task)
     deadlines.close()
 
 
@@ -83,7 +88,7 @@ async def test_a_timer_that_fires_with_nothing_due_rearms_or_rests() -> None:
     with pytest.raises(asyncio.CancelledError):
         await later_task
     assert later.expired and deadlines.timer is None and not deadlines.active
-    first_task.cancel()
+    await _cancel(first_task)
 
 
 async def test_the_slow_warning_comes_first_then_the_end(caplog: pytest.LogCaptureFixture) -> None:
