@@ -82,7 +82,7 @@ async def test_a_timer_that_fires_with_nothing_due_rearms_or_rests() -> None:
     first_task = _task()
     deadlines.start(first_task, _Op(), 0.1, 60.0, 0).cancel()  # type: ignore[arg-type]
     later_task = _task()
-    later = deadlines.start(later_task, _Op(), 0.3, 60.0, 0)  # type: ignore[arg-type]
+    later = deadlines.start(later_task, _Op(), 1.0, 60.0, 0)  # type: ignore[arg-type]
     await asyncio.sleep(0.15)  # the first one's time passed: nothing due, re-armed for the later one
     assert deadlines.timer is not None and not later.expired
     with pytest.raises(asyncio.CancelledError):
@@ -95,8 +95,8 @@ async def test_the_slow_warning_comes_first_then_the_end(caplog: pytest.LogCaptu
     deadlines = Deadlines()
     task = _task()
     with caplog.at_level(logging.WARNING, logger="netcoll.engine"):
-        deadline = deadlines.start(task, _Op(), 0.4, 0.1, 2)  # type: ignore[arg-type]
-        await asyncio.sleep(0.25)
+        deadline = deadlines.start(task, _Op(), 1.5, 0.1, 2)  # type: ignore[arg-type]
+        await asyncio.sleep(0.3)
         assert not task.done() and not deadline.expired
         warned = [r.getMessage() for r in caplog.records]
         assert warned == ["slow operation: all_reduce #7 still running on rank 2 after 0.1s; waiting for rank 3"]
