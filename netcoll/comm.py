@@ -31,6 +31,7 @@ build the algorithm call, :class:`~netcoll.engine.Engine` sequences and runs it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import os
@@ -43,6 +44,7 @@ from .algorithms.tuning import Pending
 from .calls import moving, p2p, reducing, tune
 from .calls._common import Done, Plan
 from .engine import DEFAULT_TIMEOUT, Call, Engine
+from .errors import CollectiveError
 from .operation import Work
 from .ops import ReduceOp
 from .tensors import TorchIO, inputs
@@ -52,14 +54,22 @@ Array = np.ndarray[Any, Any]
 COST_MODEL_ENV = "NETCOLL_COST_MODEL"
 
 
-def cost_model_enabled(env: Mapping[str, str] | None = None) -> bool:
-    """Whether groups calibrate when they form (``NETCOLL_COST_MODEL=1``). Off by
-    default: measured on the 2-core reference machine, ``auto`` with the model was
-    up to 1.7x slower than the best fixed algorithm in a third of the cells where
-    the fixed table stays within noise (docs/performance.md), so the table decides
-    until the model does better."""
-    raw = (os.environ if env is None else env).get(COST_MODEL_ENV, "0")
-    return raw.strip().lower() in ("1", "on", "true", "yes")
+def cost_model_enabled(env: Mapping[str, str] | None = None, *, default: bool = False) -> bool:
+    """Whether groups calibrate when they form (``NETCOLL_COST_MODEL=1``; unset or
+    empty: ``default``). Off by default: measured on the 2-core reference machine,
+    ``auto`` with the model was up to 1.7x slower than the best fixed algorithm in
+    a third of the cells where the fixed table stays within noise
+    (docs/performance.md), so the table decides until the model does better."""
+    raw = (os.environ if env is None else env).get(COST_MODEL_ENV, "").strip().lower()
+    return default if not raw else raw in ("1", "on", "true", "yes")
+
+
+async def calibrate_if_enabled(comm: Communicator) -> None:
+    """A new group's calibration when :func:`cost_model_enabled` (what ``connect()``
+    and the rank daemons do). A failure is logged and leaves the fixed table."""
+    if cost_model_enabled():
+        with contextlib.suppress(CollectiveError):
+            await comm.calibrate()
 
 
 log = logging.getLogger("netcoll.comm")
@@ -155,7 +165,7 @@ class Communicator:
         rank daemons call it when :func:`cost_model_enabled`;
         ``NETCOLL_COST_MODEL=0`` turns it into a no-op (the fixed table stays)."""
         e = self._engine
-        if e.world_size < 2 or os.environ.get(COST_MODEL_ENV, "1").strip() in ("0", "off", "false", "no"):
+        if e.world_size < 2 or not cost_model_enabled(default=True):
             return Work.completed("calibrate", None)
         call = tune.calibrate(e)
         work = self._engine.issue(call, timeout)
@@ -378,4 +388,11 @@ def _log_model(work: Work) -> None:
         log.info("%s #%s: cost-model parameters %s", work.name, work.seq, work.result())
 
 
-__all__ = ["COST_MODEL_ENV", "DEFAULT_TIMEOUT", "Communicator", "as_bytes"]
+__all__ = [
+    "COST_MODEL_ENV",
+    "DEFAULT_TIMEOUT",
+    "Communicator",
+    "as_bytes",
+    "calibrate_if_enabled",
+    "cost_model_enabled",
+]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import algorithms, observe
-from .algorithms.tuning import Choice, Gate, describe, raising
+from .algorithms.tuning import Choice, describe
 from .deadlines import Deadlines
 from .deadlines import ranks_text as _ranks
 from .errors import CollectiveError, CommunicatorClosed
@@ -135,9 +135,12 @@ class Engine:
             call.seq, self.seq = self.seq, self.seq + 1
         loop = asyncio.get_running_loop()
         work = Work(call.name, call.seq, loop=loop)
-        start = functools.partial(self._arm, work, call, limit, at_once=True)
-        if not self.gate.hold(call.group is None, call.waits, loop, start):
+        ordered = call.group is None
+        pending = self.gate.pending(ordered, call.waits)
+        if pending is None:  # every call of a communicator that is not being tuned
             self._arm(work, call, limit, at_once=False)
+        else:
+            self.gate.hold(pending, ordered, loop, functools.partial(self._arm, work, call, limit, at_once=True))
         return work
 
     def _arm(self, work: Work, call: Call, limit: float, *, at_once: bool) -> None:
@@ -148,7 +151,7 @@ class Engine:
             try:
                 rebuild(call)
             except Exception as exc:  # noqa: BLE001 - the operation fails with it, on every rank
-                call.body = functools.partial(raising, exc)
+                call.body = functools.partial(_raising, exc)
         work._drive = functools.partial(self._drive, work, call, limit)
         if at_once:
             self._start(work)
@@ -319,6 +322,56 @@ class Engine:
             return
         await self.transport.abort(op, failure.reason.value, failure.message, failure.ranks)
         op.failure = Failure(failure.reason, failure.message, failure.ranks, told=True)
+
+
+class Gate:
+    """Keeps a group's operations opening in sequence order (the mailbox drops the
+    frames of an operation it believes finished): a call deferred for parameters
+    being agreed holds up the group's later calls until it has started."""
+
+    def __init__(self) -> None:
+        self.last: asyncio.Future[None] | None = None  # done once the last held call started
+
+    def pending(self, ordered: bool, waits: asyncio.Future[Any] | None) -> list[asyncio.Future[Any]] | None:
+        """What a call must wait for: ``waits``, and, ``ordered``, the last held
+        call's start (None: nothing, it may start at once)."""
+        last = self.last if ordered else None
+        if (last is None or last.done()) and (waits is None or waits.done()):
+            return None
+        return [f for f in (last, waits) if f is not None and not f.done()]
+
+    def hold(
+        self,
+        pending: list[asyncio.Future[Any]],
+        ordered: bool,
+        loop: asyncio.AbstractEventLoop,
+        start: Callable[[], None],
+    ) -> None:
+        """Run ``start()`` once every future of ``pending`` is done (an ``ordered``
+        call becomes the one later ordered calls wait for)."""
+        armed: asyncio.Future[None] = loop.create_future()
+        if ordered:
+            self.last = armed
+
+        def go() -> None:
+            start()
+            armed.set_result(None)
+
+        _when_done(pending, go)
+
+
+def _when_done(futures: list[asyncio.Future[Any]], fn: Callable[[], None]) -> None:
+    """Call ``fn`` once every future is done (in turn: one callback at a time)."""
+    rest = [f for f in futures if not f.done()]
+    if not rest:
+        fn()
+        return
+    rest[0].add_done_callback(lambda _: _when_done(rest[1:], fn))
+
+
+async def _raising(exc: BaseException, ch: Any) -> Any:
+    """An operation body that fails with ``exc`` (a deferred call that could not be planned)."""
+    raise exc
 
 
 def _fail_from(op: Operation, exc: Exception, me: int) -> None:

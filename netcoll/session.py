@@ -18,8 +18,8 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from .comm import DEFAULT_TIMEOUT, Communicator, cost_model_enabled
-from .errors import CollectiveError, ConfigError
+from .comm import DEFAULT_TIMEOUT, Communicator, calibrate_if_enabled
+from .errors import ConfigError
 from .links.factory import LinkConfig
 from .rendezvous import RendezvousClient
 from .transport import auth
@@ -189,9 +189,7 @@ async def connect(
         rdv.report_with(transport.mailbox.snapshot)  # heartbeats carry what we are in (the arrival board)
         comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
         stack.push_async_callback(comm.close)
-        if cost_model_enabled():
-            with contextlib.suppress(CollectiveError):  # logged; "auto" then keeps the fixed table
-                await comm.calibrate()  # the cost model's parameters (docs/algorithms.md, "Cost model")
+        await calibrate_if_enabled(comm)  # the cost model's parameters (docs/algorithms.md, "Cost model")
         try:
             yield comm
         except BaseException as exc:

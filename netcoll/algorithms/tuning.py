@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -126,55 +126,6 @@ def describe(choice: Choice | None) -> str:
         return ""
     predicted = "" if choice[4] is None else f", predicted {choice[4]:.6f}s"
     return f" ({choice[1]}, segment_bytes={choice[3]}{predicted})"
-
-
-def when_done(futures: list[asyncio.Future[Any]], fn: Callable[[], None]) -> None:
-    """Call ``fn`` once every future is done (in turn: one callback at a time)."""
-    rest = [f for f in futures if not f.done()]
-    if not rest:
-        fn()
-        return
-    rest[0].add_done_callback(lambda _: when_done(rest[1:], fn))
-
-
-async def raising(exc: BaseException, ch: Any) -> Any:
-    """An operation body that fails with ``exc`` (a deferred call that could not be planned)."""
-    raise exc
-
-
-class Gate:
-    """Keeps a group's operations opening in sequence order (the mailbox drops the
-    frames of an operation it believes finished): a call deferred for parameters
-    being agreed holds up the group's later calls until it has started."""
-
-    def __init__(self) -> None:
-        self.last: asyncio.Future[None] | None = None  # done once the last held call started
-
-    def hold(
-        self,
-        ordered: bool,
-        waits: asyncio.Future[Any] | None,
-        loop: asyncio.AbstractEventLoop,
-        start: Callable[[], None],
-    ) -> bool:
-        """Whether the call must wait (for ``waits``, and, ``ordered``, for the last held
-        call); if so ``start()`` runs once it may start."""
-        last = self.last
-        if (waits is None or waits.done()) and (not ordered or last is None or last.done()):
-            return False  # every call of a communicator that is not being tuned
-        pending = [f for f in ((self.last if ordered else None), waits) if f is not None and not f.done()]
-        if not pending:
-            return False
-        armed: asyncio.Future[None] = loop.create_future()
-        if ordered:
-            self.last = armed
-
-        def go() -> None:
-            start()
-            armed.set_result(None)
-
-        when_done(pending, go)
-        return True
 
 
 class Pending(Exception):
@@ -316,7 +267,6 @@ class Tuner:
 __all__ = [
     "MAX_SAMPLES",
     "Choice",
-    "Gate",
     "REFINE_EVERY",
     "REFINE_LAG",
     "Pending",
@@ -327,6 +277,4 @@ __all__ = [
     "describe",
     "fit",
     "fit_factors",
-    "raising",
-    "when_done",
 ]

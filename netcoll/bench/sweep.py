@@ -69,15 +69,19 @@ def _algorithm(cfg: SweepConfig, g: Geometry, comm: Any) -> str:
     algo = cfg.algorithm_for(g.op)
     if algo != "auto":
         return algo
-    stats = getattr(comm, "model_stats", None)
-    chosen = stats["choices"].get(g.op) if stats is not None else None
+    chosen = _chosen(comm, g.op)
     return "auto" if chosen is None else f"auto:{chosen['algorithm']}"
+
+
+def _chosen(comm: Any, op: str) -> dict[str, Any] | None:
+    """This rank's last choice for ``op`` from the communicator's model stats (None: none)."""
+    stats = getattr(comm, "model_stats", None)
+    return None if stats is None else stats["choices"].get(op)
 
 
 def _choice(comm: Any, op: str) -> tuple[int, float]:
     """This rank's last choice for ``op``: (segment_bytes, predicted seconds; NaN if none)."""
-    stats = getattr(comm, "model_stats", None)
-    chosen = stats["choices"].get(op) if stats is not None else None
+    chosen = _chosen(comm, op)
     if chosen is None:
         return 0, float("nan")
     predicted = chosen["predicted_s"]

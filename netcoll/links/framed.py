@@ -29,9 +29,6 @@ from ..wire import Frame, Kind
 from .base import Link, LinkStats
 from .flow import Flow
 
-#: DATA payloads up to this size may go out without awaiting (:meth:`FramedLink.send_nowait`)
-EAGER_NOWAIT_MAX: Final = 64 * 1024
-
 ABORT_REASON_MAX: Final = 4096  # characters of an ABORT's reason (control frames are small)
 ABORT_RANKS_MAX: Final = 512
 
@@ -89,8 +86,9 @@ class FramedLink(Link):
         return 0
 
     def _write_now(self, header: dict[str, Any], payload: memoryview) -> bool:
-        """Write an eager DATA frame at once if the way to the wire is clear
-        (no backpressure to wait for); False: nothing written."""
+        """Write an eager DATA frame at once if it is small enough for that and
+        the way to the wire is clear (no backpressure to wait for); False:
+        nothing written."""
         return False
 
     # -- sending ----------------------------------------------------------------------
@@ -109,9 +107,7 @@ class FramedLink(Link):
 
     def send_nowait(self, header: dict[str, Any], payload: memoryview) -> bool:
         n = payload.nbytes
-        if self.lost is not None or n > EAGER_NOWAIT_MAX or n > self.flow.credit:
-            return False
-        if not self._write_now(header, payload):
+        if self.lost is not None or n > self.flow.credit or not self._write_now(header, payload):
             return False
         self.flow.try_spend(n)
         self._frames_sent += 1

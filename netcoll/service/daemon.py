@@ -11,7 +11,6 @@ fails cleanly), the daemon deregisters and exits 0.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -21,7 +20,7 @@ import numpy as np
 
 from .. import logs, observe
 from ..arrays import array_from_meta, meta_of
-from ..comm import Communicator, cost_model_enabled
+from ..comm import Communicator, calibrate_if_enabled
 from ..errors import CollectiveError, NetcollError, PeerLost
 from ..escape import escape
 from ..rendezvous.client import RendezvousClient, new_member_id
@@ -307,9 +306,7 @@ class RankDaemon:
             await transport.connect(timeout=min(30.0, float(event["deadline"])))
             self.epoch, self.rank = event["epoch"], event["rank"]
             self.comm = Communicator(transport, group=f"epoch{event['epoch']}")
-            if cost_model_enabled():
-                with contextlib.suppress(CollectiveError):  # logged; "auto" then keeps the fixed table
-                    await self.comm.calibrate()  # the cost model's parameters (docs/algorithms.md)
+            await calibrate_if_enabled(self.comm)  # the cost model's parameters (docs/algorithms.md)
             log.info("epoch %s: rank %s of %s", escape(self.epoch), escape(self.rank), escape(event["world_size"]))
         return self.comm
 

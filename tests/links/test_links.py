@@ -16,12 +16,12 @@ from netcoll.errors import ProtocolError
 from netcoll.links import Capabilities, Link, LinkConfig, LinkFactory, LinkStats, choose
 from netcoll.links import factory as factory_mod
 from netcoll.links.framed import ABORT_REASON_MAX
-from netcoll.links.framed import EAGER_NOWAIT_MAX as FRAMED_NOWAIT_MAX
 from netcoll.links.memory import MemoryLink
 from netcoll.links.shm import ShmLink
 from netcoll.links.tcp import TcpLink
 from netcoll.transport import auth
 from netcoll.transport.base import Transport
+from netcoll.transport.connection import COALESCE_MAX as EAGER_MAX  # the largest frame written without awaiting
 from netcoll.transport.memory import MemoryHub
 from netcoll.transport.tcp import Listener, TcpTransport
 from netcoll.wire import FrameDecoder, Kind, encode_header
@@ -222,9 +222,9 @@ async def test_small_sends_go_out_without_awaiting_unless_something_is_in_the_wa
         assert await _received(ts[1], 1, 0) == b"later"
 
         credit = link.flow.credit
-        assert credit + 1 <= FRAMED_NOWAIT_MAX
+        assert credit + 1 <= EAGER_MAX
         assert not ts[0].send_nowait(1, dict(head, q=2), memoryview(bytes(credit + 1)))  # over the credit
-        big = memoryview(bytes(FRAMED_NOWAIT_MAX + 1))
+        big = memoryview(bytes(EAGER_MAX + 1))
         assert not ts[0].send_nowait(1, dict(head, q=2), big)  # a large message is awaited
         if isinstance(link, ShmLink):
             async with link._lock:  # a ring message is part-way: small ones queue behind it
