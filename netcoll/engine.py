@@ -338,7 +338,7 @@ class Gate:
         last = self.last if ordered else None
         if (last is None or last.done()) and (waits is None or waits.done()):
             return None
-        return [f for f in (last, waits) if f is not None and not f.done()]
+        return [f for f in (last, waits) if f is not None]  # (_when_done skips the done ones)
 
     def hold(
         self,
