@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .algorithms.tuning import Pending
+from .algorithms.tuning import TRIAL_LAG, Pending
 from .calls import moving, p2p, reducing, tune
 from .calls._common import Done, Plan
 from .engine import DEFAULT_TIMEOUT, Call, Engine
@@ -119,7 +119,7 @@ class Communicator:
         """Plan and issue a collective; a call whose cost-model parameters are still
         being agreed is issued now (its sequence number) and planned once they are."""
         e = self._engine
-        e.choice = None
+        e.choice, e.tuner.asked = None, None
         try:
             plan = make(e)
         except Pending as pending:
@@ -134,6 +134,8 @@ class Communicator:
         tuner.collectives += 1
         if tuner.due():
             self._model_op(tune.refine(e), e.seq + tuner.lag)
+        elif trial := tuner.trial_due():  # the times of this size band's trial so far, agreed soon
+            self._model_op(tune.refine(e, trial, after=[work]), e.seq + TRIAL_LAG)
         return work
 
     def _rebuilder(self, make: Callable[[Engine], Plan], io: TorchIO | None) -> Callable[[Call], None]:

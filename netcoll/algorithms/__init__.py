@@ -159,9 +159,10 @@ def decide(
     segment: int | None = None,
 ) -> tuple[str, int | None, float | None]:
     """``algorithm="auto"`` with the cost model: ``(algorithm, segment_bytes,
-    predicted seconds)``. ``params`` None (not agreed yet, or the model is off)
-    or a size only the root knows: the table (:func:`choose`), segment and
-    prediction None (the communicator's segment size). ``segment``: the
+    predicted seconds)``: :func:`cost.learnt` (the model's candidates, then
+    the fastest measured in this size band). ``params`` None (not agreed yet,
+    or the model is off) or a size only the root knows: the table
+    (:func:`choose`), segment and prediction None. ``segment``: the
     communicator's fixed segment size (set by the user), else the model picks
     one of :data:`cost.SEGMENTS`. Every rank passing the same arguments gets
     the same answer."""
@@ -176,7 +177,7 @@ def _decided(
 ) -> tuple[str, int | None, float]:
     """:func:`decide` by the model, remembered (every call of a training loop asks the same)."""
     segments = cost.SEGMENTS if segment is None else (segment,)
-    algo, seg, predicted = cost.best(collective, nbytes, world_size, params, segments=segments)
+    algo, seg, predicted = cost.learnt(collective, nbytes, world_size, params, segments=segments)
     return algo, (None if segment is not None else seg), predicted
 
 

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
+
 #: (steps, msgs, bytes, reduced, solo bytes): the coefficients of (alpha, o, beta, gamma, solo)
 Terms = tuple[float, float, float, float, float]
 #: a formula's own (steps, msgs, bytes, reduced); :func:`terms` files the bytes under solo for SOLO
@@ -60,6 +62,11 @@ BOUNDS: Final = {
 
 #: an algorithm's efficiency factors are clamped to this range
 FACTOR_BOUNDS: Final = (0.1, 50.0)
+#: size bands of measured times: band ``b`` holds sizes of ``b`` bits (``[2**(b-1), 2**b)``
+BANDS: Final = 48
+#: an algorithm not yet measured in a size band is tried unless the model predicts it
+#: slower than this factor times the best time measured there (the model prunes; traffic decides)
+EXPLORE: Final = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +83,8 @@ class Params:
     factors: tuple[float, ...] = ()
     #: seconds per byte of a transfer while the other ranks are idle (None: ``beta``)
     solo: float | None = None
+    #: measured seconds per call, agreed: ``(slot, seconds)`` sorted by slot (:func:`slot`)
+    measured: tuple[tuple[int, float], ...] = ()
 
     def vector(self) -> tuple[float, float, float, float, float]:
         return (self.alpha, self.overhead, self.beta, self.gamma, self.beta if self.solo is None else self.solo)
@@ -86,23 +95,59 @@ class Params:
         i = 2 * PAIR_INDEX[(collective, algo)]
         return (self.factors[i], self.factors[i + 1])
 
+    def seen(self, collective: str, algo: str, nbytes: int) -> float | None:
+        """The agreed measured seconds of ``algo`` in ``nbytes``' size band (None: not measured)."""
+        if not self.measured:
+            return None
+        key = slot(collective, algo, nbytes)
+        for k, seconds in self.measured:
+            if k == key:
+                return seconds
+        return None
+
     def row(self) -> list[float]:
-        """Everything, as one row of numbers (what ranks exchange to agree)."""
-        return [*self.vector(), *(self.factors or [1.0] * (2 * len(PAIRS)))]
+        """Everything, as one row of numbers (what ranks exchange to agree): the five
+        parameters, two factors per pair, then one measured time per slot (0: none)."""
+        dense = [0.0] * (len(PAIRS) * BANDS)
+        for k, seconds in self.measured:
+            dense[k] = seconds
+        return [*self.vector(), *(self.factors or [1.0] * (2 * len(PAIRS))), *dense]
 
     @classmethod
-    def of(cls, values: Iterable[float], factors: Iterable[float] = ()) -> Params:
-        """From five numbers (and factors), each clamped (NaN: the lower bound)."""
+    def of(cls, values: Iterable[float], factors: Iterable[float] = (), measured: Iterable[float] = ()) -> Params:
+        """From five numbers (and factors, and a dense row of measured times),
+        each clamped (NaN: the lower bound; a time that is not finite and
+        positive: not measured)."""
         a, o, b, g, solo = (clamp(name, v) for name, v in zip(BOUNDS, values, strict=True))
         lo, hi = FACTOR_BOUNDS
         fs = tuple(min(hi, max(lo, f)) if math.isfinite(f) else 1.0 for f in factors)
-        return cls(a, o, b, g, fs if any(f != 1.0 for f in fs) else (), solo)
+        times = np.asarray(measured, dtype=np.float64)[: len(PAIRS) * BANDS]
+        keep = np.flatnonzero(np.isfinite(times) & (times > 0))
+        seen = tuple(zip(keep.tolist(), times[keep].tolist(), strict=True))
+        return cls(a, o, b, g, fs if any(f != 1.0 for f in fs) else (), solo, seen)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(zip(BOUNDS, self.vector(), strict=True))
         if self.factors:
             out["factors"] = {f"{c}/{a}": list(self.factor(c, a)) for c, a in PAIRS if self.factor(c, a) != (1.0, 1.0)}
+        if self.measured:
+            out["measured_s"] = {_slot_name(k): seconds for k, seconds in self.measured}
         return out
+
+
+def band(nbytes: int) -> int:
+    """The size band of ``nbytes``: its bit length (a factor of 2 per band), capped."""
+    return min(max(0, int(nbytes)).bit_length(), BANDS - 1)
+
+
+def slot(collective: str, algo: str, nbytes: int) -> int:
+    """Where a measured time of ``algo`` at ``nbytes`` is kept (:attr:`Params.measured`)."""
+    return PAIR_INDEX[(collective, algo)] * BANDS + band(nbytes)
+
+
+def _slot_name(k: int) -> str:
+    (collective, algo), b = PAIRS[k // BANDS], k % BANDS
+    return f"{collective}/{algo}/<{1 << b}B"
 
 
 def clamp(name: str, value: float) -> float:
@@ -348,7 +393,35 @@ def best(
     return choice
 
 
+def learnt(
+    collective: str,
+    nbytes: int,
+    world_size: int,
+    params: Params,
+    *,
+    segments: Sequence[int] = SEGMENTS,
+) -> tuple[str, int, float]:
+    """``(algorithm, segment_bytes, predicted seconds)``: the model proposes,
+    the agreed measured times (:attr:`Params.measured`) of the size band
+    decide. With none measured: :func:`best`. Otherwise an algorithm not yet
+    measured there is tried (the cheapest predicted first) unless it is
+    predicted slower than :data:`EXPLORE` times the fastest measured time;
+    once none is left, the fastest measured one runs (ties: the earlier
+    algorithm). A pure function of the arguments, like :func:`best`."""
+    names = list(FORMULAS[collective])
+    times = [params.seen(collective, a, nbytes) for a in names] if len(names) > 1 else []
+    known = [(t, i) for i, t in enumerate(times) if t is not None]
+    if not known:
+        return best(collective, nbytes, world_size, params, segments=segments)
+    options = [best(collective, nbytes, world_size, params, segments=segments, algorithms=[a]) for a in names]
+    fastest, i = min(known)
+    untried = [o for o, t in zip(options, times, strict=True) if t is None and o[2] < EXPLORE * fastest]
+    return min(untried, key=lambda o: o[2]) if untried else options[i]
+
+
 __all__ = [
+    "BANDS",
+    "EXPLORE",
     "BOUNDS",
     "DEFAULT_PARAMS",
     "FACTOR_BOUNDS",
@@ -360,9 +433,12 @@ __all__ = [
     "SOLO",
     "Params",
     "Terms",
+    "band",
     "best",
     "clamp",
+    "learnt",
     "predict",
+    "slot",
     "split_cost",
     "terms",
 ]

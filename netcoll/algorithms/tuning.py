@@ -19,7 +19,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
+import statistics
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +30,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from .cost import BOUNDS, PAIR_INDEX, Params, Terms, split_cost, terms
+from .cost import BOUNDS, FORMULAS, PAIR_INDEX, PAIRS, Params, Terms, band, slot, split_cost, terms
 
 #: one finished call: (collective, algorithm, terms, seconds)
 Sample = tuple[str, str, Terms, float]
@@ -41,6 +44,18 @@ MAX_SAMPLES: Final = 512
 REFINE_FIRST: Final = (4, 8, 16, 32, 64, 128)
 REFINE_EVERY: Final = 256
 REFINE_LAG: Final = 4
+#: a size band's measured times are agreed after every TRIAL_CALLS of its calls while there
+#: can be an algorithm left to try, then after TRIAL_AGAIN × 2**k × TRIAL_CALLS calls
+#: (tracking drift at a falling rate); the result applies TRIAL_LAG calls later
+TRIAL_CALLS: Final = 4
+TRIAL_AGAIN: Final = 16
+TRIAL_LAG: Final = 2
+#: smaller calls are not tried: an agreement (an exchange between every pair of ranks) costs
+#: about as much as the call (measured: 1-2 ms at 4 ranks on 2 cores, like a 256 KiB
+#: all_reduce), and their times are noise-bound; the model alone chooses there
+TRIAL_MIN_BYTES: Final = 256 * 1024
+#: the latest measured times kept per algorithm and size band (their median is this rank's value)
+MEASURE_KEEP: Final = 8
 
 
 def _ridge(rows: Iterable[tuple[Sequence[float], float]], prior: np.ndarray, weight: float) -> np.ndarray:
@@ -80,12 +95,12 @@ def fit_factors(samples: Iterable[Sample], params: Params, weight: float = PRIOR
     by_pair: dict[tuple[str, str], list[tuple[tuple[float, float], float]]] = {}
     for coll, algo, t, seconds in samples:
         by_pair.setdefault((coll, algo), []).append((split_cost(t, params), seconds))
-    factors = params.row()[len(BOUNDS) :]
+    factors = params.row()[len(BOUNDS) : len(BOUNDS) + 2 * len(PAIRS)]
     for pair, rows in by_pair.items():
         i = 2 * PAIR_INDEX[pair]
         prior = np.array(factors[i : i + 2], dtype=np.float64)
         factors[i : i + 2] = (float(v) for v in _ridge(rows, prior, weight))
-    return Params.of(params.vector(), factors)
+    return dataclasses.replace(Params.of(params.vector(), factors), measured=params.measured)
 
 
 def _round3(v: float) -> float:
@@ -95,20 +110,33 @@ def _round3(v: float) -> float:
 def combine(table: Sequence[Sequence[float]], how: str) -> Params:
     """The group's :class:`Params` from one :meth:`Params.row` per rank: alpha,
     overhead, beta, gamma by ``how`` (``"max"`` or ``"median"``) per column, the
-    factors by the median; each clamped and rounded to 3 significant digits
-    (a pure function of the table, so the same on every rank)."""
+    factors by the median, a measured time by the median of the ranks that
+    have one (none unless at least half do); each clamped and rounded to 3
+    significant digits (a pure function of the table, so the same on every rank)."""
     cols = np.array(table, dtype=np.float64)
     cols = np.where(np.isfinite(cols), cols, 0.0)  # clamped to the lower bound below
-    k = len(BOUNDS)
+    k, f = len(BOUNDS), 2 * len(PAIRS)
     if how == "max":
         head = cols[:, :k].max(axis=0)
     elif how == "median":
         head = np.median(cols[:, :k], axis=0)
     else:
         raise ValueError(f"combine: how must be 'max' or 'median', got {how!r}")
-    tail = np.median(cols[:, k:], axis=0) if cols.shape[1] > k else np.zeros(0)
+    tail = np.median(cols[:, k : k + f], axis=0) if cols.shape[1] > k else np.zeros(0)
     physical = (_round3(_c(n, float(v))) for n, v in zip(BOUNDS, head, strict=True))
-    return Params.of(physical, (_round3(float(v)) if v > 0 else 1.0 for v in tail))
+    factors = (_round3(float(v)) if v > 0 else 1.0 for v in tail)
+    return Params.of(physical, factors, _measured(cols[:, k + f :]))
+
+
+def _measured(cols: np.ndarray) -> list[float]:
+    """Per column, the median of the positive entries when at least half the rows have one, else 0."""
+    out = [0.0] * cols.shape[1]
+    if cols.size == 0:
+        return out
+    have = cols > 0
+    for j in np.flatnonzero(have.sum(axis=0) * 2 >= cols.shape[0]):
+        out[j] = _round3(float(np.median(cols[have[:, j], j])))
+    return out
 
 
 def _c(name: str, v: float) -> float:
@@ -145,6 +173,8 @@ class Version:
     start: int
     params: Params | None
     future: asyncio.Future[Any] | None = None
+    #: a parent group's version: its measured times (another world size) are not used
+    inherited: bool = False
 
 
 @dataclass(slots=True)
@@ -160,6 +190,47 @@ class Tuner:
     cost_seq: int = 0  # the next sequence number of the group's model operations
     #: collective -> [algorithm, segment, predicted, last seconds, sum of seconds, calls]
     last: dict[str, list[Any]] = field(default_factory=dict)
+    #: what the last plan asked ``"auto"`` to choose for: (collective, nbytes), set before
+    #: its parameters are looked up (so even a deferred call has it)
+    asked: tuple[str, int] | None = None
+    band_calls: dict[tuple[str, int], int] = field(default_factory=dict)  # (collective, band) -> auto calls
+    #: slot -> this rank's latest measured seconds (:data:`MEASURE_KEEP`)
+    times: dict[int, deque[float]] = field(default_factory=dict)
+    agreeing: int = 0  # agreements exchanging now (their traffic and CPU perturb calls)
+    agreed_at: float = -math.inf  # time.perf_counter() when the last one ended
+
+    def overlapped(self, seconds: float) -> bool:
+        """Whether a call that ended now after ``seconds`` ran while an agreement exchanged."""
+        return self.agreeing > 0 or self.agreed_at > time.perf_counter() - seconds
+
+    def trial_due(self) -> tuple[str, int, bool] | None:
+        """Whether the ``"auto"`` call just issued (``asked``, of at least
+        :data:`TRIAL_MIN_BYTES`) is followed by an agreement of measured
+        times: in its size band, after every
+        :data:`TRIAL_CALLS` calls while there can still be an algorithm to try
+        (one trial per algorithm, plus one), then after :data:`TRIAL_AGAIN`,
+        32, 64... times that many (``again``: a re-measure). A function of the
+        calls issued only (not of the parameters, which may still be being
+        agreed), so the same on every rank. Returns ``(collective, nbytes,
+        again)`` or None."""
+        if not self.active or self.asked is None:
+            return None
+        name, nbytes = self.asked
+        algos = len(FORMULAS[name])
+        if algos < 2 or nbytes < TRIAL_MIN_BYTES:
+            return None
+        key = (name, band(nbytes))
+        n = self.band_calls[key] = self.band_calls.get(key, 0) + 1
+        k, rest = divmod(n, TRIAL_CALLS)
+        if rest or not (k <= algos + 1 or (k >= TRIAL_AGAIN and k.bit_count() == 1)):
+            return None
+        return (name, nbytes, k > algos + 1)
+
+    def measured(self) -> tuple[tuple[int, float], ...]:
+        """This rank's measured seconds per slot, as :attr:`Params.measured`: the
+        median of the latest (a first call that grows buffers, or one stall,
+        says nothing of the algorithm)."""
+        return tuple((key, statistics.median(self.times[key])) for key in sorted(self.times) if self.times[key])
 
     def due(self) -> bool:
         """Whether the collective just counted is followed by a refinement (the
@@ -187,6 +258,8 @@ class Tuner:
         got = None if v.future.cancelled() or v.future.exception() is not None else v.future.result()
         previous = self.params_before(i)
         v.params = got if isinstance(got, Params) else previous
+        if v.inherited and v.params is not None:
+            v.params = dataclasses.replace(v.params, measured=())
         v.future = None
 
     def params_before(self, i: int) -> Params | None:
@@ -217,9 +290,21 @@ class Tuner:
 
     def learn(self, choice: Choice, seconds: float, world_size: int) -> None:
         """A finished call: keep its choice and time for the stats, and (once
-        calibrated) a sample for the next refinement."""
+        calibrated) a sample for the next refinement and, from
+        :data:`TRIAL_MIN_BYTES` on, its time for its size band's trials (not
+        the first call of an algorithm in a band, which allocates and warms up,
+        nor a call that overlapped an agreement)."""
         name, algo, nbytes, seg, predicted = choice
-        t = terms(name, algo, nbytes, world_size, seg) if self.active else None
+        t = None
+        if self.active:
+            t = terms(name, algo, nbytes, world_size, seg)
+            if nbytes >= TRIAL_MIN_BYTES and not self.overlapped(seconds):
+                key = slot(name, algo, nbytes)
+                times = self.times.get(key)
+                if times is None:  # the first call of an algorithm in a band warms it up: not timed
+                    self.times[key] = deque(maxlen=MEASURE_KEEP)
+                else:
+                    times.append(seconds)
         self.record(name, algo, seg, predicted, seconds, t)
 
     def record(self, name: str, algo: str, seg: int, predicted: float | None, seconds: float, t: Terms | None) -> None:
@@ -258,9 +343,10 @@ class Tuner:
         for i in range(len(parent.versions) - 1, -1, -1):
             v = parent.versions[i]
             if v.start <= seq:
-                self.versions = [Version(0, parent.params_before(i) if v.future else v.params)]
+                params = parent.params_before(i) if v.future else v.params
+                self.versions = [Version(0, params and dataclasses.replace(params, measured=()))]
                 if v.future is not None:
-                    self.versions.append(Version(0, None, v.future))
+                    self.versions.append(Version(0, None, v.future, inherited=True))
                 return
 
 
@@ -269,6 +355,11 @@ __all__ = [
     "Choice",
     "REFINE_EVERY",
     "REFINE_LAG",
+    "TRIAL_AGAIN",
+    "TRIAL_CALLS",
+    "TRIAL_LAG",
+    "TRIAL_MIN_BYTES",
+    "MEASURE_KEEP",
     "Pending",
     "Sample",
     "Tuner",

@@ -43,7 +43,9 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
     group's agreed parameters for this call's sequence number (the table
     before they are known). Raises :class:`~netcoll.algorithms.tuning.Pending`
     when those parameters are still being agreed (the Communicator defers the
-    call). Leaves the choice in ``e.choice`` for the engine's stats."""
+    call). Leaves the choice in ``e.choice`` for the engine's stats, and what
+    ``"auto"`` was asked to choose for in ``e.tuner.asked`` (known before the
+    parameters, so the same on every rank: :meth:`Tuner.trial_due`)."""
     table = algorithms.ALGORITHMS[name]
     if algorithm == "auto":
         algorithm = e.overrides.get(name, "auto")
@@ -51,6 +53,8 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
         raise ValueError(f"{name} has no algorithm {algorithm!r}; choose one of {', '.join(['auto', *sorted(table)])}")
     seg, predicted = e.segment_bytes, None
     if algorithm == "auto":
+        if name not in algorithms.SIZE_UNKNOWN:  # the model chooses (once agreed)
+            e.tuner.asked = (name, nbytes)
         try:
             params = e.tuner.params_at(e.seq if e.plan_seq is None else e.plan_seq)
         except Pending as pending:

@@ -14,10 +14,14 @@ waits for it (:class:`~netcoll.algorithms.tuning.Pending`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
+from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
 
+from .. import algorithms
 from ..algorithms import cost, probe, tuning
 from ..engine import Call, Engine
 from ..transport.base import Channel
@@ -34,7 +38,7 @@ def _model_call(e: Engine, name: str, body: Any, how: str) -> Call:
         name,
         f"{name}(model=1)",
         body,
-        lambda table: tuning.combine(table, how),
+        lambda table: table if isinstance(table, cost.Params) else tuning.combine(table, how),
         group=f"{e.group}/cost",
         seq=seq,
         members=e.members,
@@ -57,22 +61,48 @@ def calibrate(e: Engine) -> Call:
     return _model_call(e, "calibrate", body, "max")
 
 
-def refine(e: Engine) -> Call:
+def refine(e: Engine, trial: tuple[str, int, bool] | None = None, after: Sequence[asyncio.Future[Any]] = ()) -> Call:
     """Fit each rank's efficiency factors of the algorithms it ran since the last
     refinement (their ``terms`` and measured times; alpha, overhead, beta and
-    gamma stay as calibrated), with the current factors as the prior, and agree
-    on the median of every number over the group."""
-    tuner = e.tuner
-    earlier = tuner.pending()  # issued before this one: their factors are this one's prior
+    gamma stay as calibrated), with the current factors as the prior, take its
+    measured time per algorithm and size band, and agree on the median of
+    every number over the group.
 
-    async def body(ch: Channel) -> np.ndarray:
+    ``trial``: ``(collective, nbytes, again)``, a size band's agreement of
+    measured times only (:meth:`~netcoll.algorithms.tuning.Tuner.trial_due`),
+    after the collectives ``after`` (awaited first, whatever their outcome).
+    Unless ``again`` (a re-measure), it exchanges nothing, and keeps the
+    parameters as they are, when no algorithm is on trial there
+    (:func:`on_trial`): every rank decides that alike, from the parameters
+    every earlier agreement left."""
+    tuner = e.tuner
+    earlier = [*tuner.pending(), *after]  # issued before this one: their factors are this one's prior
+    fixed = e.segment_bytes if e.fixed_segment else None
+
+    async def body(ch: Channel) -> np.ndarray | cost.Params:
         if earlier:
             await asyncio.wait(earlier)
-        local = tuning.fit_factors(list(tuner.samples), tuner.current() or cost.DEFAULT_PARAMS)
-        tuner.samples.clear()  # the next refinement learns from the calls after this one
-        return await probe.exchange(ch, np.array(local.row(), np.float64))
+        local = tuner.current() or cost.DEFAULT_PARAMS
+        if trial is not None and not (trial[2] or on_trial(local, *trial[:2], ch.size, fixed)):
+            return local
+        if trial is None:
+            local = tuning.fit_factors(list(tuner.samples), local)
+            tuner.samples.clear()  # the next refinement learns from the calls after this one
+        local = dataclasses.replace(local, measured=tuner.measured())
+        tuner.agreeing += 1
+        try:
+            return await probe.exchange(ch, np.array(local.row(), np.float64))
+        finally:
+            tuner.agreeing -= 1
+            tuner.agreed_at = time.perf_counter()
 
     return _model_call(e, "refine", body, "median")
 
 
-__all__ = ["CALIBRATE_WEIGHT", "calibrate", "refine"]
+def on_trial(params: cost.Params, name: str, nbytes: int, size: int, segment: int | None) -> bool:
+    """Whether the algorithm ``"auto"`` now runs in this size band has no agreed time yet."""
+    algo = algorithms.decide(name, nbytes, size, params, segment)[0]
+    return params.seen(name, algo, nbytes) is None
+
+
+__all__ = ["CALIBRATE_WEIGHT", "calibrate", "on_trial", "refine"]

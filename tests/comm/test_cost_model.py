@@ -6,13 +6,16 @@ NETCOLL_ALGO, and the stats."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
 from netcoll.algorithms import cost as cm
-from netcoll.algorithms.tuning import Tuner
+from netcoll.algorithms import tuning
+from netcoll.algorithms.tuning import TRIAL_AGAIN, TRIAL_CALLS, TRIAL_LAG, Tuner
+from netcoll.calls import tune
 from netcoll.comm import Communicator
 from netcoll.errors import ConfigError
 from tests.support.worlds import memory_world
@@ -20,6 +23,14 @@ from tests.support.worlds import memory_world
 
 def _params(comms: list[Communicator]) -> list[cm.Params | None]:
     return [c._engine.tuner.current() for c in comms]
+
+
+async def _settled(comms: list[Communicator]) -> list[cm.Params | None]:
+    """Every rank's newest parameters, once the agreements issued so far are done."""
+    for c in comms:
+        for fut in c._engine.tuner.pending():
+            await asyncio.wait([fut])
+    return _params(comms)
 
 
 def _record_choices(comms: list[Communicator], monkeypatch: pytest.MonkeyPatch) -> dict[int, list[Any]]:
@@ -96,7 +107,7 @@ async def test_ranks_with_different_estimates_still_agree(monkeypatch: pytest.Mo
     assert all(len(v) == rounds * len(sizes) for v in seen.values())
     # (a different choice for one call would also have failed it: the fingerprint names both)
     assert sorted(seen[0]) == sorted(seen[1]) == sorted(seen[2]) == sorted(seen[3])
-    params = _params(comms)
+    params = await _settled(comms)
     assert params[0] == params[1] == params[2] == params[3]
     assert params[0] is not None and params[0].factor("all_reduce", "halving") != (1.0, 1.0)
     assert len(comms[0]._engine.tuner.versions) > 2  # refinements happened
@@ -156,3 +167,101 @@ def test_groups_calibrate_only_when_asked() -> None:
     assert not cost_model_enabled({})  # off by default: the fixed table decides
     assert cost_model_enabled({"NETCOLL_COST_MODEL": "1"}) and cost_model_enabled({"NETCOLL_COST_MODEL": " On "})
     assert not cost_model_enabled({"NETCOLL_COST_MODEL": "0"})
+
+
+async def test_trials_measure_close_candidates_and_settle_on_the_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model proposes, measured times decide: each rank is told its own
+    times (rank r: every algorithm r+1 times slower, and the model's first
+    choice slowest of all); the group tries the algorithms the model finds
+    close, agrees on their times, and then every call runs the fastest of
+    them, on every rank alike, with no more trials."""
+    _, comms = memory_world(4)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    params = comms[0]._engine.tuner.current()
+    assert params is not None
+    n = 1 << 20
+    first = cm.learnt("all_reduce", n, 4, params)[0]
+    preds = {a: cm.best("all_reduce", n, 4, params, algorithms=[a])[2] for a in cm.FORMULAS["all_reduce"]}
+    close = {a for a, t in preds.items() if t < cm.EXPLORE * preds[first]}
+    speed = {a: i + 1.0 for i, a in enumerate(sorted(close - {first}))} | {first: 100.0}
+    real = Tuner.learn
+    rank_of = {id(c._engine.tuner): c.rank for c in comms}
+
+    def learn(self: Tuner, choice: Any, seconds: float, world_size: int) -> None:
+        told = speed.get(choice[1], 50.0) * (rank_of[id(self)] + 1) * 1e-3 if choice[2] == n else seconds
+        real(self, choice, told, world_size)
+
+    monkeypatch.setattr(Tuner, "learn", learn)
+    seen = _record_choices(comms, monkeypatch)
+    x = np.ones(n // 8, np.float64)
+    for _ in range((TRIAL_CALLS + TRIAL_LAG + 1) * len(preds) + 6):  # a trial, its agreement, the next
+        res = await asyncio.gather(*(c.all_reduce(x) for c in comms))
+        assert all(np.array_equal(r, 4 * x) for r in res)
+    assert seen[0] == seen[1] == seen[2] == seen[3]
+    tried = [c[1] for c in seen[0]]
+    assert tried[0] == first and len(set(tried)) >= 2  # the model's best first, then another close one
+    fastest = min(set(tried), key=lambda a: speed.get(a, 50.0))
+    assert fastest != first and tried[-4:] == [fastest] * 4  # then the fastest measured one, for good
+    after = await _settled(comms)
+    assert after[0] == after[1] == after[2] == after[3]
+    assert after[0] is not None and cm.learnt("all_reduce", n, 4, after[0])[0] == fastest
+    assert after[0].seen("all_reduce", fastest, n) == pytest.approx(2.5e-3 * speed[fastest], rel=0.01)
+    stats = comms[0].model_stats
+    assert f"all_reduce/{fastest}/<{1 << 21}B" in stats["model"]["measured_s"]
+
+
+async def test_agreements_with_nothing_on_trial_send_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once every algorithm of a band has an agreed time, the scheduled
+    agreements of its trial phase exchange nothing (every rank sees alike that
+    nothing is on trial); calls below TRIAL_MIN_BYTES schedule none at all."""
+    monkeypatch.setattr(tuning, "REFINE_FIRST", ())  # no refinements of the factors either
+    _, comms = memory_world(3)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    params = comms[0]._engine.tuner.current()
+    assert params is not None
+    n = tuning.TRIAL_MIN_BYTES
+    every = tuple(sorted((cm.slot("all_reduce", a, n), 1.0 if a == "ring" else 2.0) for a in cm.FORMULAS["all_reduce"]))
+    for c in comms:  # as if every algorithm had been tried: all alike, ring the fastest
+        assert c._engine.tuner.current() == params  # settled
+        c._engine.tuner.versions[-1].params = dataclasses.replace(params, measured=every)
+    exchanges = []
+    real = tune.probe.exchange
+
+    async def exchange(ch: Any, row: Any) -> Any:
+        exchanges.append(ch.rank)
+        return await real(ch, row)
+
+    monkeypatch.setattr(tune.probe, "exchange", exchange)
+    seen = _record_choices(comms, monkeypatch)
+    versions = len(comms[0]._engine.tuner.versions)
+    for size in (n, n // 8):
+        x = np.ones(size // 4, np.float32)
+        for _ in range(3 * TRIAL_CALLS):
+            await asyncio.gather(*(c.all_reduce(x) for c in comms))
+    await _settled(comms)
+    assert len(comms[0]._engine.tuner.versions) == versions + 3  # three agreements, for the large calls only
+    assert exchanges == []  # ...which sent nothing
+    assert {c[1] for c in seen[0][: 3 * TRIAL_CALLS]} == {"ring"}
+
+
+def test_trials_are_agreed_on_a_schedule_of_calls() -> None:
+    """When a size band's measured times are agreed depends only on the calls
+    issued (every rank issues the same), never on the parameters in force."""
+    t = Tuner(active=True)
+    due = []
+    for i in range(1, 800):
+        t.asked = ("all_reduce", 1 << 20 if i % 2 else 3 << 19)  # one band, two sizes
+        if got := t.trial_due():
+            due.append(i)
+            assert got[:2] == t.asked and got[2] == (len(due) > len(cm.FORMULAS["all_reduce"]) + 1)
+    k = len(cm.FORMULAS["all_reduce"]) + 1  # one trial per algorithm, plus one
+    c = TRIAL_CALLS
+    assert due == [c * j for j in range(1, k + 1)] + [
+        c * TRIAL_AGAIN * 2**j for j in range(4) if c * TRIAL_AGAIN * 2**j < 800
+    ]
+    t.asked = ("reduce_scatter", 1 << 20)  # one algorithm: nothing to try
+    assert not any(t.trial_due() for _ in range(10))
+    t.asked = ("all_reduce", tuning.TRIAL_MIN_BYTES - 1)  # too small to be worth measuring
+    assert not any(t.trial_due() for _ in range(10))
+    t.asked, t.active = ("all_reduce", 64), False  # no model: nothing
+    assert not any(t.trial_due() for _ in range(10))
