@@ -124,6 +124,21 @@ async def test_split_inherits_the_parameters() -> None:
     assert all(np.array_equal(r, 2 * np.ones(10)) for r in res)
 
 
+async def test_split_leaves_the_measured_times_behind() -> None:
+    """Times measured at 4 ranks say nothing of a 2-rank sub-group: it starts without them."""
+    _, comms = memory_world(4)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    params = comms[0]._engine.tuner.current()
+    assert params is not None
+    timed = dataclasses.replace(params, measured=((cm.slot("all_reduce", "ring", 1 << 20), 0.01),))
+    for c in comms:
+        assert c._engine.tuner.current() == params
+        c._engine.tuner.versions[-1].params = timed
+    subs = await asyncio.gather(*(c.split(c.rank % 2) for c in comms))
+    assert all(s is not None for s in subs)
+    assert {s._engine.tuner.current() for s in subs} == {params}
+
+
 async def test_netcoll_algo_overrides_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NETCOLL_ALGO", "all_reduce=allpairs,broadcast=ring")
     _, comms = memory_world(3)
