@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from .cost import BOUNDS, FORMULAS, PAIR_INDEX, PAIRS, Params, Terms, band, slot, split_cost, terms
+from .cost import BOUNDS, FORMULAS, PAIR_INDEX, PAIRS, Params, Terms, band, slot, terms
 
 #: one finished call: (collective, algorithm, terms, seconds)
 Sample = tuple[str, str, Terms, float]
@@ -61,17 +61,23 @@ MEASURE_KEEP: Final = 8
 def _ridge(rows: Iterable[tuple[Sequence[float], float]], prior: np.ndarray, weight: float) -> np.ndarray:
     """``x`` minimising ``sum(((t - c.x) / t)^2) + weight * sum(((x - prior) / prior)^2)``
     over ``(c, t)`` rows (relative errors; the prior where the rows say nothing)."""
-    a_rows, rhs = [], []
-    for c_, seconds in rows:
-        c = np.asarray(c_, dtype=np.float64)
-        if not (math.isfinite(seconds) and seconds > 0 and np.all(np.isfinite(c))) or not np.any(c):
-            continue
-        a_rows.append(c * prior / seconds)
-        rhs.append((seconds - float(c @ prior)) / seconds)
-    if not a_rows:
+    pairs = list(rows)
+    if not pairs:
         return prior
-    a = np.vstack([np.array(a_rows), math.sqrt(weight) * np.eye(prior.size)])
-    b = np.concatenate([np.array(rhs), np.zeros(prior.size)])
+    c = np.array([c_ for c_, _ in pairs], dtype=np.float64).reshape(len(pairs), prior.size)
+    t = np.array([seconds for _, seconds in pairs], dtype=np.float64)
+    return _ridge_arrays(c, t, prior, weight)
+
+
+def _ridge_arrays(c: np.ndarray, t: np.ndarray, prior: np.ndarray, weight: float) -> np.ndarray:
+    """:func:`_ridge` of rows ``c`` (one per sample) and seconds ``t``, in whole arrays
+    (a refinement fits hundreds of samples while the group waits for it)."""
+    keep = np.isfinite(t) & (t > 0) & np.all(np.isfinite(c), axis=1) & np.any(c != 0, axis=1)
+    c, t = c[keep], t[keep]
+    if not t.size:
+        return prior
+    a = np.vstack([c * prior / t[:, None], math.sqrt(weight) * np.eye(prior.size)])
+    b = np.concatenate([(t - c @ prior) / t, np.zeros(prior.size)])
     try:
         u = np.linalg.lstsq(a, b, rcond=None)[0]
     except np.linalg.LinAlgError:
@@ -92,14 +98,19 @@ def fit_factors(samples: Iterable[Sample], params: Params, weight: float = PRIOR
     ``(collective, algorithm, terms, seconds)``: ``seconds ~ f_lat * latency +
     f_bw * bandwidth`` (:func:`~.cost.split_cost`), pulled toward the current
     factors; algorithms without samples keep theirs."""
-    by_pair: dict[tuple[str, str], list[tuple[tuple[float, float], float]]] = {}
+    by_pair: dict[tuple[str, str], tuple[list[Terms], list[float]]] = {}
     for coll, algo, t, seconds in samples:
-        by_pair.setdefault((coll, algo), []).append((split_cost(t, params), seconds))
+        got = by_pair.setdefault((coll, algo), ([], []))
+        got[0].append(t)
+        got[1].append(seconds)
+    a, o, b, g, solo = params.vector()
     factors = params.row()[len(BOUNDS) : len(BOUNDS) + 2 * len(PAIRS)]
-    for pair, rows in by_pair.items():
+    for pair, (ts, secs) in by_pair.items():
+        m = np.array(ts, dtype=np.float64)  # split_cost of every sample at once: (latency, bandwidth) parts
+        parts = np.stack([m[:, 0] * a + m[:, 1] * o, m[:, 2] * b + m[:, 3] * g + m[:, 4] * solo], axis=1)
         i = 2 * PAIR_INDEX[pair]
         prior = np.array(factors[i : i + 2], dtype=np.float64)
-        factors[i : i + 2] = (float(v) for v in _ridge(rows, prior, weight))
+        factors[i : i + 2] = (float(v) for v in _ridge_arrays(parts, np.array(secs), prior, weight))
     return dataclasses.replace(Params.of(params.vector(), factors), measured=params.measured)
 
 
