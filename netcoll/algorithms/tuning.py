@@ -10,7 +10,9 @@
   (refinement: robust to one noisy rank), rounded to 3 significant digits.
   Every rank combines the same gathered table, so every rank gets the same.
 * :class:`Tuner` — per communicator: the agreed versions, each applying from
-  a sequence number; the local samples; the overrides. A version whose
+  a sequence number; the local samples; the overrides; per size band, the
+  calls' measured times and the schedule of their agreements (trials:
+  :meth:`Tuner.trial_due`, :func:`~.cost.learnt`). A version whose
   agreement is still running is *pending*: a call that would use it waits
   (:class:`Pending`), so no rank ever chooses with parameters another rank
   does not have yet.
