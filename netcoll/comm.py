@@ -57,9 +57,9 @@ COST_MODEL_ENV = "NETCOLL_COST_MODEL"
 def cost_model_enabled(env: Mapping[str, str] | None = None, *, default: bool = False) -> bool:
     """Whether groups calibrate when they form (``NETCOLL_COST_MODEL=1``; unset or
     empty: ``default``). Off by default: measured on the 2-core reference machine,
-    ``auto`` with the model was up to 1.7x slower than the best fixed algorithm in
-    a third of the cells where the fixed table stays within noise
-    (docs/performance.md), so the table decides until the model does better."""
+    the model's choices match the fixed table's, but its agreements act as barriers
+    that the table does not need (docs/performance.md, "Cost model"), so the table
+    decides until the model does better."""
     raw = (os.environ if env is None else env).get(COST_MODEL_ENV, "").strip().lower()
     return default if not raw else raw in ("1", "on", "true", "yes")
 
