@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import resultpool
 from .errors import LimitExceeded, MismatchError
 from .escape import escape
 from .limits import DEFAULT, ENV_PREFIX, Limits
@@ -67,7 +68,9 @@ def contiguous_copy(x: np.ndarray, out: np.ndarray | None = None, what: str = "o
     """A C-contiguous array holding ``x``: ``out`` (checked, then filled) or a new one."""
     if out is None:
         check_size(x, "x")  # a new array of x's logical size: never over the limit
-        return np.array(x, order="C", copy=True)
+        new = resultpool.empty(x.shape, x.dtype)
+        np.copyto(new, x)
+        return new
     check_out(out, x.shape, x.dtype, what)
     if out is not x:
         np.copyto(out, x)
@@ -148,7 +151,7 @@ def array_from_meta(meta: Any, payload: memoryview | None = None, limits: Limits
     if math.prod(n for n in shape if n) * dt.itemsize >= 1 << 63:
         raise MismatchError(f"peer sent an array shape numpy cannot hold {_show(raw)}")
     if payload is None:
-        return np.empty(shape, dtype=dt)
+        return resultpool.empty(shape, dt)
     if payload.nbytes != count * dt.itemsize:
         raise MismatchError(f"peer sent {payload.nbytes} bytes for a {describe(dt, shape)} array")
     return np.frombuffer(payload, dtype=dt, count=count).reshape(shape)

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import algorithms, observe
+from . import algorithms, observe, resultpool
 from .algorithms.tuning import Choice, describe
 from .deadlines import Deadlines
 from .deadlines import ranks_text as _ranks
@@ -110,6 +110,7 @@ class Engine:
         # the cost model (algorithms.tuning): a user's segment size is kept; NETCOLL_ALGO checked now
         self.fixed_segment = segment_bytes is not None
         self.overrides = algorithms.overrides_from_env()
+        resultpool.RESULTS.configure(resultpool.keep_from_env())
         self.tuner = algorithms.tuning.Tuner()
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
         self.plan_seq: int | None = None  # the sequence number a deferred call is planned for

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import algorithms
+from .. import algorithms, resultpool
 from ..algorithms.tuning import Pending
 from ..arrays import as_array, check_out
 from ..engine import Call, Engine
@@ -118,7 +118,7 @@ def contiguous(a: np.ndarray) -> np.ndarray:
 def result(out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """The caller's ``out`` (checked) or a new array for a collective's result."""
     if out is None:
-        return np.empty(shape, dtype=dtype)
+        return resultpool.empty(shape, dtype)
     return check_out(out, shape, dtype)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import algorithms
-from ..arrays import as_array, check_out, contiguous_copy, describe, leading_ranks
+from ..arrays import as_array, contiguous_copy, describe, leading_ranks
 from ..engine import Call, Engine
 from ..ops import ReduceOp, check_op_dtype, finalize, parse_op
 from ._common import (
@@ -50,7 +50,7 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
         and (out is None or not np.may_share_memory(out, x))
     ):
         # the ring reads our input where it needs it: no up-front copy into the result
-        buf = np.empty(x.shape, x.dtype) if out is None else check_out(out, x.shape, x.dtype)
+        buf = result(out, x.shape, x.dtype)
         kw["src"] = x.reshape(-1)
     else:
         buf = contiguous_copy(x, out)

@@ -1,0 +1,161 @@
+"""The pool of large result arrays (netcoll.resultpool): a block is reused only
+once every array over it is gone, the pool stays within its size, and
+collectives hand out pooled results with the right contents."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from netcoll import resultpool
+from netcoll.resultpool import GRAIN, ResultPool, keep_from_env
+from tests.support.worlds import memory_world, run_world
+
+MIN = 1 << 16  # a pool that takes small arrays, so the tests stay cheap
+
+
+def addr(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+def test_small_arrays_are_plain_numpy() -> None:
+    pool = ResultPool(1 << 30, min_bytes=MIN)
+    a = pool.empty((10,), np.float32)
+    assert a.flags.owndata and a.shape == (10,) and a.dtype == np.float32
+    assert pool.stats() == {"held_bytes": 0, "lent": 0, "reused": 0, "made": 0}
+
+
+def test_a_pooled_array_looks_like_np_empty() -> None:
+    pool = ResultPool(1 << 30, min_bytes=MIN)
+    a = pool.empty((3, MIN // 8), np.float64)
+    assert a.shape == (3, MIN // 8) and a.dtype == np.float64
+    assert a.flags.c_contiguous and a.flags.writeable and a.flags.aligned
+    a[...] = 7.0
+    assert float(a.sum()) == 7.0 * a.size
+    assert pool.stats()["lent"] == 1
+
+
+def test_a_dropped_result_is_reused() -> None:
+    pool = ResultPool(1 << 30, min_bytes=MIN)
+    a = pool.empty((MIN,), np.uint8)
+    where = addr(a)
+    del a
+    gc.collect()
+    assert pool.stats() == {"held_bytes": GRAIN, "lent": 0, "reused": 0, "made": 1}
+    b = pool.empty((MIN // 4,), np.int32)  # another dtype, same size class
+    assert addr(b) == where
+    assert pool.stats()["reused"] == 1
+
+
+def test_a_view_keeps_the_block_out_of_the_pool() -> None:
+    pool = ResultPool(1 << 30, min_bytes=MIN)
+    a = pool.empty((MIN // 4,), np.float32)
+    a[...] = np.arange(a.size, dtype=np.float32)
+    tail = a[5:].reshape(-1)
+    held = memoryview(a)
+    del a
+    gc.collect()
+    assert pool.stats()["lent"] == 1  # the view and the memoryview still use it
+    other = pool.empty((MIN // 4,), np.float32)
+    other[...] = -1.0
+    assert addr(other) != addr(tail) - 20
+    assert tail[0] == 5.0 and tail[-1] == MIN // 4 - 1
+    del tail
+    gc.collect()
+    assert pool.stats()["lent"] == 2  # `held` still exports it
+    del held
+    gc.collect()
+    assert pool.stats()["lent"] == 1
+
+
+def test_the_pool_keeps_no_more_than_its_size() -> None:
+    pool = ResultPool(3 * GRAIN, min_bytes=MIN)
+    small = [pool.empty((GRAIN,), np.uint8) for _ in range(2)]
+    large = pool.empty((2 * GRAIN,), np.uint8)
+    del small, large
+    gc.collect()
+    s = pool.stats()
+    assert s["held_bytes"] <= 3 * GRAIN and s["lent"] == 0
+    assert s["held_bytes"] == 2 * GRAIN  # the largest block went first
+    pool.configure(GRAIN)
+    assert pool.stats()["held_bytes"] == GRAIN
+    pool.clear()
+    assert pool.stats()["held_bytes"] == 0
+
+
+def test_size_zero_pools_nothing() -> None:
+    pool = ResultPool(0, min_bytes=MIN)
+    a = pool.empty((MIN,), np.uint8)
+    assert a.flags.owndata
+    assert pool.stats()["made"] == 0
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "1M"])
+def test_a_bad_size_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="result pool"):
+        ResultPool(bad, min_bytes=MIN)  # type: ignore[arg-type]
+
+
+def test_blocks_come_back_from_other_threads() -> None:
+    pool = ResultPool(1 << 30, min_bytes=MIN)
+    arrays = [pool.empty((MIN,), np.uint8) for _ in range(8)]
+
+    def drop() -> None:
+        while arrays:
+            arrays.pop()
+
+    t = threading.Thread(target=drop)
+    t.start()
+    t.join()
+    gc.collect()
+    assert pool.stats()["lent"] == 0 and pool.stats()["held_bytes"] == 8 * GRAIN
+
+
+def test_the_size_comes_from_the_environment() -> None:
+    assert keep_from_env({}) == resultpool.DEFAULT_KEEP
+    assert keep_from_env({"NETCOLL_RESULT_POOL": "  "}) == resultpool.DEFAULT_KEEP
+    assert keep_from_env({"NETCOLL_RESULT_POOL": "512M"}) == 512 << 20
+    assert keep_from_env({"NETCOLL_RESULT_POOL": "0"}) == 0
+    with pytest.raises(ValueError, match="NETCOLL_RESULT_POOL"):
+        keep_from_env({"NETCOLL_RESULT_POOL": "lots"})
+
+
+@pytest.fixture
+def small_results(monkeypatch: pytest.MonkeyPatch) -> Iterator[ResultPool]:
+    """The process's pool, taking arrays from MIN bytes for the test's length."""
+    pool = resultpool.RESULTS
+    monkeypatch.setattr(pool, "min_bytes", MIN)
+    pool.clear()
+    yield pool
+    pool.clear()
+
+
+def test_a_malformed_environment_fails_making_a_communicator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_RESULT_POOL", "-3")
+    with pytest.raises(ValueError, match="NETCOLL_RESULT_POOL"):
+        memory_world(2)
+
+
+async def test_collectives_return_pooled_results(small_results: ResultPool) -> None:
+    n = MIN  # float32 elements: 4 * MIN bytes
+
+    async def body(comm: object) -> list[float]:
+        x = np.full(n, comm.rank + 1, np.float32)  # type: ignore[attr-defined]
+        seen = []
+        for algo in ("ring", "tree", "ring"):
+            y = await comm.all_reduce(x, algorithm=algo)  # type: ignore[attr-defined]
+            assert not y.flags.owndata  # from the pool
+            seen.append(float(y[0]) + float(y[-1]))
+            del y
+        g = await comm.all_gather(x)  # type: ignore[attr-defined]
+        assert not g.flags.owndata and g.shape == (2, n)
+        seen.append(float(g[1, -1]))
+        return seen
+
+    results = await run_world(2, body)
+    assert results == [[6.0, 6.0, 6.0, 2.0]] * 2
+    assert small_results.stats()["reused"] >= 2  # the later calls took back what the earlier dropped
