@@ -360,6 +360,8 @@ class Communicator:
         if self._engine.closed:
             return
         self._engine.closed = True
+        if not self._engine.deadlines.active:  # (running operations keep their deadlines)
+            self._engine.deadlines.close()
         for hook in reversed(self._on_close):
             await hook()
 

@@ -118,3 +118,16 @@ async def test_collectives_time_out_on_their_own_deadlines_one_after_another() -
             await comms[0].all_reduce(x, timeout=limit)
         assert limit * 0.9 <= loop.time() - start < limit + 2.0
     await asyncio.gather(*(c.close() for c in comms))
+
+
+async def test_closing_a_communicator_stops_its_timer() -> None:
+    """A closed communicator leaves no timer armed on the loop (the last
+    call's deadline would otherwise fire up to its timeout later)."""
+    _, comms = memory_world(2)
+    x = np.ones(4, np.float32)
+    await asyncio.gather(*(c.all_reduce(x, timeout=60) for c in comms))
+    timers = [c._engine.deadlines.timer for c in comms]
+    assert all(t is not None and not t.cancelled() for t in timers)
+    await asyncio.gather(*(c.close() for c in comms))
+    assert all(t is not None and t.cancelled() for t in timers)
+    assert all(c._engine.deadlines.timer is None for c in comms)
