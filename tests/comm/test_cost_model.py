@@ -139,6 +139,30 @@ async def test_split_leaves_the_measured_times_behind() -> None:
     assert {s._engine.tuner.current() for s in subs} == {params}
 
 
+async def test_a_split_during_an_agreement_waits_for_it_without_its_measured_times() -> None:
+    """A sub-group made while the parent's parameters are still being agreed
+    starts from the ones before, defers to the agreement for calls after it,
+    and takes its result without the measured times (another world size)."""
+    base = cm.Params(alpha=1e-5, overhead=1e-6, beta=1e-9, gamma=1e-10)
+    newer = dataclasses.replace(base, alpha=2e-5, measured=((cm.slot("all_reduce", "ring", 1 << 20), 0.01),))
+    parent = Tuner(active=True)
+    parent.versions = [tuning.Version(0, base)]
+    agreement: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    parent.add(5, agreement)
+    child = Tuner()
+    child.inherit(parent, seq=7)
+    assert child.active
+    with pytest.raises(tuning.Pending):
+        child.params_at(0)  # every call of the sub-group comes after the split
+    agreement.set_result(newer)
+    got = child.params_at(0)
+    assert got == dataclasses.replace(newer, measured=())
+    assert parent.params_at(5) == newer  # the parent keeps its own
+    early = Tuner()
+    early.inherit(parent, seq=3)  # made before the agreement applies: the settled version
+    assert early.params_at(0) == base and early.pending() == []
+
+
 async def test_netcoll_algo_overrides_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NETCOLL_ALGO", "all_reduce=allpairs,broadcast=ring")
     _, comms = memory_world(3)
