@@ -29,6 +29,8 @@ netcoll_rank_registered / _epoch / _rank     gauge                              
 netcoll_rank_busy                            gauge                                    rank
 netcoll_rank_jobs_total                      counter   result                         rank
 netcoll_rank_buffers / _buffer_bytes         gauge                                    rank
+netcoll_result_pool_free_bytes / _lent       gauge                                    rank
+netcoll_result_pool_blocks_total             counter   source (new, reused)           rank
 process_*                                    (prometheus_client's ProcessCollector)   both
 ============================================ ========= ============================== =============
 """
@@ -39,7 +41,7 @@ import importlib.util
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .. import observe
+from .. import observe, resultpool
 
 if TYPE_CHECKING:
     from ..rendezvous.coordinator import Coordinator
@@ -160,6 +162,20 @@ class CollectiveCollector:
             outcomes.add_metric([name, reason], n)
         yield hist
         yield outcomes
+        yield from _result_pool()
+
+
+def _result_pool() -> Iterator[Any]:
+    """The process's pool of large result arrays (:mod:`netcoll.resultpool`)."""
+    s = resultpool.RESULTS.stats()
+    yield _gauge("netcoll_result_pool_free_bytes", "Bytes of result memory kept for reuse.", s["held_bytes"])
+    yield _gauge("netcoll_result_pool_lent", "Pooled result blocks held by arrays now.", s["lent"])
+    yield _counter(
+        "netcoll_result_pool_blocks",
+        "Large results served, by where their memory came from.",
+        "source",
+        {"new": s["made"], "reused": s["reused"]},
+    )
 
 
 class RankCollector:

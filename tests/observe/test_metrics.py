@@ -12,6 +12,7 @@ import pytest
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from netcoll import resultpool  # noqa: E402
 from netcoll.cli.health import http_get  # noqa: E402
 from netcoll.links import shm  # noqa: E402
 from netcoll.service import metrics  # noqa: E402
@@ -42,7 +43,8 @@ def total(family: Any, suffix: str = "", **labels: str) -> float:
     )
 
 
-async def test_scrape_a_coordinator_and_a_rank_after_a_job() -> None:
+async def test_scrape_a_coordinator_and_a_rank_after_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resultpool.RESULTS, "min_bytes", 1 << 16)  # the job's 1 MiB results are pooled
     async with service(2) as (cluster, client):
         coord_http = HttpServer(
             ready=lambda: (True, "ok"), metrics=metrics.coordinator_metrics(cluster.coord, cluster.svc)
@@ -78,6 +80,12 @@ async def test_scrape_a_coordinator_and_a_rank_after_a_job() -> None:
             assert value(rank["netcoll_peer_link_info"], peer=peer, kind=kind) == 1
             assert value(rank["netcoll_peer_send_backlog_bytes"], peer=peer) >= 0
             assert value(rank["netcoll_rank_jobs"], "_total", result="ok") == 1
+            pool = resultpool.RESULTS.stats()
+            assert pool["made"] >= 1
+            assert value(rank["netcoll_result_pool_free_bytes"]) == pool["held_bytes"]
+            assert value(rank["netcoll_result_pool_lent"]) == pool["lent"]
+            assert value(rank["netcoll_result_pool_blocks"], "_total", source="reused") == pool["reused"]
+            assert value(rank["netcoll_result_pool_blocks"], "_total", source="new") == pool["made"]
             assert not any(name.endswith("gbps") for name in (*coord, *rank))  # base units only
         finally:
             await coord_http.close()
