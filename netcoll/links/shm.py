@@ -8,11 +8,12 @@ bytes as a TCP link does. A larger DATA payload goes through this side's
 ring of the pair's :class:`~netcoll.links.shmring.Segment` instead, in
 pieces of at most a quarter of the ring: the sender copies a piece into the
 ring and sends a header-only DATA frame saying where it is (``z: [pos, n]``;
-the first piece also says the whole length, ``zn``); the receiver copies it
-straight into the posted receive buffer (or a buffer of its own, held as TCP
-holds it) and gives ring space back with ``CREDIT {n: 0, z: pos}``, a
-quarter of the ring at a time. One copy in, one copy out, no system call
-per byte.
+the first piece also says the whole length, ``zn``; the headers of the pieces
+placed at once go out in one write); the receiver copies it straight into
+the posted receive buffer (or a buffer of its own, held as TCP holds it) and
+gives ring space back with ``CREDIT {n: 0, z: pos}`` once a quarter of the
+ring or more is consumed, one CREDIT for the frames of one read. One copy
+in, one copy out, no system call per byte.
 
 Flow control is :class:`~netcoll.links.framed.FramedLink`'s, unchanged: the
 first piece's header is the DATA header (eager: charged against the window;
@@ -96,6 +97,7 @@ class ShmLink(TcpLink):
         self._lock = asyncio.Lock()  # held while a message's pieces go out
         self._room: asyncio.Future[None] | None = None  # a writer waiting for ring space
         self._in: _Incoming | None = None
+        self._reporting = False  # a ring report is scheduled (:meth:`_report_soon`)
 
     # -- sending ----------------------------------------------------------------------
     async def _transmit(self, kind: Kind, header: dict[str, Any], payload: memoryview | None) -> None:
@@ -140,15 +142,18 @@ class ShmLink(TcpLink):
             self._lock.release()
 
     def _push(self, job: _Outgoing) -> bool:
-        """Write pieces of ``job`` while there is room; whether it is all out."""
+        """Write pieces of ``job`` while there is room; whether it is all out.
+        The headers of the pieces placed now go out together, after the last
+        copy: one system call and one wake-up of the reader, not one a piece."""
         payload, n, tx, writer = job.payload, job.payload.nbytes, self.segment.tx, self._writer
+        headers: list[dict[str, Any]] = []
         while job.pos < n:
             if self.lost is not None:
                 raise connection_error(self.lost)
             size = min(n - job.pos, writer.piece)
             at = writer.place(size)
             if at is None:
-                return False
+                break
             off = at % writer.size
             tx[off : off + size] = payload[job.pos : job.pos + size]
             header = dict(job.header, z=[at, size])
@@ -156,12 +161,14 @@ class ShmLink(TcpLink):
                 self._frames_sent += 1  # (the first is counted by send)
             else:
                 header["zn"] = n
+            headers.append(header)
+            job.pos += size
+        if headers:
             try:
-                self.proto.write(Kind.DATA, header)
+                self.proto.write_headers(Kind.DATA, headers)
             except RuntimeError:  # written after our BYE: the link is closing
                 raise ConnectionResetError("the link is closing") from None
-            job.pos += size
-        return True
+        return job.pos == n
 
     def _freed(self, header: dict[str, Any]) -> None:
         """``CREDIT {z}``: the peer consumed our ring up to ``z``."""
@@ -208,7 +215,7 @@ class ShmLink(TcpLink):
         if inc.target is not None:
             inc.target[inc.got : inc.got + size] = self.segment.rx[off : off + size]
         inc.got += size
-        self._give_ring()
+        self._report_soon()
         if inc.got < inc.n:
             self._frames_received += 1
             return
@@ -229,7 +236,15 @@ class ShmLink(TcpLink):
         self._in = _Incoming(header, n, target)
         return self._in
 
+    def _report_soon(self) -> None:
+        """Give ring space back once the frames of this read are handled: the
+        pieces of a message arrive together, and one CREDIT covers them all."""
+        if not self._reporting:
+            self._reporting = True
+            asyncio.get_running_loop().call_soon(self._give_ring)
+
     def _give_ring(self) -> None:
+        self._reporting = False
         upto = self._reader.report()
         if upto is not None and self.lost is None:
             try:

@@ -165,6 +165,12 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.transport.write(head)
             self.transport.write(payload)  # type: ignore[arg-type]
 
+    def write_headers(self, kind: Kind, headers: list[dict[str, Any]]) -> None:
+        """Queue header-only frames in one write (one system call, one wake-up of the peer)."""
+        if self.lost is not None or self.transport is None:
+            raise _as_connection_error(self.lost)
+        self.transport.write(b"".join([wire.encode_header(kind, header, 0) for header in headers]))
+
     def writable_now(self) -> bool:
         """Whether a frame written now goes out with nothing to wait for (not
         lost or closing, no backpressure)."""

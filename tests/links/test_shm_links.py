@@ -235,6 +235,48 @@ async def test_messages_larger_than_the_ring_and_the_window_go_by_rendezvous_int
         assert s1.unexpected_peak == 0
 
 
+async def test_the_pieces_placed_together_go_out_in_one_write_and_come_back_in_one_credit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 1 MiB message through an empty 1 MiB ring is four quarter-ring pieces:
+    their headers leave in one socket write (one wake-up of the reader, not
+    four), and the reader gives the space back in one CREDIT, not one per quarter."""
+    async with mesh(2, LinkConfig(window=16 * MIB, shm_bytes=MIB)) as ts:
+        link0, link1 = ts[0].links[1], ts[1].links[0]
+        assert isinstance(link0, ShmLink) and isinstance(link1, ShmLink)
+        batches: list[int] = []
+        credits: list[Any] = []
+        write_headers = link0.proto.write_headers
+        emit = link1._emit
+
+        def counting_write(kind: Kind, headers: list[dict[str, Any]]) -> None:
+            batches.append(len(headers))
+            write_headers(kind, headers)
+
+        def counting_emit(kind: Kind, header: dict[str, Any]) -> None:
+            if kind is Kind.CREDIT and "z" in header:
+                credits.append(header["z"])
+            emit(kind, header)
+
+        monkeypatch.setattr(link0.proto, "write_headers", counting_write)
+        monkeypatch.setattr(link1, "_emit", counting_emit)
+        data = pattern(MIB, 3)
+        out = np.zeros_like(data)
+
+        async def sender(ch: Channel) -> None:
+            await ch.send(1, data, step=0)
+
+        async def receiver(ch: Channel) -> memoryview:
+            return await ch.recv(0, step=0, out=out)
+
+        await run(ts, [sender, receiver], 0)
+        assert np.array_equal(out, data)
+        assert batches == [4]
+        for _ in range(3):
+            await asyncio.sleep(0)  # the report goes after the frames of its read
+        assert credits == [MIB]
+
+
 async def test_held_messages_and_a_burst_of_concurrent_sends_arrive_whole() -> None:
     """Eager messages of every size, sent at once (the ring lock keeps each one's
     pieces together), received in reverse order: held, then copied out."""
