@@ -86,8 +86,9 @@ class ResultPool:
         nbytes = math.prod(shape) * dt.itemsize
         if nbytes < self.min_bytes or not self.keep_bytes:
             return np.empty(shape, dtype=dt)
-        block = self._take(-(-nbytes // GRAIN) * GRAIN)
-        holder = (ctypes.c_char * nbytes).from_buffer(block)
+        capacity = -(-nbytes // GRAIN) * GRAIN
+        block = self._take(capacity)
+        holder = (ctypes.c_char * capacity).from_buffer(block)  # (ctypes keeps a type per length: few)
         weakref.finalize(holder, self._give, block).atexit = False
         return np.frombuffer(holder, dtype=dt, count=nbytes // dt.itemsize).reshape(shape)
 
@@ -116,6 +117,10 @@ class ResultPool:
             self._free[largest].pop()
             self.held -= largest
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (another thread may have held the old one)."""
+        self._lock = threading.Lock()
+
     def clear(self) -> None:
         """Drop every free block (lent ones come back as usual)."""
         with self._lock:
@@ -129,6 +134,7 @@ class ResultPool:
 
 #: the process's pool; every communicator sets its size from ``NETCOLL_RESULT_POOL`` when made
 RESULTS: Final = ResultPool()
+os.register_at_fork(after_in_child=RESULTS.after_fork)
 
 
 def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -120,6 +121,10 @@ class _ScratchPool:
                 return self.free.pop(min(fits, key=lambda i: self.free[i].nbytes))
         return np.empty(nbytes, dtype=np.uint8)
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (another thread may have held the old one)."""
+        self.lock = threading.Lock()
+
     def give(self, buf: np.ndarray) -> None:
         with self.lock:
             self.free.append(buf)
@@ -129,6 +134,7 @@ class _ScratchPool:
 
 
 SCRATCH_POOL: Final = _ScratchPool(keep_bytes=2 * SCRATCH_BUDGET_BYTES)
+os.register_at_fork(after_in_child=SCRATCH_POOL.after_fork)
 
 
 @contextlib.contextmanager

@@ -159,3 +159,34 @@ async def test_collectives_return_pooled_results(small_results: ResultPool) -> N
     results = await run_world(2, body)
     assert results == [[6.0, 6.0, 6.0, 2.0]] * 2
     assert small_results.stats()["reused"] >= 2  # the later calls took back what the earlier dropped
+
+
+@pytest.mark.parametrize("which", ["results", "scratch"])
+def test_a_forked_child_can_use_the_pool_while_a_thread_held_its_lock(which: str) -> None:
+    """fork() while another thread holds a pool's lock: the child gets a new one
+    (the result pool, and the algorithms' scratch pool)."""
+    import os
+
+    from netcoll.algorithms._common import SCRATCH_POOL
+
+    lock = (lambda: resultpool.RESULTS._lock) if which == "results" else (lambda: SCRATCH_POOL.lock)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock():
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: would block forever on the inherited, held lock
+            ok = lock().acquire(timeout=5)
+            os._exit(0 if ok else 1)
+    finally:
+        release.set()
+        t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
