@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from . import resultpool
 from .algorithms.tuning import TRIAL_LAG, Pending
 from .calls import moving, p2p, reducing, tune
 from .calls._common import Done, Plan
@@ -362,6 +363,7 @@ class Communicator:
         self._engine.closed = True
         if not self._engine.deadlines.active:  # (running operations keep their deadlines)
             self._engine.deadlines.close()
+        resultpool.RESULTS.clear()  # done with collectives: no result memory kept for reuse
         for hook in reversed(self._on_close):
             await hook()
 

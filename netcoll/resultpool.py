@@ -19,6 +19,8 @@ holds (numpy's views all keep it alive); a ``weakref.finalize`` on it returns
 the block. Free blocks are kept up to :data:`KEEP_BYTES` in all, the largest
 dropped first; ``NETCOLL_RESULT_POOL`` sets that (``0`` turns pooling off), read
 when a communicator is made (a malformed value fails that, not a collective).
+Closing a communicator drops the free blocks, and so does a rank daemon after
+each job: memory is kept for reuse only while collectives run.
 
 What a caller sees: the same dtype, shape and C order as ``np.empty``, writable,
 with undefined contents until the collective fills them; ``owndata`` is false,

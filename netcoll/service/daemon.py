@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import logs, observe
+from .. import logs, observe, resultpool
 from ..arrays import array_from_meta, meta_of
 from ..comm import Communicator, calibrate_if_enabled
 from ..errors import CollectiveError, NetcollError, PeerLost
@@ -252,6 +252,7 @@ class RankDaemon:
             finally:
                 self._job_task = None
                 self.current_job = None
+                resultpool.RESULTS.clear()  # an idle daemon keeps no result memory for reuse
 
     async def _finish(self, task: asyncio.Task[Outcome], job_id: Any, rank: Any) -> None:
         """Wait for the job's collective, drop broken links, report."""

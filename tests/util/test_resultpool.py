@@ -4,6 +4,7 @@ collectives hand out pooled results with the right contents."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 from collections.abc import Iterator
@@ -190,3 +191,21 @@ def test_a_forked_child_can_use_the_pool_while_a_thread_held_its_lock(which: str
         t.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+async def test_closing_a_communicator_drops_the_free_blocks(small_results: ResultPool) -> None:
+    """Done with collectives: the memory kept for reuse goes back to the system
+    (a block still used by an array stays with it)."""
+    _, comms = memory_world(2)
+    x = np.ones(MIN, np.float32)
+
+    async def call(c: object) -> np.ndarray | None:
+        y = await c.all_reduce(x)  # type: ignore[attr-defined]
+        return y if c.rank == 0 else None  # type: ignore[attr-defined]
+
+    kept, _ = await asyncio.gather(*(call(c) for c in comms))
+    gc.collect()
+    assert small_results.stats()["held_bytes"] > 0  # rank 1's result came back
+    await asyncio.gather(*(c.close() for c in comms))
+    assert small_results.stats()["held_bytes"] == 0 and small_results.stats()["lent"] == 1
+    assert float(kept[0]) == 2.0
