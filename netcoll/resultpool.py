@@ -16,7 +16,7 @@ keeps: a block goes back to the pool when the last array using it is gone
 (the result, every view of it, any ``torch.from_numpy`` of it), never before.
 That is tracked by a small ctypes object over the block that every such array
 holds (numpy's views all keep it alive); a ``weakref.finalize`` on it returns
-the block. Free blocks are kept up to :data:`KEEP_BYTES` in all, the largest
+the block. Free blocks are kept up to :data:`DEFAULT_KEEP` bytes in all, the largest
 dropped first; ``NETCOLL_RESULT_POOL`` sets that (``0`` turns pooling off), read
 when a communicator is made (a malformed value fails that, not a collective).
 Closing a communicator drops the free blocks, and so does a rank daemon after
