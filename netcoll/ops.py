@@ -317,6 +317,51 @@ def reduce_to(op: str | ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray)
         trace.add("reduce", "reduce", start, now(), {"bytes": out.nbytes, "op": op.value})
 
 
+class Fold:
+    """A receive that reduces its payload as it arrives: ``out = own (op)
+    incoming`` (or ``incoming (op) own`` with ``incoming_first``), applied piece
+    by piece by a link that can read the payload in place (a shared-memory
+    ring: one pass over the bytes instead of a copy and then the reduction).
+    The same bits as :func:`reduce_to` on the whole payload. A link that cannot
+    fold just fills the posted buffer; :attr:`complete` tells the two apart."""
+
+    __slots__ = ("op", "out", "own", "incoming_first", "done")
+
+    def __init__(self, op: ReduceOp, out: np.ndarray, own: np.ndarray, *, incoming_first: bool = False) -> None:
+        _check_pair(out, own)
+        self.op, self.out, self.own, self.incoming_first = op, out.reshape(-1), own.reshape(-1), incoming_first
+        self.done = 0  # bytes folded so far, from the start
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.out.nbytes)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole payload has been folded into ``out``."""
+        return self.done == self.nbytes
+
+    def apply(self, data: memoryview) -> None:
+        """Fold the next ``len(data)`` bytes of the payload. ValueError if they
+        are not whole elements or run past the end (the caller's peer is broken)."""
+        size, item = data.nbytes, self.out.itemsize
+        if size % item or self.done + size > self.nbytes:
+            raise ValueError(f"{size} bytes at {self.done} are not whole elements of a {self.nbytes}-byte buffer")
+        e0, e1 = self.done // item, (self.done + size) // item
+        incoming = np.frombuffer(data, dtype=self.out.dtype)
+        own, out = self.own[e0:e1], self.out[e0:e1]
+        trace = TRACE.get()
+        start = 0.0 if trace is None else now()
+        with np.errstate(all="ignore"):
+            if self.incoming_first:
+                _ufunc(self.op, out.dtype)(incoming, own, out=out)
+            else:
+                _ufunc(self.op, out.dtype)(own, incoming, out=out)
+        if trace is not None:
+            trace.add("reduce", "reduce", start, now(), {"bytes": size, "op": self.op.value})
+        self.done += size
+
+
 def finalize(op: str | ReduceOp, acc: np.ndarray, world_size: int) -> None:
     """In place: finish a reduction over *world_size* contributions (``avg`` divides)."""
     op = parse_op(op)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from ..errors import MismatchError
-from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
+from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_into
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -195,19 +195,33 @@ class RecvWindow:
     algorithm fails are failed with the operation by the mailbox.
     """
 
-    __slots__ = ("ch", "count", "depth", "futures", "plan", "posted")
+    __slots__ = ("ch", "count", "depth", "futures", "plan", "posted", "fold", "folds")
 
-    def __init__(self, ch: Channel, plan: Plan, count: int, depth: int) -> None:
+    def __init__(
+        self, ch: Channel, plan: Plan, count: int, depth: int, fold: Callable[[int], Fold] | None = None
+    ) -> None:
         self.ch, self.plan, self.count, self.depth = ch, plan, count, max(1, depth)
         self.futures: dict[int, asyncio.Future[tuple[memoryview, dict[str, Any]]]] = {}
         self.posted = 0  # messages 0..posted-1 have been posted
+        #: ``fold(i)``: the reduction message ``i`` is for, which a link may do as it arrives
+        self.fold = fold
+        self.folds: dict[int, Fold] = {}
 
     def _post_until(self, stop: int) -> None:
         stop = min(stop, self.count)
         while self.posted < stop:
-            peer, step, chunk, out = self.plan(self.posted)
-            self.futures[self.posted] = self.ch.post(peer, step=step, chunk=chunk, out=out)
+            i = self.posted
+            peer, step, chunk, out = self.plan(i)
+            fold = None
+            if self.fold is not None:
+                fold = self.folds[i] = self.fold(i)
+            self.futures[i] = self.ch.post(peer, step=step, chunk=chunk, out=out, fold=fold)
             self.posted += 1
+
+    def folded(self, i: int) -> bool:
+        """Whether the link already reduced message ``i`` (call after :meth:`get`)."""
+        fold = self.folds.pop(i, None)
+        return fold is not None and fold.complete
 
     async def start(self) -> None:
         """Post the first ``depth`` receives (before the caller starts sending)."""

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into, reduce_to
+from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_into, reduce_to
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RELAY_WINDOW,
@@ -274,7 +274,12 @@ async def _reduce_scatter_steps(
         dest = dst[a - base : b - base] if t == P - 2 else scratch[i % depth][: b - a]
         return left, t, j, dest
 
-    async with RecvWindow(ch, plan, (P - 1) * S, depth) as window:
+    def fold(i: int) -> Fold:  # what the link may do as the payload arrives: acc = incoming op own
+        t, j = divmod(i, S)
+        a, b = chunks[(r - 2 - t) % P][j]
+        return Fold(op, plan(i)[3], data[a:b], incoming_first=True)
+
+    async with RecvWindow(ch, plan, (P - 1) * S, depth, fold) as window:
         await window.start()
         for i in range((P - 1) * S):
             t, j = divmod(i, S)
@@ -284,7 +289,8 @@ async def _reduce_scatter_steps(
             await window.get(i)
             a, b = chunks[(r - 2 - t) % P][j]
             acc = plan(i)[3]
-            reduce_into(op, acc, data[a:b])
+            if not window.folded(i):
+                reduce_into(op, acc, data[a:b])
             if t < P - 2:
                 await ch.send(right, acc, step=t + 1, chunk=j)
 
@@ -340,6 +346,12 @@ async def _ring_steps(
         a, b = segs[(first - t - 1) % P][j]
         return left, t, j, scratch[i % depth][: b - a]
 
+    def fold(i: int) -> Fold:  # what the link may do as the payload arrives: data = src op incoming
+        assert op is not None
+        t, j = divmod(i, S)
+        a, b = segs[(first - t - 1) % P][j]
+        return Fold(op, data[a:b], src[a:b])
+
     def plan_gather(k: int) -> tuple[int, int, int, np.ndarray]:
         t, j = divmod(R + k, S)
         a, b = segs[(first - t - 1) % P][j]
@@ -351,7 +363,7 @@ async def _ring_steps(
     # first send is safe even for slots that still hold data to send: their
     # payload cannot exist before ours left.
     async with (
-        RecvWindow(ch, plan_reduce, R, depth) as reduced,
+        RecvWindow(ch, plan_reduce, R, depth, fold if R else None) as reduced,
         RecvWindow(ch, plan_gather, count - R, count - R) as in_place,
     ):
         await reduced.start()
@@ -363,7 +375,7 @@ async def _ring_steps(
                 await ch.send(right, src[a:b], step=0, chunk=j)
             await (reduced.get(i) if i < R else in_place.get(i - R))
             a, b = segs[(first - t - 1) % P][j]
-            if t < reduce_steps:
+            if t < reduce_steps and not reduced.folded(i):
                 assert op is not None
                 reduce_to(op, data[a:b], src[a:b], scratch[i % depth][: b - a])
             if t + 1 < total_steps:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import ProtocolError
+from ..ops import Fold
 from ..transport.connection import FramedProtocol
 from ..transport.mailbox import Mailbox
 from ..wire import Frame, Kind
@@ -68,6 +69,7 @@ class _Incoming:
     n: int
     target: memoryview | None  # None: diverted (its receive is gone), read and dropped
     got: int = 0
+    fold: Fold | None = None  # the posted receive reduces: fold each piece, leave target as it is
 
 
 class ShmLink(TcpLink):
@@ -212,7 +214,12 @@ class ShmLink(TcpLink):
             raise ProtocolError("a ring piece that belongs to no message arriving now")
         if inc.got + size > inc.n:
             raise ProtocolError(f"ring pieces of more than the {inc.n} bytes announced")
-        if inc.target is not None:
+        if inc.fold is not None:
+            try:
+                inc.fold.apply(self.segment.rx[off : off + size])
+            except ValueError as exc:
+                raise ProtocolError(f"a ring piece the posted reduction cannot take: {exc}") from None
+        elif inc.target is not None:
             inc.target[inc.got : inc.got + size] = self.segment.rx[off : off + size]
         inc.got += size
         self._report_soon()
@@ -233,7 +240,8 @@ class ShmLink(TcpLink):
         buf = self.mailbox.sink(self.peer, header, n)
         self._cur_hit = buf is not None
         target = memoryview(buf).cast("B") if buf is not None else memoryview(bytearray(n))
-        self._in = _Incoming(header, n, target)
+        fold = self.mailbox.fold(self.peer, header) if buf is not None else None
+        self._in = _Incoming(header, n, target, fold=fold if fold is not None and fold.nbytes == n else None)
         return self._in
 
     def _report_soon(self) -> None:
@@ -254,7 +262,7 @@ class ShmLink(TcpLink):
 
     def divert(self) -> None:
         if self._in is not None:  # between pieces: the rest is consumed and dropped
-            self._in.target = None
+            self._in.target = self._in.fold = None
         else:
             super().divert()
 

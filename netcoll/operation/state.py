@@ -36,6 +36,7 @@ class Operation:
         "error",
         "arrived",
         "posted",
+        "folds",
         "reports",
         "waiters",
         "rts",
@@ -69,6 +70,8 @@ class Operation:
         #: held (in a buffer of their own: released to the link when taken or dropped)
         self.arrived: dict[SlotKey, tuple[memoryview, dict[str, Any], bool]] = {}
         self.posted: dict[SlotKey, tuple[asyncio.Future[Any], memoryview | None]] = {}
+        #: posted receives that a link may reduce as their payload arrives (``ops.Fold``; made when needed)
+        self.folds: dict[SlotKey, Any] | None = None
         #: group rank -> the group ranks it was waiting for when it timed out (made when needed)
         self.reports: dict[int, list[int]] | None = None
         #: futures (a link's wait for credit, say) failed with the operation (made when needed)
@@ -142,9 +145,11 @@ class Operation:
             self._end_rts()
 
     # -- the receive side (called by algorithms through a Channel) -----------------------
-    def take(self, key: SlotKey, out: memoryview | None) -> asyncio.Future[Any]:
+    def take(self, key: SlotKey, out: memoryview | None, fold: Any = None) -> asyncio.Future[Any]:
         """Future of ``(payload, header)`` for slot ``key``; ``out`` (if given)
-        receives the payload bytes."""
+        receives the payload bytes, or ``fold`` (an ``ops.Fold`` over a buffer
+        of ``out``'s size) reduces them, if the link can and the payload has not
+        arrived yet (:meth:`fold_for`)."""
         fut: asyncio.Future[Any] = self._loop.create_future()
         if self.state is not State.RUNNING:
             _set_exception(
@@ -154,6 +159,10 @@ class Operation:
         got = self.arrived.pop(key, None)
         if got is None:
             self.posted[key] = (fut, out)
+            if fold is not None and out is not None:
+                if self.folds is None:
+                    self.folds = {}
+                self.folds[key] = fold
             if self.rts:
                 for callback in self.rts.pop(key, ()):
                     callback(True)
@@ -170,6 +179,10 @@ class Operation:
             payload = out
         fut.set_result((payload, header))
         return fut
+
+    def fold_for(self, key: SlotKey) -> Any:
+        """The fold posted with the receive ``key`` (taken: a link applies it at most once)."""
+        return None if self.folds is None else self.folds.pop(key, None)
 
     # -- what frames and events mean (called by the mailbox) -----------------------------
     def deliver(self, src: int, header: dict[str, Any], payload: memoryview, held: bool) -> None:

@@ -21,6 +21,7 @@ from ..errors import CollectiveError, CommunicatorClosed, PeerLost
 from ..escape import escape
 from ..links.base import Link, LinkStats
 from ..operation import Operation
+from ..ops import Fold
 from ..wire import Kind
 from .mailbox import Mailbox
 
@@ -228,12 +229,23 @@ class Channel:
         return fut
 
     def post(
-        self, peer: int, *, step: int, chunk: int = 0, out: np.ndarray | memoryview | None = None
+        self,
+        peer: int,
+        *,
+        step: int,
+        chunk: int = 0,
+        out: np.ndarray | memoryview | None = None,
+        fold: Fold | None = None,
     ) -> asyncio.Future[tuple[memoryview, dict[str, Any]]]:
         """Post a receive now (no await) and return its future of ``(payload,
         header)``. A receive posted before its message arrives gets the bytes
-        written straight into ``out``. Awaiting the future is :meth:`recv_meta`."""
-        fut = self._mailbox.take(self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out))
+        written straight into ``out``, or, with ``fold`` and a link that can
+        read the payload in place, reduced into ``fold.out`` instead (then
+        ``fold.complete`` and ``out`` is left as it was). Awaiting the future
+        is :meth:`recv_meta`."""
+        fut = self._mailbox.take(
+            self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out), fold
+        )
         return fut if self._trace is None else self._traced(fut, peer, step, chunk)
 
     async def recv(

@@ -153,11 +153,11 @@ class Mailbox:
             if len(done) > SUCCEEDED_KEPT:
                 done.popitem(last=False)
 
-    def take(self, op: Operation, key: SlotKey, out: memoryview | None) -> asyncio.Future[Any]:
+    def take(self, op: Operation, key: SlotKey, out: memoryview | None, fold: Any = None) -> asyncio.Future[Any]:
         """Post a receive for ``key`` of ``op`` (see :meth:`Operation.take`)."""
         if key[0] in self.dead and key not in op.arrived and op.state is State.RUNNING:
             op.lost(key[0], str(self.dead[key[0]]), graceful=False)
-        return op.take(key, out)
+        return op.take(key, out, fold)
 
     # -- the transport side ------------------------------------------------------------
     def sink(self, src: int, header: dict[str, Any], nbytes: int) -> memoryview | None:
@@ -173,6 +173,13 @@ class Mailbox:
         self.filling[src] = op
         self._direct.add(src)
         return slot[1]
+
+    def fold(self, src: int, header: dict[str, Any]) -> Any:
+        """The ``ops.Fold`` posted with the receive that :meth:`sink` just gave
+        a buffer for, or None: a link that reads the payload in place may
+        reduce it into the fold's output instead of filling that buffer."""
+        op = self.filling.get(src)
+        return None if op is None else op.fold_for((src, header["s"], header["c"]))
 
     def deliver(self, src: int, header: dict[str, Any], payload: memoryview) -> None:
         """A whole DATA frame from world rank ``src``."""

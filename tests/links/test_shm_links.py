@@ -214,6 +214,59 @@ async def test_every_collective_is_correct_over_shared_memory(n: int) -> None:
             assert ts[0].link_stats()[1].bytes_sent > 0
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
+async def test_ring_reductions_fold_straight_out_of_the_ring_with_the_same_bits(
+    dtype: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """all_reduce, reduce_scatter and reduce by ring over shared memory reduce
+    each piece as it is read out of the ring (no copy into scratch first), and
+    the results have the very bits of the in-memory transport, which never folds:
+    the same order of operations on every element."""
+    from netcoll.ops import Fold
+    from tests.support.worlds import memory_world
+
+    folded: list[int] = []
+    apply = Fold.apply
+
+    def counting(self: Fold, data: memoryview) -> None:
+        folded.append(data.nbytes)
+        apply(self, data)
+
+    monkeypatch.setattr(Fold, "apply", counting)
+    n = 3 * 200_000 + 1  # uneven chunks, segments of several ring pieces
+    rng = np.random.default_rng(7)
+    xs = [(rng.standard_normal(n) * 1000).astype(dtype) for _ in range(3)]
+    rows = [np.concatenate([x, x[:2]]).reshape(3, -1) for x in xs]
+
+    async def calls(c: Communicator) -> list[np.ndarray]:
+        r = c.rank
+        got = [
+            await c.all_reduce(xs[r], algorithm="ring"),
+            await c.all_reduce(xs[r].copy(), out=None, algorithm="ring"),
+            await c.reduce_scatter(rows[r], algorithm="ring"),
+        ]
+        red = await c.reduce(xs[r], root=1, algorithm="ring")
+        if r == 1:
+            got.append(red)
+        return got
+
+    _, mem = memory_world(3)
+    expected = await asyncio.gather(*(calls(c) for c in mem))
+    assert folded == []  # in memory: no ring, nothing folded
+    async with mesh(3, LinkConfig(shm_bytes=256 * KIB)) as ts:
+        assert kinds(ts) == {"shm"}
+        comms = [Communicator(t, segment_bytes=256 * KIB) for t in ts]
+        try:
+            got = await asyncio.wait_for(asyncio.gather(*(calls(c) for c in comms)), 60)
+        finally:
+            for c in comms:
+                await c.close()
+    for mine, theirs in zip(got, expected, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    assert folded and max(folded) == 64 * KIB  # a quarter ring at a time
+
+
 async def test_messages_larger_than_the_ring_and_the_window_go_by_rendezvous_into_place() -> None:
     """8 MiB through a 64 KiB ring with a 1 MiB window, sent before the receive is
     posted: RTS, CTS, then 512 pieces straight into the posted buffer."""

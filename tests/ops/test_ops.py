@@ -517,3 +517,35 @@ def test_reduce_reference_errors_and_order():
     out = reduce_reference("avg", [single])
     assert_identical(out, single)
     assert out is not single
+
+
+def test_a_fold_reduces_piece_by_piece_with_the_bits_of_reduce_to() -> None:
+    from netcoll.ops import Fold, reduce_to
+
+    rng = np.random.default_rng(3)
+    own, incoming = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    whole = np.empty_like(own)
+    reduce_to(ReduceOp.SUM, whole, own, incoming)
+    for first in (False, True):
+        out = np.zeros_like(own)
+        fold = Fold(ReduceOp.SUM, out, own, incoming_first=first)
+        raw = memoryview(incoming.tobytes())
+        for a, b in ((0, 400), (400, 404), (404, 4000)):
+            assert not fold.complete
+            fold.apply(raw[a:b])
+        assert fold.complete and out.tobytes() == whole.tobytes()
+
+
+def test_a_fold_refuses_partial_elements_and_bytes_past_its_end() -> None:
+    from netcoll.ops import Fold
+
+    out = np.zeros(4, np.float64)
+    fold = Fold(ReduceOp.MAX, out, np.ones(4))
+    with pytest.raises(ValueError, match="whole elements"):
+        fold.apply(memoryview(bytes(12)))
+    fold.apply(memoryview(np.full(4, 2.0).tobytes()))
+    assert fold.complete and out.tolist() == [2.0] * 4
+    with pytest.raises(ValueError, match="whole elements"):
+        fold.apply(memoryview(bytes(8)))
+    with pytest.raises(ValueError):
+        Fold(ReduceOp.SUM, np.zeros(4, np.float32), np.zeros(5, np.float32))
