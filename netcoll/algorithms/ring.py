@@ -8,8 +8,10 @@ need not divide), and every chunk into ``S`` *segments* of at most
 chunk ``r-t`` and receives chunk ``r-t-1`` (mod P):
 
 * steps ``0..P-2`` are the reduce-scatter: the incoming segment is received
-  into a scratch buffer and folded into ``buf`` (``buf = buf op incoming``);
-  after them rank ``r`` holds the fully reduced chunk ``r+1``;
+  into a scratch buffer and folded into ``buf`` (``buf = buf op incoming``),
+  or, by a link that reads payloads in place (shared memory), folded piece by
+  piece as it arrives (:class:`~netcoll.ops.Fold`, same bits); after them
+  rank ``r`` holds the fully reduced chunk ``r+1``;
 * steps ``P-1..2P-3`` are the all-gather: the incoming segment is received
   straight into ``buf`` (the reduced chunk it replaces is final elsewhere).
 

@@ -13,7 +13,9 @@ placed at once go out in one write); the receiver copies it straight into
 the posted receive buffer (or a buffer of its own, held as TCP holds it) and
 gives ring space back with ``CREDIT {n: 0, z: pos}`` once a quarter of the
 ring or more is consumed, one CREDIT for the frames of one read. One copy
-in, one copy out, no system call per byte.
+in, one copy out, no system call per byte. A receive posted with an
+:class:`~netcoll.ops.Fold` (a ring reduce-scatter step) is reduced straight
+out of the ring instead: the copy out and the reduction are one pass.
 
 Flow control is :class:`~netcoll.links.framed.FramedLink`'s, unchanged: the
 first piece's header is the DATA header (eager: charged against the window;
