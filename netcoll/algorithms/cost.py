@@ -34,7 +34,7 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 
@@ -59,6 +59,9 @@ BOUNDS: Final = {
     "solo": (1e-12, 1e-6),
 }
 
+
+#: a number, or a numpy array of them (:func:`split_cost` of many samples)
+_N = TypeVar("_N", float, np.ndarray)
 
 #: an algorithm's efficiency factors are clamped to this range
 FACTOR_BOUNDS: Final = (0.1, 50.0)
@@ -349,9 +352,10 @@ def terms(collective: str, algo: str, nbytes: int, world_size: int, segment: int
     return (steps, msgs, nbytes_, red, 0.0)
 
 
-def split_cost(t: Sequence[float], params: Params) -> tuple[float, float]:
+def split_cost(t: Sequence[_N], params: Params) -> tuple[_N, _N]:
     """``(latency part, bandwidth part)`` of terms ``t``: ``alpha steps + o msgs``
-    and ``beta bytes + gamma reduced`` (before the algorithm's factors)."""
+    and ``beta bytes + gamma reduced`` (before the algorithm's factors). ``t``
+    may also hold one numpy column per term: the parts of many samples at once."""
     a, o, b, g, solo = params.vector()
     return (t[0] * a + t[1] * o, t[2] * b + t[3] * g + t[4] * solo)
 

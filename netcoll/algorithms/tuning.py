@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from .cost import BOUNDS, FORMULAS, PAIR_INDEX, PAIRS, Params, Terms, band, slot, terms
+from .cost import BOUNDS, FORMULAS, PAIR_INDEX, PAIRS, Params, Terms, band, slot, split_cost, terms
 
 #: one finished call: (collective, algorithm, terms, seconds)
 Sample = tuple[str, str, Terms, float]
@@ -105,11 +105,10 @@ def fit_factors(samples: Iterable[Sample], params: Params, weight: float = PRIOR
         got = by_pair.setdefault((coll, algo), ([], []))
         got[0].append(t)
         got[1].append(seconds)
-    a, o, b, g, solo = params.vector()
     factors = params.row()[len(BOUNDS) : len(BOUNDS) + 2 * len(PAIRS)]
     for pair, (ts, secs) in by_pair.items():
-        m = np.array(ts, dtype=np.float64)  # split_cost of every sample at once: (latency, bandwidth) parts
-        parts = np.stack([m[:, 0] * a + m[:, 1] * o, m[:, 2] * b + m[:, 3] * g + m[:, 4] * solo], axis=1)
+        columns = list(np.array(ts, dtype=np.float64).T)  # one per term: every sample's parts at once
+        parts = np.stack(split_cost(columns, params), axis=1)
         i = 2 * PAIR_INDEX[pair]
         prior = np.array(factors[i : i + 2], dtype=np.float64)
         factors[i : i + 2] = (float(v) for v in _ridge_arrays(parts, np.array(secs), prior, weight))

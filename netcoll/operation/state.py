@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CollectiveClosed
+from ..ops import Fold
 from .reasons import Failure, Reason, State, reason_of
 
 SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
@@ -71,7 +72,7 @@ class Operation:
         self.arrived: dict[SlotKey, tuple[memoryview, dict[str, Any], bool]] = {}
         self.posted: dict[SlotKey, tuple[asyncio.Future[Any], memoryview | None]] = {}
         #: posted receives that a link may reduce as their payload arrives (``ops.Fold``; made when needed)
-        self.folds: dict[SlotKey, Any] | None = None
+        self.folds: dict[SlotKey, Fold] | None = None
         #: group rank -> the group ranks it was waiting for when it timed out (made when needed)
         self.reports: dict[int, list[int]] | None = None
         #: futures (a link's wait for credit, say) failed with the operation (made when needed)
@@ -145,9 +146,9 @@ class Operation:
             self._end_rts()
 
     # -- the receive side (called by algorithms through a Channel) -----------------------
-    def take(self, key: SlotKey, out: memoryview | None, fold: Any = None) -> asyncio.Future[Any]:
+    def take(self, key: SlotKey, out: memoryview | None, fold: Fold | None = None) -> asyncio.Future[Any]:
         """Future of ``(payload, header)`` for slot ``key``; ``out`` (if given)
-        receives the payload bytes, or ``fold`` (an ``ops.Fold`` over a buffer
+        receives the payload bytes, or ``fold`` (over a buffer
         of ``out``'s size) reduces them, if the link can and the payload has not
         arrived yet (:meth:`fold_for`)."""
         fut: asyncio.Future[Any] = self._loop.create_future()
@@ -180,7 +181,7 @@ class Operation:
         fut.set_result((payload, header))
         return fut
 
-    def fold_for(self, key: SlotKey) -> Any:
+    def fold_for(self, key: SlotKey) -> Fold | None:
         """The fold posted with the receive ``key`` (taken: a link applies it at most once)."""
         return None if self.folds is None else self.folds.pop(key, None)
 

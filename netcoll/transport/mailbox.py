@@ -46,6 +46,7 @@ from typing import Any
 
 from ..errors import CollectiveError, CommunicatorClosed, LimitExceeded, MismatchError, PeerLost
 from ..operation import Failure, Operation, Reason, SlotKey, State
+from ..ops import Fold
 
 SNAPSHOT_OPS = 16  # operations one heartbeat reports at most
 SUCCEEDED_KEPT = 64  # recent successful operations remembered per group (for late aborts)
@@ -153,7 +154,9 @@ class Mailbox:
             if len(done) > SUCCEEDED_KEPT:
                 done.popitem(last=False)
 
-    def take(self, op: Operation, key: SlotKey, out: memoryview | None, fold: Any = None) -> asyncio.Future[Any]:
+    def take(
+        self, op: Operation, key: SlotKey, out: memoryview | None, fold: Fold | None = None
+    ) -> asyncio.Future[Any]:
         """Post a receive for ``key`` of ``op`` (see :meth:`Operation.take`)."""
         if key[0] in self.dead and key not in op.arrived and op.state is State.RUNNING:
             op.lost(key[0], str(self.dead[key[0]]), graceful=False)
@@ -174,7 +177,7 @@ class Mailbox:
         self._direct.add(src)
         return slot[1]
 
-    def fold(self, src: int, header: dict[str, Any]) -> Any:
+    def fold(self, src: int, header: dict[str, Any]) -> Fold | None:
         """The ``ops.Fold`` posted with the receive that :meth:`sink` just gave
         a buffer for, or None: a link that reads the payload in place may
         reduce it into the fold's output instead of filling that buffer."""
