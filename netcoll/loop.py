@@ -23,7 +23,7 @@ import os
 import selectors
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 T = TypeVar("T")
 DEFAULT_SPIN = 300e-6  # seconds of polling before sleeping (measured: 100 µs-1 ms all help; 300 µs best)
@@ -35,25 +35,83 @@ else:  # epoll where there is one (DefaultSelector may be another kind), else th
     _Base = getattr(selectors, "EpollSelector", selectors.DefaultSelector)
 
 
+class Poller(Protocol):
+    """Something a :class:`SpinSelector` checks besides its file descriptors
+    (a shared-memory lane, :mod:`netcoll.links.lane`)."""
+
+    def poll(self) -> bool:
+        """Handle whatever arrived (scheduling callbacks); whether anything did. Never raises."""
+
+    def sleep(self) -> None:
+        """The loop is about to block: from now on, wake it through a file
+        descriptor (with a memory fence after saying so: a poll follows)."""
+
+    def wake(self) -> None:
+        """The loop is awake again."""
+
+
 class SpinSelector(_Base):
-    """A selector that polls (yielding the CPU) for ``spin`` seconds before blocking."""
+    """A selector that polls (yielding the CPU) for ``spin`` seconds before blocking.
+
+    It also runs its pollers (:meth:`add_poller`) on every call, and before
+    it blocks tells them it sleeps and polls them once more (see
+    :mod:`netcoll.links.lane` for why that order)."""
 
     def __init__(self, spin: float = DEFAULT_SPIN) -> None:
         super().__init__()
         self.spin = spin
+        self._pollers: tuple[Poller, ...] = ()
+
+    def add_poller(self, poller: Poller) -> None:
+        self._pollers += (poller,)
+
+    def remove_poller(self, poller: Poller) -> None:
+        self._pollers = tuple(p for p in self._pollers if p is not poller)
+
+    def _poll(self) -> bool:
+        got = False
+        for p in self._pollers:
+            got = p.poll() or got
+        return got
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if self._pollers and self._poll():
+            timeout = 0
         if timeout is None or timeout > 0:
             ready = super().select(0)
             if ready or self.spin <= 0:
-                return ready or super().select(timeout)
+                return ready or self._block(timeout)
             end = time.monotonic() + min(self.spin, timeout if timeout is not None else self.spin)
             while time.monotonic() < end:
                 os.sched_yield()
+                if self._pollers and self._poll():
+                    return super().select(0)
                 ready = super().select(0)
                 if ready:
                     return ready
+            return self._block(timeout)
         return super().select(timeout)
+
+    def _block(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+        pollers = self._pollers
+        if not pollers:
+            return super().select(timeout)
+        for p in pollers:
+            p.sleep()
+        try:
+            if self._poll():
+                return super().select(0)
+            return super().select(timeout)
+        finally:
+            for p in pollers:
+                p.wake()
+
+
+def spin_selector(loop: asyncio.AbstractEventLoop) -> SpinSelector | None:
+    """``loop``'s selector if it is a :class:`SpinSelector` (a loop made here,
+    or any selector loop given one), else None."""
+    selector = getattr(loop, "_selector", None)  # asyncio's selector loops keep it there
+    return selector if isinstance(selector, SpinSelector) else None
 
 
 def loop_kind(kind: str | None = None) -> str:
@@ -88,4 +146,4 @@ def run(coro: Coroutine[Any, Any, T], kind: str | None = None) -> T:
         return runner.run(coro)
 
 
-__all__ = ["SpinSelector", "new_event_loop", "run", "loop_kind", "DEFAULT_SPIN"]
+__all__ = ["Poller", "SpinSelector", "spin_selector", "new_event_loop", "run", "loop_kind", "DEFAULT_SPIN"]

@@ -24,6 +24,15 @@ last piece is in. The pieces of one message are contiguous on the link (a
 lock held from the first to the last); a sender cancelled part-way copies
 the rest of its payload and finishes in a task, as a TCP send does.
 
+Small DATA frames (eager, below :data:`~netcoll.links.lane.LANE_RECORD_MAX`)
+go through the segment's *lane* instead of the socket when the peer's event
+loop polls it (netcoll's own loop, :class:`~netcoll.loop.SpinSelector`): a copy
+into shared memory, no system call, and a BELL frame on the socket only if the
+peer's loop sleeps (:mod:`netcoll.links.lane`). Frames keep no order between
+the lane and the socket (each DATA frame has a slot of its own), except that
+everything in the lane is taken out before any socket frame (a BYE, a ring
+message's header) is handled, and before a loss is reported.
+
 Loss is the connection's: a killed peer's socket reaches EOF, which fails its
 operations (PeerLost) as on TCP. The mapping is dropped when the link is gone;
 the file was unlinked in the handshake (:mod:`netcoll.transport.tcp`).
@@ -38,11 +47,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import ProtocolError
+from ..loop import SpinSelector, spin_selector
 from ..ops import Fold
 from ..transport.connection import FramedProtocol
 from ..transport.mailbox import Mailbox
-from ..wire import Frame, Kind
-from . import shmring
+from ..wire import Frame, Kind, encode_header
+from . import lane, shmring
 from .factory import SHM, Capabilities
 from .framed import FramedLink, connection_error
 from .shmring import RingReader, RingWriter, Segment, ShmRefused
@@ -102,6 +112,18 @@ class ShmLink(TcpLink):
         self._room: asyncio.Future[None] | None = None  # a writer waiting for ring space
         self._in: _Incoming | None = None
         self._reporting = False  # a ring report is scheduled (:meth:`_report_soon`)
+        self._lane_out: lane.LaneWriter | None = None
+        self._lane_in: lane.LaneReader | None = None
+        self._selector: SpinSelector | None = None
+        self._poller = _LanePoller(self)
+        #: frames sent / received through the lane, and bells rung for a sleeping peer
+        self.lane_sent = self.lane_received = self.bells = 0
+        if lane.enabled():
+            self._lane_out = lane.LaneWriter(segment.lane_tx)
+            self._selector = spin_selector(asyncio.get_running_loop())
+            if self._selector is not None:  # only a loop that polls may ask for frames in its lane
+                self._lane_in = lane.LaneReader(segment.lane_rx)
+                self._selector.add_poller(self._poller)
 
     # -- sending ----------------------------------------------------------------------
     async def _transmit(self, kind: Kind, header: dict[str, Any], payload: memoryview | None) -> None:
@@ -132,8 +154,22 @@ class ShmLink(TcpLink):
             raise
 
     def _write_now(self, header: dict[str, Any], payload: memoryview) -> bool:
-        # small DATA goes on the socket, behind a ring message that is part-way
-        return payload.nbytes < RING_MIN and not self._lock.locked() and super()._write_now(header, payload)
+        # small DATA goes through the lane or on the socket, behind a ring message that is part-way
+        if payload.nbytes >= RING_MIN or self._lock.locked():
+            return False
+        out = self._lane_out
+        if out is not None and payload.nbytes < lane.LANE_RECORD_MAX and self.proto.writable_now():
+            head = encode_header(Kind.DATA, header, payload.nbytes)
+            if out.usable(len(head) + payload.nbytes) and out.put(head, payload):
+                self.lane_sent += 1
+                if out.should_ring():
+                    self.bells += 1
+                    try:
+                        self.proto.write(Kind.BELL, {})
+                    except (ConnectionError, RuntimeError):
+                        pass  # the link is going: its loss is reported on its own
+                return True
+        return super()._write_now(header, payload)
 
     async def _finish(self, job: _Outgoing) -> None:
         """Write the rest of ``job`` as ring space comes back."""
@@ -188,8 +224,12 @@ class ShmLink(TcpLink):
         return super().sink(kind, header, n)
 
     def receive(self, frame: Frame) -> None:
+        if self._lane_in is not None:  # what the lane holds was sent before this frame
+            self._drain_lane()
         header = frame.header
-        if "z" not in header:
+        if frame.kind is Kind.BELL:
+            self._frames_received += 1
+        elif "z" not in header:
             if frame.kind is Kind.DATA and self._in is not None:
                 raise ProtocolError("a DATA frame on the socket while a ring message was part-way")
             super().receive(frame)
@@ -200,6 +240,54 @@ class ShmLink(TcpLink):
             self._freed(header)
         else:
             super().receive(frame)
+        if self._lane_in is not None:  # held back while a payload arrived on the socket
+            self._drain_lane()
+
+    # -- the lane (small frames, no system call) -------------------------------------------
+    def _drain_lane(self) -> bool:
+        """Handle every frame in the peer's lane, unless a payload is part-way
+        on the socket or in the ring (it is then drained when that one ends);
+        whether any was handled."""
+        reader = self._lane_in
+        if reader is None or not reader.pending() or self._in is not None or self._cur_n or self.lost is not None:
+            return False
+        for raw in reader.frames():
+            self._lane_frame(raw)
+        return True
+
+    def _lane_frame(self, raw: memoryview) -> None:
+        """One frame from the lane: checked as a socket frame is, then delivered."""
+        header, payload = lane.parse(raw, self.proto.limits)
+        self.lane_received += 1
+        if not payload.nbytes:
+            FramedLink.receive(self, Frame(Kind.DATA, header, _EMPTY))
+            return
+        buf = self.sink(Kind.DATA, header, payload.nbytes)
+        if buf is not None:
+            target = memoryview(buf).cast("B")
+            target[:] = payload
+        else:
+            target = memoryview(bytearray(payload))  # held: it must outlive its place in the lane
+        FramedLink.receive(self, Frame(Kind.DATA, header, target))
+
+    def _poll_lane(self) -> bool:
+        """The selector's poll: never raises (a bad lane breaks the link instead)."""
+        try:
+            return self._drain_lane()
+        except ProtocolError as exc:
+            self.proto.fail(exc, tell_peer=True)
+        except Exception as exc:  # noqa: BLE001 - a handler bug must not kill the event loop
+            self.proto.fail(ProtocolError(f"error handling a lane frame: {exc!r}"), tell_peer=True)
+        return True
+
+    def _close_lanes(self) -> None:
+        if self._selector is not None:
+            self._selector.remove_poller(self._poller)
+            self._selector = None
+        for end in (self._lane_in, self._lane_out):
+            if end is not None:
+                end.close()
+        self._lane_in = self._lane_out = None
 
     def _piece(self, frame: Frame) -> None:
         """One DATA frame pointing into the peer's ring."""
@@ -270,12 +358,37 @@ class ShmLink(TcpLink):
 
     # -- ending -----------------------------------------------------------------------
     def _lost(self, exc: BaseException | None) -> None:
+        if self.lost is None and self._lane_in is not None:  # what was sent before the end still counts
+            self._poll_lane()
         super()._lost(exc)
         if self._room is not None and not self._room.done():
             self._room.set_exception(connection_error(self.lost))
             self._room.exception()
         self._in = None
+        self._close_lanes()
         self.segment.close()
+
+
+class _LanePoller:
+    """A link's lane as a :class:`~netcoll.loop.Poller` of the loop's selector."""
+
+    __slots__ = ("link",)
+
+    def __init__(self, link: ShmLink) -> None:
+        self.link = link
+
+    def poll(self) -> bool:
+        return self.link._poll_lane()
+
+    def sleep(self) -> None:
+        reader = self.link._lane_in
+        if reader is not None:
+            reader.sleep()
+
+    def wake(self) -> None:
+        reader = self.link._lane_in
+        if reader is not None:
+            reader.wake()
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
@@ -293,7 +406,8 @@ def make_segment(ring: int) -> tuple[Segment | None, str]:
     try:
         return Segment.create(ring), ""
     except OSError as exc:
-        return None, f"cannot make a {2 * ring}-byte segment in {shmring.SHM_DIR}: {exc.strerror or exc}"
+        size = shmring.segment_bytes(ring)
+        return None, f"cannot make a {size}-byte segment in {shmring.SHM_DIR}: {exc.strerror or exc}"
 
 
 def attach_segment(theirs: Capabilities, peer: int) -> tuple[Segment | None, str]:

@@ -4,14 +4,16 @@
 A :class:`Segment` is one file directly under ``/dev/shm``, made by the
 dialing rank of a pair and mapped by both. Layout (``docs/protocol.md`` §5.4)::
 
-    0       header (4096 bytes): magic b"NCSHM1\\0\\0", u64 ring size R (little-endian),
-            16-byte nonce
-    4096    ring 0, R bytes: dialer -> acceptor
-    4096+R  ring 1, R bytes: acceptor -> dialer
+    0         header (4096 bytes): magic b"NCSHM2\\0\\0", u64 ring size R (little-endian),
+              16-byte nonce
+    4096      ring 0, R bytes: dialer -> acceptor
+    4096+R    ring 1, R bytes: acceptor -> dialer
+    4096+2R   lane 0, LANE_SPAN bytes: dialer -> acceptor (:mod:`netcoll.links.lane`)
+    ...+LS    lane 1, LANE_SPAN bytes: acceptor -> dialer
 
-Nothing else is shared: the positions of both rings travel in frames over
-the pair's socket (``z`` in DATA, ``z`` in CREDIT), so there are no shared
-counters to tear or reorder and no fences to get right in Python.
+The positions of both rings travel in frames over the pair's socket (``z`` in
+DATA, ``z`` in CREDIT): the rings share no counters. The lanes, which carry
+small frames without a system call, do (:mod:`netcoll.links.lane`).
 
 The file is created ``O_CREAT | O_EXCL`` with mode ``0600`` under a random
 name (``netcoll-<pid>-<32 hex>``), its pages reserved with
@@ -45,10 +47,11 @@ import time
 from typing import Any, Final
 
 from ..errors import ProtocolError
+from .lane import LANE_SPAN
 
 SHM_DIR: Final = "/dev/shm"
 HEADER_BYTES: Final = 4096
-MAGIC: Final = b"NCSHM1\0\0"
+MAGIC: Final = b"NCSHM2\0\0"
 _HEAD: Final = struct.Struct("<8sQ16s")
 NONCE_BYTES: Final = 16
 MIN_RING: Final = 64 << 10
@@ -90,12 +93,16 @@ class Segment:
         self.creator = creator
         try:  # MAP_POPULATE: map every page now, not on the first lap of each ring
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            self._mm: mmap.mmap | None = mmap.mmap(fd, HEADER_BYTES + 2 * ring, flags=flags)
+            self._mm: mmap.mmap | None = mmap.mmap(fd, segment_bytes(ring), flags=flags)
         finally:
             os.close(fd)  # the mapping stays valid without it
-        self._view = memoryview(self._mm)
-        first, second = self._view[HEADER_BYTES : HEADER_BYTES + ring], self._view[HEADER_BYTES + ring :]
+        self._view = view = memoryview(self._mm)
+        lanes = HEADER_BYTES + 2 * ring
+        first, second = view[HEADER_BYTES : HEADER_BYTES + ring], view[HEADER_BYTES + ring : lanes]
         self.tx, self.rx = (first, second) if creator else (second, first)
+        first, second = view[lanes : lanes + LANE_SPAN], view[lanes + LANE_SPAN : lanes + 2 * LANE_SPAN]
+        #: this side's outgoing lane and the peer's lane into it (control page + data each)
+        self.lane_tx, self.lane_rx = (first, second) if creator else (second, first)
 
     @classmethod
     def create(cls, ring: int, directory: str = SHM_DIR) -> Segment:
@@ -106,7 +113,7 @@ class Segment:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         nonce = secrets.token_bytes(NONCE_BYTES)
         try:
-            os.posix_fallocate(fd, 0, HEADER_BYTES + 2 * ring)
+            os.posix_fallocate(fd, 0, segment_bytes(ring))
             os.pwrite(fd, _HEAD.pack(MAGIC, ring, nonce), 0)
         except BaseException:
             os.close(fd)
@@ -134,7 +141,7 @@ class Segment:
         except OSError as exc:
             os.close(fd)
             raise ShmRefused(f"cannot read {path}: {exc.strerror}") from None
-        if not stat.S_ISREG(st.st_mode) or st.st_size != HEADER_BYTES + 2 * ring or len(head) != _HEAD.size:
+        if not stat.S_ISREG(st.st_mode) or st.st_size != segment_bytes(ring) or len(head) != _HEAD.size:
             os.close(fd)
             raise ShmRefused(f"{path} is not a segment of {ring}-byte rings")
         magic, size, theirs = _HEAD.unpack(head)
@@ -159,12 +166,20 @@ class Segment:
         mm, self._mm = self._mm, None
         if mm is None:
             return
-        for view in (self.tx, self.rx, self._view):
-            view.release()
+        for view in (self.tx, self.rx, self.lane_tx, self.lane_rx, self._view):
+            try:
+                view.release()
+            except BufferError:  # a lane's words are still referenced: the GC unmaps it
+                pass
         try:
             mm.close()
         except BufferError:  # a view is still alive somewhere: unmapped when it is collected
             pass
+
+
+def segment_bytes(ring: int) -> int:
+    """The size of a segment with rings of ``ring`` bytes."""
+    return HEADER_BYTES + 2 * ring + 2 * LANE_SPAN
 
 
 def sweep(directory: str = SHM_DIR, now: float | None = None) -> list[str]:
@@ -284,4 +299,5 @@ __all__ = [
     "check_ring",
     "sweep",
     "STALE_AFTER",
+    "segment_bytes",
 ]

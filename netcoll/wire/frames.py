@@ -35,12 +35,13 @@ class Kind(enum.IntEnum):
     CREDIT = 13  # receiver -> sender: {n}: n more bytes of eager DATA may be sent
     RTS = 14  # sender -> receiver: {id, n, g, q, s, c}: may n bytes for this slot come?
     CTS = 15  # receiver -> sender: {id, ok}: send them now (a receive is posted) / drop them
+    BELL = 16  # shm link: {}: frames wait in the lane for you (you were asleep)
 
 
 #: Control kinds: never flow-controlled, no payload, headers of at most
 #: ``Limits.max_control_header`` bytes (checked at the prefix).
 CONTROL_KINDS: Final = frozenset(
-    {Kind.ABORT, Kind.ERROR, Kind.PING, Kind.PONG, Kind.BYE, Kind.CREDIT, Kind.RTS, Kind.CTS}
+    {Kind.ABORT, Kind.ERROR, Kind.PING, Kind.PONG, Kind.BYE, Kind.CREDIT, Kind.RTS, Kind.CTS, Kind.BELL}
 )
 
 
@@ -64,6 +65,7 @@ SCHEMA: Final[dict[Kind, dict[str, tuple[type, ...]]]] = {
     Kind.CREDIT: {"n": _INT},
     Kind.RTS: {"id": _INT, "n": _INT, "g": _STR, "q": _INT, "s": _INT, "c": _INT},
     Kind.CTS: {"id": _INT, "ok": (bool,)},
+    Kind.BELL: {},
 }
 
 

@@ -13,6 +13,7 @@ import pytest
 from netcoll.errors import ProtocolError
 from netcoll.links import shmring
 from netcoll.links.factory import LinkConfig
+from netcoll.links.lane import LANE_SPAN
 from netcoll.links.shmring import RingReader, RingWriter, Segment, ShmRefused
 
 KIB = 1 << 10
@@ -124,7 +125,7 @@ def test_segment_is_private_mapped_by_the_peer_and_unlinked(tmp_path: Path) -> N
     try:
         path = Path(made.path)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        assert path.stat().st_size == 4096 + 2 * 64 * KIB
+        assert path.stat().st_size == 4096 + 2 * 64 * KIB + 2 * LANE_SPAN
         assert shmring.NAME.match(path.name) and path.name.startswith(f"netcoll-{os.getpid()}-")
         offer = made.offer()
         assert set(offer) == {"name", "nonce", "size"} and len(offer["nonce"]) == 16

@@ -79,6 +79,7 @@ def valid_header(kind: Kind) -> dict[str, Any]:
         Kind.CREDIT: {"n": 1 << 20},
         Kind.RTS: {"id": 3, "n": 200 << 20, "g": "default", "q": 7, "s": 2, "c": 0},
         Kind.CTS: {"id": 3, "ok": True},
+        Kind.BELL: {},
     }[kind]
 
 
@@ -201,6 +202,7 @@ def test_constants_and_kind_numbers_are_fixed() -> None:
         "CREDIT": 13,
         "RTS": 14,
         "CTS": 15,
+        "BELL": 16,
     }
     assert set(SCHEMA) == set(Kind)
 

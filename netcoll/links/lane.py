@@ -1,0 +1,239 @@
+"""The small-message lane of a shared-memory link: whole frames through shared
+memory, no system call per message (``docs/protocol.md`` §5.4).
+
+A :class:`~netcoll.links.shmring.Segment` holds one lane per direction next to
+its two rings. A lane is a control page and a byte ring of :data:`LANE_BYTES`::
+
+    control page (4096 bytes), each word a little-endian u64 on its own cache line:
+      0    head    bytes written so far (the writer's)
+      64   tail    bytes consumed so far (the reader's)
+      128  polled  1 while the reader polls this lane, else 0 (the reader's)
+      192  sleep   even: the reader is awake; odd: asleep in epoll (the reader's)
+    data (LANE_BYTES bytes)
+
+A record is ``u32 n, u32 0`` then one frame exactly as on the socket (prefix,
+msgpack header, payload), padded to 8 bytes; ``n = 0`` means "skip to the
+start of the ring" (a record never wraps). The writer copies a record in and
+then moves ``head``; the reader reads ``head``, copies frames out, then moves
+``tail``. Each word has one writer and is read and written whole (ctypes'
+aligned 8-byte loads and stores), and x86-64 keeps stores in order with
+stores and loads with loads, so a reader never sees a ``head`` ahead of the
+bytes it covers. Lanes are used on x86-64 only (:func:`supported`).
+
+Waking a sleeping reader is the one place where a store must be ordered
+before a load (Dekker's pattern): the reader stores ``sleep`` (odd), then
+loads ``head`` once more before it blocks; the writer stores ``head``, then
+loads ``sleep`` and rings the socket (a BELL frame) if it is odd and it has
+not rung for that sleep yet. A full fence between each store and its load
+(:func:`fence`: a lock acquired and released, a locked instruction on x86)
+means at least one side sees the other's store: a message is never left in a
+lane while its reader sleeps.
+
+Sans-IO: nothing here touches sockets or the event loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+import threading
+from collections.abc import Iterator
+from typing import Any, Final
+
+from .. import wire
+from ..errors import ProtocolError
+
+LANE_CONTROL: Final = 4096
+LANE_BYTES: Final = 256 << 10
+LANE_SPAN: Final = LANE_CONTROL + LANE_BYTES  # one direction's lane in the segment
+#: the largest record (8-byte record header + frame); larger frames go on the socket
+LANE_RECORD_MAX: Final = 32 << 10
+_REC: Final = struct.Struct("<II")
+_HEAD, _TAIL, _POLLED, _SLEEP = 0, 64, 128, 192
+_FENCE: Final = threading.Lock()
+
+
+def supported() -> bool:
+    """Whether lanes are used on this machine (x86-64: its ordering rules are the ones relied on)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def enabled() -> bool:
+    """Whether shm links send small frames through lanes: on x86-64, unless
+    ``NETCOLL_SHM_LANE=0`` (ValueError for a value other than 0 or 1)."""
+    value = os.environ.get("NETCOLL_SHM_LANE", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"NETCOLL_SHM_LANE must be 0 or 1, got {value!r}")
+    return value != "0" and supported()
+
+
+def parse(raw: memoryview, limits: wire.Limits) -> tuple[dict[str, Any], memoryview]:
+    """The header and payload of one frame read from a lane, checked as a
+    socket frame is (ProtocolError): it must be whole, eager DATA."""
+    if raw.nbytes < wire.PREFIX_SIZE:
+        raise ProtocolError(f"a lane record of {raw.nbytes} bytes is shorter than a frame prefix")
+    kind, _, hlen, plen = wire.decode_prefix(raw[: wire.PREFIX_SIZE], limits)
+    if kind is not wire.Kind.DATA or wire.PREFIX_SIZE + hlen + plen != raw.nbytes:
+        raise ProtocolError(f"a lane record holds a {kind.name} frame or one of another length")
+    header = wire.decode_header(kind, raw[wire.PREFIX_SIZE : wire.PREFIX_SIZE + hlen])
+    if "z" in header or "rz" in header:
+        raise ProtocolError("a lane frame may only be eager DATA")
+    return header, raw[wire.PREFIX_SIZE + hlen :]
+
+
+def fence() -> None:
+    """A full memory fence: an uncontended lock taken and given back."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
+def record_bytes(frame_bytes: int) -> int:
+    """The lane space a frame of ``frame_bytes`` takes (record header, padding)."""
+    return (_REC.size + frame_bytes + 7) & ~7
+
+
+class _Words:
+    """The four control words of one lane."""
+
+    def __init__(self, lane: memoryview) -> None:
+        self.head = ctypes.c_uint64.from_buffer(lane, _HEAD)
+        self.tail = ctypes.c_uint64.from_buffer(lane, _TAIL)
+        self.polled = ctypes.c_uint64.from_buffer(lane, _POLLED)
+        self.sleep = ctypes.c_uint64.from_buffer(lane, _SLEEP)
+
+
+class LaneWriter:
+    """This side's outgoing lane (``lane``: its control page and data, :data:`LANE_SPAN` bytes)."""
+
+    def __init__(self, lane: memoryview) -> None:
+        self._w: _Words | None = _Words(lane)
+        self._data = lane[LANE_CONTROL:LANE_SPAN]
+        self._rung = 0  # the reader's sleep we rang the bell for
+
+    def usable(self, frame_bytes: int) -> bool:
+        """Whether a frame of this size may go through the lane now (the
+        reader polls it and it is small enough); room is checked by :meth:`put`."""
+        w = self._w
+        return w is not None and frame_bytes + _REC.size <= LANE_RECORD_MAX and w.polled.value == 1
+
+    def put(self, head: bytes, payload: memoryview) -> bool:
+        """Copy one frame (``head``: prefix and header; then ``payload``) into the
+        lane and publish it; False (nothing written) if there is no room."""
+        w = self._w
+        if w is None:
+            return False
+        n = len(head) + payload.nbytes
+        need = record_bytes(n)
+        size = LANE_BYTES
+        pos = w.head.value
+        off = pos % size
+        skip = size - off if off + need > size else 0
+        if pos + skip + need - w.tail.value > size:
+            return False
+        data = self._data
+        if skip:
+            _REC.pack_into(data, off, 0, 0)
+            pos, off = pos + skip, 0
+        _REC.pack_into(data, off, n, 0)
+        start = off + _REC.size
+        data[start : start + len(head)] = head
+        data[start + len(head) : start + n] = payload
+        w.head.value = pos + need
+        return True
+
+    def should_ring(self) -> bool:
+        """After :meth:`put`: whether the reader sleeps and must be woken (at
+        most once per sleep). Fences first: see the module doc."""
+        w = self._w
+        if w is None:
+            return False
+        fence()
+        s = w.sleep.value
+        if s & 1 and s != self._rung:
+            self._rung = s
+            return True
+        return False
+
+    def close(self) -> None:
+        self._w = None
+        self._data.release()
+
+
+class LaneReader:
+    """The peer's lane into this side: frames out, and the words that say this side polls and sleeps."""
+
+    def __init__(self, lane: memoryview) -> None:
+        self._w: _Words | None = _Words(lane)
+        self._data = lane[LANE_CONTROL:LANE_SPAN]
+        self._w.polled.value = 1
+
+    def pending(self) -> bool:
+        """Whether the writer has published anything not yet consumed."""
+        w = self._w
+        return w is not None and w.head.value != w.tail.value
+
+    def frames(self) -> Iterator[memoryview]:
+        """Each frame published so far, in order (a view into the lane: copy
+        what must outlive the next step). The space of a frame is given back
+        when the next one is asked for, or when the iteration ends.
+        ProtocolError for a record that cannot be one."""
+        w = self._w
+        if w is None:
+            return
+        size, data = LANE_BYTES, self._data
+        head, tail = w.head.value, w.tail.value
+        if head - tail > size or head < tail:
+            raise ProtocolError(f"lane head {head} outside [{tail}, {tail + size}]")
+        try:
+            while tail < head:
+                off = tail % size
+                n, pad = _REC.unpack_from(data, off)
+                if n == 0 and pad == 0:  # the rest of the ring is skipped
+                    tail += size - off
+                    continue
+                need = record_bytes(n)
+                if pad or need > LANE_RECORD_MAX or off + need > size or tail + need > head:
+                    raise ProtocolError(f"malformed lane record of {n} bytes at {tail}")
+                yield data[off + _REC.size : off + _REC.size + n]
+                tail += need
+        finally:
+            if self._w is not None:
+                self._w.tail.value = tail
+
+    def sleep(self) -> None:
+        """About to block: the writer must ring from now on. Fences after
+        saying so; the caller then looks for frames once more (see the module doc)."""
+        if self._w is not None:
+            self._w.sleep.value += 1
+            fence()
+
+    def wake(self) -> None:
+        """Awake again: no bell needed."""
+        w = self._w
+        if w is not None and w.sleep.value & 1:
+            w.sleep.value += 1
+
+    def close(self) -> None:
+        """Stop polling: the writer uses the socket from now on."""
+        w, self._w = self._w, None
+        if w is not None:
+            w.polled.value = 0
+            w.sleep.value = 0
+        self._data.release()
+
+
+__all__ = [
+    "LANE_BYTES",
+    "LANE_CONTROL",
+    "LANE_RECORD_MAX",
+    "LANE_SPAN",
+    "LaneReader",
+    "LaneWriter",
+    "enabled",
+    "fence",
+    "parse",
+    "record_bytes",
+    "supported",
+]

@@ -1,0 +1,294 @@
+"""The small-message lane of shared-memory links (netcoll/links/lane.py): the
+ring of whole frames (order, wrapping, room, every bad record refused), the
+sleep/bell handshake between two processes (no wake-up is ever lost), and on
+real links: small frames through the lane only when the peer's loop polls it,
+frames in the lane before a BYE still delivered, one bell for a sleeping
+peer, and a lying lane breaking the link with a ProtocolError. The link tests
+run on asyncio's loop and on netcoll's (tests/links/conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import multiprocessing as mp
+import os
+import random
+import select
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+
+from netcoll.errors import ProtocolError
+from netcoll.links import lane
+from netcoll.links.lane import LANE_BYTES, LANE_CONTROL, LANE_RECORD_MAX, LANE_SPAN, LaneReader, LaneWriter
+from netcoll.links.shm import ShmLink
+from netcoll.loop import spin_selector
+from netcoll.transport.base import Channel
+from netcoll.wire import DEFAULT_LIMITS, Kind, encode_header
+from tests.links.test_shm_links import mesh, pattern, run
+
+pytestmark = pytest.mark.skipif(not lane.supported(), reason="lanes are used on x86-64 only")
+
+HEADER = {"g": "g", "q": 0, "s": 0, "c": 0, "f": "fp"}
+
+
+def frame(i: int, n: int) -> tuple[bytes, memoryview]:
+    payload = memoryview(bytes([i % 251]) * n)
+    return encode_header(Kind.DATA, dict(HEADER, s=i), n), payload
+
+
+def drain(reader: LaneReader) -> list[tuple[int, bytes]]:
+    out = []
+    for raw in reader.frames():
+        header, payload = lane.parse(raw, DEFAULT_LIMITS)
+        out.append((header["s"], bytes(payload)))
+    return out
+
+
+def lane_pair(memory: Any = None) -> tuple[LaneWriter, LaneReader, memoryview]:
+    view = memoryview(bytearray(LANE_SPAN) if memory is None else memory)
+    return LaneWriter(view), LaneReader(view), view
+
+
+# --------------------------------------------------------------------------- the ring of frames
+
+
+def test_a_writer_uses_the_lane_only_while_its_reader_polls_it() -> None:
+    view = memoryview(bytearray(LANE_SPAN))
+    writer = LaneWriter(view)
+    assert not writer.usable(100)
+    reader = LaneReader(view)
+    assert writer.usable(100) and not writer.usable(LANE_RECORD_MAX)
+    reader.close()
+    assert not writer.usable(100)
+
+
+def test_frames_come_out_whole_and_in_order_across_many_laps() -> None:
+    writer, reader, _ = lane_pair()
+    rng = random.Random(7)
+    sent: list[tuple[int, bytes]] = []
+    got: list[tuple[int, bytes]] = []
+    for i in range(3000):
+        head, payload = frame(i, rng.choice([0, 1, 4, 1000, 8000, 30000]))
+        while not writer.put(head, payload):  # full: the reader makes room
+            assert reader.pending()
+            got += drain(reader)
+        sent.append((i, bytes(payload)))
+        if rng.random() < 0.3:
+            got += drain(reader)
+    got += drain(reader)
+    assert got == sent and not reader.pending()
+
+
+def test_a_full_lane_refuses_a_frame_and_takes_it_once_the_reader_caught_up() -> None:
+    writer, reader, _ = lane_pair()
+    head, payload = frame(1, 16000)
+    placed = 0
+    while writer.put(head, payload):
+        placed += 1
+    assert placed == LANE_BYTES // lane.record_bytes(len(head) + 16000)
+    assert len(drain(reader)) == placed
+    assert writer.put(head, payload)
+
+
+def test_a_sleeping_reader_is_rung_once_per_sleep() -> None:
+    writer, reader, _ = lane_pair()
+    head, payload = frame(0, 4)
+    assert writer.put(head, payload) and not writer.should_ring()  # awake: it will poll
+    reader.sleep()
+    assert writer.put(head, payload) and writer.should_ring()
+    assert writer.put(head, payload) and not writer.should_ring()  # already rung for this sleep
+    reader.wake()
+    assert writer.put(head, payload) and not writer.should_ring()
+    reader.sleep()
+    assert writer.put(head, payload) and writer.should_ring()
+
+
+def _corrupt(view: memoryview, at: int, data: bytes, head: int) -> None:
+    view[LANE_CONTROL + at : LANE_CONTROL + at + len(data)] = data
+    struct.pack_into("<Q", view, 0, head)
+
+
+@pytest.mark.parametrize(
+    ("record", "head", "why"),
+    [
+        (b"", LANE_BYTES + 8, "lane head"),
+        (struct.pack("<II", 12, 1), 24, "malformed lane record"),
+        (struct.pack("<II", LANE_RECORD_MAX, 0), LANE_RECORD_MAX + 8, "malformed lane record"),
+        (struct.pack("<II", 100, 0), 64, "malformed lane record"),  # beyond what was published
+        (struct.pack("<II", 8, 0) + b"\0" * 8, 16, "shorter than a frame prefix"),
+    ],
+)
+def test_a_record_that_cannot_be_one_is_a_protocol_error(record: bytes, head: int, why: str) -> None:
+    _, reader, view = lane_pair()
+    _corrupt(view, 0, record, head)
+    with pytest.raises(ProtocolError, match=why):
+        drain(reader)
+
+
+@pytest.mark.parametrize(
+    ("kind", "header", "extra", "why"),
+    [
+        (Kind.CREDIT, {"n": 5}, 0, "CREDIT frame"),
+        (Kind.DATA, dict(HEADER, z=[0, 4]), 0, "only be eager DATA"),
+        (Kind.DATA, dict(HEADER, rz=3), 0, "only be eager DATA"),
+        (Kind.DATA, dict(HEADER, q="x"), 0, "field 'q'"),
+        (Kind.DATA, HEADER, 5, "of another length"),
+    ],
+)
+def test_a_lane_frame_is_checked_as_a_socket_frame_is(kind: Kind, header: dict[str, Any], extra: int, why: str) -> None:
+    raw = encode_header(kind, header, 0) + b"\0" * extra
+    with pytest.raises(ProtocolError, match=why):
+        lane.parse(memoryview(raw), DEFAULT_LIMITS)
+
+
+def test_netcoll_shm_lane_turns_lanes_off_and_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NETCOLL_SHM_LANE", raising=False)
+    assert lane.enabled()
+    monkeypatch.setenv("NETCOLL_SHM_LANE", "0")
+    assert not lane.enabled()
+    monkeypatch.setenv("NETCOLL_SHM_LANE", "yes")
+    with pytest.raises(ValueError, match="NETCOLL_SHM_LANE must be 0 or 1"):
+        lane.enabled()
+
+
+# --------------------------------------------------------------------------- no lost wake-up
+
+
+def _write_all(memory: mmap.mmap, bell: int, count: int, seed: int) -> None:
+    writer, rng = LaneWriter(memoryview(memory)), random.Random(seed)
+    for i in range(count):
+        head, payload = frame(i, rng.choice([4, 64, 3000]))
+        while not writer.put(head, payload):
+            os.sched_yield()
+        if writer.should_ring():
+            os.write(bell, b"!")
+        for _ in range(rng.choice([0, 0, 0, 10, 200])):  # vary where the writer is when the reader sleeps
+            pass
+    os._exit(0)
+
+
+def test_a_reader_that_sleeps_between_frames_is_always_woken() -> None:
+    """Two processes: the reader goes to sleep whenever its lane is empty, and
+    must always be rung awake; a lost wake-up would leave it waiting 10 s."""
+    count = 20_000
+    memory = mmap.mmap(-1, LANE_SPAN)  # shared with the forked writer
+    reader = LaneReader(memoryview(memory))
+    bell_r, bell_w = os.pipe()
+    proc = mp.get_context("fork").Process(target=_write_all, args=(memory, bell_w, count, 3))
+    proc.start()
+    try:
+        got, sleeps = 0, 0
+        while got < count:
+            frames = drain(reader)
+            assert [s for s, _ in frames] == list(range(got, got + len(frames)))
+            got += len(frames)
+            if frames or got == count:
+                continue
+            reader.sleep()
+            if not reader.pending():
+                sleeps += 1
+                ready, _, _ = select.select([bell_r], [], [], 10.0)
+                assert ready, f"lost wake-up after {got} frames (pending: {reader.pending()})"
+                os.read(bell_r, 4096)
+            reader.wake()
+        assert sleeps > 100  # the handshake was exercised, not skipped
+    finally:
+        proc.join(10)
+        os.close(bell_r)
+        os.close(bell_w)
+        reader.close()
+
+
+# --------------------------------------------------------------------------- on real links
+
+
+def lanes_polled() -> bool:
+    return spin_selector(asyncio.get_running_loop()) is not None
+
+
+async def test_small_frames_go_through_the_lane_when_the_peer_polls_it() -> None:
+    async with mesh(2) as ts:
+        a, b = ts[0].links[1], ts[1].links[0]
+        assert isinstance(a, ShmLink) and isinstance(b, ShmLink)
+        for seq, n in enumerate((4, 1000, 20_000, 100_000)):  # the last one goes through the ring
+            data = pattern(n, seq)
+            res = await run(ts, [lambda ch, d=data: ch.send(1, d, step=0), lambda ch: ch.recv(0, step=0)], seq)
+            assert np.array_equal(np.frombuffer(res[1], np.uint8), data)
+        assert a.lane_sent == b.lane_received == (3 if lanes_polled() else 0)
+        assert a.stats().frames_sent > 3
+
+
+async def test_lanes_are_not_used_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_SHM_LANE", "0")
+    async with mesh(2) as ts:
+        data = pattern(100, 1)
+        res = await run(ts, [lambda ch: ch.send(1, data, step=0), lambda ch: ch.recv(0, step=0)], 0)
+        assert np.array_equal(np.frombuffer(res[1], np.uint8), data)
+        link = ts[0].links[1]
+        assert isinstance(link, ShmLink) and link.lane_sent == 0
+
+
+async def test_frames_left_in_the_lane_before_a_bye_are_still_delivered() -> None:
+    async with mesh(2) as ts:
+        sender, receiver = ts
+        link = receiver.links[0]
+        assert isinstance(link, ShmLink)
+        selector = spin_selector(asyncio.get_running_loop())
+        if selector is not None:  # its loop does not look at the lane before the BYE comes
+            selector.remove_poller(link._poller)
+        data = [pattern(64, s) for s in range(5)]
+        op = sender.mailbox.open("g", 0, "fp", (0, 1), "test")
+        for s, d in enumerate(data):  # nothing is posted yet: the frames wait (in the lane, if polled)
+            await Channel(sender, op).send(1, d, step=s)
+        sender.mailbox.close(op)
+        await sender.close()  # BYE right behind them; the receiver closes its end on it
+        assert link.lost is not None and link.lane_received == (5 if selector is not None else 0)
+        mine = receiver.mailbox.open("g", 0, "fp", (0, 1), "test")
+        try:
+            async with asyncio.timeout(5):
+                got = await _recv_all(Channel(receiver, mine), len(data))
+        finally:
+            receiver.mailbox.close(mine)
+        assert [bytes(r) for r in got] == [d.tobytes() for d in data]
+
+
+async def _recv_all(ch: Any, n: int) -> list[Any]:
+    return [await ch.recv(0, step=s) for s in range(n)]
+
+
+async def test_a_sleeping_peer_is_rung_once_and_gets_its_frames() -> None:
+    if not lanes_polled():
+        pytest.skip("lanes are polled on netcoll's loop only")
+    async with mesh(2) as ts:
+        a, b = ts[0].links[1], ts[1].links[0]
+        assert isinstance(a, ShmLink) and isinstance(b, ShmLink) and b._lane_in is not None
+        b._lane_in.sleep()  # as its loop does before blocking in epoll
+        data = [pattern(10, s) for s in range(3)]
+        fns = [lambda ch: _send_all(ch, data), lambda ch: _recv_all(ch, len(data))]
+        res = await run(ts, fns, 0)
+        assert [bytes(r) for r in res[1]] == [d.tobytes() for d in data]
+        assert a.bells == 1 and a.lane_sent == 3
+
+
+async def _send_all(ch: Any, data: list[np.ndarray]) -> None:
+    for s, d in enumerate(data):
+        await ch.send(1, d, step=s)
+
+
+async def test_a_lying_lane_breaks_the_link_with_a_protocol_error() -> None:
+    if not lanes_polled():
+        pytest.skip("lanes are polled on netcoll's loop only")
+    async with mesh(2) as ts:
+        liar, victim = ts[0].links[1], ts[1].links[0]
+        assert isinstance(liar, ShmLink) and isinstance(victim, ShmLink)
+        out = liar.segment.lane_tx
+        out[LANE_CONTROL : LANE_CONTROL + 8] = struct.pack("<II", 5, 7)
+        struct.pack_into("<Q", out, 0, 16)
+        async with asyncio.timeout(5):
+            while victim.lost is None:
+                await asyncio.sleep(0.01)
+        assert isinstance(victim.lost, ProtocolError) and "malformed lane record" in str(victim.lost)
+        assert 0 in ts[1].mailbox.dead
