@@ -7,7 +7,13 @@ still works: an ``asyncio.Protocol`` per peer, a 16-byte struct header, a
 future per receive, ``np.add``. No deadlines, flow control, failure handling,
 checks or stats. netcoll's latency is compared with this, not with zero.
 
-    python3 bench/floor.py --ranks 4 --iters 2000
+``--shm`` is the same over shared memory, with no system call per message: a
+slot per ordered pair (and call parity) in one shared mapping, polled by the
+loop's selector (netcoll's ``SpinSelector``, which yields the CPU between
+polls) instead of sockets; a waiting loop sleeps at most 1 ms at a time
+instead of being rung. The floor of netcoll's shared-memory lanes.
+
+    python3 bench/floor.py --ranks 4 --iters 2000 [--shm]
 
 Prints the median time per call of the slowest rank. Loopback only.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import mmap
 import multiprocessing as mp
 import socket
 import struct
@@ -23,6 +30,8 @@ import time
 from typing import Any
 
 import numpy as np
+
+from netcoll.loop import SpinSelector
 
 HEADER = struct.Struct("!IIQ")  # tag, payload bytes, sequence number
 WARMUP = 300
@@ -108,16 +117,7 @@ async def _rank(r: int, size: int, iters: int, ports: Any, results: Any) -> None
             np.add(out, np.frombuffer(await fut, np.float32), out=out)
             seq += 1
 
-    for _ in range(WARMUP):
-        await all_reduce()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        await all_reduce()
-        times.append(time.perf_counter() - t0)
-    assert out[0] == size, out
-    times.sort()
-    results.put(times[len(times) // 2] * 1e6)
+    await _timed(all_reduce, iters, out, size, results)
     await asyncio.sleep(0.5)  # the peers finish their last calls before the connections go
     server.close()
 
@@ -126,16 +126,110 @@ def _main(r: int, size: int, iters: int, ports: Any, results: Any) -> None:
     asyncio.run(_rank(r, size, iters, ports, results))
 
 
+SLOT = struct.Struct("<Qf")  # sequence number (0: empty), value; one 64-byte line per slot
+
+
+class _Slots:
+    """Rank ``r``'s slots in ``memory``: it writes (r, p, parity), reads (p, r, parity)."""
+
+    def __init__(self, memory: mmap.mmap, r: int, size: int, peers: list[int]) -> None:
+        self.memory, self.r, self.size, self.peers = memory, r, size, peers
+        self.seen = {(p, parity): 0 for p in peers for parity in (0, 1)}
+        self.waiters: dict[tuple[int, int], asyncio.Future[float]] = {}
+        self.arrived: dict[tuple[int, int], float] = {}
+
+    def at(self, src: int, dst: int, seq: int) -> int:
+        return ((src * self.size + dst) * 2 + seq % 2) * 64
+
+    def poll(self) -> bool:
+        got = False
+        for p in self.peers:
+            for parity in (0, 1):
+                seq, value = SLOT.unpack_from(self.memory, self.at(p, self.r, parity))
+                if seq > self.seen[p, parity]:
+                    self.seen[p, parity] = seq
+                    fut = self.waiters.pop((p, seq), None)
+                    if fut is None:
+                        self.arrived[p, seq] = value
+                    else:
+                        fut.set_result(value)
+                    got = True
+        return got
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+
+class _CappedSelector(SpinSelector):
+    """Never blocks longer than 1 ms: nothing rings a sleeping rank here."""
+
+    def _block(self, timeout: float | None) -> list[Any]:
+        return super()._block(0.001 if timeout is None else min(timeout, 0.001))
+
+
+def _shm_main(r: int, size: int, iters: int, memory: mmap.mmap, results: Any) -> None:
+    peers = [r ^ (1 << k) for k in range(size.bit_length() - 1)]
+    slots, selector = _Slots(memory, r, size, peers), _CappedSelector()
+    selector.add_poller(slots)
+    loop = asyncio.SelectorEventLoop(selector)
+
+    async def run() -> None:
+        x = np.ones(1, np.float32)
+        out = np.empty_like(x)
+        seq = 0
+
+        async def all_reduce() -> None:
+            nonlocal seq
+            out[:] = x
+            seq += 1
+            for p in peers:
+                fut = loop.create_future()
+                if (p, seq) in slots.arrived:
+                    fut.set_result(slots.arrived.pop((p, seq)))
+                else:
+                    slots.waiters[p, seq] = fut
+                SLOT.pack_into(memory, slots.at(r, p, seq), seq, float(out[0]))
+                np.add(out, np.float32(await fut), out=out)
+
+        await _timed(all_reduce, iters, out, size, results)
+        await asyncio.sleep(0.5)
+
+    try:
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+
+
+async def _timed(call: Any, iters: int, out: np.ndarray, size: int, results: Any) -> None:
+    for _ in range(WARMUP):
+        await call()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        await call()
+        times.append(time.perf_counter() - t0)
+    assert out[0] == size, out
+    times.sort()
+    results.put(times[len(times) // 2] * 1e6)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4, help="processes, a power of two (default 4)")
     parser.add_argument("--iters", type=int, default=2000, help="timed calls (default 2000)")
+    parser.add_argument("--shm", action="store_true", help="shared-memory slots polled by the loop, not TCP")
     args = parser.parse_args(argv)
     if args.ranks < 2 or args.ranks & (args.ranks - 1):
         parser.error("--ranks must be a power of two >= 2")
-    ports = mp.Array("i", args.ranks)
-    results: Any = mp.Queue()
-    procs = [mp.Process(target=_main, args=(r, args.ranks, args.iters, ports, results)) for r in range(args.ranks)]
+    ctx = mp.get_context("fork")  # the shared mapping is inherited
+    ports = ctx.Array("i", args.ranks)
+    memory = mmap.mmap(-1, args.ranks * args.ranks * 2 * 64)
+    results: Any = ctx.Queue()
+    target, shared = (_shm_main, memory) if args.shm else (_main, ports)
+    procs = [ctx.Process(target=target, args=(r, args.ranks, args.iters, shared, results)) for r in range(args.ranks)]
     for p in procs:
         p.start()
     try:
@@ -146,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             if p.is_alive():
                 p.kill()
                 p.join()
+    kind = " (shared memory)" if args.shm else ""
     print(
-        f"asyncio floor, {args.ranks} processes, 4-byte all_reduce: median per call "
+        f"asyncio floor{kind}, {args.ranks} processes, 4-byte all_reduce: median per call "
         f"{max(medians):.0f} µs (slowest rank; per rank {[round(m) for m in medians]})"
     )
     return 0

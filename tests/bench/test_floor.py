@@ -12,16 +12,17 @@ import pytest
 from tests.support.scripts import ROOT
 
 
-def test_the_floor_runs_real_processes_and_reports_the_slowest_rank() -> None:
+@pytest.mark.parametrize(("flags", "what"), [((), ""), (("--shm",), r" \(shared memory\)")])
+def test_the_floor_runs_real_processes_and_reports_the_slowest_rank(flags: tuple[str, ...], what: str) -> None:
     out = subprocess.run(
-        [sys.executable, "bench/floor.py", "--ranks", "2", "--iters", "50"],
+        [sys.executable, "bench/floor.py", "--ranks", "4", "--iters", "50", *flags],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr  # each rank asserts the all_reduce's sum
-    m = re.fullmatch(r"asyncio floor, 2 processes, 4-byte all_reduce: median per call (\d+) µs .*\n", out.stdout)
+    m = re.fullmatch(rf"asyncio floor{what}, 4 processes, 4-byte all_reduce: median per call (\d+) µs .*\n", out.stdout)
     assert m and int(m.group(1)) > 0, out.stdout
 
 
