@@ -3,6 +3,7 @@ with (docs/performance.md): it runs, computes the right sum, and reports. Loopba
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,12 +12,15 @@ import pytest
 
 from tests.support.scripts import ROOT
 
+ENV = {**os.environ, "PYTHONPATH": ROOT}  # the script imports netcoll, installed or not
+
 
 @pytest.mark.parametrize(("flags", "what"), [((), ""), (("--shm",), r" \(shared memory\)")])
 def test_the_floor_runs_real_processes_and_reports_the_slowest_rank(flags: tuple[str, ...], what: str) -> None:
     out = subprocess.run(
         [sys.executable, "bench/floor.py", "--ranks", "4", "--iters", "50", *flags],
         cwd=ROOT,
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=120,
@@ -29,6 +33,11 @@ def test_the_floor_runs_real_processes_and_reports_the_slowest_rank(flags: tuple
 @pytest.mark.parametrize("ranks", ["3", "1"])
 def test_the_floor_wants_a_power_of_two(ranks: str) -> None:
     out = subprocess.run(
-        [sys.executable, "bench/floor.py", "--ranks", ranks], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "bench/floor.py", "--ranks", ranks],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 2 and "power of two" in out.stderr
