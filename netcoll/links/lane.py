@@ -39,8 +39,8 @@ import os
 import platform
 import struct
 import threading
-from collections.abc import Iterator
-from typing import Any, Final
+from collections.abc import Callable, Iterator
+from typing import Any, Final, Protocol
 
 from .. import wire
 from ..errors import ProtocolError
@@ -53,6 +53,8 @@ LANE_RECORD_MAX: Final = 32 << 10
 _REC: Final = struct.Struct("<II")
 _HEAD, _TAIL, _POLLED, _SLEEP = 0, 64, 128, 192
 _FENCE: Final = threading.Lock()
+#: empty polls in a row before a reader stops polling a lane and waits for its bell
+COLD_AFTER: Final = 2000
 
 
 def supported() -> bool:
@@ -205,8 +207,10 @@ class LaneReader:
     def sleep(self) -> None:
         """About to block: the writer must ring from now on. Fences after
         saying so; the caller then looks for frames once more (see the module doc)."""
-        if self._w is not None:
-            self._w.sleep.value += 1
+        w = self._w
+        if w is not None:
+            if not w.sleep.value & 1:
+                w.sleep.value += 1
             fence()
 
     def wake(self) -> None:
@@ -224,11 +228,74 @@ class LaneReader:
         self._data.release()
 
 
+class Selector(Protocol):
+    """What :class:`LanePoll` needs of its loop's selector (:class:`netcoll.loop.SpinSelector`)."""
+
+    def add_poller(self, poller: Any) -> None: ...
+
+    def remove_poller(self, poller: Any) -> None: ...
+
+
+class LanePoll:
+    """One lane as a poller of its loop's selector, left to the bell while idle.
+
+    ``drain()`` handles what the lane holds (never raising) and says whether
+    there was anything. After :data:`COLD_AFTER` empty polls in a row the lane
+    goes *cold*: it says it sleeps, for good, and leaves the selector, so a
+    rank with many quiet peers polls only the lanes in use; the writer rings
+    the next frame's BELL, and the link calls :meth:`warm` for any frame that
+    arrives on its socket."""
+
+    def __init__(self, reader: LaneReader, selector: Selector, drain: Callable[[], bool]) -> None:
+        self.reader, self.selector, self._drain = reader, selector, drain
+        self.cold = False
+        self._idle = 0
+        selector.add_poller(self)
+
+    def poll(self) -> bool:
+        if self._drain():
+            self._idle = 0
+            return True
+        self._idle += 1
+        if self._idle >= COLD_AFTER:
+            self._cool()
+        return False
+
+    def sleep(self) -> None:
+        if not self.cold:
+            self.reader.sleep()
+
+    def wake(self) -> None:
+        if not self.cold:
+            self.reader.wake()
+
+    def _cool(self) -> None:
+        self.cold = True
+        self.selector.remove_poller(self)
+        self.reader.sleep()  # (fenced) from now on a writer rings
+        if self._drain():  # a frame raced in before the writer could see that
+            self.warm()
+
+    def warm(self) -> None:
+        """Something came on the socket (a BELL): poll the lane again."""
+        if self.cold:
+            self.cold, self._idle = False, 0
+            self.reader.wake()
+            self.selector.add_poller(self)
+
+    def close(self) -> None:
+        if not self.cold:
+            self.cold = True
+            self.selector.remove_poller(self)
+
+
 __all__ = [
     "LANE_BYTES",
     "LANE_CONTROL",
     "LANE_RECORD_MAX",
     "LANE_SPAN",
+    "COLD_AFTER",
+    "LanePoll",
     "LaneReader",
     "LaneWriter",
     "enabled",

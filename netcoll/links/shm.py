@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import ProtocolError
-from ..loop import SpinSelector, spin_selector
+from ..loop import spin_selector
 from ..ops import Fold
 from ..transport.connection import FramedProtocol
 from ..transport.mailbox import Mailbox
@@ -114,16 +114,15 @@ class ShmLink(TcpLink):
         self._reporting = False  # a ring report is scheduled (:meth:`_report_soon`)
         self._lane_out: lane.LaneWriter | None = None
         self._lane_in: lane.LaneReader | None = None
-        self._selector: SpinSelector | None = None
-        self._poller = _LanePoller(self)
+        self._poll: lane.LanePoll | None = None
         #: frames sent / received through the lane, and bells rung for a sleeping peer
         self.lane_sent = self.lane_received = self.bells = 0
         if lane.enabled():
             self._lane_out = lane.LaneWriter(segment.lane_tx)
-            self._selector = spin_selector(asyncio.get_running_loop())
-            if self._selector is not None:  # only a loop that polls may ask for frames in its lane
+            selector = spin_selector(asyncio.get_running_loop())
+            if selector is not None:  # only a loop that polls may ask for frames in its lane
                 self._lane_in = lane.LaneReader(segment.lane_rx)
-                self._selector.add_poller(self._poller)
+                self._poll = lane.LanePoll(self._lane_in, selector, self._poll_lane)
 
     # -- sending ----------------------------------------------------------------------
     async def _transmit(self, kind: Kind, header: dict[str, Any], payload: memoryview | None) -> None:
@@ -224,7 +223,8 @@ class ShmLink(TcpLink):
         return super().sink(kind, header, n)
 
     def receive(self, frame: Frame) -> None:
-        if self._lane_in is not None:  # what the lane holds was sent before this frame
+        if self._poll is not None:  # what the lane holds was sent before this frame
+            self._poll.warm()
             self._drain_lane()
         header = frame.header
         if frame.kind is Kind.BELL:
@@ -281,9 +281,9 @@ class ShmLink(TcpLink):
         return True
 
     def _close_lanes(self) -> None:
-        if self._selector is not None:
-            self._selector.remove_poller(self._poller)
-            self._selector = None
+        if self._poll is not None:
+            self._poll.close()
+            self._poll = None
         for end in (self._lane_in, self._lane_out):
             if end is not None:
                 end.close()
@@ -367,28 +367,6 @@ class ShmLink(TcpLink):
         self._in = None
         self._close_lanes()
         self.segment.close()
-
-
-class _LanePoller:
-    """A link's lane as a :class:`~netcoll.loop.Poller` of the loop's selector."""
-
-    __slots__ = ("link",)
-
-    def __init__(self, link: ShmLink) -> None:
-        self.link = link
-
-    def poll(self) -> bool:
-        return self.link._poll_lane()
-
-    def sleep(self) -> None:
-        reader = self.link._lane_in
-        if reader is not None:
-            reader.sleep()
-
-    def wake(self) -> None:
-        reader = self.link._lane_in
-        if reader is not None:
-            reader.wake()
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

@@ -238,7 +238,8 @@ async def test_frames_left_in_the_lane_before_a_bye_are_still_delivered() -> Non
         assert isinstance(link, ShmLink)
         selector = spin_selector(asyncio.get_running_loop())
         if selector is not None:  # its loop does not look at the lane before the BYE comes
-            selector.remove_poller(link._poller)
+            assert link._poll is not None
+            selector.remove_poller(link._poll)
         data = [pattern(64, s) for s in range(5)]
         op = sender.mailbox.open("g", 0, "fp", (0, 1), "test")
         for s, d in enumerate(data):  # nothing is posted yet: the frames wait (in the lane, if polled)
