@@ -51,6 +51,9 @@ class LinkStats:
     waiting: int  # sends waiting for a CTS right now
     credits_sent: int  # CREDIT frames sent
     lost: str | None  # why the link is gone, or None
+    lane_sent: int = 0  # shm: DATA frames sent through the shared-memory lane (no system call)
+    lane_received: int = 0  # shm: ...received through it
+    bells: int = 0  # shm: BELL frames rung for a peer asleep with frames in its lane
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

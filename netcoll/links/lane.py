@@ -114,20 +114,20 @@ class LaneWriter:
         self._data = lane[LANE_CONTROL:LANE_SPAN]
         self._rung = 0  # the reader's sleep we rang the bell for
 
-    def usable(self, frame_bytes: int) -> bool:
-        """Whether a frame of this size may go through the lane now (the
-        reader polls it and it is small enough); room is checked by :meth:`put`."""
+    def polled(self) -> bool:
+        """Whether the reader polls the lane (else frames go on the socket)."""
         w = self._w
-        return w is not None and frame_bytes + _REC.size <= LANE_RECORD_MAX and w.polled.value == 1
+        return w is not None and w.polled.value == 1
 
     def put(self, head: bytes, payload: memoryview) -> bool:
         """Copy one frame (``head``: prefix and header; then ``payload``) into the
-        lane and publish it; False (nothing written) if there is no room."""
+        lane and publish it; False (nothing written) if its record would be
+        larger than :data:`LANE_RECORD_MAX` or there is no room."""
         w = self._w
-        if w is None:
-            return False
         n = len(head) + payload.nbytes
         need = record_bytes(n)
+        if w is None or need > LANE_RECORD_MAX:
+            return False
         size = LANE_BYTES
         pos = w.head.value
         off = pos % size

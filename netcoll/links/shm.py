@@ -1,37 +1,29 @@
 """A link through shared memory for two ranks on one host (``kind == "shm"``).
 
-It rides on the pair's authenticated connection (TCP, or TLS when
-configured): that socket stays the doorbell — the event loop sleeps in
-``epoll`` until a frame arrives — and carries every control frame (ABORT,
-CREDIT, RTS/CTS, BYE, PING) and every DATA payload under :data:`RING_MIN`
-bytes as a TCP link does. A larger DATA payload goes through this side's
-ring of the pair's :class:`~netcoll.links.shmring.Segment` instead, in
-pieces of at most a quarter of the ring: the sender copies a piece into the
-ring and sends a header-only DATA frame saying where it is (``z: [pos, n]``;
-the first piece also says the whole length, ``zn``; the headers of the pieces
-placed at once go out in one write); the receiver copies it straight into
-the posted receive buffer (or a buffer of its own, held as TCP holds it) and
-gives ring space back with ``CREDIT {n: 0, z: pos}`` once a quarter of the
-ring or more is consumed, one CREDIT for the frames of one read. One copy
-in, one copy out, no system call per byte. A receive posted with an
-:class:`~netcoll.ops.Fold` (a ring reduce-scatter step) is reduced straight
-out of the ring instead: the copy out and the reduction are one pass.
+It rides on the pair's authenticated connection (TCP, or TLS): that socket
+stays the doorbell and carries every control frame and the DATA under
+:data:`RING_MIN` bytes that skips the lane (below), as a TCP link does. A
+larger DATA payload goes through this side's ring of the pair's
+:class:`~netcoll.links.shmring.Segment`, in pieces of at most a quarter
+ring: the sender copies a piece in and sends a header-only DATA frame saying
+where (``z: [pos, n]``; the first also ``zn``, the whole length; the headers
+placed at once in one write); the receiver copies it into the posted buffer
+(or one of its own, held as TCP holds it) and gives space back with ``CREDIT
+{n: 0, z: pos}`` per quarter ring consumed, one for the frames of one read.
+A receive posted with an :class:`~netcoll.ops.Fold` (a ring reduce-scatter
+step) is reduced straight out of the ring: copy out and reduction in one pass.
 
-Flow control is :class:`~netcoll.links.framed.FramedLink`'s, unchanged: the
-first piece's header is the DATA header (eager: charged against the window;
-``rz``: after a CTS), and the message is delivered to the mailbox once its
-last piece is in. The pieces of one message are contiguous on the link (a
-lock held from the first to the last); a sender cancelled part-way copies
-the rest of its payload and finishes in a task, as a TCP send does.
+Flow control is :class:`~netcoll.links.framed.FramedLink`'s: the first
+piece's header is the DATA header (eager, or ``rz`` after a CTS); the message
+is delivered once its last piece is in. A message's pieces are contiguous (a
+lock held from first to last); a sender cancelled part-way copies the rest of
+its payload and finishes in a task, as a TCP send does.
 
-Small DATA frames (eager, below :data:`~netcoll.links.lane.LANE_RECORD_MAX`)
-go through the segment's *lane* instead of the socket when the peer's event
-loop polls it (netcoll's own loop, :class:`~netcoll.loop.SpinSelector`): a copy
-into shared memory, no system call, and a BELL frame on the socket only if the
-peer's loop sleeps (:mod:`netcoll.links.lane`). Frames keep no order between
-the lane and the socket (each DATA frame has a slot of its own), except that
-everything in the lane is taken out before any socket frame (a BYE, a ring
-message's header) is handled, and before a loss is reported.
+Small eager DATA frames go through the segment's *lane* when the peer's loop
+polls it (netcoll's :class:`~netcoll.loop.SpinSelector`): no system call, and
+a BELL on the socket only for a sleeping peer (:mod:`netcoll.links.lane`).
+Everything in the lane is taken out before any socket frame (a BYE, a ring
+header) is handled and before a loss is reported.
 
 Loss is the connection's: a killed peer's socket reaches EOF, which fails its
 operations (PeerLost) as on TCP. The mapping is dropped when the link is gone;
@@ -43,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ..errors import ProtocolError
@@ -53,6 +45,7 @@ from ..transport.connection import FramedProtocol
 from ..transport.mailbox import Mailbox
 from ..wire import Frame, Kind, encode_header
 from . import lane, shmring
+from .base import LinkStats
 from .factory import SHM, Capabilities
 from .framed import FramedLink, connection_error
 from .shmring import RingReader, RingWriter, Segment, ShmRefused
@@ -156,19 +149,22 @@ class ShmLink(TcpLink):
         # small DATA goes through the lane or on the socket, behind a ring message that is part-way
         if payload.nbytes >= RING_MIN or self._lock.locked():
             return False
+        return self._lane_write(header, payload) or super()._write_now(header, payload)
+
+    def _lane_write(self, header: dict[str, Any], payload: memoryview) -> bool:
         out = self._lane_out
-        if out is not None and payload.nbytes < lane.LANE_RECORD_MAX and self.proto.writable_now():
-            head = encode_header(Kind.DATA, header, payload.nbytes)
-            if out.usable(len(head) + payload.nbytes) and out.put(head, payload):
-                self.lane_sent += 1
-                if out.should_ring():
-                    self.bells += 1
-                    try:
-                        self.proto.write(Kind.BELL, {})
-                    except (ConnectionError, RuntimeError):
-                        pass  # the link is going: its loss is reported on its own
-                return True
-        return super()._write_now(header, payload)
+        if out is None or payload.nbytes >= lane.LANE_RECORD_MAX or not out.polled() or not self.proto.writable_now():
+            return False
+        if not out.put(encode_header(Kind.DATA, header, payload.nbytes), payload):
+            return False
+        self.lane_sent += 1
+        if out.should_ring():
+            self.bells += 1
+            try:
+                self.proto.write(Kind.BELL, {})
+            except (ConnectionError, RuntimeError):
+                pass  # the link is going: its loss is reported on its own
+        return True
 
     async def _finish(self, job: _Outgoing) -> None:
         """Write the rest of ``job`` as ring space comes back."""
@@ -281,13 +277,10 @@ class ShmLink(TcpLink):
         return True
 
     def _close_lanes(self) -> None:
-        if self._poll is not None:
-            self._poll.close()
-            self._poll = None
-        for end in (self._lane_in, self._lane_out):
+        for end in (self._poll, self._lane_in, self._lane_out):
             if end is not None:
                 end.close()
-        self._lane_in = self._lane_out = None
+        self._poll = self._lane_in = self._lane_out = None
 
     def _piece(self, frame: Frame) -> None:
         """One DATA frame pointing into the peer's ring."""
@@ -355,6 +348,9 @@ class ShmLink(TcpLink):
             self._in.target = self._in.fold = None
         else:
             super().divert()
+
+    def stats(self) -> LinkStats:
+        return replace(super().stats(), lane_sent=self.lane_sent, lane_received=self.lane_received, bells=self.bells)
 
     # -- ending -----------------------------------------------------------------------
     def _lost(self, exc: BaseException | None) -> None:

@@ -232,12 +232,20 @@ def _links(d: RankDaemon) -> Iterator[Any]:
     kind = GaugeMetricFamily(
         "netcoll_peer_link_info", "Constant 1, labelled with the kind of link to each peer.", labels=["peer", "kind"]
     )
+    lane = CounterMetricFamily(
+        "netcoll_peer_lane_frames",
+        "Frames through the shared-memory lane of each peer's link (no system call).",
+        labels=["peer", "direction"],
+    )
     for peer, s in stats.items():
         sent.add_metric([str(peer)], s.bytes_sent)
         got.add_metric([str(peer)], s.bytes_received)
         backlog.add_metric([str(peer)], s.send_backlog)
         kind.add_metric([str(peer), s.kind], 1)
-    yield from (sent, got, backlog, kind)
+        if s.kind == "shm":
+            lane.add_metric([str(peer), "sent"], s.lane_sent)
+            lane.add_metric([str(peer), "received"], s.lane_received)
+    yield from (sent, got, backlog, kind, lane)
 
 
 # -- exposition -----------------------------------------------------------------------------------

@@ -60,6 +60,9 @@ def test_link_kinds_implement_the_interface() -> None:
         "waiting": 0,
         "credits_sent": 0,
         "lost": None,
+        "lane_sent": 0,
+        "lane_received": 0,
+        "bells": 0,
     }
 
 

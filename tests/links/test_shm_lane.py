@@ -58,11 +58,14 @@ def lane_pair(memory: Any = None) -> tuple[LaneWriter, LaneReader, memoryview]:
 def test_a_writer_uses_the_lane_only_while_its_reader_polls_it() -> None:
     view = memoryview(bytearray(LANE_SPAN))
     writer = LaneWriter(view)
-    assert not writer.usable(100)
+    assert not writer.polled()
     reader = LaneReader(view)
-    assert writer.usable(100) and not writer.usable(LANE_RECORD_MAX)
+    assert writer.polled()
+    head, payload = frame(0, LANE_RECORD_MAX - 30)
+    assert not writer.put(head, payload)  # a record over the limit: the socket takes it
+    assert writer.put(*frame(0, 100)) and len(drain(reader)) == 1
     reader.close()
-    assert not writer.usable(100)
+    assert not writer.polled()
 
 
 def test_frames_come_out_whole_and_in_order_across_many_laps() -> None:
@@ -218,6 +221,7 @@ async def test_small_frames_go_through_the_lane_when_the_peer_polls_it() -> None
             res = await run(ts, [lambda ch, d=data: ch.send(1, d, step=0), lambda ch: ch.recv(0, step=0)], seq)
             assert np.array_equal(np.frombuffer(res[1], np.uint8), data)
         assert a.lane_sent == b.lane_received == (3 if lanes_polled() else 0)
+        assert a.stats().lane_sent == a.lane_sent and b.stats().lane_received == b.lane_received
         assert a.stats().frames_sent > 3
 
 
@@ -271,7 +275,7 @@ async def test_a_sleeping_peer_is_rung_once_and_gets_its_frames() -> None:
         fns = [lambda ch: _send_all(ch, data), lambda ch: _recv_all(ch, len(data))]
         res = await run(ts, fns, 0)
         assert [bytes(r) for r in res[1]] == [d.tobytes() for d in data]
-        assert a.bells == 1 and a.lane_sent == 3
+        assert a.bells == a.stats().bells == 1 and a.lane_sent == 3
 
 
 async def _send_all(ch: Any, data: list[np.ndarray]) -> None:

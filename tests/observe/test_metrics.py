@@ -78,6 +78,8 @@ async def test_scrape_a_coordinator_and_a_rank_after_a_job(monkeypatch: pytest.M
             assert value(rank["netcoll_peer_received_bytes"], "_total", peer=peer) >= 3 * (1 << 20) // 2
             kind = "shm" if shm.possible() else "tcp"  # the daemons share this host
             assert value(rank["netcoll_peer_link_info"], peer=peer, kind=kind) == 1
+            if kind == "shm":  # (0 here: this test's loop is asyncio's, which does not poll lanes)
+                assert value(rank["netcoll_peer_lane_frames"], "_total", peer=peer, direction="sent") >= 0
             assert value(rank["netcoll_peer_send_backlog_bytes"], peer=peer) >= 0
             assert value(rank["netcoll_rank_jobs"], "_total", result="ok") == 1
             pool = resultpool.RESULTS.stats()
