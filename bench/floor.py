@@ -104,20 +104,13 @@ async def _rank(r: int, size: int, iters: int, ports: Any, results: Any) -> None
     while len(links) < len(peers):
         await asyncio.sleep(0.01)
         links.update({a.peer: a for a in accepted if a.peer is not None})
-    x = np.ones(1, np.float32)
-    out = np.empty_like(x)
-    seq = 0
 
-    async def all_reduce() -> None:
-        nonlocal seq
-        out[:] = x
-        for p in peers:
-            fut = links[p].recv(seq)
-            links[p].transport.write(HEADER.pack(0, out.nbytes, seq) + out.tobytes())
-            np.add(out, np.frombuffer(await fut, np.float32), out=out)
-            seq += 1
+    async def exchange(p: int, n: int, out: np.ndarray) -> np.ndarray:
+        fut = links[p].recv(n)
+        links[p].transport.write(HEADER.pack(0, out.nbytes, n) + out.tobytes())
+        return np.frombuffer(await fut, np.float32)
 
-    await _timed(all_reduce, iters, out, size, results)
+    await _timed(peers, exchange, iters, size, results)
     await asyncio.sleep(0.5)  # the peers finish their last calls before the connections go
     server.close()
 
@@ -176,25 +169,17 @@ def _shm_main(r: int, size: int, iters: int, memory: mmap.mmap, results: Any) ->
     selector.add_poller(slots)
     loop = asyncio.SelectorEventLoop(selector)
 
+    async def exchange(p: int, n: int, out: np.ndarray) -> np.float32:
+        fut = loop.create_future()
+        if (p, n) in slots.arrived:
+            fut.set_result(slots.arrived.pop((p, n)))
+        else:
+            slots.waiters[p, n] = fut
+        SLOT.pack_into(memory, slots.at(r, p, n), n, float(out[0]))
+        return np.float32(await fut)
+
     async def run() -> None:
-        x = np.ones(1, np.float32)
-        out = np.empty_like(x)
-        seq = 0
-
-        async def all_reduce() -> None:
-            nonlocal seq
-            out[:] = x
-            seq += 1
-            for p in peers:
-                fut = loop.create_future()
-                if (p, seq) in slots.arrived:
-                    fut.set_result(slots.arrived.pop((p, seq)))
-                else:
-                    slots.waiters[p, seq] = fut
-                SLOT.pack_into(memory, slots.at(r, p, seq), seq, float(out[0]))
-                np.add(out, np.float32(await fut), out=out)
-
-        await _timed(all_reduce, iters, out, size, results)
+        await _timed(peers, exchange, iters, size, results)
         await asyncio.sleep(0.5)
 
     try:
@@ -203,13 +188,27 @@ def _shm_main(r: int, size: int, iters: int, memory: mmap.mmap, results: Any) ->
         loop.close()
 
 
-async def _timed(call: Any, iters: int, out: np.ndarray, size: int, results: Any) -> None:
+async def _timed(peers: list[int], exchange: Any, iters: int, size: int, results: Any) -> None:
+    """Recursive doubling of a 4-byte float32 with ``exchange(peer, call, out)``
+    (send ``out``, return the peer's value; ``call`` numbers the calls, from 1),
+    timed; the median goes to ``results``."""
+    x = np.ones(1, np.float32)
+    out = np.empty_like(x)
+    calls = 0
+
+    async def all_reduce() -> None:
+        nonlocal calls
+        calls += 1
+        out[:] = x
+        for p in peers:
+            np.add(out, await exchange(p, calls, out), out=out)
+
     for _ in range(WARMUP):
-        await call()
+        await all_reduce()
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        await call()
+        await all_reduce()
         times.append(time.perf_counter() - t0)
     assert out[0] == size, out
     times.sort()
