@@ -40,10 +40,13 @@ import platform
 import struct
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from .. import wire
 from ..errors import ProtocolError
+
+if TYPE_CHECKING:
+    from ..loop import SpinSelector
 
 LANE_CONTROL: Final = 4096
 LANE_BYTES: Final = 256 << 10
@@ -228,14 +231,6 @@ class LaneReader:
         self._data.release()
 
 
-class Selector(Protocol):
-    """What :class:`LanePoll` needs of its loop's selector (:class:`netcoll.loop.SpinSelector`)."""
-
-    def add_poller(self, poller: Any) -> None: ...
-
-    def remove_poller(self, poller: Any) -> None: ...
-
-
 class LanePoll:
     """One lane as a poller of its loop's selector, left to the bell while idle.
 
@@ -246,7 +241,7 @@ class LanePoll:
     the next frame's BELL, and the link calls :meth:`warm` for any frame that
     arrives on its socket."""
 
-    def __init__(self, reader: LaneReader, selector: Selector, drain: Callable[[], bool]) -> None:
+    def __init__(self, reader: LaneReader, selector: SpinSelector, drain: Callable[[], bool]) -> None:
         self.reader, self.selector, self._drain = reader, selector, drain
         self.cold = False
         self._idle = 0
@@ -284,9 +279,11 @@ class LanePoll:
             self.selector.add_poller(self)
 
     def close(self) -> None:
+        """Stop polling, for good: the writer uses the socket from now on."""
         if not self.cold:
             self.cold = True
             self.selector.remove_poller(self)
+        self.reader.close()
 
 
 __all__ = [

@@ -106,16 +106,14 @@ class ShmLink(TcpLink):
         self._in: _Incoming | None = None
         self._reporting = False  # a ring report is scheduled (:meth:`_report_soon`)
         self._lane_out: lane.LaneWriter | None = None
-        self._lane_in: lane.LaneReader | None = None
-        self._poll: lane.LanePoll | None = None
+        self._poll: lane.LanePoll | None = None  # the peer's lane into this side, polled by this loop
         #: frames sent / received through the lane, and bells rung for a sleeping peer
         self.lane_sent = self.lane_received = self.bells = 0
         if lane.enabled():
             self._lane_out = lane.LaneWriter(segment.lane_tx)
             selector = spin_selector(asyncio.get_running_loop())
             if selector is not None:  # only a loop that polls may ask for frames in its lane
-                self._lane_in = lane.LaneReader(segment.lane_rx)
-                self._poll = lane.LanePoll(self._lane_in, selector, self._poll_lane)
+                self._poll = lane.LanePoll(lane.LaneReader(segment.lane_rx), selector, self._poll_lane)
 
     # -- sending ----------------------------------------------------------------------
     async def _transmit(self, kind: Kind, header: dict[str, Any], payload: memoryview | None) -> None:
@@ -236,7 +234,7 @@ class ShmLink(TcpLink):
             self._freed(header)
         else:
             super().receive(frame)
-        if self._lane_in is not None:  # held back while a payload arrived on the socket
+        if self._poll is not None and frame.kind is Kind.DATA:  # held back while its payload arrived
             self._drain_lane()
 
     # -- the lane (small frames, no system call) -------------------------------------------
@@ -244,10 +242,10 @@ class ShmLink(TcpLink):
         """Handle every frame in the peer's lane, unless a payload is part-way
         on the socket or in the ring (it is then drained when that one ends);
         whether any was handled."""
-        reader = self._lane_in
-        if reader is None or not reader.pending() or self._in is not None or self._cur_n or self.lost is not None:
+        poll = self._poll
+        if poll is None or not poll.reader.pending() or self._in is not None or self._cur_n or self.lost is not None:
             return False
-        for raw in reader.frames():
+        for raw in poll.reader.frames():
             self._lane_frame(raw)
         return True
 
@@ -277,10 +275,10 @@ class ShmLink(TcpLink):
         return True
 
     def _close_lanes(self) -> None:
-        for end in (self._poll, self._lane_in, self._lane_out):
+        for end in (self._poll, self._lane_out):
             if end is not None:
                 end.close()
-        self._poll = self._lane_in = self._lane_out = None
+        self._poll = self._lane_out = None
 
     def _piece(self, frame: Frame) -> None:
         """One DATA frame pointing into the peer's ring."""
@@ -354,7 +352,7 @@ class ShmLink(TcpLink):
 
     # -- ending -----------------------------------------------------------------------
     def _lost(self, exc: BaseException | None) -> None:
-        if self.lost is None and self._lane_in is not None:  # what was sent before the end still counts
+        if self.lost is None and self._poll is not None:  # what was sent before the end still counts
             self._poll_lane()
         super()._lost(exc)
         if self._room is not None and not self._room.done():

@@ -272,8 +272,8 @@ async def test_a_sleeping_peer_is_rung_once_and_gets_its_frames() -> None:
         pytest.skip("lanes are polled on netcoll's loop only")
     async with mesh(2) as ts:
         a, b = ts[0].links[1], ts[1].links[0]
-        assert isinstance(a, ShmLink) and isinstance(b, ShmLink) and b._lane_in is not None
-        b._lane_in.sleep()  # as its loop does before blocking in epoll
+        assert isinstance(a, ShmLink) and isinstance(b, ShmLink) and b._poll is not None
+        b._poll.reader.sleep()  # as its loop does before blocking in epoll
         data = [pattern(10, s) for s in range(3)]
         fns = [lambda ch: _send_all(ch, data), lambda ch: _recv_all(ch, len(data))]
         res = await run(ts, fns, 0)
