@@ -348,17 +348,11 @@ class Fold:
         if size % item or self.done + size > self.nbytes:
             raise ValueError(f"{size} bytes at {self.done} are not whole elements of a {self.nbytes}-byte buffer")
         e0, e1 = self.done // item, (self.done + size) // item
-        incoming = np.frombuffer(data, dtype=self.out.dtype)
-        own, out = self.own[e0:e1], self.out[e0:e1]
-        trace = TRACE.get()
-        start = 0.0 if trace is None else now()
-        with np.errstate(all="ignore"):
-            if self.incoming_first:
-                _ufunc(self.op, out.dtype)(incoming, own, out=out)
-            else:
-                _ufunc(self.op, out.dtype)(own, incoming, out=out)
-        if trace is not None:
-            trace.add("reduce", "reduce", start, now(), {"bytes": size, "op": self.op.value})
+        incoming, own = np.frombuffer(data, dtype=self.out.dtype), self.own[e0:e1]
+        if self.incoming_first:
+            reduce_to(self.op, self.out[e0:e1], incoming, own)
+        else:
+            reduce_to(self.op, self.out[e0:e1], own, incoming)
         self.done += size
 
 
