@@ -78,6 +78,19 @@ def as_u8(buf: Any, name: str = "buf", *, writeable: bool = True) -> np.ndarray:
     return flat(buf, name, writeable=writeable).view(np.uint8)
 
 
+def own_input(src: Any, data: np.ndarray, what: str) -> np.ndarray | None:
+    """``src`` as a flat read-only view, checked to be a reduction's own input
+    beside its result ``data`` (same dtype and size, not overlapping: the
+    algorithm reads this rank's contribution there and writes ``data``); None
+    stays None (the contribution is ``data``'s initial contents)."""
+    if src is None:
+        return None
+    mine = flat(src, "src", writeable=False)
+    if mine.dtype != data.dtype or mine.size != data.size or np.may_share_memory(mine, data):
+        raise ValueError(f"{what}: src must match buf in size and dtype and not overlap it")
+    return mine
+
+
 def split(n: int, parts: int) -> list[tuple[int, int]]:
     """``[start, stop)`` bounds of ``parts`` nearly equal pieces of ``range(n)``
     (the first ``n % parts`` pieces are one longer, like ``np.array_split``)."""
@@ -198,14 +211,15 @@ class RecvWindow:
     __slots__ = ("ch", "count", "depth", "futures", "plan", "posted", "fold", "folds")
 
     def __init__(
-        self, ch: Channel, plan: Plan, count: int, depth: int, fold: Callable[[int], Fold] | None = None
+        self, ch: Channel, plan: Plan, count: int, depth: int, fold: Callable[[int], Fold | None] | None = None
     ) -> None:
         self.ch, self.plan, self.count, self.depth = ch, plan, count, max(1, depth)
         self.futures: dict[int, asyncio.Future[tuple[memoryview, dict[str, Any]]]] = {}
         self.posted = 0  # messages 0..posted-1 have been posted
-        #: ``fold(i)``: the reduction message ``i`` is for, which a link may do as it arrives
+        #: ``fold(i)``: the reduction message ``i`` is for, which a link may do as it
+        #: arrives (None: that message is only received)
         self.fold = fold
-        self.folds: dict[int, Fold] = {}
+        self.folds: dict[int, Fold | None] = {}
 
     def _post_until(self, stop: int) -> None:
         stop = min(stop, self.count)

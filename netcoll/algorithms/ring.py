@@ -65,6 +65,7 @@ from ._common import (
     flat,
     gather_args,
     num_segments,
+    own_input,
     reduction_args,
     relay,
     scratch,
@@ -108,10 +109,7 @@ async def all_reduce(
     """
     op, data = reduction_args(buf, op, segment_bytes)
     P, r = ch.size, ch.rank
-    if src is not None:
-        src = flat(src, "src", writeable=False)
-        if src.dtype != data.dtype or src.size != data.size or np.may_share_memory(src, data):
-            raise ValueError("all_reduce: src must match buf in size and dtype and not overlap it")
+    src = own_input(src, data, "all_reduce")
     if P == 1:
         if src is not None:
             data[...] = src

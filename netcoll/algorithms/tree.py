@@ -18,7 +18,11 @@ set bit cleared; its children are ``v + 2^k`` for every ``2^k`` below that bit
   them into its own ``buf`` in a FIXED order (own value first, then children
   from the smallest subtree to the largest), and forwards the segment to its
   parent. ``buf`` is used as the accumulator on every rank (clobbered off the
-  root).
+  root). Given ``src`` (the caller's input, read only), a rank reads its own
+  value there: a leaf sends it as it is, and the first child's segment is
+  folded as ``buf = src op child``, so no rank copies its input first; a link
+  that reads payloads in place (shared memory) does that first fold as the
+  segment arrives (:class:`~netcoll.ops.Fold`), without a copy into scratch.
 * **all_reduce** is a reduce to rank 0 followed by a broadcast from it.
 
 Cost, for ``P`` ranks and ``N`` bytes, ``L = ceil(log2 P)``, ``S`` segments:
@@ -41,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
+from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_into, reduce_to
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RecvWindow,
@@ -49,6 +53,7 @@ from ._common import (
     check_segment_bytes,
     flat,
     num_segments,
+    own_input,
     relay,
     scratch,
     scratch_depth,
@@ -114,43 +119,78 @@ async def broadcast(
 
 
 async def reduce(
-    ch: Channel, buf: np.ndarray, op: ReduceOp | str, root: int, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    ch: Channel,
+    buf: np.ndarray,
+    op: ReduceOp | str,
+    root: int,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    src: np.ndarray | None = None,
 ) -> None:
     """Binomial-tree reduce in place: the root's ``buf`` ends as the reduction
-    (``avg`` left as a sum); other ranks' ``buf`` are used as scratch."""
+    (``avg`` left as a sum); other ranks' ``buf`` are used as scratch (a
+    leaf's only when ``src`` is None). ``src``: as for :func:`all_reduce`."""
     op = parse_op(op)
     check_root(ch, root)
-    await _reduce(ch, flat(buf), op, root, step=0, segment_bytes=segment_bytes)
+    data = flat(buf)
+    await _reduce(ch, data, op, root, step=0, segment_bytes=segment_bytes, src=own_input(src, data, "reduce"))
+    if ch.size == 1 and src is not None:
+        data[...] = src
 
 
 async def all_reduce(
-    ch: Channel, buf: np.ndarray, op: ReduceOp | str, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    ch: Channel,
+    buf: np.ndarray,
+    op: ReduceOp | str,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    src: np.ndarray | None = None,
 ) -> None:
-    """Tree all_reduce in place: reduce to rank 0, then broadcast from it."""
+    """Tree all_reduce in place: reduce to rank 0, then broadcast from it.
+
+    ``src``: if given, this rank's input (same size and dtype, not overlapping
+    ``buf``), read instead of ``buf``'s initial contents, which then need not
+    be filled: a leaf sends it as it is, and an inner rank's first fold
+    writes ``buf = src op child`` (saves the caller a full copy; same bits)."""
     op = parse_op(op)
     data = flat(buf)
     check_op_dtype(op, data.dtype)
     check_segment_bytes(segment_bytes)
+    src = own_input(src, data, "all_reduce")
     if ch.size == 1:
+        if src is not None:
+            data[...] = src
         return
-    await _reduce(ch, data, op, 0, step=0, segment_bytes=segment_bytes)
+    await _reduce(ch, data, op, 0, step=0, segment_bytes=segment_bytes, src=src)
     parent, children = _links(ch, 0)
     await relay(ch, parent, children, data, None, step=1, segment_bytes=segment_bytes, what="all_reduce")
 
 
-async def _reduce(ch: Channel, data: np.ndarray, op: ReduceOp, root: int, *, step: int, segment_bytes: int) -> None:
+async def _reduce(
+    ch: Channel,
+    data: np.ndarray,
+    op: ReduceOp,
+    root: int,
+    *,
+    step: int,
+    segment_bytes: int,
+    src: np.ndarray | None = None,
+) -> None:
+    """The reduce up the tree into ``data``; this rank's own contribution is
+    ``src`` if given (else ``data``'s contents)."""
     check_segment_bytes(segment_bytes)
     check_op_dtype(op, data.dtype)
     if ch.size == 1:
         return
+    own = data if src is None else src
     parent, children = _links(ch, root)
     kids = children[::-1]  # fold order: smallest subtree (earliest to arrive) first
     segs = split(data.size, num_segments(data.nbytes, segment_bytes))
     S, K = len(segs), len(kids)
-    if K == 0:  # a leaf: just stream the buffer up
+    if K == 0:  # a leaf: just stream its contribution up
         assert parent is not None
         for j, (a, b) in enumerate(segs):
-            await ch.send(parent, data[a:b], step=step, chunk=j)
+            await ch.send(parent, own[a:b], step=step, chunk=j)
         return
     longest = max(b - a for a, b in segs)
     # Children stream their segments without waiting for us: post them all
@@ -163,12 +203,22 @@ async def _reduce(ch: Channel, data: np.ndarray, op: ReduceOp, root: int, *, ste
             a, b = segs[j]
             return kids[k], step, j, bufs[i % depth][: b - a]
 
-        async with RecvWindow(ch, plan, S * K, depth) as window:
+        def fold(i: int) -> Fold | None:  # the first child's segment, as it arrives: data = own op incoming
+            j, k = divmod(i, K)
+            a, b = segs[j]
+            return Fold(op, data[a:b], own[a:b]) if k == 0 else None
+
+        async with RecvWindow(ch, plan, S * K, depth, fold) as window:
             await window.start()
             for i in range(S * K):
                 j, k = divmod(i, K)
                 a, b = segs[j]
                 await window.get(i)
-                reduce_into(op, data[a:b], bufs[i % depth][: b - a])
+                if not window.folded(i):  # the link only received it: reduce it here
+                    incoming = bufs[i % depth][: b - a]
+                    if k == 0 and src is not None:
+                        reduce_to(op, data[a:b], src[a:b], incoming)
+                    else:
+                        reduce_into(op, data[a:b], incoming)
                 if k == K - 1 and parent is not None:
                     await ch.send(parent, data[a:b], step=step, chunk=j)

@@ -43,13 +43,13 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
     algo, seg = pick(e, "all_reduce", algorithm, x.nbytes)
     kw: dict[str, Any] = {"segment_bytes": seg}
     if (
-        algo == "ring"
+        algo in ("ring", "tree")
         and e.world_size > 1
         and out is not x
         and x.flags.c_contiguous
         and (out is None or not np.may_share_memory(out, x))
     ):
-        # the ring reads our input where it needs it: no up-front copy into the result
+        # the ring and the tree read our input where they need it: no up-front copy into the result
         buf = result(out, x.shape, x.dtype)
         kw["src"] = x.reshape(-1)
     else:
@@ -80,11 +80,16 @@ def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str) -> P
     kw: dict[str, Any] = {"segment_bytes": seg}
     mine = out if e.rank == root else None
     buf: np.ndarray | None
-    if algo == "ring" and e.world_size > 1:
-        # the ring reads our input where it needs it (non-roots need no buffer)
+    if algo in ("ring", "tree") and e.world_size > 1:
+        # both read our input where they need it; the ring's non-roots need no buffer, the
+        # tree's an accumulator (which a leaf never touches)
         src = contiguous(x)
-        buf = result(mine, x.shape, x.dtype) if e.rank == root else None
-        kw["src"] = (src if buf is None else unaliased(src, buf)).reshape(-1)
+        if e.rank == root:
+            buf = result(mine, x.shape, x.dtype)
+            src = unaliased(src, buf)
+        else:
+            buf = None if algo == "ring" else np.empty(x.shape, x.dtype)
+        kw["src"] = src.reshape(-1)
     else:
         buf = contiguous_copy(x, mine)
 

@@ -220,6 +220,71 @@ async def test_reduce_tree(make_group: MakeGroup, P: int, count: int) -> None:
             check_reduced(results[root], op, inputs, f"reduce P={P} n={count} {dt} {op} root={root}")
 
 
+@pytest.mark.parametrize("P", [2, 3, 5, 8])
+async def test_tree_reads_src_with_the_same_bits_as_in_place(make_group: MakeGroup, P: int) -> None:
+    """all_reduce and reduce by tree with ``src`` (the caller's input, read only)
+    and a result buffer that starts as garbage: the very bits of the in-place
+    form (order-sensitive NaN payloads and signed zeros, several segments per
+    message), on every rank and at roots 0, 1 and the last; ``src`` is left as it was."""
+    nan1 = np.array([0x7FC00001], dtype=np.uint32).view(np.float32)[0]
+    nan2 = np.array([0xFFC00002], dtype=np.uint32).view(np.float32)[0]
+    pool = np.array([-0.0, 0.0, nan1, nan2, 1.0, -1.0, 3.0e38], dtype=np.float32)
+    rng = rng_for("tree-src", P)
+    xs = [pool[rng.integers(0, len(pool), size=301)] for _ in range(P)]
+    keep = [x.tobytes() for x in xs]
+    for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX):
+        for root in sorted({0, 1, P - 1}):
+
+            async def body(ch: Channel) -> tuple[bytes, bytes]:
+                plain = xs[ch.rank].copy()
+                await tree.reduce(ch, plain, op, root, segment_bytes=256)
+                out = np.full(301, 7.0, np.float32)
+                await tree.reduce(ch, out, op, root, segment_bytes=256, src=xs[ch.rank])
+                return plain.tobytes(), out.tobytes()
+
+            got = await (await make_group(P)).run(body)
+            assert got[root][0] == got[root][1], (op, root)
+
+        async def all_reduce(ch: Channel) -> tuple[bytes, bytes]:
+            plain = xs[ch.rank].copy()
+            await tree.all_reduce(ch, plain, op, segment_bytes=256)
+            out = np.full(301, 7.0, np.float32)
+            await tree.all_reduce(ch, out, op, segment_bytes=256, src=xs[ch.rank])
+            return plain.tobytes(), out.tobytes()
+
+        got = await (await make_group(P)).run(all_reduce)
+        assert {g for pair in got for g in pair} == {got[0][0]}, op
+    assert [x.tobytes() for x in xs] == keep
+
+
+async def test_tree_src_errors_and_a_group_of_one(make_group: MakeGroup) -> None:
+    group = await make_group(2)
+
+    async def bad(ch: Channel) -> list[str]:
+        errors = []
+        buf = np.zeros(4, np.float32)
+        for src in (np.zeros(5, np.float32), np.zeros(4, np.float64), buf):  # size, dtype, overlap
+            for call in (
+                lambda: tree.all_reduce(ch, buf, "sum", src=src),
+                lambda: tree.reduce(ch, buf, "sum", 0, src=src),
+            ):
+                with pytest.raises(ValueError, match="src must match buf"):
+                    await call()
+                errors.append("ok")
+        return errors
+
+    assert all(len(e) == 6 for e in await group.run(bad))
+
+    async def alone(ch: Channel) -> list[np.ndarray]:
+        a, b = np.zeros(3), np.zeros(3)
+        await tree.all_reduce(ch, a, "sum", src=np.arange(3.0))
+        await tree.reduce(ch, b, "sum", 0, src=np.arange(3.0))
+        return [a, b]
+
+    for got in (await (await make_group(1)).run(alone))[0]:
+        np.testing.assert_array_equal(got, [0.0, 1.0, 2.0])
+
+
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("P", SIZES)
 async def test_reduce_scatter_ring(make_group: MakeGroup, P: int, count: int) -> None:

@@ -214,14 +214,16 @@ async def test_every_collective_is_correct_over_shared_memory(n: int) -> None:
             assert ts[0].link_stats()[1].bytes_sent > 0
 
 
+@pytest.mark.parametrize("algo", ["ring", "tree"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
-async def test_ring_reductions_fold_straight_out_of_the_ring_with_the_same_bits(
-    dtype: Any, monkeypatch: pytest.MonkeyPatch
+async def test_reductions_fold_straight_out_of_the_ring_with_the_same_bits(
+    dtype: Any, algo: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """all_reduce, reduce_scatter and reduce by ring over shared memory reduce
-    each piece as it is read out of the ring (no copy into scratch first), and
-    the results have the very bits of the in-memory transport, which never folds:
-    the same order of operations on every element."""
+    """all_reduce and reduce by ring and by tree, and reduce_scatter, over shared
+    memory reduce each piece as it is read out of the ring (no copy into scratch
+    first; the tree: its first child's), and the results have the very bits of
+    the in-memory transport, which never folds: the same order of operations on
+    every element."""
     from netcoll.ops import Fold
     from tests.support.worlds import memory_world
 
@@ -241,11 +243,12 @@ async def test_ring_reductions_fold_straight_out_of_the_ring_with_the_same_bits(
     async def calls(c: Communicator) -> list[np.ndarray]:
         r = c.rank
         got = [
-            await c.all_reduce(xs[r], algorithm="ring"),
-            await c.all_reduce(xs[r].copy(), out=None, algorithm="ring"),
-            await c.reduce_scatter(rows[r], algorithm="ring"),
+            await c.all_reduce(xs[r], algorithm=algo),
+            await c.all_reduce(xs[r].copy(), out=None, algorithm=algo),
         ]
-        red = await c.reduce(xs[r], root=1, algorithm="ring")
+        if algo == "ring":  # (the tree's folds are counted alone)
+            got.append(await c.reduce_scatter(rows[r], algorithm="ring"))
+        red = await c.reduce(xs[r], root=1, algorithm=algo)
         if r == 1:
             got.append(red)
         return got
