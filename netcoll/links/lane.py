@@ -51,8 +51,11 @@ if TYPE_CHECKING:
 LANE_CONTROL: Final = 4096
 LANE_BYTES: Final = 256 << 10
 LANE_SPAN: Final = LANE_CONTROL + LANE_BYTES  # one direction's lane in the segment
-#: the largest record (8-byte record header + frame); larger frames go on the socket
-LANE_RECORD_MAX: Final = 32 << 10
+#: the largest record (8-byte record header + frame); larger frames go on the socket. It holds
+#: any frame whose payload is below the ring's 64 KiB (``shm.RING_MIN``) with up to 4 KiB of
+#: prefix and header: 32–64 KiB payloads took the socket when it was 32 KiB, and through the
+#: lane a 48 KiB all_reduce ran in 137–142 µs instead of 234–267 (2 ranks)
+LANE_RECORD_MAX: Final = 68 << 10
 _REC: Final = struct.Struct("<II")
 _HEAD, _TAIL, _POLLED, _SLEEP = 0, 64, 128, 192
 _FENCE: Final = threading.Lock()

@@ -4,7 +4,7 @@
 A :class:`Segment` is one file directly under ``/dev/shm``, made by the
 dialing rank of a pair and mapped by both. Layout (``docs/protocol.md`` §5.4)::
 
-    0         header (4096 bytes): magic b"NCSHM2\\0\\0", u64 ring size R (little-endian),
+    0         header (4096 bytes): magic b"NCSHM3\\0\\0", u64 ring size R (little-endian),
               16-byte nonce
     4096      ring 0, R bytes: dialer -> acceptor
     4096+R    ring 1, R bytes: acceptor -> dialer
@@ -51,7 +51,7 @@ from .lane import LANE_SPAN
 
 SHM_DIR: Final = "/dev/shm"
 HEADER_BYTES: Final = 4096
-MAGIC: Final = b"NCSHM2\0\0"
+MAGIC: Final = b"NCSHM3\0\0"
 _HEAD: Final = struct.Struct("<8sQ16s")
 NONCE_BYTES: Final = 16
 MIN_RING: Final = 64 << 10

@@ -23,7 +23,7 @@ import pytest
 from netcoll.errors import ProtocolError
 from netcoll.links import lane
 from netcoll.links.lane import LANE_BYTES, LANE_CONTROL, LANE_RECORD_MAX, LANE_SPAN, LaneReader, LaneWriter
-from netcoll.links.shm import ShmLink
+from netcoll.links.shm import RING_MIN, ShmLink
 from netcoll.loop import spin_selector
 from netcoll.transport.base import Channel
 from netcoll.wire import DEFAULT_LIMITS, Kind, encode_header
@@ -219,11 +219,13 @@ async def test_small_frames_go_through_the_lane_when_the_peer_polls_it() -> None
     async with mesh(2) as ts:
         a, b = ts[0].links[1], ts[1].links[0]
         assert isinstance(a, ShmLink) and isinstance(b, ShmLink)
-        for seq, n in enumerate((4, 1000, 20_000, 100_000)):  # the last one goes through the ring
+        # every payload below the ring's threshold fits a lane record; RING_MIN goes through the ring
+        sizes = (4, 1000, 20_000, 48 * 1024, RING_MIN - 1, RING_MIN, 100_000)
+        for seq, n in enumerate(sizes):
             data = pattern(n, seq)
             res = await run(ts, [lambda ch, d=data: ch.send(1, d, step=0), lambda ch: ch.recv(0, step=0)], seq)
             assert np.array_equal(np.frombuffer(res[1], np.uint8), data)
-        assert a.lane_sent == b.lane_received == (3 if lanes_polled() else 0)
+        assert a.lane_sent == b.lane_received == (5 if lanes_polled() else 0)
         assert a.stats().lane_sent == a.lane_sent and b.stats().lane_received == b.lane_received
         assert a.stats().frames_sent > 3
 
