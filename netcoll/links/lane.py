@@ -2,14 +2,16 @@
 memory, no system call per message (``docs/protocol.md`` §5.4).
 
 A :class:`~netcoll.links.shmring.Segment` holds one lane per direction next to
-its two rings. A lane is a control page and a byte ring of :data:`LANE_BYTES`::
+its two rings. A lane is a control page and a byte ring of ``L`` bytes, a quarter of
+the link's ring size within :data:`LANE_BYTES`–:data:`LANE_MAX_BYTES`
+(:func:`lane_bytes`)::
 
     control page (4096 bytes), each word a little-endian u64 on its own cache line:
       0    head    bytes written so far (the writer's)
       64   tail    bytes consumed so far (the reader's)
       128  polled  1 while the reader polls this lane, else 0 (the reader's)
       192  sleep   even: the reader is awake; odd: asleep in epoll (the reader's)
-    data (LANE_BYTES bytes)
+    data (L bytes)
 
 A record is ``u32 n, u32 0`` then one frame exactly as on the socket (prefix,
 msgpack header, payload), padded to 8 bytes; ``n = 0`` means "skip to the
@@ -49,13 +51,36 @@ if TYPE_CHECKING:
     from ..loop import SpinSelector
 
 LANE_CONTROL: Final = 4096
+#: the smallest lane (rings of up to 1 MiB) and the largest (rings of 4 MiB and more)
 LANE_BYTES: Final = 256 << 10
-LANE_SPAN: Final = LANE_CONTROL + LANE_BYTES  # one direction's lane in the segment
-#: the largest record (8-byte record header + frame); larger frames go on the socket. It holds
-#: any frame whose payload is below the ring's 64 KiB (``shm.RING_MIN``) with up to 4 KiB of
-#: prefix and header: 32–64 KiB payloads took the socket when it was 32 KiB, and through the
-#: lane a 48 KiB all_reduce ran in 137–142 µs instead of 234–267 (2 ranks)
-LANE_RECORD_MAX: Final = 68 << 10
+LANE_MAX_BYTES: Final = 1 << 20
+LANE_SPAN: Final = LANE_CONTROL + LANE_BYTES  # the smallest lane with its control page
+#: room for a frame's prefix and header beside a payload of a quarter lane
+_HEADER_ROOM: Final = 4096
+
+
+def lane_bytes(ring: int) -> int:
+    """The data bytes of each lane of a segment whose rings have ``ring`` bytes."""
+    return max(LANE_BYTES, min(LANE_MAX_BYTES, ring // 4 // 4096 * 4096))
+
+
+def lane_span(ring: int) -> int:
+    """One direction's lane in a segment with rings of ``ring`` bytes (control page and data)."""
+    return LANE_CONTROL + lane_bytes(ring)
+
+
+def record_max(size: int) -> int:
+    """The largest record (8-byte record header and frame) of a lane of ``size`` data bytes;
+    larger frames take the ring or the socket. A payload of a quarter lane fits, with up to 4 KiB of
+    prefix and header: at least 64 KiB (``shm.RING_MIN``), so every payload below the ring fits
+    the smallest lane, and up to 256 KiB with 4 MiB rings. Measured (2026-11-26, 4 ranks): a
+    256 KiB all_reduce took 1167–1185 µs through 1 MiB lanes against 2069–2678 µs through the ring,
+    whose every piece is announced on the socket (a system call and a wake-up)."""
+    return size // 4 + _HEADER_ROOM
+
+
+#: the largest record of the smallest lane (68 KiB)
+LANE_RECORD_MAX: Final = record_max(LANE_BYTES)
 _REC: Final = struct.Struct("<II")
 _HEAD, _TAIL, _POLLED, _SLEEP = 0, 64, 128, 192
 _FENCE: Final = threading.Lock()
@@ -112,12 +137,24 @@ class _Words:
         self.sleep = ctypes.c_uint64.from_buffer(lane, _SLEEP)
 
 
+def _data_of(lane: memoryview) -> memoryview:
+    """The data part of a lane (``lane``: its control page and data; ValueError if the
+    data is not a whole number of pages within the lane sizes)."""
+    size = lane.nbytes - LANE_CONTROL
+    if size % 4096 or not LANE_BYTES <= size <= LANE_MAX_BYTES:
+        raise ValueError(f"a lane holds {LANE_BYTES}-{LANE_MAX_BYTES} bytes in whole pages, not {size}")
+    return lane[LANE_CONTROL:]
+
+
 class LaneWriter:
-    """This side's outgoing lane (``lane``: its control page and data, :data:`LANE_SPAN` bytes)."""
+    """This side's outgoing lane (``lane``: its control page and data, :func:`lane_span` bytes)."""
 
     def __init__(self, lane: memoryview) -> None:
+        self._data = _data_of(lane)
         self._w: _Words | None = _Words(lane)
-        self._data = lane[LANE_CONTROL:LANE_SPAN]
+        self.size = self._data.nbytes
+        #: the largest record this lane takes (:func:`record_max`)
+        self.record_max = record_max(self.size)
         self._rung = 0  # the reader's sleep we rang the bell for
 
     def polled(self) -> bool:
@@ -128,13 +165,13 @@ class LaneWriter:
     def put(self, head: bytes, payload: memoryview) -> bool:
         """Copy one frame (``head``: prefix and header; then ``payload``) into the
         lane and publish it; False (nothing written) if its record would be
-        larger than :data:`LANE_RECORD_MAX` or there is no room."""
+        larger than :attr:`record_max` or there is no room."""
         w = self._w
         n = len(head) + payload.nbytes
         need = record_bytes(n)
-        if w is None or need > LANE_RECORD_MAX:
+        if w is None or need > self.record_max:
             return False
-        size = LANE_BYTES
+        size = self.size
         pos = w.head.value
         off = pos % size
         skip = size - off if off + need > size else 0
@@ -173,8 +210,10 @@ class LaneReader:
     """The peer's lane into this side: frames out, and the words that say this side polls and sleeps."""
 
     def __init__(self, lane: memoryview) -> None:
+        self._data = _data_of(lane)
         self._w: _Words | None = _Words(lane)
-        self._data = lane[LANE_CONTROL:LANE_SPAN]
+        self.size = self._data.nbytes
+        self._record_max = record_max(self.size)
         self._w.polled.value = 1
 
     def pending(self) -> bool:
@@ -190,7 +229,7 @@ class LaneReader:
         w = self._w
         if w is None:
             return
-        size, data = LANE_BYTES, self._data
+        size, data = self.size, self._data
         head, tail = w.head.value, w.tail.value
         if head - tail > size or head < tail:
             raise ProtocolError(f"lane head {head} outside [{tail}, {tail + size}]")
@@ -202,7 +241,7 @@ class LaneReader:
                     tail += size - off
                     continue
                 need = record_bytes(n)
-                if pad or need > LANE_RECORD_MAX or off + need > size or tail + need > head:
+                if pad or need > self._record_max or off + need > size or tail + need > head:
                     raise ProtocolError(f"malformed lane record of {n} bytes at {tail}")
                 yield data[off + _REC.size : off + _REC.size + n]
                 tail += need
@@ -292,12 +331,16 @@ class LanePoll:
 __all__ = [
     "LANE_BYTES",
     "LANE_CONTROL",
+    "LANE_MAX_BYTES",
     "LANE_RECORD_MAX",
     "LANE_SPAN",
     "COLD_AFTER",
     "LanePoll",
     "LaneReader",
     "LaneWriter",
+    "lane_bytes",
+    "lane_span",
+    "record_max",
     "enabled",
     "fence",
     "parse",

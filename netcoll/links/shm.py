@@ -1,9 +1,9 @@
 """A link through shared memory for two ranks on one host (``kind == "shm"``).
 
 It rides on the pair's authenticated connection (TCP, or TLS): that socket
-stays the doorbell and carries every control frame and the DATA under
-:data:`RING_MIN` bytes that skips the lane (below), as a TCP link does. A
-larger DATA payload goes through this side's ring of the pair's
+stays the doorbell and carries every control frame, and DATA under :data:`RING_MIN`
+bytes that does not take the lane (below), as a TCP link does. Other DATA goes
+through this side's ring of the pair's
 :class:`~netcoll.links.shmring.Segment`, in pieces of at most a quarter
 ring: the sender copies a piece in and sends a header-only DATA frame saying
 where (``z: [pos, n]``; the first also ``zn``, the whole length; the headers
@@ -144,14 +144,16 @@ class ShmLink(TcpLink):
             raise
 
     def _write_now(self, header: dict[str, Any], payload: memoryview) -> bool:
-        # small DATA goes through the lane or on the socket, behind a ring message that is part-way
-        if payload.nbytes >= RING_MIN or self._lock.locked():
+        # the lane if it fits and is polled, else the socket (small) or the ring; none passes a ring message
+        if self._lock.locked():
             return False
+        if payload.nbytes >= RING_MIN:
+            return self._lane_write(header, payload)
         return self._lane_write(header, payload) or super()._write_now(header, payload)
 
     def _lane_write(self, header: dict[str, Any], payload: memoryview) -> bool:
         out = self._lane_out
-        if out is None or payload.nbytes >= lane.LANE_RECORD_MAX or not out.polled() or not self.proto.writable_now():
+        if out is None or payload.nbytes >= out.record_max or not out.polled() or not self.proto.writable_now():
             return False
         if not out.put(encode_header(Kind.DATA, header, payload.nbytes), payload):
             return False

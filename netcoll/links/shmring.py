@@ -8,8 +8,8 @@ dialing rank of a pair and mapped by both. Layout (``docs/protocol.md`` §5.4)::
               16-byte nonce
     4096      ring 0, R bytes: dialer -> acceptor
     4096+R    ring 1, R bytes: acceptor -> dialer
-    4096+2R   lane 0, LANE_SPAN bytes: dialer -> acceptor (:mod:`netcoll.links.lane`)
-    ...+LS    lane 1, LANE_SPAN bytes: acceptor -> dialer
+    4096+2R   lane 0, LS = lane_span(R) bytes: dialer -> acceptor (:mod:`netcoll.links.lane`)
+    ...+LS    lane 1, LS bytes: acceptor -> dialer
 
 The positions of both rings travel in frames over the pair's socket (``z`` in
 DATA, ``z`` in CREDIT): the rings share no counters. The lanes, which carry
@@ -47,7 +47,7 @@ import time
 from typing import Any, Final
 
 from ..errors import ProtocolError
-from .lane import LANE_SPAN
+from .lane import lane_span
 
 SHM_DIR: Final = "/dev/shm"
 HEADER_BYTES: Final = 4096
@@ -100,7 +100,8 @@ class Segment:
         lanes = HEADER_BYTES + 2 * ring
         first, second = view[HEADER_BYTES : HEADER_BYTES + ring], view[HEADER_BYTES + ring : lanes]
         self.tx, self.rx = (first, second) if creator else (second, first)
-        first, second = view[lanes : lanes + LANE_SPAN], view[lanes + LANE_SPAN : lanes + 2 * LANE_SPAN]
+        span = lane_span(ring)
+        first, second = view[lanes : lanes + span], view[lanes + span : lanes + 2 * span]
         #: this side's outgoing lane and the peer's lane into it (control page + data each)
         self.lane_tx, self.lane_rx = (first, second) if creator else (second, first)
 
@@ -179,7 +180,7 @@ class Segment:
 
 def segment_bytes(ring: int) -> int:
     """The size of a segment with rings of ``ring`` bytes."""
-    return HEADER_BYTES + 2 * ring + 2 * LANE_SPAN
+    return HEADER_BYTES + 2 * ring + 2 * lane_span(ring)
 
 
 def sweep(directory: str = SHM_DIR, now: float | None = None) -> list[str]:

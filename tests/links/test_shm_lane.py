@@ -15,6 +15,7 @@ import os
 import random
 import select
 import struct
+import time
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,16 @@ import pytest
 
 from netcoll.errors import ProtocolError
 from netcoll.links import lane
-from netcoll.links.lane import LANE_BYTES, LANE_CONTROL, LANE_RECORD_MAX, LANE_SPAN, LaneReader, LaneWriter
+from netcoll.links.factory import LinkConfig
+from netcoll.links.lane import (
+    LANE_BYTES,
+    LANE_CONTROL,
+    LANE_MAX_BYTES,
+    LANE_RECORD_MAX,
+    LANE_SPAN,
+    LaneReader,
+    LaneWriter,
+)
 from netcoll.links.shm import RING_MIN, ShmLink
 from netcoll.loop import spin_selector
 from netcoll.transport.base import Channel
@@ -66,6 +76,23 @@ def test_a_writer_uses_the_lane_only_while_its_reader_polls_it() -> None:
     assert writer.put(*frame(0, 100)) and len(drain(reader)) == 1
     reader.close()
     assert not writer.polled()
+
+
+def test_a_lane_is_a_quarter_ring_and_takes_a_quarter_lane_record() -> None:
+    assert lane.lane_bytes(4 << 20) == lane.lane_bytes(64 << 20) == LANE_MAX_BYTES == 1 << 20
+    assert lane.lane_bytes(2 << 20) == 512 << 10
+    assert lane.lane_bytes(64 << 10) == lane.lane_bytes(1 << 20) == LANE_BYTES
+    assert LANE_RECORD_MAX == lane.record_max(LANE_BYTES) >= lane.record_bytes(RING_MIN + 4000)
+    view = memoryview(bytearray(lane.lane_span(4 << 20)))
+    writer, reader = LaneWriter(view), LaneReader(view)
+    assert writer.record_max == (256 + 4) << 10
+    head, payload = frame(3, 256 << 10)
+    assert writer.put(head, payload)
+    assert drain(reader) == [(3, bytes(payload))]
+    assert not writer.put(*frame(4, (260 << 10) - 30))  # over a quarter lane and the header room
+    for size in (LANE_BYTES - 4096, LANE_MAX_BYTES + 4096, LANE_BYTES + 100):
+        with pytest.raises(ValueError, match="a lane holds"):
+            LaneWriter(memoryview(bytearray(LANE_CONTROL + size)))
 
 
 def test_frames_come_out_whole_and_in_order_across_many_laps() -> None:
@@ -170,6 +197,8 @@ def _write_all(memory: mmap.mmap, bell: int, count: int, seed: int) -> None:
             os.write(bell, b"!")
         for _ in range(rng.choice([0, 0, 0, 10, 200])):  # vary where the writer is when the reader sleeps
             pass
+        if i % 64 == 63:  # now and then let the reader empty its lane and go to sleep
+            time.sleep(0.0002)
     os._exit(0)
 
 
@@ -215,19 +244,25 @@ def lanes_polled() -> bool:
     return spin_selector(asyncio.get_running_loop()) is not None
 
 
-async def test_small_frames_go_through_the_lane_when_the_peer_polls_it() -> None:
-    async with mesh(2) as ts:
+@pytest.mark.parametrize(
+    ("ring", "through_lane"),
+    [
+        (None, 7),  # 4 MiB rings, 1 MiB lanes: payloads up to 256 KiB (with the header room)
+        (256 * 1024, 6),  # the smallest lanes (256 KiB): up to 64 KiB, so every payload below RING_MIN
+    ],
+)
+async def test_frames_go_through_the_lane_when_the_peer_polls_it(ring: int | None, through_lane: int) -> None:
+    async with mesh(2, None if ring is None else LinkConfig(shm_bytes=ring)) as ts:
         a, b = ts[0].links[1], ts[1].links[0]
         assert isinstance(a, ShmLink) and isinstance(b, ShmLink)
-        # every payload below the ring's threshold fits a lane record; RING_MIN goes through the ring
-        sizes = (4, 1000, 20_000, 48 * 1024, RING_MIN - 1, RING_MIN, 100_000)
+        sizes = (4, 1000, 20_000, 48 * 1024, RING_MIN - 1, RING_MIN, 200_000, 300_000)  # the last: the ring
         for seq, n in enumerate(sizes):
             data = pattern(n, seq)
             res = await run(ts, [lambda ch, d=data: ch.send(1, d, step=0), lambda ch: ch.recv(0, step=0)], seq)
             assert np.array_equal(np.frombuffer(res[1], np.uint8), data)
-        assert a.lane_sent == b.lane_received == (5 if lanes_polled() else 0)
+        assert a.lane_sent == b.lane_received == (through_lane if lanes_polled() else 0)
         assert a.stats().lane_sent == a.lane_sent and b.stats().lane_received == b.lane_received
-        assert a.stats().frames_sent > 3
+        assert a.stats().frames_sent > through_lane
 
 
 async def test_lanes_are_not_used_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
