@@ -73,8 +73,13 @@ __all__ = [
 #: (docs/benchmarks.md, "Algorithm crossovers"): below ALL_REDUCE_DOUBLING_MAX_BYTES recursive
 #: doubling (latency-bound: log2 P rounds); with 3+ ranks, below ALL_REDUCE_TREE_MAX_BYTES the
 #: pipelined binomial tree (reduce + broadcast: fewer, larger messages than the ring's 2(P-1)
-#: steps); above, the ring (bandwidth-optimal). Two ranks: the ring from 64 KiB on.
+#: steps); above, the ring (bandwidth-optimal). Two ranks: the ring from 64 KiB on. Three and
+#: four ranks: doubling below 128 KiB (two rounds; at 64 KiB it beat the tree by 31 % in the
+#: crossover table, and in 2026-11-26's 400-call medians by 8 % over TCP and level over shared
+#: memory; at 128 KiB the tree was 7 % ahead over TCP); from 5 ranks doubling's log2 P rounds of
+#: whole buffers lose to the tree earlier (8 ranks, 64 KiB: tree 0.064 GB/s, doubling 0.053).
 ALL_REDUCE_DOUBLING_MAX_BYTES: Final = 32 * 1024
+ALL_REDUCE_DOUBLING_MAX_BYTES_4: Final = 128 * 1024
 ALL_REDUCE_DOUBLING_MAX_BYTES_2: Final = 64 * 1024
 ALL_REDUCE_TREE_MAX_BYTES: Final = 2 * 1024 * 1024
 #: reduce of at least this many bytes, with 3+ ranks, uses the ring (reduce-scatter, then
@@ -132,7 +137,7 @@ def choose(collective: str, nbytes: int, world_size: int) -> str:
     if collective == "all_reduce":
         if world_size <= 2:
             return "doubling" if nbytes < ALL_REDUCE_DOUBLING_MAX_BYTES_2 or world_size == 1 else "ring"
-        if nbytes < ALL_REDUCE_DOUBLING_MAX_BYTES:
+        if nbytes < (ALL_REDUCE_DOUBLING_MAX_BYTES_4 if world_size <= 4 else ALL_REDUCE_DOUBLING_MAX_BYTES):
             return "doubling"
         return "tree" if nbytes < ALL_REDUCE_TREE_MAX_BYTES else "ring"
     if collective == "all_gather":

@@ -899,6 +899,8 @@ def test_choose() -> None:
             for P in (1, 2, 3, 8, 64):
                 assert choose(coll, nbytes, P) in ALGORITHMS[coll]
     assert choose("all_reduce", 1024, 8) == "doubling"
+    assert choose("all_reduce", 64 << 10, 4) == "doubling" and choose("all_reduce", 128 << 10, 4) == "tree"
+    assert choose("all_reduce", 64 << 10, 8) == "tree"  # from 5 ranks, log2 P rounds of the whole buffer
     assert choose("all_reduce", 1 << 20, 4) == "tree" and choose("all_reduce", 1 << 20, 2) == "ring"
     assert choose("all_reduce", 1 << 24, 8) == "ring"
     assert choose("broadcast", 1024, 8) == "tree"
