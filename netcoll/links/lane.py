@@ -146,8 +146,8 @@ def _data_of(lane: memoryview) -> memoryview:
     return lane[LANE_CONTROL:]
 
 
-class LaneWriter:
-    """This side's outgoing lane (``lane``: its control page and data, :func:`lane_span` bytes)."""
+class _LaneEnd:
+    """One side's view of a lane (``lane``: its control page and data, :func:`lane_span` bytes)."""
 
     def __init__(self, lane: memoryview) -> None:
         self._data = _data_of(lane)
@@ -155,6 +155,13 @@ class LaneWriter:
         self.size = self._data.nbytes
         #: the largest record this lane takes (:func:`record_max`)
         self.record_max = record_max(self.size)
+
+
+class LaneWriter(_LaneEnd):
+    """This side's outgoing lane."""
+
+    def __init__(self, lane: memoryview) -> None:
+        super().__init__(lane)
         self._rung = 0  # the reader's sleep we rang the bell for
 
     def polled(self) -> bool:
@@ -206,14 +213,12 @@ class LaneWriter:
         self._data.release()
 
 
-class LaneReader:
+class LaneReader(_LaneEnd):
     """The peer's lane into this side: frames out, and the words that say this side polls and sleeps."""
 
     def __init__(self, lane: memoryview) -> None:
-        self._data = _data_of(lane)
-        self._w: _Words | None = _Words(lane)
-        self.size = self._data.nbytes
-        self._record_max = record_max(self.size)
+        super().__init__(lane)
+        assert self._w is not None
         self._w.polled.value = 1
 
     def pending(self) -> bool:
@@ -241,7 +246,7 @@ class LaneReader:
                     tail += size - off
                     continue
                 need = record_bytes(n)
-                if pad or need > self._record_max or off + need > size or tail + need > head:
+                if pad or need > self.record_max or off + need > size or tail + need > head:
                     raise ProtocolError(f"malformed lane record of {n} bytes at {tail}")
                 yield data[off + _REC.size : off + _REC.size + n]
                 tail += need
