@@ -120,7 +120,7 @@ async def broadcast(
 
 async def reduce(
     ch: Channel,
-    buf: np.ndarray,
+    buf: np.ndarray | None,
     op: ReduceOp | str,
     root: int,
     *,
@@ -129,9 +129,19 @@ async def reduce(
 ) -> None:
     """Binomial-tree reduce in place: the root's ``buf`` ends as the reduction
     (``avg`` left as a sum); other ranks' ``buf`` are used as scratch (a
-    leaf's only when ``src`` is None). ``src``: as for :func:`all_reduce`."""
+    leaf's only when ``src`` is None). ``src``: as for :func:`all_reduce`.
+    Off the root ``buf`` may be None when ``src`` is given: an inner rank then
+    makes its own accumulator, and a leaf needs none."""
     op = parse_op(op)
     check_root(ch, root)
+    if buf is None:
+        if src is None or ch.rank == root:
+            raise ValueError("reduce: the root passes buf; the others buf, src or both")
+        mine = flat(src, "src", writeable=False)
+        if not _links(ch, root)[1]:  # a leaf only sends its input up
+            await _reduce(ch, mine, op, root, step=0, segment_bytes=segment_bytes)
+            return
+        buf = np.empty_like(mine)
     data = flat(buf)
     await _reduce(ch, data, op, root, step=0, segment_bytes=segment_bytes, src=own_input(src, data, "reduce"))
     if ch.size == 1 and src is not None:

@@ -80,16 +80,11 @@ def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str) -> P
     kw: dict[str, Any] = {"segment_bytes": seg}
     mine = out if e.rank == root else None
     buf: np.ndarray | None
-    if algo in ("ring", "tree") and e.world_size > 1:
-        # both read our input where they need it; the ring's non-roots need no buffer, the
-        # tree's an accumulator (which a leaf never touches)
+    if e.world_size > 1:
+        # both algorithms read our input where they need it; non-roots need no buffer
         src = contiguous(x)
-        if e.rank == root:
-            buf = result(mine, x.shape, x.dtype)
-            src = unaliased(src, buf)
-        else:
-            buf = None if algo == "ring" else np.empty(x.shape, x.dtype)
-        kw["src"] = src.reshape(-1)
+        buf = result(mine, x.shape, x.dtype) if e.rank == root else None
+        kw["src"] = (src if buf is None else unaliased(src, buf)).reshape(-1)
     else:
         buf = contiguous_copy(x, mine)
 

@@ -257,6 +257,31 @@ async def test_tree_reads_src_with_the_same_bits_as_in_place(make_group: MakeGro
     assert [x.tobytes() for x in xs] == keep
 
 
+@pytest.mark.parametrize("P", [2, 5, 8])
+async def test_tree_reduce_needs_no_buffer_off_the_root(make_group: MakeGroup, P: int) -> None:
+    """Off the root, ``buf=None`` with ``src``: an inner rank makes its own
+    accumulator, a leaf needs none; the root gets the bits of the in-place form."""
+    xs = [np.arange(1001, dtype=np.float32) * (k + 1) / 7 for k in range(P)]
+    for root in sorted({0, P - 1}):
+
+        async def body(ch: Channel) -> tuple[bytes, bytes]:
+            plain = xs[ch.rank].copy()
+            await tree.reduce(ch, plain, "sum", root, segment_bytes=512)
+            out = np.empty(1001, np.float32) if ch.rank == root else None
+            await tree.reduce(ch, out, "sum", root, segment_bytes=512, src=xs[ch.rank])
+            return plain.tobytes(), b"" if out is None else out.tobytes()
+
+        got = await (await make_group(P)).run(body)
+        assert got[root][0] == got[root][1], root
+
+    async def bad(ch: Channel) -> str:
+        with pytest.raises(ValueError, match="the root passes buf") as info:
+            await tree.reduce(ch, None, "sum", 0, src=None if ch.rank else xs[0])
+        return str(info.value)
+
+    assert len(await (await make_group(P)).run(bad)) == P
+
+
 async def test_tree_src_errors_and_a_group_of_one(make_group: MakeGroup) -> None:
     group = await make_group(2)
 
