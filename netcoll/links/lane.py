@@ -1,5 +1,6 @@
-"""The small-message lane of a shared-memory link: whole frames through shared
-memory, no system call per message (``docs/protocol.md`` §5.4).
+"""The lane of a shared-memory link: whole frames through shared memory, no
+system call per message (``docs/protocol.md`` §5.4). It carries small eager
+DATA, the headers of ring pieces and the CREDITs that give ring space back.
 
 A :class:`~netcoll.links.shmring.Segment` holds one lane per direction next to
 its two rings. A lane is a control page and a byte ring of ``L`` bytes, a quarter of
@@ -41,7 +42,7 @@ import os
 import platform
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import wire
@@ -57,6 +58,8 @@ LANE_MAX_BYTES: Final = 1 << 20
 LANE_SPAN: Final = LANE_CONTROL + LANE_BYTES  # the smallest lane with its control page
 #: room for a frame's prefix and header beside a payload of a quarter lane
 _HEADER_ROOM: Final = 4096
+#: what a lane may carry (:func:`parse`)
+_LANE_KINDS: Final = frozenset({wire.Kind.DATA, wire.Kind.CREDIT})
 
 
 def lane_bytes(ring: int) -> int:
@@ -102,18 +105,26 @@ def enabled() -> bool:
     return value != "0" and supported()
 
 
-def parse(raw: memoryview, limits: wire.Limits) -> tuple[dict[str, Any], memoryview]:
-    """The header and payload of one frame read from a lane, checked as a
-    socket frame is (ProtocolError): it must be whole, eager DATA."""
+def parse(raw: memoryview, limits: wire.Limits) -> tuple[wire.Kind, dict[str, Any], memoryview]:
+    """The kind, header and payload of one frame read from a lane, checked as a
+    socket frame is (ProtocolError). It must be whole, and one of: eager DATA
+    (no ``z``, no ``rz``); a ring piece's header-only DATA (``z``); a ring
+    CREDIT (``{n: 0, z}``)."""
     if raw.nbytes < wire.PREFIX_SIZE:
         raise ProtocolError(f"a lane record of {raw.nbytes} bytes is shorter than a frame prefix")
     kind, _, hlen, plen = wire.decode_prefix(raw[: wire.PREFIX_SIZE], limits)
-    if kind is not wire.Kind.DATA or wire.PREFIX_SIZE + hlen + plen != raw.nbytes:
+    if kind not in _LANE_KINDS or wire.PREFIX_SIZE + hlen + plen != raw.nbytes:
         raise ProtocolError(f"a lane record holds a {kind.name} frame or one of another length")
     header = wire.decode_header(kind, raw[wire.PREFIX_SIZE : wire.PREFIX_SIZE + hlen])
-    if "z" in header or "rz" in header:
-        raise ProtocolError("a lane frame may only be eager DATA")
-    return header, raw[wire.PREFIX_SIZE + hlen :]
+    if kind is wire.Kind.CREDIT:
+        if header["n"] != 0 or "z" not in header:
+            raise ProtocolError("a CREDIT in a lane may only give ring space back ({n: 0, z})")
+    elif "z" in header:
+        if plen:
+            raise ProtocolError("a ring piece's header in a lane also carries a payload")
+    elif "rz" in header:
+        raise ProtocolError("a DATA frame in a lane is eager or a ring piece's header")
+    return kind, header, raw[wire.PREFIX_SIZE + hlen :]
 
 
 def fence() -> None:
@@ -226,7 +237,7 @@ class LaneReader(_LaneEnd):
         w = self._w
         return w is not None and w.head.value != w.tail.value
 
-    def frames(self) -> Iterator[memoryview]:
+    def frames(self) -> Generator[memoryview, None, None]:
         """Each frame published so far, in order (a view into the lane: copy
         what must outlive the next step). The space of a frame is given back
         when the next one is asked for, or when the iteration ends.

@@ -7,7 +7,7 @@ through this side's ring of the pair's
 :class:`~netcoll.links.shmring.Segment`, in pieces of at most a quarter
 ring: the sender copies a piece in and sends a header-only DATA frame saying
 where (``z: [pos, n]``; the first also ``zn``, the whole length; the headers
-placed at once in one write); the receiver copies it into the posted buffer
+placed at once in one write, or through the lane); the receiver copies it into the posted buffer
 (or one of its own, held as TCP holds it) and gives space back with ``CREDIT
 {n: 0, z: pos}`` per quarter ring consumed, one for the frames of one read.
 A receive posted with an :class:`~netcoll.ops.Fold` (a ring reduce-scatter
@@ -19,11 +19,15 @@ is delivered once its last piece is in. A message's pieces are contiguous (a
 lock held from first to last); a sender cancelled part-way copies the rest of
 its payload and finishes in a task, as a TCP send does.
 
-Small eager DATA frames go through the segment's *lane* when the peer's loop
-polls it (netcoll's :class:`~netcoll.loop.SpinSelector`): no system call, and
-a BELL on the socket only for a sleeping peer (:mod:`netcoll.links.lane`).
-Everything in the lane is taken out before any socket frame (a BYE, a ring
-header) is handled and before a loss is reported.
+The segment's *lanes* (:mod:`netcoll.links.shmlane`) carry small eager DATA,
+the pieces' headers and the ring CREDITs while the peer's loop polls them
+(netcoll's :class:`~netcoll.loop.SpinSelector`): no system call, and a BELL on
+the socket only for a sleeping peer. Everything in the lane is taken out before
+any socket frame (a BYE, a ring header) is handled and before a loss is
+reported. So a header in the lane may pass none still unread on the socket:
+after a piece announced there, the next go there too until the reader has given
+its space back; and eager DATA that finds a ring message part-way (its rest on
+the socket) waits in the lane for it.
 
 Loss is the connection's: a killed peer's socket reaches EOF, which fails its
 operations (PeerLost) as on TCP. The mapping is dropped when the link is gone;
@@ -35,21 +39,19 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import ProtocolError
-from ..loop import spin_selector
 from ..ops import Fold
 from ..transport.connection import FramedProtocol
 from ..transport.mailbox import Mailbox
 from ..wire import Frame, Kind, encode_header
 from . import lane, shmring
-from .base import LinkStats
 from .factory import SHM, Capabilities
 from .framed import FramedLink, connection_error
+from .shmlane import LaneLink
 from .shmring import RingReader, RingWriter, Segment, ShmRefused
-from .tcp import TcpLink
 
 #: DATA payloads of at least this many bytes go through the ring; smaller ones
 #: ride behind their header on the socket (one write, one read)
@@ -77,7 +79,7 @@ class _Incoming:
     fold: Fold | None = None  # the posted receive reduces: fold each piece, leave target as it is
 
 
-class ShmLink(TcpLink):
+class ShmLink(LaneLink):
     """One peer on this host: bulk DATA through shared memory, the rest over the connection.
 
     Args:
@@ -97,7 +99,9 @@ class ShmLink(TcpLink):
         peer_window: int,
         segment: Segment,
     ) -> None:
-        super().__init__(peer=peer, proto=proto, mailbox=mailbox, window=window, peer_window=peer_window)
+        super().__init__(
+            peer=peer, proto=proto, mailbox=mailbox, window=window, peer_window=peer_window, segment=segment
+        )
         self.segment = segment
         self._writer = RingWriter(segment.ring)
         self._reader = RingReader(segment.ring)
@@ -105,15 +109,7 @@ class ShmLink(TcpLink):
         self._room: asyncio.Future[None] | None = None  # a writer waiting for ring space
         self._in: _Incoming | None = None
         self._reporting = False  # a ring report is scheduled (:meth:`_report_soon`)
-        self._lane_out: lane.LaneWriter | None = None
-        self._poll: lane.LanePoll | None = None  # the peer's lane into this side, polled by this loop
-        #: frames sent / received through the lane, and bells rung for a sleeping peer
-        self.lane_sent = self.lane_received = self.bells = 0
-        if lane.enabled():
-            self._lane_out = lane.LaneWriter(segment.lane_tx)
-            selector = spin_selector(asyncio.get_running_loop())
-            if selector is not None:  # only a loop that polls may ask for frames in its lane
-                self._poll = lane.LanePoll(lane.LaneReader(segment.lane_rx), selector, self._poll_lane)
+        self._socket_upto = 0  # the end of the last ring piece announced on the socket
 
     # -- sending ----------------------------------------------------------------------
     async def _transmit(self, kind: Kind, header: dict[str, Any], payload: memoryview | None) -> None:
@@ -151,21 +147,6 @@ class ShmLink(TcpLink):
             return self._lane_write(header, payload)
         return self._lane_write(header, payload) or super()._write_now(header, payload)
 
-    def _lane_write(self, header: dict[str, Any], payload: memoryview) -> bool:
-        out = self._lane_out
-        if out is None or payload.nbytes >= out.record_max or not out.polled() or not self.proto.writable_now():
-            return False
-        if not out.put(encode_header(Kind.DATA, header, payload.nbytes), payload):
-            return False
-        self.lane_sent += 1
-        if out.should_ring():
-            self.bells += 1
-            try:
-                self.proto.write(Kind.BELL, {})
-            except (ConnectionError, RuntimeError):
-                pass  # the link is going: its loss is reported on its own
-        return True
-
     async def _finish(self, job: _Outgoing) -> None:
         """Write the rest of ``job`` as ring space comes back."""
         try:
@@ -199,11 +180,24 @@ class ShmLink(TcpLink):
             headers.append(header)
             job.pos += size
         if headers:
+            self._announce(headers)
+        return job.pos == n
+
+    def _announce(self, headers: list[dict[str, Any]]) -> None:
+        """Send the headers of the pieces just placed: through the lane while the
+        peer polls it, else in one socket write. After one went on the socket the
+        next go there too, until the reader has given that piece's space back: a
+        header in the lane must not overtake one still unread on the socket."""
+        if self._writer.freed >= self._socket_upto:
+            while headers and self._lane_put(encode_header(Kind.DATA, headers[0], 0), _EMPTY):
+                headers = headers[1:]
+        if headers:
+            pos, size = headers[-1]["z"]
+            self._socket_upto = pos + size
             try:
                 self.proto.write_headers(Kind.DATA, headers)
             except RuntimeError:  # written after our BYE: the link is closing
                 raise ConnectionResetError("the link is closing") from None
-        return job.pos == n
 
     def _freed(self, header: dict[str, Any]) -> None:
         """``CREDIT {z}``: the peer consumed our ring up to ``z``."""
@@ -214,6 +208,8 @@ class ShmLink(TcpLink):
 
     # -- receiving ----------------------------------------------------------------------
     def sink(self, kind: Kind, header: dict[str, Any], n: int) -> memoryview | None:
+        if self._in is not None and self._poll is not None:
+            self._drain_lane()  # the rest of the ring message may be in the lane, put there before this
         if self._in is not None:
             raise ProtocolError("a DATA payload on the socket while a ring message was part-way")
         return super().sink(kind, header, n)
@@ -239,48 +235,26 @@ class ShmLink(TcpLink):
         if self._poll is not None and frame.kind is Kind.DATA:  # held back while its payload arrived
             self._drain_lane()
 
-    # -- the lane (small frames, no system call) -------------------------------------------
-    def _drain_lane(self) -> bool:
-        """Handle every frame in the peer's lane, unless a payload is part-way
-        on the socket or in the ring (it is then drained when that one ends);
-        whether any was handled."""
-        poll = self._poll
-        if poll is None or not poll.reader.pending() or self._in is not None or self._cur_n or self.lost is not None:
+    def _lane_blocked(self) -> bool:
+        # a payload part-way on the socket; or a ring message part-way whose rest is
+        # there, the lane's next frame waiting for it (its flow control sets _cur_n too)
+        return self._lane_waits if self._in is not None else bool(self._cur_n)
+
+    def _lane_frame(self, raw: memoryview) -> bool:
+        """Eager DATA, a ring piece's header, or a ring CREDIT from the lane; eager DATA
+        that finds a ring message part-way waits in the lane for the rest of it."""
+        kind, header, payload = lane.parse(raw, self.proto.limits)
+        if kind is Kind.CREDIT:
+            self._frames_received += 1
+            self._freed(header)
+        elif "z" in header:
+            self._piece(Frame(Kind.DATA, header, _EMPTY))
+        elif self._in is not None:
             return False
-        for raw in poll.reader.frames():
-            self._lane_frame(raw)
-        return True
-
-    def _lane_frame(self, raw: memoryview) -> None:
-        """One frame from the lane: checked as a socket frame is, then delivered."""
-        header, payload = lane.parse(raw, self.proto.limits)
-        self.lane_received += 1
-        if not payload.nbytes:
-            FramedLink.receive(self, Frame(Kind.DATA, header, _EMPTY))
-            return
-        buf = self.sink(Kind.DATA, header, payload.nbytes)
-        if buf is not None:
-            target = memoryview(buf).cast("B")
-            target[:] = payload
         else:
-            target = memoryview(bytearray(payload))  # held: it must outlive its place in the lane
-        FramedLink.receive(self, Frame(Kind.DATA, header, target))
-
-    def _poll_lane(self) -> bool:
-        """The selector's poll: never raises (a bad lane breaks the link instead)."""
-        try:
-            return self._drain_lane()
-        except ProtocolError as exc:
-            self.proto.fail(exc, tell_peer=True)
-        except Exception as exc:  # noqa: BLE001 - a handler bug must not kill the event loop
-            self.proto.fail(ProtocolError(f"error handling a lane frame: {exc!r}"), tell_peer=True)
+            self._lane_data(header, payload)
+        self.lane_received += 1
         return True
-
-    def _close_lanes(self) -> None:
-        for end in (self._poll, self._lane_out):
-            if end is not None:
-                end.close()
-        self._poll = self._lane_out = None
 
     def _piece(self, frame: Frame) -> None:
         """One DATA frame pointing into the peer's ring."""
@@ -337,20 +311,22 @@ class ShmLink(TcpLink):
     def _give_ring(self) -> None:
         self._reporting = False
         upto = self._reader.report()
-        if upto is not None and self.lost is None:
-            try:
-                self._emit(Kind.CREDIT, {"n": 0, "z": upto})
-            except (ConnectionError, RuntimeError):
-                pass  # the link is going (or we said BYE): its end is reported on its own
+        if upto is None or self.lost is not None:
+            return
+        header = {"n": 0, "z": upto}
+        if self._lane_put(encode_header(Kind.CREDIT, header, 0), _EMPTY):
+            self._frames_sent += 1
+            return
+        try:
+            self._emit(Kind.CREDIT, header)
+        except (ConnectionError, RuntimeError):
+            pass  # the link is going (or we said BYE): its end is reported on its own
 
     def divert(self) -> None:
         if self._in is not None:  # between pieces: the rest is consumed and dropped
             self._in.target = self._in.fold = None
         else:
             super().divert()
-
-    def stats(self) -> LinkStats:
-        return replace(super().stats(), lane_sent=self.lane_sent, lane_received=self.lane_received, bells=self.bells)
 
     # -- ending -----------------------------------------------------------------------
     def _lost(self, exc: BaseException | None) -> None:

@@ -4,7 +4,7 @@
 A :class:`Segment` is one file directly under ``/dev/shm``, made by the
 dialing rank of a pair and mapped by both. Layout (``docs/protocol.md`` §5.4)::
 
-    0         header (4096 bytes): magic b"NCSHM3\\0\\0", u64 ring size R (little-endian),
+    0         header (4096 bytes): magic b"NCSHM4\\0\\0", u64 ring size R (little-endian),
               16-byte nonce
     4096      ring 0, R bytes: dialer -> acceptor
     4096+R    ring 1, R bytes: acceptor -> dialer
@@ -51,7 +51,7 @@ from .lane import lane_span
 
 SHM_DIR: Final = "/dev/shm"
 HEADER_BYTES: Final = 4096
-MAGIC: Final = b"NCSHM3\0\0"
+MAGIC: Final = b"NCSHM4\0\0"
 _HEAD: Final = struct.Struct("<8sQ16s")
 NONCE_BYTES: Final = 16
 MIN_RING: Final = 64 << 10
@@ -245,11 +245,15 @@ class RingWriter:
         return pos
 
     def released(self, upto: object) -> bool:
-        """The reader consumed everything before ``upto``; whether that frees anything."""
-        if isinstance(upto, bool) or not isinstance(upto, int) or not self.freed <= upto <= self.head:
-            raise ProtocolError(f"ring position {upto!r} outside [{self.freed}, {self.head}]")
-        grew, self.freed = upto > self.freed, upto
-        return grew
+        """The reader consumed everything before ``upto``; whether that frees anything.
+        An older position than one already heard of changes nothing: a CREDIT
+        through the lane may overtake one on the socket."""
+        if isinstance(upto, bool) or not isinstance(upto, int) or not 0 <= upto <= self.head:
+            raise ProtocolError(f"ring position {upto!r} outside [0, {self.head}]")
+        if upto <= self.freed:
+            return False
+        self.freed = upto
+        return True
 
 
 class RingReader:

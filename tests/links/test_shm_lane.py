@@ -52,7 +52,7 @@ def frame(i: int, n: int) -> tuple[bytes, memoryview]:
 def drain(reader: LaneReader) -> list[tuple[int, bytes]]:
     out = []
     for raw in reader.frames():
-        header, payload = lane.parse(raw, DEFAULT_LIMITS)
+        _, header, payload = lane.parse(raw, DEFAULT_LIMITS)
         out.append((header["s"], bytes(payload)))
     return out
 
@@ -161,17 +161,33 @@ def test_a_record_that_cannot_be_one_is_a_protocol_error(record: bytes, head: in
 @pytest.mark.parametrize(
     ("kind", "header", "extra", "why"),
     [
-        (Kind.CREDIT, {"n": 5}, 0, "CREDIT frame"),
-        (Kind.DATA, dict(HEADER, z=[0, 4]), 0, "only be eager DATA"),
-        (Kind.DATA, dict(HEADER, rz=3), 0, "only be eager DATA"),
+        (Kind.CREDIT, {"n": 5}, 0, "only give ring space back"),
+        (Kind.CREDIT, {"n": 5, "z": 4096}, 0, "only give ring space back"),
+        (Kind.CTS, {"id": 1, "ok": True}, 0, "CTS frame"),
+        (Kind.DATA, dict(HEADER, z=[0, 4]), 4, "also carries a payload"),
+        (Kind.DATA, dict(HEADER, rz=3), 0, "eager or a ring piece"),
         (Kind.DATA, dict(HEADER, q="x"), 0, "field 'q'"),
         (Kind.DATA, HEADER, 5, "of another length"),
     ],
 )
 def test_a_lane_frame_is_checked_as_a_socket_frame_is(kind: Kind, header: dict[str, Any], extra: int, why: str) -> None:
-    raw = encode_header(kind, header, 0) + b"\0" * extra
+    raw = encode_header(kind, header, extra if "z" in header else 0) + b"\0" * extra
     with pytest.raises(ProtocolError, match=why):
         lane.parse(memoryview(raw), DEFAULT_LIMITS)
+
+
+@pytest.mark.parametrize(
+    ("kind", "header"),
+    [
+        (Kind.DATA, HEADER),
+        (Kind.DATA, dict(HEADER, z=[0, 4096], zn=4096)),
+        (Kind.DATA, dict(HEADER, z=[0, 4096], zn=4096, rz=7)),
+        (Kind.CREDIT, {"n": 0, "z": 4096}),
+    ],
+)
+def test_a_lane_carries_eager_data_ring_piece_headers_and_ring_credits(kind: Kind, header: dict[str, Any]) -> None:
+    got_kind, got, payload = lane.parse(memoryview(encode_header(kind, header, 0)), DEFAULT_LIMITS)
+    assert (got_kind, got, payload.nbytes) == (kind, header, 0)
 
 
 def test_netcoll_shm_lane_turns_lanes_off_and_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,24 +261,34 @@ def lanes_polled() -> bool:
 
 
 @pytest.mark.parametrize(
-    ("ring", "through_lane"),
+    ("ring", "eager", "pieces", "credits"),
     [
-        (None, 7),  # 4 MiB rings, 1 MiB lanes: payloads up to 256 KiB (with the header room)
-        (256 * 1024, 6),  # the smallest lanes (256 KiB): up to 64 KiB, so every payload below RING_MIN
+        # 4 MiB rings, 1 MiB lanes: eager payloads up to 256 KiB (with the header room); the
+        # 300 000 bytes are one quarter-ring piece, and less than a quarter ring is given back
+        (None, 7, 1, False),
+        # the smallest lanes (256 KiB): eager up to 64 KiB, so every payload below RING_MIN; the
+        # ring's pieces are 64 KiB (4 + 5), and its space comes back by a quarter
+        (256 * 1024, 6, 9, True),
     ],
 )
-async def test_frames_go_through_the_lane_when_the_peer_polls_it(ring: int | None, through_lane: int) -> None:
+async def test_frames_go_through_the_lane_when_the_peer_polls_it(
+    ring: int | None, eager: int, pieces: int, credits: bool
+) -> None:
+    """Eager DATA that fits, the headers of ring pieces, and the CREDITs that
+    give ring space back: all through the lanes, none on the socket."""
     async with mesh(2, None if ring is None else LinkConfig(shm_bytes=ring)) as ts:
         a, b = ts[0].links[1], ts[1].links[0]
         assert isinstance(a, ShmLink) and isinstance(b, ShmLink)
-        sizes = (4, 1000, 20_000, 48 * 1024, RING_MIN - 1, RING_MIN, 200_000, 300_000)  # the last: the ring
+        sizes = (4, 1000, 20_000, 48 * 1024, RING_MIN - 1, RING_MIN, 200_000, 300_000)
         for seq, n in enumerate(sizes):
             data = pattern(n, seq)
             res = await run(ts, [lambda ch, d=data: ch.send(1, d, step=0), lambda ch: ch.recv(0, step=0)], seq)
             assert np.array_equal(np.frombuffer(res[1], np.uint8), data)
-        assert a.lane_sent == b.lane_received == (through_lane if lanes_polled() else 0)
+        polled = lanes_polled()
+        assert a.lane_sent == b.lane_received == (eager + pieces if polled else 0)
         assert a.stats().lane_sent == a.lane_sent and b.stats().lane_received == b.lane_received
-        assert a.stats().frames_sent > through_lane
+        assert b.lane_sent == a.lane_received and (b.lane_sent > 0) == (polled and credits)
+        assert a.stats().frames_sent >= eager + pieces  # the lane's frames are frames too
 
 
 async def test_lanes_are_not_used_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -337,3 +363,69 @@ async def test_a_lying_lane_breaks_the_link_with_a_protocol_error() -> None:
                 await asyncio.sleep(0.01)
         assert isinstance(victim.lost, ProtocolError) and "malformed lane record" in str(victim.lost)
         assert 0 in ts[1].mailbox.dead
+
+
+async def test_a_ring_piece_header_in_the_lane_must_belong_to_the_message_arriving() -> None:
+    """A lane is checked as the socket is: a ring piece of no message is a ProtocolError."""
+    if not lanes_polled():
+        pytest.skip("lanes are polled on netcoll's loop only")
+    async with mesh(2) as ts:
+        liar, victim = ts[0].links[1], ts[1].links[0]
+        assert isinstance(liar, ShmLink) and isinstance(victim, ShmLink)
+        assert liar._lane_put(encode_header(Kind.DATA, dict(HEADER, z=[0, 100]), 0), memoryview(b""))
+        async with asyncio.timeout(5):
+            while victim.lost is None:
+                await asyncio.sleep(0.01)
+        assert isinstance(victim.lost, ProtocolError) and "belongs to no message" in str(victim.lost)
+
+
+@pytest.mark.parametrize("refused", [64 * 1024, 0])
+async def test_after_a_ring_header_on_the_socket_the_lane_waits_for_the_rest(
+    monkeypatch: pytest.MonkeyPatch, refused: int
+) -> None:
+    """A ring message's piece at ``refused`` is announced on the socket (the lane
+    refused it; the pieces after it follow it there), those before it in the lane;
+    then eager DATA and another ring message.
+    Eager DATA in the lane waits there while the ring message is part-way; the next
+    ring message's headers stay on the socket until the reader has given back the
+    space of the pieces announced there (else the reader would meet them in the
+    lane first). Every byte arrives, in place."""
+    if not lanes_polled():
+        pytest.skip("lanes are polled on netcoll's loop only")
+    async with mesh(2, LinkConfig(shm_bytes=256 * 1024)) as ts:  # pieces of 64 KiB
+        a, b = ts[0].links[1], ts[1].links[0]
+        assert isinstance(a, ShmLink) and isinstance(b, ShmLink)
+        put, frame_of = a._lane_put, b._lane_frame
+        on_socket: list[int] = []
+        waited: list[int] = []
+
+        def refusing_put(head: bytes, payload: memoryview) -> bool:
+            _, header, _ = lane.parse(memoryview(head + bytes(payload)), DEFAULT_LIMITS)
+            pos = header.get("z", [-1])[0]
+            if pos == refused and not on_socket:
+                on_socket.append(pos)
+                return False
+            return put(head, payload)
+
+        def counting_frame(raw: memoryview) -> bool:
+            done = frame_of(raw)
+            if not done:
+                waited.append(raw.nbytes)
+            return done
+
+        monkeypatch.setattr(a, "_lane_put", refusing_put)
+        monkeypatch.setattr(b, "_lane_frame", counting_frame)
+        sent = [pattern(128 * 1024, 1), pattern(100, 2), pattern(128 * 1024, 3)]
+
+        async def sender(ch: Channel) -> None:
+            for k, data in enumerate(sent):
+                await ch.send(1, data, step=0, chunk=k)
+
+        async def receiver(ch: Channel) -> list[bytes]:
+            return [bytes(await ch.recv(0, step=0, chunk=k)) for k in range(3)]
+
+        _, got = await run(ts, [sender, receiver], 0)
+        assert got == [data.tobytes() for data in sent]
+        assert on_socket == [refused] and a._socket_upto in (128 * 1024, 256 * 1024)  # (the last, if early)
+        if refused:
+            assert waited  # the eager frame met the first message part-way
