@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 T = TypeVar("T")
 DEFAULT_SPIN = 300e-6  # seconds of polling before sleeping (measured: 100 µs-1 ms all help; 300 µs best)
+MAX_SPIN_US = 100_000  # NETCOLL_SPIN_US above this is refused: a process that never sleeps is a bug
 LOOPS = ("spin", "asyncio", "uvloop")
 
 if TYPE_CHECKING:
@@ -57,9 +58,9 @@ class SpinSelector(_Base):
     it blocks tells them it sleeps and polls them once more (see
     :mod:`netcoll.links.lane` for why that order)."""
 
-    def __init__(self, spin: float = DEFAULT_SPIN) -> None:
+    def __init__(self, spin: float | None = None) -> None:
         super().__init__()
-        self.spin = spin
+        self.spin = spin_seconds() if spin is None else spin
         self._pollers: tuple[Poller, ...] = ()
 
     def add_poller(self, poller: Poller) -> None:
@@ -107,6 +108,18 @@ class SpinSelector(_Base):
                 p.wake()
 
 
+def spin_seconds() -> float:
+    """How long a :class:`SpinSelector` polls before it sleeps: ``$NETCOLL_SPIN_US``
+    microseconds (0 to never spin), else :data:`DEFAULT_SPIN`. ValueError for a value
+    that is not a whole number from 0 to :data:`MAX_SPIN_US`."""
+    raw = os.environ.get("NETCOLL_SPIN_US", "").strip()
+    if not raw:
+        return DEFAULT_SPIN
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_SPIN_US:
+        raise ValueError(f"NETCOLL_SPIN_US must be a whole number of microseconds from 0 to {MAX_SPIN_US}, got {raw!r}")
+    return int(raw) * 1e-6
+
+
 def spin_selector(loop: asyncio.AbstractEventLoop) -> SpinSelector | None:
     """``loop``'s selector if it is a :class:`SpinSelector` (a loop made here,
     or any selector loop given one), else None."""
@@ -146,4 +159,14 @@ def run(coro: Coroutine[Any, Any, T], kind: str | None = None) -> T:
         return runner.run(coro)
 
 
-__all__ = ["Poller", "SpinSelector", "spin_selector", "new_event_loop", "run", "loop_kind", "DEFAULT_SPIN"]
+__all__ = [
+    "Poller",
+    "SpinSelector",
+    "spin_selector",
+    "spin_seconds",
+    "new_event_loop",
+    "run",
+    "loop_kind",
+    "DEFAULT_SPIN",
+    "MAX_SPIN_US",
+]

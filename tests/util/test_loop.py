@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import selectors
 import socket
 
 import pytest
@@ -84,3 +85,22 @@ def test_spin_selector_of_a_loop() -> None:
         assert nloop.spin_selector(plain) is None
     finally:
         plain.close()
+
+
+def test_netcoll_spin_us_sets_how_long_the_loop_polls_and_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NETCOLL_SPIN_US", raising=False)
+    assert nloop.SpinSelector().spin == nloop.DEFAULT_SPIN
+    assert nloop.SpinSelector(0.002).spin == 0.002  # an explicit value wins
+    for raw, seconds in (("0", 0.0), ("1500", 0.0015), (" 250 ", 0.00025), (str(nloop.MAX_SPIN_US), 0.1)):
+        monkeypatch.setenv("NETCOLL_SPIN_US", raw)
+        assert nloop.SpinSelector().spin == pytest.approx(seconds)
+    monkeypatch.setenv("NETCOLL_SPIN_US", "0")
+    with nloop.SpinSelector() as sel:  # no spinning: straight to a blocking select
+        a, b = socket.socketpair()
+        with a, b:
+            sel.register(a, selectors.EVENT_READ)
+            assert sel.select(0.01) == []
+    for bad in ("-5", "1e3", "1.5", "lots", "²", str(nloop.MAX_SPIN_US + 1)):
+        monkeypatch.setenv("NETCOLL_SPIN_US", bad)
+        with pytest.raises(ValueError, match="NETCOLL_SPIN_US"):
+            nloop.new_event_loop("spin")
