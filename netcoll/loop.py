@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 T = TypeVar("T")
 DEFAULT_SPIN = 300e-6  # seconds of polling before sleeping (measured: 100 µs-1 ms all help; 300 µs best)
-MAX_SPIN_US = 100_000  # NETCOLL_SPIN_US above this is refused: a process that never sleeps is a bug
+MAX_SPIN_US = 100_000  # NETCOLL_SPIN_US above this is refused (a typo, not a setting: 0.1 s per wake-up)
 LOOPS = ("spin", "asyncio", "uvloop")
 
 if TYPE_CHECKING:

@@ -239,9 +239,11 @@ class LaneReader(_LaneEnd):
 
     def frames(self) -> Generator[memoryview, None, None]:
         """Each frame published so far, in order (a view into the lane: copy
-        what must outlive the next step). The space of a frame is given back
-        when the next one is asked for, or when the iteration ends.
-        ProtocolError for a record that cannot be one."""
+        what must outlive the next step). A frame is consumed when the next one
+        is asked for; the space of those consumed is given back when the
+        iteration ends. Closing the iterator while it holds a frame leaves that
+        frame in the lane, to be read again. ProtocolError for a record that
+        cannot be one."""
         w = self._w
         if w is None:
             return

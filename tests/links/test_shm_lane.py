@@ -112,6 +112,19 @@ def test_frames_come_out_whole_and_in_order_across_many_laps() -> None:
     assert got == sent and not reader.pending()
 
 
+def test_a_reader_that_stops_at_a_frame_leaves_it_in_the_lane() -> None:
+    """What a link does with a frame that must wait: it closes the iterator while
+    holding it; the frames before it are consumed, that one is read again next time."""
+    writer, reader, _ = lane_pair()
+    for i in range(4):
+        assert writer.put(*frame(i, 100))
+    frames = reader.frames()
+    seen = [lane.parse(next(frames), DEFAULT_LIMITS)[1]["s"] for _ in range(3)]
+    frames.close()  # holding frame 2
+    assert seen == [0, 1, 2] and reader.pending()
+    assert [s for s, _ in drain(reader)] == [2, 3] and not reader.pending()
+
+
 def test_a_full_lane_refuses_a_frame_and_takes_it_once_the_reader_caught_up() -> None:
     writer, reader, _ = lane_pair()
     head, payload = frame(1, 16000)
@@ -385,11 +398,10 @@ async def test_after_a_ring_header_on_the_socket_the_lane_waits_for_the_rest(
 ) -> None:
     """A ring message's piece at ``refused`` is announced on the socket (the lane
     refused it; the pieces after it follow it there), those before it in the lane;
-    then eager DATA and another ring message.
-    Eager DATA in the lane waits there while the ring message is part-way; the next
-    ring message's headers stay on the socket until the reader has given back the
-    space of the pieces announced there (else the reader would meet them in the
-    lane first). Every byte arrives, in place."""
+    then eager DATA and another ring message. Eager DATA in the lane waits there
+    while the ring message is part-way; the next ring message's headers stay on
+    the socket until the reader has given back the space of the pieces announced
+    there (else the reader would meet them in the lane first). Every byte arrives."""
     if not lanes_polled():
         pytest.skip("lanes are polled on netcoll's loop only")
     async with mesh(2, LinkConfig(shm_bytes=256 * 1024)) as ts:  # pieces of 64 KiB
