@@ -171,6 +171,26 @@ def reduction_args(buf: Any, op: Any, segment_bytes: int) -> tuple[ReduceOp, np.
     return rop, data
 
 
+def reduce_scatter_args(
+    ch: Channel, buf: Any, op: Any, out: Any, segment_bytes: int
+) -> tuple[ReduceOp, np.ndarray, np.ndarray]:
+    """The checks every reduce_scatter starts with: ``(op, flat read-only view of
+    buf, flat view of out)``; buf is ``P`` blocks of out's size, same dtype, apart."""
+    rop = parse_op(op)
+    check_segment_bytes(segment_bytes)
+    data = flat(buf, writeable=False)
+    dst = flat(out, "out")
+    check_op_dtype(rop, dst.dtype)
+    P = ch.size
+    if data.size % P or dst.size != data.size // P:
+        raise ValueError(f"reduce_scatter: buf has {data.size} elements, not {P} blocks of out's {dst.size}")
+    if dst.dtype != data.dtype:
+        raise TypeError(f"reduce_scatter: out is {dst.dtype} but buf is {data.dtype}")
+    if dst.size and np.may_share_memory(dst, data):
+        raise ValueError("reduce_scatter: out must not overlap buf")
+    return rop, data, dst
+
+
 def gather_args(ch: Channel, buf: Any, segment_bytes: int, what: str) -> tuple[np.ndarray, int]:
     """The checks every all-gather starts with: ``(uint8 view of buf, block bytes)``."""
     check_segment_bytes(segment_bytes)

@@ -285,6 +285,18 @@ def rs_ring(p: int, n: int, s: int) -> Counts:
     return (float(p - 1), 2.0 * (p - 1) * segs, (p - 1) * c, (p - 1) * c)
 
 
+def rs_halving(p: int, n: int, s: int) -> Counts:
+    """halving.py: ``log2 P'`` steps (plus 2 with extra ranks); ``(P'-1)/P'`` of the
+    ``P'`` slots sent and reduced per rank (plus ``N`` for ranks paired with an extra one)."""
+    q = _pow2_floor(p)
+    k, extra = q.bit_length() - 1, p != q
+    msgs = 2.0 * sum(_nseg(n / (1 << i), s) for i in range(1, k + 1))
+    nbytes = (q - 1) / q * n + (n if extra else 0)
+    if extra:
+        msgs += 2.0 * (_nseg(n, s) + _nseg(n / p, s))
+    return (float(k + (2 if extra else 0)), msgs, nbytes, nbytes)
+
+
 def a2a_pairwise(p: int, n: int, s: int) -> Counts:
     """pairwise.py: ``P-1`` steps; ``(P-1) B`` bytes sent and received per rank."""
     b = n / p
@@ -320,7 +332,7 @@ FORMULAS: Final[dict[str, dict[str, Callable[[int, int, int], Counts]]]] = {
     "broadcast": {"tree": bc_tree, "ring": bc_ring},
     "reduce": {"tree": rd_tree, "ring": rd_ring},
     "all_gather": {"ring": ag_ring, "doubling": ag_doubling},
-    "reduce_scatter": {"ring": rs_ring},
+    "reduce_scatter": {"ring": rs_ring, "halving": rs_halving},
     "all_to_all": {"pairwise": a2a_pairwise},
     "gather": {"direct": flat_direct},
     "scatter": {"direct": flat_direct},

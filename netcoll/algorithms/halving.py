@@ -17,6 +17,15 @@ libraries use it for mid-sized all_reduce.
 Bits: every element is reduced on exactly one rank, in a fixed order (the lower
 rank's operand on the left at every level), then copied to the others:
 bit-identical on every rank.
+
+**reduce_scatter** is the first half alone, over *slots*: slot ``v < P'`` holds
+block ``v`` of the ``P``-block input and, when ``v < P-P'``, block ``P'+v`` after
+it (the ranks are laid out in that order in a scratch copy, as the input is
+read-only). Extra ranks fold in as above; after the ``log2 P'`` halving rounds
+rank ``v`` holds slot ``v``, keeps block ``v`` and sends block ``P'+v`` to its
+extra rank. Cost: ``log2 P'`` steps (plus 2 with extra ranks), ``(P'-1)/P'`` of
+the slots' bytes sent and reduced per rank: the ring's volume in ``log`` steps
+instead of ``P-1``, which is what small and mid sizes need.
 """
 
 from __future__ import annotations
@@ -26,12 +35,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops import ReduceOp, reduce_into, reduce_to
-from ._common import DEFAULT_SEGMENT_BYTES, exchange, fold_extra_ranks, power_of_two_below, reduction_args, scratch
+from ._common import (
+    DEFAULT_SEGMENT_BYTES,
+    exchange,
+    fold_extra_ranks,
+    power_of_two_below,
+    reduce_scatter_args,
+    reduction_args,
+    scratch,
+)
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["all_reduce"]
+__all__ = ["all_reduce", "reduce_scatter"]
 
 
 async def all_reduce(
@@ -78,3 +95,58 @@ async def all_reduce(
             lo, hi = plo, phi
 
     await fold_extra_ranks(ch, data, op, 2 * rounds + 1, segment_bytes, core)
+
+
+async def reduce_scatter(
+    ch: Channel, buf: np.ndarray, op: ReduceOp | str, out: np.ndarray, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
+    """Recursive-halving reduce_scatter: ``out = op over ranks of block ch.rank of buf``.
+
+    Args:
+        buf: flat (any C-contiguous array) of ``P`` equal blocks; block ``k`` is this
+            rank's contribution to rank ``k``. Not modified.
+        out: C-contiguous writeable array of one block, same dtype, apart from ``buf``;
+            receives the reduced block (``avg`` left as a sum).
+    """
+    op, data, dst = reduce_scatter_args(ch, buf, op, out, segment_bytes)
+    P, r, B = ch.size, ch.rank, dst.size
+    if P == 1:
+        dst[...] = data
+        return
+    p2 = power_of_two_below(P)
+    rounds, extra = p2.bit_length() - 1, P - p2
+    if r >= p2:  # an extra rank: its whole input to its partner, then its block back
+        await exchange(ch, r - p2, 0, data, None, segment_bytes)
+        await exchange(ch, r - p2, rounds + 1, None, dst, segment_bytes)
+        return
+    starts = [0]  # where each slot begins in the slot layout (element offsets)
+    for v in range(p2):
+        starts.append(starts[-1] + (2 * B if v < extra else B))
+    with scratch(2, data.size, data.dtype) as (acc, tmp):
+        for v in range(p2):  # this rank's input in slot order
+            acc[starts[v] : starts[v] + B] = data[v * B : (v + 1) * B]
+            if v < extra:
+                acc[starts[v] + B : starts[v + 1]] = data[(p2 + v) * B : (p2 + v + 1) * B]
+        if r < extra:  # fold in the extra rank's input: mine op theirs
+            await exchange(ch, r + p2, 0, None, tmp, segment_bytes)
+            for v in range(p2):
+                reduce_into(op, acc[starts[v] : starts[v] + B], tmp[v * B : (v + 1) * B])
+                if v < extra:
+                    reduce_into(op, acc[starts[v] + B : starts[v + 1]], tmp[(p2 + v) * B : (p2 + v + 1) * B])
+        lo, hi = 0, p2  # the slots this rank still reduces
+        for i in range(rounds):
+            partner = r ^ (p2 >> (i + 1))
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if r < partner else ((mid, hi), (lo, mid))
+            a, b = starts[keep[0]], starts[keep[1]]
+            other = tmp[: b - a]
+            await exchange(ch, partner, 1 + i, acc[starts[give[0]] : starts[give[1]]], other, segment_bytes)
+            mine = acc[a:b]
+            if r < partner:
+                reduce_into(op, mine, other)  # mine op theirs
+            else:
+                reduce_to(op, mine, other, mine)  # theirs op mine
+            lo, hi = keep
+        dst[...] = acc[starts[r] : starts[r] + B]
+        if r < extra:
+            await exchange(ch, r + p2, rounds + 1, acc[starts[r] + B : starts[r + 1]], None, segment_bytes)

@@ -66,6 +66,7 @@ from ._common import (
     gather_args,
     num_segments,
     own_input,
+    reduce_scatter_args,
     reduction_args,
     relay,
     scratch,
@@ -222,18 +223,8 @@ async def reduce_scatter(
             dtype, not overlapping ``buf``; receives the reduced block
             (``avg`` left as a sum).
     """
-    op = parse_op(op)
-    check_segment_bytes(segment_bytes)
-    data = flat(buf, writeable=False)
-    dst = flat(out, "out")
-    check_op_dtype(op, dst.dtype)
+    op, data, dst = reduce_scatter_args(ch, buf, op, out, segment_bytes)
     P = ch.size
-    if data.size % P or dst.size != data.size // P:
-        raise ValueError(f"reduce_scatter: buf has {data.size} elements, not {P} blocks of out's {dst.size}")
-    if dst.dtype != data.dtype:
-        raise TypeError(f"reduce_scatter: out is {dst.dtype} but buf is {data.dtype}")
-    if dst.size and np.may_share_memory(dst, data):
-        raise ValueError("reduce_scatter: out must not overlap buf")
     B = dst.size
     if P == 1:
         dst[...] = data

@@ -310,9 +310,13 @@ async def test_tree_src_errors_and_a_group_of_one(make_group: MakeGroup) -> None
         np.testing.assert_array_equal(got, [0.0, 1.0, 2.0])
 
 
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["reduce_scatter"]))
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("P", SIZES)
-async def test_reduce_scatter_ring(make_group: MakeGroup, P: int, count: int) -> None:
+async def test_reduce_scatter(make_group: MakeGroup, P: int, count: int, algo: str) -> None:
+    """Every reduce_scatter algorithm, every group size (powers of two and not,
+    so halving's extra ranks too), counts around the segment sizes."""
+    fn = ALGORITHMS["reduce_scatter"][algo]
     group = await make_group(P)
     for i, dt in enumerate(MAIN_DTYPES):
         for op in grid_ops(group, dt, i, P, count):
@@ -321,7 +325,7 @@ async def test_reduce_scatter_ring(make_group: MakeGroup, P: int, count: int) ->
             async def body(ch: Channel) -> np.ndarray:
                 buf = inputs[ch.rank].copy()
                 out = np.empty(count, dtype=dt)
-                await ring.reduce_scatter(ch, buf, op, out)
+                await fn(ch, buf, op, out)
                 assert buf.tobytes() == inputs[ch.rank].tobytes(), "reduce_scatter modified its input"
                 return out
 
@@ -331,7 +335,7 @@ async def test_reduce_scatter_ring(make_group: MakeGroup, P: int, count: int) ->
                     got,
                     op,
                     [x[r * count : (r + 1) * count] for x in inputs],
-                    f"reduce_scatter P={P} n={count} {dt} {op} rank {r}",
+                    f"reduce_scatter/{algo} P={P} n={count} {dt} {op} rank {r}",
                 )
 
 
@@ -350,13 +354,15 @@ async def test_reduce_and_reduce_scatter_extra_dtypes(make_group: MakeGroup, P: 
 
             check_reduced((await group.run(red))[1], op, inputs, f"reduce {dt} {op}")
 
-            async def rs(ch: Channel) -> np.ndarray:
-                out = np.empty(count, dtype=dt)
-                await ring.reduce_scatter(ch, inputs[ch.rank], op, out, segment_bytes=8)
-                return out
+            for fn in ALGORITHMS["reduce_scatter"].values():
 
-            for r, got in enumerate(await group.run(rs)):
-                check_reduced(got, op, [x[r * count : (r + 1) * count] for x in inputs], f"reduce_scatter {dt} {op}")
+                async def rs(ch: Channel, fn: Any = fn) -> np.ndarray:
+                    out = np.empty(count, dtype=dt)
+                    await fn(ch, inputs[ch.rank], op, out, segment_bytes=8)
+                    return out
+
+                for r, got in enumerate(await group.run(rs)):
+                    check_reduced(got, op, [x[r * count : (r + 1) * count] for x in inputs], f"rs {fn} {dt} {op}")
 
 
 @pytest.mark.parametrize("dt", EXTRA_DTYPES + MAIN_DTYPES, ids=str)
@@ -400,6 +406,7 @@ async def test_data_movement_dtypes(make_group: MakeGroup, dt: np.dtype) -> None
         "all_gather/ring",
         "all_gather/doubling",
         "reduce_scatter/ring",
+        "reduce_scatter/halving",
         "all_to_all/pairwise",
         "gather/direct",
         "scatter/direct",
@@ -723,9 +730,10 @@ def _collective_calls(P: int, count: int) -> dict[str, Callable[[Channel], Await
     calls["reduce/ring"] = lambda ch: ring.reduce(ch, np.ones(count, np.float32), "sum", 0, segment_bytes=256)
     for algo, fn in ALGORITHMS["all_gather"].items():
         calls[f"all_gather/{algo}"] = lambda ch, fn=fn: fn(ch, np.ones(P * count, np.float32), segment_bytes=256)
-    calls["reduce_scatter/ring"] = lambda ch: ring.reduce_scatter(
-        ch, np.ones(P * count, np.float32), "sum", np.empty(count, np.float32), segment_bytes=256
-    )
+    for algo, fn in ALGORITHMS["reduce_scatter"].items():
+        calls[f"reduce_scatter/{algo}"] = lambda ch, fn=fn: fn(
+            ch, np.ones(P * count, np.float32), "sum", np.empty(count, np.float32), segment_bytes=256
+        )
     calls["all_to_all/pairwise"] = lambda ch: ALGORITHMS["all_to_all"]["pairwise"](
         ch, np.ones(P * count, np.float32), np.empty(P * count, np.float32), segment_bytes=256
     )
@@ -944,8 +952,9 @@ async def test_bad_arguments_raise_before_sending(make_group: MakeGroup) -> None
             await ring.all_reduce(ch, np.ones((4, 4), np.float32)[:, :2], "sum")
         with pytest.raises(ValueError):
             await ring.all_gather(ch, np.ones(3, np.uint8))
-        with pytest.raises(ValueError):
-            await ring.reduce_scatter(ch, np.ones(4, np.float32), "sum", np.empty(3, np.float32))
+        for rs in ALGORITHMS["reduce_scatter"].values():
+            with pytest.raises(ValueError):
+                await rs(ch, np.ones(4, np.float32), "sum", np.empty(3, np.float32))
         with pytest.raises(ValueError):
             await tree.broadcast(ch, None, 2)
         with pytest.raises(ValueError):
