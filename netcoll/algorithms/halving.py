@@ -119,20 +119,16 @@ async def reduce_scatter(
         await exchange(ch, r - p2, 0, data, None, segment_bytes)
         await exchange(ch, r - p2, rounds + 1, None, dst, segment_bytes)
         return
-    starts = [0]  # where each slot begins in the slot layout (element offsets)
-    for v in range(p2):
-        starts.append(starts[-1] + (2 * B if v < extra else B))
+    order = [k for v in range(p2) for k in ((v, p2 + v) if v < extra else (v,))]  # the blocks, slot by slot
+    at = {k: i * B for i, k in enumerate(order)}  # where block k lies in that layout
+    starts = [at[v] for v in range(p2)] + [data.size]  # where slot v begins (with block v)
     with scratch(2, data.size, data.dtype) as (acc, tmp):
-        for v in range(p2):  # this rank's input in slot order
-            acc[starts[v] : starts[v] + B] = data[v * B : (v + 1) * B]
-            if v < extra:
-                acc[starts[v] + B : starts[v + 1]] = data[(p2 + v) * B : (p2 + v + 1) * B]
+        for k, a in at.items():  # this rank's input in slot order
+            acc[a : a + B] = data[k * B : (k + 1) * B]
         if r < extra:  # fold in the extra rank's input: mine op theirs
             await exchange(ch, r + p2, 0, None, tmp, segment_bytes)
-            for v in range(p2):
-                reduce_into(op, acc[starts[v] : starts[v] + B], tmp[v * B : (v + 1) * B])
-                if v < extra:
-                    reduce_into(op, acc[starts[v] + B : starts[v + 1]], tmp[(p2 + v) * B : (p2 + v + 1) * B])
+            for k, a in at.items():
+                reduce_into(op, acc[a : a + B], tmp[k * B : (k + 1) * B])
         lo, hi = 0, p2  # the slots this rank still reduces
         for i in range(rounds):
             partner = r ^ (p2 >> (i + 1))
@@ -147,6 +143,6 @@ async def reduce_scatter(
             else:
                 reduce_to(op, mine, other, mine)  # theirs op mine
             lo, hi = keep
-        dst[...] = acc[starts[r] : starts[r] + B]
+        dst[...] = acc[at[r] : at[r] + B]
         if r < extra:
-            await exchange(ch, r + p2, rounds + 1, acc[starts[r] + B : starts[r + 1]], None, segment_bytes)
+            await exchange(ch, r + p2, rounds + 1, acc[at[p2 + r] : at[p2 + r] + B], None, segment_bytes)

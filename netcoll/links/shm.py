@@ -102,7 +102,6 @@ class ShmLink(LaneLink):
         super().__init__(
             peer=peer, proto=proto, mailbox=mailbox, window=window, peer_window=peer_window, segment=segment
         )
-        self.segment = segment
         self._writer = RingWriter(segment.ring)
         self._reader = RingReader(segment.ring)
         self._lock = asyncio.Lock()  # held while a message's pieces go out

@@ -45,6 +45,7 @@ class LaneLink(TcpLink):
         segment: Segment,
     ) -> None:
         super().__init__(peer=peer, proto=proto, mailbox=mailbox, window=window, peer_window=peer_window)
+        self.segment = segment
         self._lane_out: lane.LaneWriter | None = None
         self._poll: lane.LanePoll | None = None  # the peer's lane into this side, polled by this loop
         self._lane_waits = False  # the lane's next frame waits (:meth:`_lane_frame` said so)

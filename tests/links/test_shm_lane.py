@@ -37,7 +37,7 @@ from netcoll.links.shm import RING_MIN, ShmLink
 from netcoll.loop import spin_selector
 from netcoll.transport.base import Channel
 from netcoll.wire import DEFAULT_LIMITS, Kind, encode_header
-from tests.links.test_shm_links import mesh, pattern, run
+from tests.links.test_shm_links import broken, mesh, pattern, run
 
 pytestmark = pytest.mark.skipif(not lane.supported(), reason="lanes are used on x86-64 only")
 
@@ -371,9 +371,7 @@ async def test_a_lying_lane_breaks_the_link_with_a_protocol_error() -> None:
         out = liar.segment.lane_tx
         out[LANE_CONTROL : LANE_CONTROL + 8] = struct.pack("<II", 5, 7)
         struct.pack_into("<Q", out, 0, 16)
-        async with asyncio.timeout(5):
-            while victim.lost is None:
-                await asyncio.sleep(0.01)
+        await broken(victim)
         assert isinstance(victim.lost, ProtocolError) and "malformed lane record" in str(victim.lost)
         assert 0 in ts[1].mailbox.dead
 
@@ -386,9 +384,7 @@ async def test_a_ring_piece_header_in_the_lane_must_belong_to_the_message_arrivi
         liar, victim = ts[0].links[1], ts[1].links[0]
         assert isinstance(liar, ShmLink) and isinstance(victim, ShmLink)
         assert liar._lane_put(encode_header(Kind.DATA, dict(HEADER, z=[0, 100]), 0), memoryview(b""))
-        async with asyncio.timeout(5):
-            while victim.lost is None:
-                await asyncio.sleep(0.01)
+        await broken(victim)
         assert isinstance(victim.lost, ProtocolError) and "belongs to no message" in str(victim.lost)
 
 

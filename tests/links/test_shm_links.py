@@ -78,6 +78,13 @@ async def run(transports: list[TcpTransport], fns: list[Any], seq: int, timeout:
         return list(await asyncio.gather(*(one(r) for r in range(len(fns)))))
 
 
+async def broken(link: Any, timeout: float = 5.0) -> None:
+    """Wait until ``link`` is lost (a lying peer broke it)."""
+    async with asyncio.timeout(timeout):
+        while link.lost is None:
+            await asyncio.sleep(0.01)
+
+
 def pattern(n: int, salt: int) -> np.ndarray:
     return ((np.arange(n, dtype=np.int64) * 7 + salt) % 251).astype(np.uint8)
 
@@ -471,9 +478,7 @@ async def test_bad_ring_references_break_the_link_with_a_protocol_error(header: 
         liar, victim = ts[1].links[0], ts[0].links[1]
         assert isinstance(liar, ShmLink) and isinstance(victim, ShmLink)
         liar.proto.write(Kind.DATA, {"g": "g", "q": 0, "s": 0, "c": 0, "f": "fp", **header})
-        async with asyncio.timeout(5):
-            while victim.lost is None:
-                await asyncio.sleep(0.01)
+        await broken(victim)
         assert isinstance(victim.lost, ProtocolError) and why in str(victim.lost), victim.lost
         assert 1 in ts[0].mailbox.dead
 
@@ -483,7 +488,5 @@ async def test_a_ring_credit_beyond_what_was_sent_breaks_the_link() -> None:
         liar, victim = ts[1].links[0], ts[0].links[1]
         assert isinstance(liar, ShmLink)
         liar.proto.write(Kind.CREDIT, {"n": 0, "z": 4096})
-        async with asyncio.timeout(5):
-            while victim.lost is None:
-                await asyncio.sleep(0.01)
+        await broken(victim)
         assert isinstance(victim.lost, ProtocolError) and "ring position 4096" in str(victim.lost)
