@@ -266,55 +266,62 @@ def _errstate_var() -> tuple[ContextVar[Any], Any] | None:
 _QUIET = _errstate_var()
 
 
-def _ignoring_errors(ufunc: np.ufunc, acc: np.ndarray, other: np.ndarray) -> None:
-    """``ufunc(acc, other, out=acc)`` under ``np.errstate(all="ignore")``."""
+def _ignoring_errors(ufunc: np.ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``ufunc(a, b, out=out)`` under ``np.errstate(all="ignore")``."""
     if _QUIET is None:
         with np.errstate(all="ignore"):
-            ufunc(acc, other, out=acc)
+            ufunc(a, b, out=out)
         return
     var, value = _QUIET
     token = var.set(value)
     try:
-        ufunc(acc, other, out=acc)
+        ufunc(a, b, out=out)
     finally:
         var.reset(token)
+
+
+def _fits(acc: Any, other: Any) -> bool:
+    """Whether ``acc`` (writeable) and ``other`` are plain arrays of one dtype and shape."""
+    return (
+        acc.__class__ is np.ndarray
+        and other.__class__ is np.ndarray
+        and acc.dtype == other.dtype
+        and acc.shape == other.shape
+        and acc.flags.writeable
+    )
+
+
+def _reduce(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``out = a (op) b`` on checked arrays: float overflow and NaN compares stay quiet."""
+    ufunc, quiet = _fast(op, out.dtype)
+    trace = TRACE.get()
+    start = 0.0 if trace is None else now()
+    if quiet:
+        ufunc(a, b, out=out)
+    else:
+        _ignoring_errors(ufunc, a, b, out)
+    if trace is not None:
+        trace.add("reduce", "reduce", start, now(), {"bytes": out.nbytes, "op": op.value})
 
 
 def reduce_into(op: str | ReduceOp, acc: np.ndarray, other: np.ndarray) -> None:
     """In place: ``acc = acc (op) other`` elementwise. ``avg`` accumulates as ``sum``."""
     if op.__class__ is not ReduceOp:
         op = parse_op(op)
-    if (
-        acc.__class__ is not np.ndarray
-        or other.__class__ is not np.ndarray
-        or acc.dtype != other.dtype
-        or acc.shape != other.shape
-        or not acc.flags.writeable
-    ):
+    if not _fits(acc, other):
         _check_pair(acc, other)  # raises with the reason (ndarray subclasses pass on)
-    ufunc, quiet = _fast(op, acc.dtype)
-    trace = TRACE.get()
-    start = 0.0 if trace is None else now()
-    if quiet:
-        ufunc(acc, other, out=acc)
-    else:
-        _ignoring_errors(ufunc, acc, other)  # float overflow, NaN compares
-    if trace is not None:
-        trace.add("reduce", "reduce", start, now(), {"bytes": acc.nbytes, "op": op.value})
+    _reduce(op, acc, acc, other)
 
 
 def reduce_to(op: str | ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """``out = a (op) b`` elementwise, the same bits as ``reduce_into`` on a copy
     of ``a`` (saves that copy when ``a`` must stay unmodified)."""
-    op = parse_op(op)
-    _check_pair(out, a)
-    _check_pair(out, b)
-    trace = TRACE.get()
-    start = 0.0 if trace is None else now()
-    with np.errstate(all="ignore"):
-        _ufunc(op, out.dtype)(a, b, out=out)
-    if trace is not None:
-        trace.add("reduce", "reduce", start, now(), {"bytes": out.nbytes, "op": op.value})
+    if op.__class__ is not ReduceOp:
+        op = parse_op(op)
+    if not (_fits(out, a) and _fits(out, b)):
+        _check_pair(out, a)
+        _check_pair(out, b)
+    _reduce(op, out, a, b)
 
 
 class Fold:

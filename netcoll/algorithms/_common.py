@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from ..errors import MismatchError
-from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_into
+from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_into, reduce_to
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -296,6 +296,45 @@ async def gather_all(tasks: Sequence[asyncio.Future[Any]]) -> list[Any]:
         raise
 
 
+#: below this a received payload is reduced by :func:`exchange` itself: links
+#: fold only what they read in place (a shared-memory ring's 64 KiB and more), and
+#: describing a fold costs a few µs that a 4-byte call would pay for nothing
+FOLD_MIN_BYTES: Final = 16 * 1024
+
+
+class Reduction:
+    """What :func:`exchange` does with what it receives: ``out = own op incoming``
+    (``incoming op own`` with ``incoming_first``), segment by segment. ``out``
+    may be ``own`` (an accumulator) or the receive buffer itself; a link that
+    reads payloads in place (shared memory) folds each segment as it arrives
+    (:class:`~netcoll.ops.Fold`), any other fills the receive buffer and the
+    reduction runs here. The same bits either way. :func:`exchange` keeps the
+    reduction here when ``out`` overlaps what it sends (a fold as the payload
+    arrives would change bytes not yet sent) or the payload is under
+    :data:`FOLD_MIN_BYTES`."""
+
+    __slots__ = ("op", "out", "own", "incoming_first")
+
+    def __init__(self, op: ReduceOp, out: np.ndarray, own: np.ndarray, *, incoming_first: bool = False) -> None:
+        self.op, self.out, self.own, self.incoming_first = op, out, own, incoming_first
+
+    def fold(self, a: int, b: int) -> Fold:
+        """The fold of elements ``[a:b]``, for a receive posted with it."""
+        return Fold(self.op, self.out[a:b], self.own[a:b], incoming_first=self.incoming_first)
+
+    def apply(self, incoming: np.ndarray, a: int, b: int) -> None:
+        """Reduce the received elements ``[a:b]`` (of the receive buffer ``incoming``) here."""
+        out, own, inc = self.out, self.own[a:b], incoming[a:b]
+        if self.incoming_first and out is incoming:
+            reduce_into(self.op, inc, own)
+        elif self.incoming_first:
+            reduce_to(self.op, out[a:b], inc, own)
+        elif out is self.own:
+            reduce_into(self.op, own, inc)
+        else:
+            reduce_to(self.op, out[a:b], own, inc)
+
+
 async def exchange(
     ch: Channel,
     peer: int,
@@ -303,20 +342,27 @@ async def exchange(
     send: np.ndarray | None,
     recv: np.ndarray | None,
     segment_bytes: int,
-    fold: tuple[ReduceOp, np.ndarray, np.ndarray] | None = None,
+    fold: Reduction | None = None,
 ) -> None:
     """Send ``send`` to ``peer`` and/or receive ``recv`` from it, each cut into
     segments by its own size (the peer cuts the same sizes the same way), the
-    receives posted before anything is sent. With ``fold = (op, acc, other)``
-    (``other`` being ``recv``) each received segment ``[a:b]`` is folded as it
-    arrives: ``acc[a:b] = acc[a:b] op other[a:b]``."""
+    receives posted before anything is sent. With ``fold`` each received
+    segment ``[a:b]`` is reduced as :class:`Reduction` says, by the link as it
+    arrives where it can (``recv[a:b]`` is then left as it was), else here."""
+    if fold is not None and (
+        recv is None or recv.nbytes < FOLD_MIN_BYTES or (send is not None and np.may_share_memory(fold.out, send))
+    ):
+        linked = None  # reduced here: small, or what it writes is still being sent
+    else:
+        linked = fold
     if recv is not None and recv.nbytes <= segment_bytes and (send is None or send.nbytes <= segment_bytes):
-        got = ch.post(peer, step=step, chunk=0, out=recv)  # one message each way: every small call
+        folding = None if linked is None else linked.fold(0, recv.size)
+        got = ch.post(peer, step=step, chunk=0, out=recv, fold=folding)  # one message each way: every small call
         if send is not None:
             await ch.send(peer, send, step=step, chunk=0)
         await got
-        if fold is not None:
-            reduce_into(*fold)
+        if fold is not None and not (folding is not None and folding.complete):
+            fold.apply(recv, 0, recv.size)
         return
     rsegs = [] if recv is None else split(recv.size, num_segments(recv.nbytes, segment_bytes))
 
@@ -324,16 +370,18 @@ async def exchange(
         a, b = rsegs[j]
         return peer, step, j, recv[a:b]  # type: ignore[index]
 
-    async with RecvWindow(ch, plan, len(rsegs), 4 * RELAY_WINDOW) as window:
+    def folds(j: int) -> Fold | None:
+        return None if linked is None else linked.fold(*rsegs[j])
+
+    async with RecvWindow(ch, plan, len(rsegs), 4 * RELAY_WINDOW, folds if linked is not None else None) as window:
         await window.start()
         if send is not None:
             for j, (a, b) in enumerate(split(send.size, num_segments(send.nbytes, segment_bytes))):
                 await ch.send(peer, send[a:b], step=step, chunk=j)
         for j, (a, b) in enumerate(rsegs):
             await window.get(j)
-            if fold is not None:
-                op, acc, other = fold
-                reduce_into(op, acc[a:b], other[a:b])
+            if fold is not None and not window.folded(j):
+                fold.apply(recv, a, b)  # type: ignore[arg-type]
 
 
 def power_of_two_below(n: int) -> int:
@@ -362,7 +410,7 @@ async def fold_extra_ranks(
         return
     if r + p2 < P:
         theirs = np.empty_like(data)
-        await exchange(ch, r + p2, 0, None, theirs, segment_bytes, (op, data, theirs))
+        await exchange(ch, r + p2, 0, None, theirs, segment_bytes, Reduction(op, data, data))
         del theirs
     await core()
     if r + p2 < P:

@@ -51,6 +51,7 @@ from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RELAY_WINDOW,
     RecvWindow,
+    Reduction,
     exchange,
     fold_extra_ranks,
     gather_args,
@@ -91,7 +92,7 @@ async def all_reduce(
             partner = r ^ (1 << k)
             # lo op hi: the lower rank folds into its accumulator, the higher one
             # into its receive buffer (and the buffers swap roles below).
-            fold = (op, acc, other) if r < partner else (op, other, acc)
+            fold = Reduction(op, acc, acc) if r < partner else Reduction(op, other, acc, incoming_first=True)
             await exchange(ch, partner, k + 1, acc, other, segment_bytes, fold)
             if r > partner:
                 acc, other = other, acc

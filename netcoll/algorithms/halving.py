@@ -20,9 +20,11 @@ bit-identical on every rank.
 
 **reduce_scatter** is the first half alone, over *slots*: slot ``v < P'`` holds
 block ``v`` of the ``P``-block input and, when ``v < P-P'``, block ``P'+v`` after
-it (the ranks are laid out in that order in a scratch copy, as the input is
-read-only). Extra ranks fold in as above; after the ``log2 P'`` halving rounds
-rank ``v`` holds slot ``v``, keeps block ``v`` and sends block ``P'+v`` to its
+it. With extra ranks, their partners lay their input out in that order in
+scratch as they fold the extra input in (the input is read-only) and the other
+ranks copy theirs; with none, the order is the input's own, and the first round
+sends from the input and reduces from it into scratch, without a copy. After
+the ``log2 P'`` halving rounds rank ``v`` holds slot ``v``, keeps block ``v`` and sends block ``P'+v`` to its
 extra rank. Cost: ``log2 P'`` steps (plus 2 with extra ranks), ``(P'-1)/P'`` of
 the slots' bytes sent and reduced per rank: the ring's volume in ``log`` steps
 instead of ``P-1``, which is what small and mid sizes need.
@@ -34,9 +36,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ops import ReduceOp, reduce_into, reduce_to
+from ..ops import ReduceOp, reduce_to
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
+    Reduction,
     exchange,
     fold_extra_ranks,
     power_of_two_below,
@@ -76,13 +79,9 @@ async def all_reduce(
                 partner = r ^ (p2 >> (i + 1))
                 mid = lo + (hi - lo) // 2
                 keep, give = ((lo, mid), (mid, hi)) if r < partner else ((mid, hi), (lo, mid))
-                other = tmp[: keep[1] - keep[0]]
-                await exchange(ch, partner, 1 + i, data[give[0] : give[1]], other, segment_bytes)
-                mine = data[keep[0] : keep[1]]
-                if r < partner:
-                    reduce_into(op, mine, other)  # mine op theirs
-                else:
-                    reduce_to(op, mine, other, mine)  # theirs op mine
+                other, mine = tmp[: keep[1] - keep[0]], data[keep[0] : keep[1]]
+                fold = Reduction(op, mine, mine, incoming_first=r > partner)  # the lower rank's operand first
+                await exchange(ch, partner, 1 + i, data[give[0] : give[1]], other, segment_bytes, fold)
                 ranges.append((lo, hi, mid))
                 lo, hi = keep
         for i in reversed(range(rounds)):  # all-gather: retrace the rounds
@@ -123,26 +122,28 @@ async def reduce_scatter(
     at = {k: i * B for i, k in enumerate(order)}  # where block k lies in that layout
     starts = [at[v] for v in range(p2)] + [data.size]  # where slot v begins (with block v)
     with scratch(2, data.size, data.dtype) as (acc, tmp):
-        for k, a in at.items():  # this rank's input in slot order
-            acc[a : a + B] = data[k * B : (k + 1) * B]
-        if r < extra:  # fold in the extra rank's input: mine op theirs
+        src = data  # where the slots' current values are: the input itself (in slot order) until reduced once
+        if r < extra:  # fold in the extra rank's input, block by block into slot order: mine op theirs
             await exchange(ch, r + p2, 0, None, tmp, segment_bytes)
             for k, a in at.items():
-                reduce_into(op, acc[a : a + B], tmp[k * B : (k + 1) * B])
+                reduce_to(op, acc[a : a + B], data[k * B : (k + 1) * B], tmp[k * B : (k + 1) * B])
+            src = acc
+        elif extra:  # slot order differs from the input's: lay the input out in it
+            for k, a in at.items():
+                acc[a : a + B] = data[k * B : (k + 1) * B]
+            src = acc
         lo, hi = 0, p2  # the slots this rank still reduces
         for i in range(rounds):
             partner = r ^ (p2 >> (i + 1))
             mid = (lo + hi) // 2
             keep, give = ((lo, mid), (mid, hi)) if r < partner else ((mid, hi), (lo, mid))
             a, b = starts[keep[0]], starts[keep[1]]
-            other = tmp[: b - a]
-            await exchange(ch, partner, 1 + i, acc[starts[give[0]] : starts[give[1]]], other, segment_bytes)
-            mine = acc[a:b]
-            if r < partner:
-                reduce_into(op, mine, other)  # mine op theirs
-            else:
-                reduce_to(op, mine, other, mine)  # theirs op mine
-            lo, hi = keep
+            # acc[a:b] = src[a:b] op theirs, the lower rank's operand first (folded as it arrives where it can)
+            fold = Reduction(op, acc[a:b], src[a:b], incoming_first=r > partner)
+            await exchange(
+                ch, partner, 1 + i, src[starts[give[0]] : starts[give[1]]], tmp[: b - a], segment_bytes, fold
+            )
+            src, lo, hi = acc, *keep
         dst[...] = acc[at[r] : at[r] + B]
         if r < extra:
             await exchange(ch, r + p2, rounds + 1, acc[at[p2 + r] : at[p2 + r] + B], None, segment_bytes)

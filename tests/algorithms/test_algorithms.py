@@ -31,6 +31,7 @@ from tests.support import Group, MakeGroup
 SIZES = [1, 2, 3, 4, 5, 8]
 COUNTS = [0, 1, 7, 1000]
 BIG = 2**20 + 3
+KIB = 1024
 MAIN_DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int64)]
 EXTRA_DTYPES = [np.dtype(np.bool_), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
 FLOAT_OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG]
@@ -895,6 +896,42 @@ async def test_ring_all_reduce_lands_in_place_when_receivers_are_ready(make_grou
     for got in await group.run(body):
         assert (got == 3).all()
     assert stats["hit"] >= 2, stats
+
+
+@pytest.mark.parametrize("algo", ["doubling", "halving"])
+async def test_links_fold_only_into_buffers_not_being_sent(
+    make_group: MakeGroup, algo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receive is posted with a fold (a link may reduce the payload into ``out``
+    as it arrives) only where ``out`` is not also being sent: doubling's lower
+    rank accumulates into the very buffer it sends, so a fold there would change
+    bytes the partner has not got yet; its higher rank folds into its receive
+    buffer, and halving into the half it keeps. None for small payloads."""
+    posted: list[tuple[int, int, bool]] = []
+    post = Channel.post
+
+    def recording(self: Channel, peer: int, **kw: Any) -> Any:
+        out = kw.get("out")
+        posted.append((self.rank, 0 if out is None else memoryview(out).nbytes, kw.get("fold") is not None))
+        return post(self, peer, **kw)
+
+    monkeypatch.setattr(Channel, "post", recording)
+    group = await make_group(2)
+    fn = ALGORITHMS["all_reduce"][algo]
+    for count in (4, 64 * 1024):
+
+        async def body(ch: Channel) -> np.ndarray:
+            buf = np.full(count, ch.rank + 1, np.float32)
+            await fn(ch, buf, "sum", segment_bytes=DEFAULT_SEGMENT_BYTES)
+            return buf
+
+        for got in await group.run(body):
+            assert (got == 3).all()
+    if algo == "doubling":  # one exchange of the whole buffer
+        assert set(posted) == {(0, 16, False), (1, 16, False), (0, 256 * KIB, False), (1, 256 * KIB, True)}
+    else:  # a reduce-scatter round (folding both halves kept), then an all-gather round
+        half = 128 * KIB
+        assert set(posted) == {(r, 8, False) for r in (0, 1)} | {(r, half, f) for r in (0, 1) for f in (True, False)}
 
 
 # -- registry ---------------------------------------------------------------------------------

@@ -223,16 +223,21 @@ async def test_every_collective_is_correct_over_shared_memory(n: int) -> None:
             assert ts[0].link_stats()[1].bytes_sent > 0
 
 
-@pytest.mark.parametrize("algo", ["ring", "tree"])
+@pytest.mark.parametrize(
+    ("algo", "size"), [("ring", 3), ("tree", 3), ("doubling", 3), ("halving", 3), ("halving", 4), ("doubling", 4)]
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
 async def test_reductions_fold_straight_out_of_the_ring_with_the_same_bits(
-    dtype: Any, algo: str, monkeypatch: pytest.MonkeyPatch
+    dtype: Any, algo: str, size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """all_reduce and reduce by ring and by tree, and reduce_scatter, over shared
-    memory reduce each piece as it is read out of the ring (no copy into scratch
-    first; the tree: its first child's), and the results have the very bits of
-    the in-memory transport, which never folds: the same order of operations on
-    every element."""
+    """all_reduce by every algorithm, reduce by ring and by tree, and reduce_scatter
+    by ring and by halving, over shared memory reduce each piece as it is read out
+    of the ring (no copy into scratch first; the tree: its first child's; doubling:
+    the higher rank of each pair, whose accumulator is not being sent), and the
+    results have the very bits of the in-memory transport, which never folds: the
+    same order of operations on every element. 3 ranks have an extra rank for
+    doubling and halving; with 4, halving's reduce_scatter reduces from the input
+    itself in its first round."""
     from netcoll.ops import Fold
     from tests.support.worlds import memory_world
 
@@ -246,8 +251,8 @@ async def test_reductions_fold_straight_out_of_the_ring_with_the_same_bits(
     monkeypatch.setattr(Fold, "apply", counting)
     n = 3 * 200_000 + 1  # uneven chunks, segments of several ring pieces
     rng = np.random.default_rng(7)
-    xs = [(rng.standard_normal(n) * 1000).astype(dtype) for _ in range(3)]
-    rows = [np.concatenate([x, x[:2]]).reshape(3, -1) for x in xs]
+    xs = [(rng.standard_normal(n) * 1000).astype(dtype) for _ in range(size)]
+    rows = [np.concatenate([x, x[: -n % size]]).reshape(size, -1) for x in xs]
 
     async def calls(c: Communicator) -> list[np.ndarray]:
         r = c.rank
@@ -255,17 +260,18 @@ async def test_reductions_fold_straight_out_of_the_ring_with_the_same_bits(
             await c.all_reduce(xs[r], algorithm=algo),
             await c.all_reduce(xs[r].copy(), out=None, algorithm=algo),
         ]
-        if algo == "ring":  # (the tree's folds are counted alone)
-            got.append(await c.reduce_scatter(rows[r], algorithm="ring"))
-        red = await c.reduce(xs[r], root=1, algorithm=algo)
-        if r == 1:
-            got.append(red)
+        if algo in ("ring", "halving"):  # (the tree's folds are counted alone)
+            got.append(await c.reduce_scatter(rows[r], algorithm=algo))
+        if algo in ("ring", "tree"):
+            red = await c.reduce(xs[r], root=1, algorithm=algo)
+            if r == 1:
+                got.append(red)
         return got
 
-    _, mem = memory_world(3)
+    _, mem = memory_world(size)
     expected = await asyncio.gather(*(calls(c) for c in mem))
     assert folded == []  # in memory: no ring, nothing folded
-    async with mesh(3, LinkConfig(shm_bytes=256 * KIB)) as ts:
+    async with mesh(size, LinkConfig(shm_bytes=256 * KIB)) as ts:
         assert kinds(ts) == {"shm"}
         comms = [Communicator(t, segment_bytes=256 * KIB) for t in ts]
         try:
