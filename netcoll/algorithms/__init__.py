@@ -91,13 +91,15 @@ REDUCE_RING_MIN_BYTES: Final = 4 * 1024 * 1024
 #: 64 MiB 63.8 / 67.9; 8 ranks 1 MiB 5.0 / 2.9, 4 MiB 11.5 / 9.2, 16 MiB 38.0 / 38.0.
 ALL_GATHER_DOUBLING_MAX_BYTES: Final = 16 * 1024 * 1024
 #: reduce_scatter of an input (all P blocks) below this uses recursive halving (log2 P rounds),
-#: else the ring (P-1 steps). Measured 2026-11-26 (µs per call, ring / halving, mean of 20, best
-#: of 3 rounds): 4 ranks over shared memory 128 KiB 2490 / 1258, 512 KiB 2979 / 2376, 1 MiB
-#: 2338 / 2752, 4 MiB 6568 / 7089; over TCP 128 KiB 1807 / 1136, 512 KiB 2500 / 2249, 1 MiB
-#: 2455 / 2783; 8 ranks 64 KiB 7249 / 4001, 1 MiB 9173 / 7104, 2 MiB 12831 / 12668, 4 MiB
-#: 17780 / 20423; 6 ranks 256 KiB 5017 / 2603, 1 MiB 6084 / 5726.
-REDUCE_SCATTER_HALVING_MAX_BYTES_4: Final = 1024 * 1024
-REDUCE_SCATTER_HALVING_MAX_BYTES: Final = 2 * 1024 * 1024
+#: else the ring (P-1 steps). Measured 2026-11-26 after halving's rounds fold as pieces arrive
+#: (``python -m netcoll.bench.versus reduce_scatter``, each algorithm's own run, µs per call,
+#: ring / halving, mean of 20, best of 3 rounds; two runs where two are given): 4 ranks over
+#: shared memory 256 KiB 1928 / 1290, 1 MiB 3125 / 1843 and 2522 / 2477, 2 MiB 3742 / 3538,
+#: 4 MiB 6132 / 5635 and 4928 / 5328, 16 MiB 16010 / 21436; over TCP 256 KiB 2239 / 1655,
+#: 1 MiB 3540 / 2844 and 3397 / 3008, 2 MiB 5287 / 4547, 4 MiB 7583 / 11549 and 7880 / 11395;
+#: 8 ranks over shared memory 1 MiB 11383 / 7332, 2 MiB 13095 / 9521, 4 MiB 17878 / 13554,
+#: 8 MiB 24326 / 22504; over TCP 1 MiB 14499 / 9809, 2 MiB 18980 / 13571, 4 MiB 24500 / 27494.
+REDUCE_SCATTER_HALVING_MAX_BYTES: Final = 4 * 1024 * 1024
 #: broadcast of at least this many bytes uses the pipelined chain (every rank
 #: sends N once) instead of the binomial tree (the root sends N*log2 P), when
 #: there are enough ranks for that to matter. Only usable when every rank
@@ -151,8 +153,7 @@ def choose(collective: str, nbytes: int, world_size: int) -> str:
     if collective == "all_gather":
         return "doubling" if nbytes < ALL_GATHER_DOUBLING_MAX_BYTES else "ring"
     if collective == "reduce_scatter":
-        most = REDUCE_SCATTER_HALVING_MAX_BYTES_4 if world_size <= 4 else REDUCE_SCATTER_HALVING_MAX_BYTES
-        return "halving" if nbytes < most else "ring"
+        return "halving" if nbytes < REDUCE_SCATTER_HALVING_MAX_BYTES else "ring"
     if collective == "reduce":
         return "ring" if world_size >= 3 and nbytes >= REDUCE_RING_MIN_BYTES else "tree"
     if collective == "broadcast":

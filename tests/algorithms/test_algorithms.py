@@ -977,6 +977,9 @@ def test_choose() -> None:
     assert choose("all_gather", (16 << 20) - 1, 4) == "doubling" and choose("all_gather", 16 << 20, 4) == "ring"
     assert choose("reduce", 1 << 24, 8) == "ring" and choose("reduce", 1 << 24, 2) == "tree"
     assert choose("reduce", (4 << 20) - 1, 4) == "tree" and choose("reduce", 4 << 20, 3) == "ring"
+    for P in (3, 4, 8):  # recursive halving below 4 MiB at any size of group
+        assert choose("reduce_scatter", (4 << 20) - 1, P) == "halving"
+        assert choose("reduce_scatter", 4 << 20, P) == "ring"
     with pytest.raises(ValueError):
         choose("all_reduce_typo", 1, 1)
 
