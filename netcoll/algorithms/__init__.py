@@ -81,7 +81,18 @@ __all__ = [
 ALL_REDUCE_DOUBLING_MAX_BYTES: Final = 32 * 1024
 ALL_REDUCE_DOUBLING_MAX_BYTES_4: Final = 128 * 1024
 ALL_REDUCE_DOUBLING_MAX_BYTES_2: Final = 64 * 1024
-ALL_REDUCE_TREE_MAX_BYTES: Final = 2 * 1024 * 1024
+#: The tree's limit was 2 MiB (the ring overtook it between 1 and 4 MiB at 4 ranks, before the
+#: tree read its input in place and folded out of the shared-memory ring). Measured 2026-11-26
+#: (``python -m netcoll.bench.versus all_reduce``, each algorithm's own run, µs per call, tree /
+#: ring, mean of 20, best of 3-4 rounds, two runs at 4 ranks): 4 ranks over shared memory
+#: 2 MiB 7521 / 8552 and 3838 / 6341, 4 MiB 11231 / 10454 and 7676 / 8822, 8 MiB 12808 / 12814,
+#: 16 MiB 33795 / 19962; over TCP 2 MiB 5858 / 7480 and 6496 / 8750, 4 MiB 10908 / 12409 and
+#: 14586 / 12742, 8 MiB 23551 / 27049, 16 MiB 55099 / 49168; 8 ranks over shared memory 2 MiB
+#: 12624 / 25373, 4 MiB 21080 / 26214, 8 MiB 37800 / 37546; over TCP 2 MiB 13406 / 26035,
+#: 4 MiB 31437 / 36380, 8 MiB 55549 / 57318. So the tree runs below 4 MiB at 3-4 ranks (even
+#: at 4 MiB) and below 8 MiB from 5 ranks (even at 8 MiB).
+ALL_REDUCE_TREE_MAX_BYTES_4: Final = 4 * 1024 * 1024
+ALL_REDUCE_TREE_MAX_BYTES: Final = 8 * 1024 * 1024
 #: reduce of at least this many bytes, with 3+ ranks, uses the ring (reduce-scatter, then
 #: chunks to the root: the root takes in (P-1)/P N instead of the tree's N per level);
 #: measured at 4 ranks: 1 MiB tree 1.7 / ring 2.1 ms, 4 MiB 7.0 / 5.8, 16 MiB 30.5 / 22.5.
@@ -149,7 +160,11 @@ def choose(collective: str, nbytes: int, world_size: int) -> str:
             return "doubling" if nbytes < ALL_REDUCE_DOUBLING_MAX_BYTES_2 or world_size == 1 else "ring"
         if nbytes < (ALL_REDUCE_DOUBLING_MAX_BYTES_4 if world_size <= 4 else ALL_REDUCE_DOUBLING_MAX_BYTES):
             return "doubling"
-        return "tree" if nbytes < ALL_REDUCE_TREE_MAX_BYTES else "ring"
+        return (
+            "tree"
+            if nbytes < (ALL_REDUCE_TREE_MAX_BYTES_4 if world_size <= 4 else ALL_REDUCE_TREE_MAX_BYTES)
+            else "ring"
+        )
     if collective == "all_gather":
         return "doubling" if nbytes < ALL_GATHER_DOUBLING_MAX_BYTES else "ring"
     if collective == "reduce_scatter":
