@@ -24,10 +24,12 @@ it. With extra ranks, their partners lay their input out in that order in
 scratch as they fold the extra input in (the input is read-only) and the other
 ranks copy theirs; with none, the order is the input's own, and the first round
 sends from the input and reduces from it into scratch, without a copy. After
-the ``log2 P'`` halving rounds rank ``v`` holds slot ``v``, keeps block ``v`` and sends block ``P'+v`` to its
-extra rank. Cost: ``log2 P'`` steps (plus 2 with extra ranks), ``(P'-1)/P'`` of
-the slots' bytes sent and reduced per rank: the ring's volume in ``log`` steps
-instead of ``P-1``, which is what small and mid sizes need.
+the ``log2 P'`` halving rounds rank ``v`` holds slot ``v``, keeps block ``v``
+and sends block ``P'+v`` to its extra rank. Every round's reduction is folded
+by the link as the partner's half arrives, where the link can. Cost:
+``log2 P'`` steps (plus 2 with extra ranks), ``(P'-1)/P'`` of the slots' bytes
+sent and reduced per rank: the ring's volume in ``log`` steps instead of
+``P-1``, which is what small and mid sizes need.
 """
 
 from __future__ import annotations
