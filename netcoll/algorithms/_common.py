@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from ..errors import MismatchError
-from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_into, reduce_to
+from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_to
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -324,15 +324,11 @@ class Reduction:
 
     def apply(self, incoming: np.ndarray, a: int, b: int) -> None:
         """Reduce the received elements ``[a:b]`` (of the receive buffer ``incoming``) here."""
-        out, own, inc = self.out, self.own[a:b], incoming[a:b]
-        if self.incoming_first and out is incoming:
-            reduce_into(self.op, inc, own)
-        elif self.incoming_first:
-            reduce_to(self.op, out[a:b], inc, own)
-        elif out is self.own:
-            reduce_into(self.op, own, inc)
+        own, inc = self.own[a:b], incoming[a:b]
+        if self.incoming_first:
+            reduce_to(self.op, self.out[a:b], inc, own)
         else:
-            reduce_to(self.op, out[a:b], own, inc)
+            reduce_to(self.op, self.out[a:b], own, inc)
 
 
 async def exchange(
@@ -361,7 +357,7 @@ async def exchange(
         if send is not None:
             await ch.send(peer, send, step=step, chunk=0)
         await got
-        if fold is not None and not (folding is not None and folding.complete):
+        if fold is not None and (folding is None or not folding.complete):
             fold.apply(recv, 0, recv.size)
         return
     rsegs = [] if recv is None else split(recv.size, num_segments(recv.nbytes, segment_bytes))

@@ -124,16 +124,14 @@ async def reduce_scatter(
     at = {k: i * B for i, k in enumerate(order)}  # where block k lies in that layout
     starts = [at[v] for v in range(p2)] + [data.size]  # where slot v begins (with block v)
     with scratch(2, data.size, data.dtype) as (acc, tmp):
-        src = data  # where the slots' current values are: the input itself (in slot order) until reduced once
         if r < extra:  # fold in the extra rank's input, block by block into slot order: mine op theirs
             await exchange(ch, r + p2, 0, None, tmp, segment_bytes)
             for k, a in at.items():
                 reduce_to(op, acc[a : a + B], data[k * B : (k + 1) * B], tmp[k * B : (k + 1) * B])
-            src = acc
         elif extra:  # slot order differs from the input's: lay the input out in it
             for k, a in at.items():
                 acc[a : a + B] = data[k * B : (k + 1) * B]
-            src = acc
+        src = acc if extra else data  # where the slots' values are: without extra ranks, the input itself
         lo, hi = 0, p2  # the slots this rank still reduces
         for i in range(rounds):
             partner = r ^ (p2 >> (i + 1))
