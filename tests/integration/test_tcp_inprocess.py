@@ -223,12 +223,16 @@ async def test_bad_clients_on_the_peer_port(monkeypatch: pytest.MonkeyPatch) -> 
 
         async def keep_working(c: Communicator) -> int:  # the ranks keep running collectives meanwhile
             done = 0
-            while not bad.done():
+            while True:
                 y = await c.all_reduce(np.full(1000, c.rank, np.float32), timeout=10)
                 assert (y == 3).all()
                 done += 1
+                # stop together: a rank that saw the clients finish alone would leave the
+                # others waiting in a collective it never joins
+                stop = await c.all_reduce(np.array([bad.done()], np.int32), op="max", timeout=10)
+                if stop[0]:
+                    return done
                 await asyncio.sleep(0.05)
-            return done
 
         counts = await each(comms, keep_working, limit=20)
         f_garbage, f_wrong, f_no_proof, f_bad_rank, f_dup, f_unknown = await bad
