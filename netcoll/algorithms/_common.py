@@ -296,12 +296,6 @@ async def gather_all(tasks: Sequence[asyncio.Future[Any]]) -> list[Any]:
         raise
 
 
-#: below this a received payload is reduced by :func:`exchange` itself: links
-#: fold only what they read in place (a shared-memory ring's 64 KiB and more), and
-#: describing a fold costs a few µs that a 4-byte call would pay for nothing
-FOLD_MIN_BYTES: Final = 16 * 1024
-
-
 class Reduction:
     """What :func:`exchange` does with what it receives: ``out = own op incoming``
     (``incoming op own`` with ``incoming_first``), segment by segment. ``out``
@@ -310,8 +304,8 @@ class Reduction:
     (:class:`~netcoll.ops.Fold`), any other fills the receive buffer and the
     reduction runs here. The same bits either way. :func:`exchange` keeps the
     reduction here when ``out`` overlaps what it sends (a fold as the payload
-    arrives would change bytes not yet sent) or the payload is under
-    :data:`FOLD_MIN_BYTES`."""
+    arrives would change bytes not yet sent) or the link would not fold a
+    payload of that size (:meth:`Channel.folds`: then a fold is not even described)."""
 
     __slots__ = ("op", "out", "own", "incoming_first")
 
@@ -346,9 +340,11 @@ async def exchange(
     segment ``[a:b]`` is reduced as :class:`Reduction` says, by the link as it
     arrives where it can (``recv[a:b]`` is then left as it was), else here."""
     if fold is not None and (
-        recv is None or recv.nbytes < FOLD_MIN_BYTES or (send is not None and np.may_share_memory(fold.out, send))
+        recv is None
+        or not ch.folds(peer, min(recv.nbytes, segment_bytes))
+        or (send is not None and np.may_share_memory(fold.out, send))
     ):
-        linked = None  # reduced here: small, or what it writes is still being sent
+        linked = None  # reduced here: the link would not fold it, or what it writes is still being sent
     else:
         linked = fold
     if recv is not None and recv.nbytes <= segment_bytes and (send is None or send.nbytes <= segment_bytes):

@@ -85,6 +85,15 @@ class Link(abc.ABC):
         """Send one frame; return when ``payload`` may be reused. Raises
         ConnectionError if the link breaks (the mesh makes that PeerLost)."""
 
+    @property
+    def fold_min_bytes(self) -> int | None:
+        """The smallest DATA payload this link reduces as it reads it, when its
+        receive was posted with an :class:`~netcoll.ops.Fold` (None: it never
+        does, and the algorithm reduces what it received). Only a link that
+        reads payloads in place (shared memory) folds; below this size folding
+        would not pay for describing the fold."""
+        return None
+
     def send_nowait(self, header: dict[str, Any], payload: memoryview) -> bool:
         """Send a small DATA frame now, without awaiting, if nothing stands in
         the way (credit, an empty path to the socket); False: nothing was sent,

@@ -11,7 +11,8 @@ placed at once in one write, or through the lane); the receiver copies it into t
 (or one of its own, held as TCP holds it) and gives space back with ``CREDIT
 {n: 0, z: pos}`` per quarter ring consumed, one for the frames of one read.
 A receive posted with an :class:`~netcoll.ops.Fold` (a ring reduce-scatter
-step) is reduced straight out of the ring: copy out and reduction in one pass.
+step) is reduced straight out of the ring: copy out and reduction in one pass;
+so is eager DATA read from a lane (:attr:`ShmLink.fold_min_bytes`).
 
 Flow control is :class:`~netcoll.links.framed.FramedLink`'s: the first
 piece's header is the DATA header (eager, or ``rz`` after a CTS); the message
@@ -109,6 +110,12 @@ class ShmLink(LaneLink):
         self._in: _Incoming | None = None
         self._reporting = False  # a ring report is scheduled (:meth:`_report_soon`)
         self._socket_upto = 0  # the end of the last ring piece announced on the socket
+
+    @property
+    def fold_min_bytes(self) -> int | None:
+        """What comes through the ring (from :data:`RING_MIN`) or a polled lane is read in place."""
+        lane_min = super().fold_min_bytes
+        return RING_MIN if lane_min is None else min(lane_min, RING_MIN)
 
     # -- sending ----------------------------------------------------------------------
     async def _transmit(self, kind: Kind, header: dict[str, Any], payload: memoryview | None) -> None:

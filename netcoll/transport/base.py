@@ -96,6 +96,13 @@ class Transport:
         link = self.links.get(peer)
         return link is not None and link.send_nowait(header, payload)
 
+    def folds(self, peer: int, nbytes: int) -> bool:
+        """Whether the link to world rank ``peer`` folds a payload of ``nbytes``
+        posted with an :class:`~netcoll.ops.Fold` (:attr:`Link.fold_min_bytes`)."""
+        link = self.links.get(peer)
+        least = None if link is None else link.fold_min_bytes
+        return least is not None and nbytes >= least
+
     def link_stats(self) -> dict[int, LinkStats]:
         """Each peer's link: its kind, traffic, held bytes and credit."""
         return {peer: link.stats() for peer, link in sorted(self.links.items())}
@@ -247,6 +254,11 @@ class Channel:
             self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out), fold
         )
         return fut if self._trace is None else self._traced(fut, peer, step, chunk)
+
+    def folds(self, peer: int, nbytes: int) -> bool:
+        """Whether the link to group rank ``peer`` would fold a payload of ``nbytes``
+        posted with a ``fold`` (see :meth:`post`); if not, describing one is wasted."""
+        return self.transport.folds(self.members[peer], nbytes)
 
     async def recv(
         self, peer: int, *, step: int, chunk: int = 0, out: np.ndarray | memoryview | None = None

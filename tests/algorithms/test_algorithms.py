@@ -898,17 +898,21 @@ async def test_ring_all_reduce_lands_in_place_when_receivers_are_ready(make_grou
     assert stats["hit"] >= 2, stats
 
 
+@pytest.mark.parametrize("folds_from", [16 * KIB, None])
 @pytest.mark.parametrize("algo", ["doubling", "halving"])
 async def test_links_fold_only_into_buffers_not_being_sent(
-    make_group: MakeGroup, algo: str, monkeypatch: pytest.MonkeyPatch
+    make_group: MakeGroup, algo: str, folds_from: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A receive is posted with a fold (a link may reduce the payload into ``out``
     as it arrives) only where ``out`` is not also being sent: doubling's lower
     rank accumulates into the very buffer it sends, so a fold there would change
     bytes the partner has not got yet; its higher rank folds into its receive
-    buffer, and halving into the half it keeps. None for small payloads."""
+    buffer, and halving into the half it keeps. None for payloads the link says
+    it would not fold (``Channel.folds``: here a link folding from 16 KiB, and
+    one that never folds, as TCP and in-memory links)."""
     posted: list[tuple[int, int, bool]] = []
     post = Channel.post
+    monkeypatch.setattr(Channel, "folds", lambda self, peer, n: folds_from is not None and n >= folds_from)
 
     def recording(self: Channel, peer: int, **kw: Any) -> Any:
         out = kw.get("out")
@@ -927,11 +931,12 @@ async def test_links_fold_only_into_buffers_not_being_sent(
 
         for got in await group.run(body):
             assert (got == 3).all()
+    big = folds_from is not None  # whether the link folds the 64 Ki-element payloads
     if algo == "doubling":  # one exchange of the whole buffer
-        assert set(posted) == {(0, 16, False), (1, 16, False), (0, 256 * KIB, False), (1, 256 * KIB, True)}
+        assert set(posted) == {(0, 16, False), (1, 16, False), (0, 256 * KIB, False), (1, 256 * KIB, big)}
     else:  # a reduce-scatter round (folding both halves kept), then an all-gather round
         half = 128 * KIB
-        assert set(posted) == {(r, 8, False) for r in (0, 1)} | {(r, half, f) for r in (0, 1) for f in (True, False)}
+        assert set(posted) == {(r, 8, False) for r in (0, 1)} | {(r, half, f) for r in (0, 1) for f in {big, False}}
 
 
 # -- registry ---------------------------------------------------------------------------------

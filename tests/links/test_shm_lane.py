@@ -304,6 +304,47 @@ async def test_frames_go_through_the_lane_when_the_peer_polls_it(
         assert a.stats().frames_sent >= eager + pieces  # the lane's frames are frames too
 
 
+@pytest.mark.parametrize("first", [False, True])
+async def test_eager_data_in_a_polled_lane_is_folded_as_it_is_read(first: bool) -> None:
+    """A receive posted with a fold gets a lane frame of LANE_FOLD_MIN bytes or
+    more reduced straight out of the lane (its buffer left as it was), with the
+    bits of a copy and then the reduction; a smaller one, or any frame on a loop
+    that does not poll its lanes, fills the buffer and leaves the fold to the
+    caller. The link says which payloads it folds (``fold_min_bytes``)."""
+    from netcoll.links.shmlane import LANE_FOLD_MIN
+    from netcoll.ops import Fold, ReduceOp, reduce_to
+
+    async with mesh(2) as ts:
+        a, b = ts[0].links[1], ts[1].links[0]
+        assert isinstance(a, ShmLink) and isinstance(b, ShmLink)
+        polled = lanes_polled()
+        assert b.fold_min_bytes == (LANE_FOLD_MIN if polled else RING_MIN)
+        assert ts[1].folds(0, LANE_FOLD_MIN) == polled and ts[1].folds(0, RING_MIN)
+        rng = np.random.default_rng(3)
+        for seq, n in enumerate((LANE_FOLD_MIN // 4 - 1, LANE_FOLD_MIN // 4, 12_000)):
+            theirs = rng.standard_normal(n).astype(np.float32)
+            own = rng.standard_normal(n).astype(np.float32)
+            landing, out = np.full(n, 7, np.float32), np.zeros(n, np.float32)
+            fold = Fold(ReduceOp.SUM, out, own, incoming_first=first)
+
+            async def receive(ch: Channel, fold: Fold = fold, landing: np.ndarray = landing) -> None:
+                await ch.post(0, step=0, out=landing, fold=fold)
+
+            async def send(ch: Channel, data: np.ndarray = theirs) -> None:
+                await asyncio.sleep(0.01)  # the receive is posted first
+                await ch.send(1, data, step=0)
+
+            before = b.lane_received
+            await run(ts, [send, receive], seq)
+            assert b.lane_received == before + polled
+            expected = np.empty(n, np.float32)
+            reduce_to(ReduceOp.SUM, expected, *((theirs, own) if first else (own, theirs)))
+            if polled and theirs.nbytes >= LANE_FOLD_MIN:
+                assert fold.complete and (landing == 7).all() and out.tobytes() == expected.tobytes()
+            else:
+                assert not fold.complete and np.array_equal(landing, theirs) and (out == 0).all()
+
+
 async def test_lanes_are_not_used_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NETCOLL_SHM_LANE", "0")
     async with mesh(2) as ts:
