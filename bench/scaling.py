@@ -92,6 +92,7 @@ FORMULAS: dict[tuple[str, str], tuple[str, Terms]] = {
     ("all_gather", "doubling"): (_greek("⌈log₂P⌉A + (P-1)/P·nB"), _bruck),
     ("reduce_scatter", "ring"): (_greek("(P-1)A + (P-1)/P·nB"), _linear),
     ("all_to_all", "pairwise"): (_greek("(P-1)A + (P-1)/P·nB"), _linear),
+    ("all_to_all", "linear"): (_greek("A + (P-1)/P·nB"), lambda p, n: (1, (p - 1) / p * n)),
     ("broadcast", "tree"): (_greek("⌈log₂P⌉(A + nB)"), _tree),
     ("broadcast", "ring"): (_greek("(P-1)A + nB"), lambda p, n: (p - 1, n)),
     ("reduce", "tree"): (_greek("⌈log₂P⌉(A + nB)"), _tree),

@@ -24,7 +24,7 @@ collective          algorithms                 call
                                                block filled; the rest are filled)
 ``reduce_scatter``  ring, halving              ``fn(ch, buf, op, out) -> None``  (buf: P
                                                blocks, read-only; out: one block)
-``all_to_all``      pairwise                   ``fn(ch, send, recv) -> None``  (P blocks each)
+``all_to_all``      pairwise, linear           ``fn(ch, send, recv) -> None``  (P blocks each)
 ``gather``          direct                     ``fn(ch, send, recv_or_None, root) -> None``
 ``scatter``         direct                     ``fn(ch, send_or_None, recv, root) -> None``
 ``barrier``         doubling                   ``fn(ch) -> None``
@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from ..errors import ConfigError
-from . import allpairs, cost, direct, doubling, halving, pairwise, probe, ring, tree, tuning
+from . import allpairs, cost, direct, doubling, halving, linear, pairwise, probe, ring, tree, tuning
 from ._common import DEFAULT_SEGMENT_BYTES
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "tuning",
     "direct",
     "doubling",
+    "linear",
     "pairwise",
     "ring",
     "tree",
@@ -111,6 +112,15 @@ ALL_GATHER_DOUBLING_MAX_BYTES: Final = 16 * 1024 * 1024
 #: 8 ranks over shared memory 1 MiB 11383 / 7332, 2 MiB 13095 / 9521, 4 MiB 17878 / 13554,
 #: 8 MiB 24326 / 22504; over TCP 1 MiB 14499 / 9809, 2 MiB 18980 / 13571, 4 MiB 24500 / 27494.
 REDUCE_SCATTER_HALVING_MAX_BYTES: Final = 4 * 1024 * 1024
+#: all_to_all of an input (all P blocks) below this uses the linear algorithm (every transfer at
+#: once), else pairwise (one peer per step). Measured 2026-11-26 (``python -m netcoll.bench.versus
+#: all_to_all``, each algorithm's own run, µs per call, pairwise / linear, mean of 20, best of 3
+#: rounds): 4 ranks over shared memory 16 KiB 1136 / 945, 64 KiB 1051 / 915, 1 MiB 1572 / 1559,
+#: 4 MiB 4404 / 6065, 16 MiB 17196 / 18046; over TCP 16 KiB 1477 / 865, 256 KiB 1374 / 1128,
+#: 1 MiB 2667 / 1470, 4 MiB 6790 / 6283, 16 MiB 29014 / 29570; 8 ranks over shared memory
+#: 64 KiB 6731 / 4313, 1 MiB 10147 / 6548, 4 MiB 15624 / 16330; over TCP 64 KiB 5307 / 5662,
+#: 1 MiB 10134 / 7200, 4 MiB 16686 / 17280, 16 MiB 56284 / 57509.
+ALL_TO_ALL_LINEAR_MAX_BYTES: Final = 4 * 1024 * 1024
 #: broadcast of at least this many bytes uses the pipelined chain (every rank
 #: sends N once) instead of the binomial tree (the root sends N*log2 P), when
 #: there are enough ranks for that to matter. Only usable when every rank
@@ -130,7 +140,7 @@ ALGORITHMS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
     "reduce": {"tree": tree.reduce, "ring": ring.reduce},
     "all_gather": {"ring": ring.all_gather, "doubling": doubling.all_gather},
     "reduce_scatter": {"ring": ring.reduce_scatter, "halving": halving.reduce_scatter},
-    "all_to_all": {"pairwise": pairwise.all_to_all},
+    "all_to_all": {"pairwise": pairwise.all_to_all, "linear": linear.all_to_all},
     "gather": {"direct": direct.gather},
     "scatter": {"direct": direct.scatter},
     "barrier": {"doubling": doubling.barrier},
@@ -169,6 +179,8 @@ def choose(collective: str, nbytes: int, world_size: int) -> str:
         return "doubling" if nbytes < ALL_GATHER_DOUBLING_MAX_BYTES else "ring"
     if collective == "reduce_scatter":
         return "halving" if nbytes < REDUCE_SCATTER_HALVING_MAX_BYTES else "ring"
+    if collective == "all_to_all":
+        return "linear" if nbytes < ALL_TO_ALL_LINEAR_MAX_BYTES else "pairwise"
     if collective == "reduce":
         return "ring" if world_size >= 3 and nbytes >= REDUCE_RING_MIN_BYTES else "tree"
     if collective == "broadcast":

@@ -304,6 +304,13 @@ def a2a_pairwise(p: int, n: int, s: int) -> Counts:
     return (float(p - 1), 2.0 * (p - 1) * segs, (p - 1) * b, 0.0)
 
 
+def a2a_linear(p: int, n: int, s: int) -> Counts:
+    """linear.py: 1 step (every transfer at once); ``(P-1) B`` bytes sent and received per rank."""
+    b = n / p
+    segs = _nseg(b, s)
+    return (1.0, 2.0 * (p - 1) * segs, (p - 1) * b, 0.0)
+
+
 def flat_direct(p: int, n: int, s: int) -> Counts:
     """direct.py (gather, scatter): 1 step; the root moves ``(P-1) B``."""
     b = n / p
@@ -333,7 +340,7 @@ FORMULAS: Final[dict[str, dict[str, Callable[[int, int, int], Counts]]]] = {
     "reduce": {"tree": rd_tree, "ring": rd_ring},
     "all_gather": {"ring": ag_ring, "doubling": ag_doubling},
     "reduce_scatter": {"ring": rs_ring, "halving": rs_halving},
-    "all_to_all": {"pairwise": a2a_pairwise},
+    "all_to_all": {"pairwise": a2a_pairwise, "linear": a2a_linear},
     "gather": {"direct": flat_direct},
     "scatter": {"direct": flat_direct},
     "barrier": {"doubling": barrier_doubling},

@@ -390,12 +390,15 @@ async def test_data_movement_dtypes(make_group: MakeGroup, dt: np.dtype) -> None
 
         assert all(g.tobytes() == parts[2].tobytes() for g in await group.run(bc)), algo
 
-    async def a2a(ch: Channel) -> np.ndarray:
-        recv = np.zeros((P, count), dt)
-        await ALGORITHMS["all_to_all"]["pairwise"](ch, whole, recv, segment_bytes=3)
-        return recv
+    for algo, fn in ALGORITHMS["all_to_all"].items():
 
-    assert all(g.tobytes() == np.stack([parts[r]] * P).tobytes() for r, g in enumerate(await group.run(a2a)))
+        async def a2a(ch: Channel, fn: Any = fn) -> np.ndarray:
+            recv = np.zeros((P, count), dt)
+            await fn(ch, whole, recv, segment_bytes=3)
+            return recv
+
+        got = await group.run(a2a)
+        assert all(g.tobytes() == np.stack([parts[r]] * P).tobytes() for r, g in enumerate(got)), algo
 
 
 @pytest.mark.parametrize(
@@ -409,6 +412,7 @@ async def test_data_movement_dtypes(make_group: MakeGroup, dt: np.dtype) -> None
         "reduce_scatter/ring",
         "reduce_scatter/halving",
         "all_to_all/pairwise",
+        "all_to_all/linear",
         "gather/direct",
         "scatter/direct",
     ],
@@ -565,15 +569,16 @@ async def test_all_gather(make_group: MakeGroup, algo: str, P: int, count: int) 
         assert got.tobytes() == np.stack(parts).tobytes(), (algo, P, count)
 
 
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["all_to_all"]))
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("P", SIZES)
-async def test_all_to_all(make_group: MakeGroup, P: int, count: int) -> None:
+async def test_all_to_all(make_group: MakeGroup, P: int, count: int, algo: str) -> None:
     group = await make_group(P)
     sends = [np.stack(blocks(P, count, seed=r)) for r in range(P)]
 
     async def body(ch: Channel) -> np.ndarray:
         recv = np.full((P, count), np.nan, dtype=np.float32)
-        await ALGORITHMS["all_to_all"]["pairwise"](ch, sends[ch.rank].copy(), recv)
+        await ALGORITHMS["all_to_all"][algo](ch, sends[ch.rank].copy(), recv)
         return recv
 
     for r, got in enumerate(await group.run(body)):
@@ -697,13 +702,15 @@ async def test_deep_pipelining_small_segments(make_group: MakeGroup, P: int) -> 
     for r, got in enumerate(await group.run(rs)):
         assert got.tobytes() == expect[r].tobytes()
 
-    async def a2a(ch: Channel) -> np.ndarray:
-        recv = np.empty((P, count), np.float32)
-        await ALGORITHMS["all_to_all"]["pairwise"](ch, np.stack(blocks(P, count, ch.rank)), recv, segment_bytes=seg)
-        return recv
+    for fn in ALGORITHMS["all_to_all"].values():
 
-    for r, got in enumerate(await group.run(a2a)):
-        assert got.tobytes() == np.stack([blocks(P, count, j)[r] for j in range(P)]).tobytes()
+        async def a2a(ch: Channel, fn: Any = fn) -> np.ndarray:
+            recv = np.empty((P, count), np.float32)
+            await fn(ch, np.stack(blocks(P, count, ch.rank)), recv, segment_bytes=seg)
+            return recv
+
+        for r, got in enumerate(await group.run(a2a)):
+            assert got.tobytes() == np.stack([blocks(P, count, j)[r] for j in range(P)]).tobytes()
 
     async def ga(ch: Channel) -> np.ndarray | None:
         recv = np.empty((P, count), np.float32) if ch.rank == 0 else None
@@ -735,9 +742,10 @@ def _collective_calls(P: int, count: int) -> dict[str, Callable[[Channel], Await
         calls[f"reduce_scatter/{algo}"] = lambda ch, fn=fn: fn(
             ch, np.ones(P * count, np.float32), "sum", np.empty(count, np.float32), segment_bytes=256
         )
-    calls["all_to_all/pairwise"] = lambda ch: ALGORITHMS["all_to_all"]["pairwise"](
-        ch, np.ones(P * count, np.float32), np.empty(P * count, np.float32), segment_bytes=256
-    )
+    for algo, fn in ALGORITHMS["all_to_all"].items():
+        calls[f"all_to_all/{algo}"] = lambda ch, fn=fn: fn(
+            ch, np.ones(P * count, np.float32), np.empty(P * count, np.float32), segment_bytes=256
+        )
     calls["gather/direct"] = lambda ch: direct.gather(
         ch, np.ones(count, np.float32), np.empty(P * count, np.float32) if ch.rank == 0 else None, 0, segment_bytes=256
     )
@@ -852,6 +860,7 @@ def _count_sinks(group: Group) -> dict[str, int]:
         ("broadcast/ring", (0.9, 0.3)),
         ("reduce/tree", (0.9, 0.8)),
         ("all_to_all/pairwise", (0.9, 0.8)),
+        ("all_to_all/linear", (0.9, 0.8)),
         ("gather/direct", (0.9, 0.3)),
         ("scatter/direct", (0.9, 0.3)),
     ],
@@ -987,6 +996,8 @@ def test_choose() -> None:
     for P in (3, 4, 8):  # recursive halving below 4 MiB at any size of group
         assert choose("reduce_scatter", (4 << 20) - 1, P) == "halving"
         assert choose("reduce_scatter", 4 << 20, P) == "ring"
+    for P in (2, 4, 8):  # every transfer at once below 4 MiB, one peer per step above
+        assert choose("all_to_all", (4 << 20) - 1, P) == "linear" and choose("all_to_all", 4 << 20, P) == "pairwise"
     with pytest.raises(ValueError):
         choose("all_reduce_typo", 1, 1)
 

@@ -46,6 +46,7 @@ def test_step_counts_match_the_headers(p: int) -> None:
     assert cm.terms("all_gather", "ring", n, p, s)[0] == p - 1
     assert cm.terms("barrier", "doubling", 0, p, s)[:2] == (lv, 2 * lv)
     assert cm.terms("all_to_all", "pairwise", n, p, s)[0] == p - 1
+    assert cm.terms("all_to_all", "linear", n, p, s)[0] == 1
     assert cm.terms("broadcast", "ring", n, p, s)[0] == p - 1
     assert cm.terms("all_reduce", "ring", n, 1, s) == (0.0,) * 5
     assert cm.terms("all_reduce", "tree", n, p, s)[2] == 0 < cm.terms("all_reduce", "tree", n, p, s)[4]  # root-bound
@@ -73,6 +74,7 @@ CASES = [
     ("all_gather", "doubling"),
     ("reduce_scatter", "ring"),
     ("all_to_all", "pairwise"),
+    ("all_to_all", "linear"),
 ]
 
 

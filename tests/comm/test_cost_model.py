@@ -298,7 +298,7 @@ def test_trials_are_agreed_on_a_schedule_of_calls() -> None:
     assert due == [c * j for j in range(1, k + 1)] + [
         c * TRIAL_AGAIN * 2**j for j in range(4) if c * TRIAL_AGAIN * 2**j < 800
     ]
-    t.asked = ("all_to_all", 1 << 20)  # one algorithm: nothing to try
+    t.asked = ("gather", 1 << 20)  # one algorithm: nothing to try
     assert not any(t.trial_due() for _ in range(10))
     t.asked = ("all_reduce", tuning.TRIAL_MIN_BYTES - 1)  # too small to be worth measuring
     assert not any(t.trial_due() for _ in range(10))

@@ -1,0 +1,86 @@
+"""Linear all_to_all: every receive posted, then every block sent (MPI's "basic linear").
+
+It works as follows. Both buffers are ``P`` equal blocks; block ``k`` of
+``send`` goes to rank ``k`` and block ``j`` of ``recv`` comes from rank ``j``.
+The own block is copied locally. Each rank first posts the receives of all
+``P-1`` peers' blocks straight into ``recv``, then sends its blocks to
+``r+1, r+2, ...`` (mod P, so no rank is everyone's first target) without
+waiting for anything in between, then waits for its receives. Every
+receive is posted before any send of its operation leaves this rank, so a
+block that needs clearance (a large one) is cleared at once and nothing
+waits on a peer's progress but the block itself.
+
+Compared with :mod:`.pairwise` (one peer per step, a step's receive awaited
+before the next step's send): the same bytes, but no step waits for the
+previous one, so the ``P-1`` transfers overlap and a rank that is late
+(a process waiting for a core) delays only its own blocks. Pairwise keeps
+one transfer per rank and direction at a time, which large blocks need:
+``P-1`` of them at once contend for the same cores, memory bandwidth (and on
+a real network the same wire). Measured at 4 and 8 ranks on 2 cores (the
+constant ``ALL_TO_ALL_LINEAR_MAX_BYTES``): linear is 1.1-1.8x faster below
+4 MiB over TCP and shared memory, pairwise as fast or faster from 4 MiB.
+
+Cost, ``P`` ranks, ``N`` bytes per buffer (``B = N/P`` a block): one step
+(every transfer at once); ``(P-1) B`` bytes sent and received per rank; one
+local copy of ``B`` bytes. ``(P-1)·ceil(B/segment)`` receives are posted at
+once, into ``recv`` itself (no scratch).
+
+Bits: pure data movement; ``recv`` holds exactly the bytes the peers sent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._common import DEFAULT_SEGMENT_BYTES, RecvWindow, as_u8, check_segment_bytes, num_segments, split
+
+if TYPE_CHECKING:
+    from ..transport.base import Channel
+
+__all__ = ["all_to_all"]
+
+
+async def all_to_all(
+    ch: Channel, send: np.ndarray, recv: np.ndarray, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+) -> None:
+    """Linear all_to_all: ``recv`` block ``j`` = rank ``j``'s ``send`` block ``ch.rank``.
+
+    Args:
+        send: C-contiguous array of ``P`` equal blocks (handled as bytes).
+        recv: writeable C-contiguous array of the same byte size, not
+            overlapping ``send``.
+    """
+    check_segment_bytes(segment_bytes)
+    src_buf = as_u8(send, "send", writeable=False)
+    dst_buf = as_u8(recv, "recv")
+    P, r = ch.size, ch.rank
+    if src_buf.nbytes != dst_buf.nbytes or src_buf.nbytes % P:
+        raise ValueError(
+            f"all_to_all: send ({src_buf.nbytes} bytes) and recv ({dst_buf.nbytes} bytes) "
+            f"must be {P} equal blocks of the same size"
+        )
+    if np.may_share_memory(src_buf, dst_buf) and src_buf.nbytes:
+        raise ValueError("all_to_all: send and recv must not overlap")
+    block = src_buf.nbytes // P
+    dst_buf[r * block : (r + 1) * block] = src_buf[r * block : (r + 1) * block]
+    if P == 1:
+        return
+    segs = split(block, num_segments(block, segment_bytes))
+    S = len(segs)
+
+    def plan(i: int) -> tuple[int, int, int, np.ndarray]:
+        k, j = divmod(i, S)
+        peer = (r - k - 1) % P
+        a, b = segs[j]
+        return peer, 1, j, dst_buf[peer * block + a : peer * block + b]
+
+    async with RecvWindow(ch, plan, (P - 1) * S, (P - 1) * S) as window:
+        await window.start()
+        for k in range(1, P):
+            peer = (r + k) % P
+            for j, (a, b) in enumerate(segs):
+                await ch.send(peer, src_buf[peer * block + a : peer * block + b], step=1, chunk=j)
+        for i in range((P - 1) * S):
+            await window.get(i)
