@@ -16,7 +16,10 @@ of ``B`` bytes.
 Bits: pure data movement; ``recv`` holds exactly the bytes the peers sent.
 
 **Uneven variants** (blocks of any size, MPI's ``alltoallv`` family), same
-step pattern:
+step pattern (``all_to_all_list`` on a rank sending less than
+:data:`LIST_AT_ONCE_MAX_BYTES` in all posts every receive and sends every
+message at once instead, as :mod:`.linear` does: the same messages, so ranks
+deciding differently still match):
 
 * ``all_to_all_list``: block ``k`` of a list goes to rank ``k``, each as one
   segmented message (:func:`~netcoll.algorithms.direct.send_message`) whose
@@ -49,7 +52,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -73,6 +76,11 @@ if TYPE_CHECKING:
 __all__ = ["all_gather_list", "all_to_all", "all_to_all_list", "reduce_scatter_list"]
 
 Message = tuple[np.ndarray, dict[str, Any]]
+
+#: :func:`all_to_all_list` on a rank sending less than this in all posts every receive and
+#: sends every message at once (as :mod:`.linear`, below ``ALL_TO_ALL_LINEAR_MAX_BYTES`` of
+#: the same size), else one peer per step
+LIST_AT_ONCE_MAX_BYTES: Final = 4 << 20
 
 
 async def all_to_all(
@@ -157,13 +165,18 @@ async def all_to_all_list(
         return asyncio.ensure_future(recv_message(ch, (r - k) % P, step=k, segment_bytes=segment_bytes))
 
     # Step k (1..P-1): send to r+k, receive from r-k; step k+1's receive is
-    # posted before step k's send so a fast peer's segments land in place.
-    tasks: dict[int, asyncio.Task[Message]] = {1: post(1)}
+    # posted before step k's send so a fast peer's segments land in place. What
+    # this rank sends in all is small: every receive posted and every message
+    # sent at once, as the linear all_to_all does. The messages are the same
+    # either way, so ranks that decide differently (their sizes differ) still match.
+    at_once = sum(d.nbytes for d in datas) < LIST_AT_ONCE_MAX_BYTES
+    tasks: dict[int, asyncio.Task[Message]] = {k: post(k) for k in range(1, P if at_once else 2)}
     try:
         for k in range(1, P):
-            if k + 1 < P:
+            if k + 1 < P and not at_once:
                 tasks[k + 1] = post(k + 1)
-            await asyncio.sleep(0)  # let the posted receives reach the mailbox
+            if k == 1 or not at_once:
+                await asyncio.sleep(0)  # let the posted receives reach the mailbox
             peer = (r + k) % P
             await send_message(
                 ch,
@@ -173,6 +186,9 @@ async def all_to_all_list(
                 step=k,
                 segment_bytes=segment_bytes,
             )
+            if not at_once:
+                out[(r - k) % P] = await tasks.pop(k)
+        for k in range(1, P if at_once else 1):
             out[(r - k) % P] = await tasks.pop(k)
     finally:
         await drain(tasks.values())

@@ -69,6 +69,29 @@ async def test_all_to_all_list_big_and_noncontiguous() -> None:
             assert res[r][j].flags.writeable
 
 
+@pytest.mark.parametrize("limit", ["none", "some", "all"])
+async def test_all_to_all_list_ranks_sending_at_once_or_step_by_step_match(
+    limit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank sending less than LIST_AT_ONCE_MAX_BYTES in all posts and sends
+    everything at once, a larger one goes peer by peer; the messages are the
+    same, so a group where ranks decide differently (their sizes differ) still
+    gets every block right, in segments or whole."""
+    from netcoll.algorithms import pairwise
+
+    n = 4
+    rng = np.random.default_rng(5)
+    xs = [[rng.standard_normal(100 * (i + 1) + 7 * j).astype(np.float32) for j in range(n)] for i in range(n)]
+    totals = sorted(sum(a.nbytes for a in row) for row in xs)
+    at = {"none": 0, "some": (totals[1] + totals[2]) // 2, "all": totals[-1] + 1}[limit]
+    monkeypatch.setattr(pairwise, "LIST_AT_ONCE_MAX_BYTES", at)
+    for seg in (None, 256):
+        res = await run_world(n, lambda c: c.all_to_all(xs[c.rank]), segment_bytes=seg)
+        for r in range(n):
+            for j in range(n):
+                same(res[r][j], xs[j][r])
+
+
 @pytest.mark.parametrize("n", WORLD_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dt_id)
 async def test_scatter_list(n: int, dtype: object) -> None:
