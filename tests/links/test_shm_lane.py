@@ -304,15 +304,18 @@ async def test_frames_go_through_the_lane_when_the_peer_polls_it(
         assert a.stats().frames_sent >= eager + pieces  # the lane's frames are frames too
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 @pytest.mark.parametrize("first", [False, True])
-async def test_eager_data_in_a_polled_lane_is_folded_as_it_is_read(first: bool) -> None:
+async def test_eager_data_in_a_polled_lane_is_folded_as_it_is_read(first: bool, dtype: str) -> None:
     """A receive posted with a fold gets a lane frame of LANE_FOLD_MIN bytes or
     more reduced straight out of the lane (its buffer left as it was), with the
     bits of a copy and then the reduction; a smaller one, or any frame on a loop
     that does not poll its lanes, fills the buffer and leaves the fold to the
     caller. The link says which payloads it folds (``fold_min_bytes``)."""
     from netcoll.links.shmlane import LANE_FOLD_MIN
-    from netcoll.ops import Fold, ReduceOp, reduce_to
+    from netcoll.ops import BFLOAT16, Fold, ReduceOp, reduce_to
+
+    dt = np.dtype(BFLOAT16) if dtype == "bfloat16" else np.dtype(dtype)
 
     async with mesh(2) as ts:
         a, b = ts[0].links[1], ts[1].links[0]
@@ -321,10 +324,11 @@ async def test_eager_data_in_a_polled_lane_is_folded_as_it_is_read(first: bool) 
         assert b.fold_min_bytes == (LANE_FOLD_MIN if polled else RING_MIN)
         assert ts[1].folds(0, LANE_FOLD_MIN) == polled and ts[1].folds(0, RING_MIN)
         rng = np.random.default_rng(3)
-        for seq, n in enumerate((LANE_FOLD_MIN // 4 - 1, LANE_FOLD_MIN // 4, 12_000)):
-            theirs = rng.standard_normal(n).astype(np.float32)
-            own = rng.standard_normal(n).astype(np.float32)
-            landing, out = np.full(n, 7, np.float32), np.zeros(n, np.float32)
+        item = dt.itemsize
+        for seq, n in enumerate((LANE_FOLD_MIN // item - 1, LANE_FOLD_MIN // item, 48_000 // item)):
+            theirs = rng.standard_normal(n).astype(dt)
+            own = rng.standard_normal(n).astype(dt)
+            landing, out = np.full(n, 7, dt), np.zeros(n, dt)
             fold = Fold(ReduceOp.SUM, out, own, incoming_first=first)
 
             async def receive(ch: Channel, fold: Fold = fold, landing: np.ndarray = landing) -> None:
@@ -337,7 +341,7 @@ async def test_eager_data_in_a_polled_lane_is_folded_as_it_is_read(first: bool) 
             before = b.lane_received
             await run(ts, [send, receive], seq)
             assert b.lane_received == before + polled
-            expected = np.empty(n, np.float32)
+            expected = np.empty(n, dt)
             reduce_to(ReduceOp.SUM, expected, *((theirs, own) if first else (own, theirs)))
             if polled and theirs.nbytes >= LANE_FOLD_MIN:
                 assert fold.complete and (landing == 7).all() and out.tobytes() == expected.tobytes()
