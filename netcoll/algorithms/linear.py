@@ -18,7 +18,7 @@ one transfer per rank and direction at a time, which large blocks need:
 ``P-1`` of them at once contend for the same cores, memory bandwidth (and on
 a real network the same wire). Measured at 4 and 8 ranks on 2 cores (the
 constant ``ALL_TO_ALL_LINEAR_MAX_BYTES``): below 4 MiB linear is up to 1.8x
-faster over TCP and shared memory in 10 of 12 cells, 1.07-1.11x slower in
+faster over TCP and shared memory in 12 of 14 cells, 1.07-1.11x slower in
 the other two (64 KiB over TCP); from 4 MiB pairwise is as fast or faster.
 
 Cost, ``P`` ranks, ``N`` bytes per buffer (``B = N/P`` a block): one step
