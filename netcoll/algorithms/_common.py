@@ -191,6 +191,28 @@ def reduce_scatter_args(
     return rop, data, dst
 
 
+def all_to_all_args(
+    ch: Channel, send: Any, recv: Any, segment_bytes: int
+) -> tuple[np.ndarray, np.ndarray, int, list[tuple[int, int]]]:
+    """The checks and setup every (even) all_to_all starts with: ``(uint8 view of
+    send, uint8 view of recv, block bytes, the segments of one block)``, with this
+    rank's own block already copied from ``send`` to ``recv``."""
+    check_segment_bytes(segment_bytes)
+    src = as_u8(send, "send", writeable=False)
+    dst = as_u8(recv, "recv")
+    P, r = ch.size, ch.rank
+    if src.nbytes != dst.nbytes or src.nbytes % P:
+        raise ValueError(
+            f"all_to_all: send ({src.nbytes} bytes) and recv ({dst.nbytes} bytes) "
+            f"must be {P} equal blocks of the same size"
+        )
+    if np.may_share_memory(src, dst) and src.nbytes:
+        raise ValueError("all_to_all: send and recv must not overlap")
+    block = src.nbytes // P
+    dst[r * block : (r + 1) * block] = src[r * block : (r + 1) * block]
+    return src, dst, block, split(block, num_segments(block, segment_bytes))
+
+
 def gather_args(ch: Channel, buf: Any, segment_bytes: int, what: str) -> tuple[np.ndarray, int]:
     """The checks every all-gather starts with: ``(uint8 view of buf, block bytes)``."""
     check_segment_bytes(segment_bytes)

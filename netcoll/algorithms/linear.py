@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._common import DEFAULT_SEGMENT_BYTES, RecvWindow, as_u8, check_segment_bytes, num_segments, split
+from ._common import DEFAULT_SEGMENT_BYTES, RecvWindow, all_to_all_args
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -53,23 +53,10 @@ async def all_to_all(
         recv: writeable C-contiguous array of the same byte size, not
             overlapping ``send``.
     """
-    check_segment_bytes(segment_bytes)
-    src_buf = as_u8(send, "send", writeable=False)
-    dst_buf = as_u8(recv, "recv")
-    P, r = ch.size, ch.rank
-    if src_buf.nbytes != dst_buf.nbytes or src_buf.nbytes % P:
-        raise ValueError(
-            f"all_to_all: send ({src_buf.nbytes} bytes) and recv ({dst_buf.nbytes} bytes) "
-            f"must be {P} equal blocks of the same size"
-        )
-    if np.may_share_memory(src_buf, dst_buf) and src_buf.nbytes:
-        raise ValueError("all_to_all: send and recv must not overlap")
-    block = src_buf.nbytes // P
-    dst_buf[r * block : (r + 1) * block] = src_buf[r * block : (r + 1) * block]
+    src_buf, dst_buf, block, segs = all_to_all_args(ch, send, recv, segment_bytes)
+    P, r, S = ch.size, ch.rank, len(segs)
     if P == 1:
         return
-    segs = split(block, num_segments(block, segment_bytes))
-    S = len(segs)
 
     def plan(i: int) -> tuple[int, int, int, np.ndarray]:
         k, j = divmod(i, S)

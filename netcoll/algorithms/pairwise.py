@@ -60,6 +60,7 @@ from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RecvWindow,
+    all_to_all_args,
     as_u8,
     check_segment_bytes,
     drain,
@@ -93,23 +94,10 @@ async def all_to_all(
         recv: writeable C-contiguous array of the same byte size, not
             overlapping ``send``.
     """
-    check_segment_bytes(segment_bytes)
-    src_buf = as_u8(send, "send", writeable=False)
-    dst_buf = as_u8(recv, "recv")
-    P, r = ch.size, ch.rank
-    if src_buf.nbytes != dst_buf.nbytes or src_buf.nbytes % P:
-        raise ValueError(
-            f"all_to_all: send ({src_buf.nbytes} bytes) and recv ({dst_buf.nbytes} bytes) "
-            f"must be {P} equal blocks of the same size"
-        )
-    if np.may_share_memory(src_buf, dst_buf) and src_buf.nbytes:
-        raise ValueError("all_to_all: send and recv must not overlap")
-    block = src_buf.nbytes // P
-    dst_buf[r * block : (r + 1) * block] = src_buf[r * block : (r + 1) * block]
+    src_buf, dst_buf, block, segs = all_to_all_args(ch, send, recv, segment_bytes)
+    P, r, S = ch.size, ch.rank, len(segs)
     if P == 1:
         return
-    segs = split(block, num_segments(block, segment_bytes))
-    S = len(segs)
 
     def plan(i: int) -> tuple[int, int, int, np.ndarray]:
         k, j = divmod(i, S)
@@ -188,7 +176,7 @@ async def all_to_all_list(
             )
             if not at_once:
                 out[(r - k) % P] = await tasks.pop(k)
-        for k in range(1, P if at_once else 1):
+        for k in list(tasks):  # sent at once: every receive is still to be awaited
             out[(r - k) % P] = await tasks.pop(k)
     finally:
         await drain(tasks.values())
