@@ -40,9 +40,10 @@ class ProgressReporter:
         send: Callable[[dict[str, int]], Awaitable[None]],
         comm: Communicator,
         iters: int,
-        interval: float = PROGRESS_INTERVAL,
+        interval: float | None = None,
     ) -> None:
-        self.send, self.comm, self.interval = send, comm, interval
+        self.send, self.comm = send, comm
+        self.interval = PROGRESS_INTERVAL if interval is None else interval  # (read at each job)
         self.iteration, self.of = 0, iters
         self.base = bytes_sent(comm)
         self.task: asyncio.Task[None] | None = None

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from netcoll.cli.progress import ProgressDisplay, bar, describe
+from netcoll.service import runner
 from tests.support import REPO
 from tests.support.services import service
 
@@ -35,7 +36,9 @@ def states(events: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-async def test_progress_goes_waiting_running_done() -> None:
+async def test_progress_goes_waiting_running_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    # reports every 50 ms: the 20 calls may take under the default 0.5 s on a fast run (seen in CI)
+    monkeypatch.setattr(runner, "PROGRESS_INTERVAL", 0.05)
     async with service(2) as (c, client):
         jid = await client.submit("all_reduce", size="16MiB", iters=20, world_size=3, deadline=120)
         events: list[dict[str, Any]] = []
