@@ -77,6 +77,7 @@ class ReduceOp(str, enum.Enum):
 
 
 _OP_NAMES = ", ".join(op.value for op in ReduceOp)
+_BY_NAME: dict[str, ReduceOp] = {op.value: op for op in ReduceOp}  # "sum" -> SUM without the enum's call
 
 
 #: ``torch.distributed.ReduceOp`` names -> ours (PREMUL_SUM has no counterpart: a scale per call)
@@ -102,6 +103,9 @@ def parse_op(op: str | ReduceOp) -> ReduceOp:
     name, or a ``torch.distributed.ReduceOp`` value."""
     if isinstance(op, ReduceOp):
         return op
+    hit = _BY_NAME.get(op) if op.__class__ is str else None
+    if hit is not None:
+        return hit
     if not isinstance(op, str):
         if type(op).__module__.startswith("torch."):
             return _torch_op(op)
@@ -321,6 +325,14 @@ def reduce_to(op: str | ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray)
     if not (_fits(out, a) and _fits(out, b)):
         _check_pair(out, a)
         _check_pair(out, b)
+    _reduce(op, out, a, b)
+
+
+def reduce_checked(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """:func:`reduce_to` without its checks, for a caller that made ``out``, ``a``
+    and ``b`` itself as plain arrays of one dtype and shape (``out`` writeable):
+    the per-message reduction of an algorithm, where the checks cost as much as
+    a small add."""
     _reduce(op, out, a, b)
 
 

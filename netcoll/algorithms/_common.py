@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from ..errors import MismatchError
-from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_to
+from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_checked
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -339,12 +339,15 @@ class Reduction:
         return Fold(self.op, self.out[a:b], self.own[a:b], incoming_first=self.incoming_first)
 
     def apply(self, incoming: np.ndarray, a: int, b: int) -> None:
-        """Reduce the received elements ``[a:b]`` (of the receive buffer ``incoming``) here."""
+        """Reduce the received elements ``[a:b]`` (of the receive buffer ``incoming``,
+        an array of ``out``'s dtype that the algorithm made) here."""
         own, inc = self.own[a:b], incoming[a:b]
+        if inc.dtype != own.dtype:  # (a bug in an algorithm, not a peer's doing)
+            raise TypeError(f"receive buffer is {inc.dtype}, the reduction's operands {own.dtype}")
         if self.incoming_first:
-            reduce_to(self.op, self.out[a:b], inc, own)
+            reduce_checked(self.op, self.out[a:b], inc, own)
         else:
-            reduce_to(self.op, self.out[a:b], own, inc)
+            reduce_checked(self.op, self.out[a:b], own, inc)
 
 
 async def exchange(
