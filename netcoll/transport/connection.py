@@ -41,10 +41,14 @@ from .tls import TlsConfig, describe_failure
 
 log = logging.getLogger("netcoll.transport")
 
-SCRATCH_BYTES = 64 * 1024  # small frames are read many at a time into this...
+COALESCE_MAX = 64 * 1024  # payloads up to this size are copied behind their header: one write
+#: small frames are read many at a time into this; room for a whole coalesced frame (a
+#: header of up to 4 KiB), so that one arrives in one read, not two: 64 KiB exactly read
+#: into 64 KiB cost a second system call and event-loop turn for the header's worth of
+#: payload left over (docs/performance.md, "A 64 KiB frame in one read")
+SCRATCH_BYTES = COALESCE_MAX + 4096
 DIRECT_MIN = 32 * 1024  # ...a payload remainder at least this big is read straight into place
 HIGH_WATER = 4 * 1024 * 1024
-COALESCE_MAX = 64 * 1024  # payloads up to this size are copied behind their header: one write
 HANDSHAKE_TIMEOUT = DEFAULT_SETTINGS.handshake_timeout_s
 HANDSHAKE_LIMITS = wire.Limits(max_header=4096, max_payload=0)
 ERROR_MESSAGE_MAX = 4096  # characters of an ERROR frame's message (a control frame: small header)
