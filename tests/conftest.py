@@ -1,5 +1,6 @@
 """Shared fixtures: ``make_group`` runs a test over the in-memory transport and
-over real loopback TCP (ids ``memory`` and ``tcp``). Helpers: tests/support/."""
+over real loopback TCP links (ids ``memory`` and ``tcp``; a test may ask for
+shared-memory links too, id ``shm``: ``tests.support.ALL_LINKS``). Helpers: tests/support/."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ async def make_group(request: pytest.FixtureRequest) -> AsyncIterator[MakeGroup]
         if request.param == "memory":
             group = memory_group(size)
         else:
-            group = await tcp_group(size, killable=killable)
+            group = await tcp_group(size, killable=killable, links=request.param)
         groups.append(group)
         return group
 

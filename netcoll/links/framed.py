@@ -23,12 +23,17 @@ import asyncio
 import functools
 from typing import Any, Final
 
+import numpy as np
+
 from ..errors import ProtocolError
 from ..transport.mailbox import Mailbox
-from ..wire import Frame, Kind
+from ..wire import CHUNK, Frame, Kind
 from .base import Link, LinkStats
 from .flow import Flow
 
+#: a held payload larger than this gets a buffer of its own size from :meth:`FramedLink.sink`
+#: (the decoder would grow one in pieces of this size and join them)
+HELD_PIECES_MAX: Final = CHUNK
 ABORT_REASON_MAX: Final = 4096  # characters of an ABORT's reason (control frames are small)
 ABORT_RANKS_MAX: Final = 512
 
@@ -161,10 +166,18 @@ class FramedLink(Link):
         self._cur_n, self._cur_charged, self._cur_hit = n, rid is None, False
 
     def sink(self, kind: Kind, header: dict[str, Any], n: int) -> memoryview | None:
-        """The decoder's sink: where the payload of a frame goes (None: a buffer of its own)."""
+        """The decoder's sink: where the payload of a frame goes (None: a buffer of its own).
+
+        A large eager payload with no receive posted for it yet (a faster peer's first
+        segment of an operation this rank has not opened) is *held*: it gets one buffer of
+        its size here, instead of the decoder's pieces joined at the end (a second copy
+        of it, and twice the fresh pages). Its size was charged against this side's
+        window, so a peer cannot make it larger than the window it was granted."""
         self.admit(kind, header, n)
         buf = self.mailbox.sink(self.peer, header, n)
         self._cur_hit = buf is not None
+        if buf is None and n > HELD_PIECES_MAX and self._cur_charged:
+            return np.empty(n, dtype=np.uint8).data  # uninitialized: pages are touched as bytes land
         return buf
 
     def receive(self, frame: Frame) -> None:

@@ -88,8 +88,9 @@ async def _memory_pair(window: int) -> tuple[Pair, Callable[[], Awaitable[None]]
     return Pair("memory", list(hub.transports)), close
 
 
-async def _tcp_pair(window: int) -> tuple[Pair, Callable[[], Awaitable[None]]]:
-    """Two authenticated TcpTransports on loopback, one Listener each."""
+async def _tcp_pair(window: int, kind: str = "tcp") -> tuple[Pair, Callable[[], Awaitable[None]]]:
+    """Two authenticated TcpTransports on loopback, one Listener each, joined by
+    ``kind`` links: ``"tcp"``, or ``"auto"`` (shared memory on one host)."""
     listeners = [Listener(token="flow-s3cret") for _ in range(2)]
     transports: list[TcpTransport] = []
 
@@ -110,27 +111,32 @@ async def _tcp_pair(window: int) -> tuple[Pair, Callable[[], Awaitable[None]]]:
                     session=session,
                     peers=addresses,
                     token="flow-s3cret",
-                    links=LinkConfig(window=window),
+                    links=LinkConfig(window=window, transport=kind),
                 )
             )
         await asyncio.gather(*(t.connect(10.0) for t in transports))
     except BaseException:
         await close()
         raise
-    return Pair("tcp", list(transports)), close
+    return Pair("tcp" if kind == "tcp" else "shm", list(transports)), close
 
 
 MakePair = Callable[[int], Awaitable[Pair]]
 
 
-@pytest.fixture(params=["memory", "tcp"])
+@pytest.fixture(params=["memory", "tcp", "shm"])
 async def make_pair(request: pytest.FixtureRequest) -> AsyncIterator[MakePair]:
     """``await make_pair(window)``: ranks 0 and 1 whose receive windows are
-    ``window`` bytes, over memory links and over loopback TCP (closed after the test)."""
+    ``window`` bytes, over memory links, loopback TCP links and shared-memory links
+    (closed after the test)."""
     closers: list[Callable[[], Awaitable[None]]] = []
 
     async def make(window: int) -> Pair:
-        pair, close = await (_memory_pair(window) if request.param == "memory" else _tcp_pair(window))
+        kind = request.param
+        if kind == "memory":
+            pair, close = await _memory_pair(window)
+        else:
+            pair, close = await _tcp_pair(window, "auto" if kind == "shm" else kind)
         closers.append(close)
         return pair
 
@@ -301,6 +307,39 @@ async def test_a_message_larger_than_the_window_waits_for_its_receive_and_lands_
     assert into.unexpected_peak == 0 and into.bytes_received == 8 * MIB
 
 
+async def test_a_large_eager_payload_ahead_of_its_receive_is_held_in_one_buffer(
+    make_pair: MakePair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Larger than the decoder's pieces and within the window: it arrives before its
+    receive is posted, into one buffer of its size (never pieces joined: a second copy),
+    and is held, then handed over intact, both with and without an ``out`` buffer."""
+    joined: list[int] = []
+    real_join = wire.decoder._join
+    monkeypatch.setattr(wire.decoder, "_join", lambda chunks, size: joined.append(size) or real_join(chunks, size))
+    pair = await make_pair(64 * MIB)
+    data = [np.random.default_rng(i).integers(0, 256, 3 * CHUNK + 5, dtype=np.uint8) for i in range(2)]
+
+    async def sender(ch: Channel) -> None:
+        for i, d in enumerate(data):
+            await ch.send(1, d, step=i)
+
+    async def receiver(ch: Channel) -> list[np.ndarray]:
+        await asyncio.sleep(0.3)  # both arrive first
+        held = pair.link(1).stats().unexpected_bytes
+        out = np.zeros_like(data[0])
+        await ch.recv(0, step=0, out=out)
+        fresh = np.frombuffer(await ch.recv(0, step=1), np.uint8)
+        assert held == sum(d.nbytes for d in data)
+        return [out, fresh]
+
+    _, got = await pair.run([sender, receiver])
+    assert all(np.array_equal(g, d) for g, d in zip(got, data, strict=True))
+    assert joined == []
+    into = pair.link(1).stats()
+    assert into.unexpected_bytes == 0 and into.bytes_received == sum(d.nbytes for d in data)
+    assert pair.link(0).stats().rendezvous == 0
+
+
 async def test_rendezvous_into_a_receive_posted_without_a_buffer(make_pair: MakePair) -> None:
     pair = await make_pair(MIB)
     data = filled(3 * MIB, 7)
@@ -407,7 +446,7 @@ async def test_a_data_frame_declaring_4_gib_is_refused_without_allocating(make_p
 
 async def test_a_rendezvous_data_frame_that_was_never_cleared_is_refused(make_pair: MakePair) -> None:
     pair = await make_pair(MIB)
-    if pair.kind == "tcp":
+    if pair.kind != "memory":  # (a shared-memory link's socket carries small DATA frames)
         link = pair.link(0)
         assert isinstance(link, TcpLink) and link.transport is not None
         header = {"g": "g", "q": 0, "s": 0, "c": 0, "f": "fp", "rz": 99}

@@ -1,10 +1,11 @@
 """Helpers shared by the tests (fixtures themselves live in tests/conftest.py)."""
 
-from .groups import TRANSPORTS, Group, MakeGroup, memory_group, tcp_group
+from .groups import ALL_LINKS, TRANSPORTS, Group, MakeGroup, memory_group, tcp_group
 from .worlds import REPO, memory_world, rank_data, run_world, run_world_settled, valid_ops
 
 __all__ = [
     "REPO",
+    "ALL_LINKS",
     "TRANSPORTS",
     "Group",
     "MakeGroup",

@@ -18,8 +18,11 @@ from netcoll.transport.tcp import Listener, TcpTransport
 from netcoll.transport.tls import TlsConfig
 from netcoll.wire import Kind
 
-#: the transports :func:`make_group` runs a test over (its ids)
+#: the transports :func:`make_group` runs a test over (its ids); a test may add "shm"
+#: (``@pytest.mark.parametrize("make_group", ALL_LINKS, indirect=True)``): a socket mesh
+#: whose links are shared memory, as netcoll picks them on one host
 TRANSPORTS = ("memory", "tcp")
+ALL_LINKS = (*TRANSPORTS, "shm")
 LOOPBACK = "127.0.0.1"  # tests talk to loopback only
 _SESSIONS = itertools.count()
 
@@ -209,12 +212,16 @@ class _Cable:
         await asyncio.gather(*self._handlers, return_exceptions=True)
 
 
-async def tcp_group(size: int, *, killable: bool = False, token: str | None = None, timeout: float = 10.0) -> Group:
-    """``size`` ranks over real loopback TCP: one :class:`Listener` per rank,
-    as in a process, and a :class:`TcpTransport` mesh of one session.
-    ``killable``: every link runs through a :class:`_Cable`, so
-    :meth:`Group.kill` can cut a rank's links the way a dying host does (the
-    relays cost time, so only groups that kill ranks have them)."""
+async def tcp_group(
+    size: int, *, killable: bool = False, token: str | None = None, timeout: float = 10.0, links: str = "tcp"
+) -> Group:
+    """``size`` ranks over real loopback sockets: one :class:`Listener` per rank,
+    as in a process, and a :class:`TcpTransport` mesh of one session whose links
+    are ``links``: ``"tcp"``, or ``"shm"`` (what netcoll picks on one host: shared
+    memory, its socket for small frames and wake-ups). ``killable``: every link runs
+    through a :class:`_Cable`, so :meth:`Group.kill` can cut a rank's links the way
+    a dying host does (the relays cost time, so only groups that kill ranks have them)."""
+    config = LinkConfig(transport="tcp" if links == "tcp" else "auto")
     listeners = [Listener(token=token) for _ in range(size)]
     transports: list[TcpTransport] = []
     cables: dict[tuple[int, int], _Cable] = {}
@@ -242,12 +249,18 @@ async def tcp_group(size: int, *, killable: bool = False, token: str | None = No
                 cable = cables[(r, j)] = _Cable(addresses[j])
                 await cable.start()
                 peers[j] = cable.address
-            transports.append(TcpTransport(listeners[r], rank=r, size=size, session=session, peers=peers, token=token))
+            transports.append(
+                TcpTransport(listeners[r], rank=r, size=size, session=session, peers=peers, token=token, links=config)
+            )
         await asyncio.gather(*(t.connect(timeout) for t in transports))
     except BaseException:
         await close()
         raise
-    return Group("tcp", list(transports), kill=kill, close=close)
+    kinds = {link.kind for t in transports for link in t.links.values()}
+    if kinds - {links}:  # (a test of one kind of link must not silently run on another)
+        await close()
+        raise RuntimeError(f"asked for {links} links, got {', '.join(sorted(kinds))}")
+    return Group(links, list(transports), kill=kill, close=close)
 
 
 class MakeGroup(Protocol):
