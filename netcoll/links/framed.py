@@ -38,6 +38,12 @@ ABORT_REASON_MAX: Final = 4096  # characters of an ABORT's reason (control frame
 ABORT_RANKS_MAX: Final = 512
 
 
+def held_buffer(n: int) -> memoryview:
+    """``n`` writable bytes for a payload no receive was posted for, uninitialized:
+    its pages are touched only as the bytes land (``n`` was checked by flow control)."""
+    return np.empty(n, dtype=np.uint8).data
+
+
 def connection_error(exc: BaseException | None) -> ConnectionError:
     if isinstance(exc, ConnectionError):
         return exc
@@ -177,7 +183,7 @@ class FramedLink(Link):
         buf = self.mailbox.sink(self.peer, header, n)
         self._cur_hit = buf is not None
         if buf is None and n > HELD_PIECES_MAX and self._cur_charged:
-            return np.empty(n, dtype=np.uint8).data  # uninitialized: pages are touched as bytes land
+            return held_buffer(n)
         return buf
 
     def receive(self, frame: Frame) -> None:

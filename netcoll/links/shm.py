@@ -50,7 +50,7 @@ from ..transport.mailbox import Mailbox
 from ..wire import Frame, Kind, encode_header
 from . import lane, shmring
 from .factory import SHM, Capabilities
-from .framed import FramedLink, connection_error
+from .framed import FramedLink, connection_error, held_buffer
 from .shmlane import LaneLink
 from .shmring import RingReader, RingWriter, Segment, ShmRefused
 
@@ -302,7 +302,7 @@ class ShmLink(LaneLink):
         self.admit(Kind.DATA, header, n)
         buf = self.mailbox.sink(self.peer, header, n)
         self._cur_hit = buf is not None
-        target = memoryview(buf).cast("B") if buf is not None else memoryview(bytearray(n))
+        target = memoryview(buf).cast("B") if buf is not None else held_buffer(n)  # not zero-filled first
         fold = self.mailbox.fold(self.peer, header) if buf is not None else None
         self._in = _Incoming(header, n, target, fold=fold if fold is not None and fold.nbytes == n else None)
         return self._in
