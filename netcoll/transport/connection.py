@@ -47,7 +47,7 @@ COALESCE_MAX = 64 * 1024  # payloads up to this size are copied behind their hea
 #: into 64 KiB cost a second system call and event-loop turn for the header's worth of
 #: payload left over (docs/performance.md, "A 64 KiB frame in one read")
 SCRATCH_BYTES = COALESCE_MAX + 4096
-DIRECT_MIN = 32 * 1024  # ...a payload remainder at least this big is read straight into place
+DIRECT_MIN = 32 * 1024  # a payload remainder at least this big is read straight into place, not via the scratch
 HIGH_WATER = 4 * 1024 * 1024
 HANDSHAKE_TIMEOUT = DEFAULT_SETTINGS.handshake_timeout_s
 HANDSHAKE_LIMITS = wire.Limits(max_header=4096, max_payload=0)
