@@ -121,11 +121,16 @@ CRASH = textwrap.dedent(
     """
     import os, signal, sys, time
     import numpy as np
+    import netcoll
     import netcoll.sync
 
     with netcoll.sync.connect() as comm:
         comm.barrier()
         print("ready", flush=True)
+        try:  # once rank 1 leaves this, every rank has printed (a barrier's end is not simultaneous)
+            comm.barrier()
+        except netcoll.CollectiveError:  # rank 1 died while we were still in it: fine
+            pass
         if comm.rank == 1:
             if sys.argv[1] == "raise":
                 raise RuntimeError("rank 1 breaks")
