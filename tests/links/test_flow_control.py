@@ -10,7 +10,6 @@ and the decoder's growing buffers are tested sans-IO at the end.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +21,6 @@ import pytest
 from netcoll import wire
 from netcoll.comm import Communicator
 from netcoll.errors import CollectiveError, PeerLost, ProtocolError
-from netcoll.links.factory import LinkConfig
 from netcoll.links.flow import MAX_PENDING_RTS, Flow
 from netcoll.links.framed import FramedLink
 from netcoll.links.memory import MemoryLink
@@ -30,13 +28,11 @@ from netcoll.links.tcp import TcpLink
 from netcoll.operation import Reason
 from netcoll.transport.base import Channel, Transport
 from netcoll.transport.memory import MemoryHub
-from netcoll.transport.tcp import Listener, TcpTransport
 from netcoll.wire import CHUNK, FrameDecoder, Kind, Limits, encode, encode_header
+from tests.support import tcp_group
 
-LOOPBACK = "127.0.0.1"
 MIB = 1 << 20
 GIB = 1 << 30
-_SESSIONS = itertools.count()
 
 
 # --------------------------------------------------------------------------- two ranks, two ways
@@ -88,37 +84,11 @@ async def _memory_pair(window: int) -> tuple[Pair, Callable[[], Awaitable[None]]
     return Pair("memory", list(hub.transports)), close
 
 
-async def _tcp_pair(window: int, kind: str = "tcp") -> tuple[Pair, Callable[[], Awaitable[None]]]:
-    """Two authenticated TcpTransports on loopback, one Listener each, joined by
-    ``kind`` links: ``"tcp"``, or ``"auto"`` (shared memory on one host)."""
-    listeners = [Listener(token="flow-s3cret") for _ in range(2)]
-    transports: list[TcpTransport] = []
-
-    async def close() -> None:
-        await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
-        for listener in listeners:
-            await listener.close()
-
-    try:
-        addresses = [await listener.start(LOOPBACK, 0) for listener in listeners]
-        session = f"flow-{next(_SESSIONS)}"
-        for r in range(2):
-            transports.append(
-                TcpTransport(
-                    listeners[r],
-                    rank=r,
-                    size=2,
-                    session=session,
-                    peers=addresses,
-                    token="flow-s3cret",
-                    links=LinkConfig(window=window, transport=kind),
-                )
-            )
-        await asyncio.gather(*(t.connect(10.0) for t in transports))
-    except BaseException:
-        await close()
-        raise
-    return Pair("tcp" if kind == "tcp" else "shm", list(transports)), close
+async def _tcp_pair(window: int, kind: str) -> tuple[Pair, Callable[[], Awaitable[None]]]:
+    """Two authenticated TcpTransports on loopback (:func:`tcp_group`), joined by
+    ``kind`` links: ``"tcp"`` or ``"shm"``."""
+    group = await tcp_group(2, token="flow-s3cret", links=kind, window=window)
+    return Pair(kind, group.transports), group.close
 
 
 MakePair = Callable[[int], Awaitable[Pair]]
@@ -136,7 +106,7 @@ async def make_pair(request: pytest.FixtureRequest) -> AsyncIterator[MakePair]:
         if kind == "memory":
             pair, close = await _memory_pair(window)
         else:
-            pair, close = await _tcp_pair(window, "auto" if kind == "shm" else kind)
+            pair, close = await _tcp_pair(window, kind)
         closers.append(close)
         return pair
 
@@ -315,7 +285,12 @@ async def test_a_large_eager_payload_ahead_of_its_receive_is_held_in_one_buffer(
     and is held, then handed over intact, both with and without an ``out`` buffer."""
     joined: list[int] = []
     real_join = wire.decoder._join
-    monkeypatch.setattr(wire.decoder, "_join", lambda chunks, size: joined.append(size) or real_join(chunks, size))
+
+    def join(chunks: list[memoryview], size: int) -> memoryview:
+        joined.append(size)
+        return real_join(chunks, size)
+
+    monkeypatch.setattr(wire.decoder, "_join", join)
     pair = await make_pair(64 * MIB)
     data = [np.random.default_rng(i).integers(0, 256, 3 * CHUNK + 5, dtype=np.uint8) for i in range(2)]
 

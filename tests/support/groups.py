@@ -213,15 +213,23 @@ class _Cable:
 
 
 async def tcp_group(
-    size: int, *, killable: bool = False, token: str | None = None, timeout: float = 10.0, links: str = "tcp"
+    size: int,
+    *,
+    killable: bool = False,
+    token: str | None = None,
+    timeout: float = 10.0,
+    links: str = "tcp",
+    window: int | None = None,
 ) -> Group:
     """``size`` ranks over real loopback sockets: one :class:`Listener` per rank,
     as in a process, and a :class:`TcpTransport` mesh of one session whose links
     are ``links``: ``"tcp"``, or ``"shm"`` (what netcoll picks on one host: shared
     memory, its socket for small frames and wake-ups). ``killable``: every link runs
     through a :class:`_Cable`, so :meth:`Group.kill` can cut a rank's links the way
-    a dying host does (the relays cost time, so only groups that kill ranks have them)."""
-    config = LinkConfig(transport="tcp" if links == "tcp" else "auto")
+    a dying host does (the relays cost time, so only groups that kill ranks have them).
+    ``window``: each link's receive window (default: netcoll's)."""
+    transport = "tcp" if links == "tcp" else "auto"
+    config = LinkConfig(transport=transport) if window is None else LinkConfig(window=window, transport=transport)
     listeners = [Listener(token=token) for _ in range(size)]
     transports: list[TcpTransport] = []
     cables: dict[tuple[int, int], _Cable] = {}
