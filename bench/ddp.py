@@ -128,6 +128,14 @@ def main() -> int:
     return 0
 
 
+def spread(ts: list[float]) -> tuple[float, float, float]:
+    """Median, p10 and p90 of ``ts``. Inclusive quantiles: they lie between the
+    samples (the default, exclusive, extrapolates past the smallest of a few
+    samples, down to a negative time)."""
+    q = statistics.quantiles(ts, n=10, method="inclusive") if len(ts) > 1 else ts * 9
+    return statistics.median(ts), q[0], q[-1]
+
+
 def report(args: Any, params: int, times: dict[str, list[float]], same: dict[str, bool], diff: float) -> None:
     world = dist.get_world_size()
     print(
@@ -137,8 +145,8 @@ def report(args: Any, params: int, times: dict[str, list[float]], same: dict[str
     )
     print(f"{'backend':<18} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'steps':>6}")
     for name, ts in times.items():
-        q = statistics.quantiles(ts, n=10) if len(ts) > 1 else ts * 9
-        print(f"{name:<18} {1e3 * statistics.median(ts):>10.1f} {1e3 * q[0]:>8.1f} {1e3 * q[-1]:>8.1f} {len(ts):>6}")
+        median, p10, p90 = spread(ts)
+        print(f"{name:<18} {1e3 * median:>10.1f} {1e3 * p10:>8.1f} {1e3 * p90:>8.1f} {len(ts):>6}")
     ratio = statistics.median(times["netcoll"]) / statistics.median(times["gloo"])
     print(f"netcoll / gloo median step time: {ratio:.2f}")
     print(

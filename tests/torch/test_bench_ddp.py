@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -25,3 +26,14 @@ def test_ddp_bench_prints_the_table() -> None:
         assert re.search(rf"\[rank 0\] {backend} +\d+\.\d +\d+\.\d +\d+\.\d +6\n", out), (backend, out[-3000:])
     assert re.search(r"netcoll / gloo median step time: \d+\.\d\d", out)
     assert "bit-identical on every rank: netcoll True, gloo True; max |netcoll - gloo| = " in out
+
+
+def test_the_spread_stays_within_the_samples() -> None:
+    spec = importlib.util.spec_from_file_location("bench_ddp", REPO / "bench" / "ddp.py")
+    assert spec is not None and spec.loader is not None
+    ddp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ddp)
+    ts = [0.001, 0.010, 0.010, 0.010, 0.010, 0.010]  # one fast step among six
+    median, p10, p90 = ddp.spread(ts)
+    assert min(ts) <= p10 <= median <= p90 <= max(ts)
+    assert ddp.spread([0.5]) == (0.5, 0.5, 0.5)
