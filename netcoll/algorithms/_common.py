@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from .. import resultpool
 from ..errors import MismatchError
 from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_checked
 
@@ -76,6 +77,21 @@ def flat(buf: Any, name: str = "buf", *, writeable: bool = True) -> np.ndarray:
 def as_u8(buf: Any, name: str = "buf", *, writeable: bool = True) -> np.ndarray:
     """A flat ``uint8`` view (never a copy) of the C-contiguous ndarray ``buf``."""
     return flat(buf, name, writeable=writeable).view(np.uint8)
+
+
+def new_result(nbytes: int) -> np.ndarray:
+    """A flat ``uint8`` buffer of ``nbytes`` that the caller gets back as a
+    result (a message whose size was learnt on arrival, a copy of the own
+    block). From the process's result pool: a large one then reuses a dropped
+    result's memory instead of zero-filled fresh pages (netcoll.resultpool)."""
+    return resultpool.empty((nbytes,), np.uint8)
+
+
+def result_copy(data: np.ndarray) -> np.ndarray:
+    """A :func:`new_result` holding the bytes of the flat ``uint8`` array ``data``."""
+    new = new_result(data.nbytes)
+    np.copyto(new, data)
+    return new
 
 
 def own_input(src: Any, data: np.ndarray, what: str) -> np.ndarray | None:
@@ -479,7 +495,7 @@ async def relay(
         # copy of at most one segment), then post the rest in place.
         payload, got_meta = await ch.recv_meta(src, step=step, chunk=0)
         nbytes = _nbytes_of(ch, got_meta, what)
-        data = np.empty(nbytes, dtype=np.uint8)
+        data = new_result(nbytes)
         segs = split(nbytes, num_segments(nbytes, segment_bytes))
         a, b = segs[0]
         if payload.nbytes != b - a:

@@ -66,6 +66,7 @@ from ._common import (
     drain,
     flat,
     num_segments,
+    result_copy,
     scratch_depth,
     split,
 )
@@ -145,7 +146,7 @@ async def all_to_all_list(
         raise ValueError(f"all_to_all_list: {len(metas)} metas for {P} blocks")
     datas = [as_u8(b, f"blocks[{k}]", writeable=False) for k, b in enumerate(blocks)]
     out: list[Message | None] = [None] * P
-    out[r] = (datas[r].copy(), dict(metas[r] or {}, nbytes=datas[r].nbytes))
+    out[r] = (result_copy(datas[r]), dict(metas[r] or {}, nbytes=datas[r].nbytes))
     if P == 1:
         return out  # type: ignore[return-value]
 

@@ -5,6 +5,7 @@ collectives hand out pooled results with the right contents."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import threading
 from collections.abc import Iterator
@@ -21,6 +22,14 @@ MIN = 1 << 16  # a pool that takes small arrays, so the tests stay cheap
 
 def addr(a: np.ndarray) -> int:
     return int(a.__array_interface__["data"][0])
+
+
+def pooled(a: np.ndarray) -> bool:
+    """Whether ``a`` lies in a block of the pool (its bases end in the pool's ctypes holder)."""
+    base: object = a
+    while isinstance(base, (np.ndarray, memoryview)):
+        base = base.base if isinstance(base, np.ndarray) else base.obj
+    return isinstance(base, ctypes.Array)
 
 
 def test_small_arrays_are_plain_numpy() -> None:
@@ -160,6 +169,49 @@ async def test_collectives_return_pooled_results(small_results: ResultPool) -> N
     results = await run_world(2, body)
     assert results == [[6.0, 6.0, 6.0, 2.0]] * 2
     assert small_results.stats()["reused"] >= 2  # the later calls took back what the earlier dropped
+
+
+async def test_results_sized_on_arrival_are_pooled_too(small_results: ResultPool) -> None:
+    """Results an algorithm allocates itself (a broadcast into no buffer, a
+    receive, uneven gather / scatter / all_to_all, whose sizes travel with the
+    data) come from the pool, and the later calls take back what the earlier dropped."""
+    n = MIN  # float32 elements: 4 * MIN bytes
+
+    async def body(comm: object) -> list[float]:
+        r = comm.rank  # type: ignore[attr-defined]
+        x = np.full(n, r + 1, np.float32)
+        seen: list[float] = []
+        for _ in range(2):
+            b = await comm.broadcast(x if r == 0 else None, 0)  # type: ignore[attr-defined]
+            assert pooled(b) == (r == 1)  # the root's result is its input
+            seen.append(float(b[-1]))
+            del b
+        if r == 0:
+            await comm.send(x * 3, 1)  # type: ignore[attr-defined]
+        else:
+            got = await comm.recv(0)  # type: ignore[attr-defined]
+            assert pooled(got)
+            seen.append(float(got[-1]))
+            del got
+        lists = await comm.all_to_all([x, x * 2])  # type: ignore[attr-defined]
+        assert all(pooled(a) for a in lists)  # the own block is a pooled copy too
+        seen.append(float(lists[0][-1] + lists[1][-1]))
+        del lists
+        parts = await comm.scatter([x, x * 5] if r == 0 else None, 0)  # type: ignore[attr-defined]
+        assert pooled(parts)
+        seen.append(float(parts[-1]))
+        del parts
+        g = await comm.gather(x, 0, uneven=True)  # type: ignore[attr-defined]
+        if r == 0:
+            assert all(pooled(a) for a in g)
+            seen.append(float(g[0][-1] + g[1][-1]))
+        return seen
+
+    results = await run_world(2, body)
+    # x = r + 1. Rank 0: broadcast 1, 1; all_to_all 1 + 2 (block 0 of [x, 2x] from each
+    # rank); scatter 1; gather 1 + 2. Rank 1: broadcast 1, 1; recv 3; all_to_all 2 + 4; scatter 5.
+    assert results == [[1.0, 1.0, 3.0, 1.0, 3.0], [1.0, 1.0, 3.0, 6.0, 5.0]]
+    assert small_results.stats()["reused"] >= 3
 
 
 @pytest.mark.parametrize("which", ["results", "scratch"])
