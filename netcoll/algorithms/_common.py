@@ -79,21 +79,6 @@ def as_u8(buf: Any, name: str = "buf", *, writeable: bool = True) -> np.ndarray:
     return flat(buf, name, writeable=writeable).view(np.uint8)
 
 
-def new_result(nbytes: int) -> np.ndarray:
-    """A flat ``uint8`` buffer of ``nbytes`` that the caller gets back as a
-    result (a message whose size was learnt on arrival, a copy of the own
-    block). From the process's result pool: a large one then reuses a dropped
-    result's memory instead of zero-filled fresh pages (netcoll.resultpool)."""
-    return resultpool.empty((nbytes,), np.uint8)
-
-
-def result_copy(data: np.ndarray) -> np.ndarray:
-    """A :func:`new_result` holding the bytes of the flat ``uint8`` array ``data``."""
-    new = new_result(data.nbytes)
-    np.copyto(new, data)
-    return new
-
-
 def own_input(src: Any, data: np.ndarray, what: str) -> np.ndarray | None:
     """``src`` as a flat read-only view, checked to be a reduction's own input
     beside its result ``data`` (same dtype and size, not overlapping: the
@@ -495,7 +480,7 @@ async def relay(
         # copy of at most one segment), then post the rest in place.
         payload, got_meta = await ch.recv_meta(src, step=step, chunk=0)
         nbytes = _nbytes_of(ch, got_meta, what)
-        data = new_result(nbytes)
+        data = resultpool.empty((nbytes,), np.uint8)  # a result: reuses a dropped one's memory
         segs = split(nbytes, num_segments(nbytes, segment_bytes))
         a, b = segs[0]
         if payload.nbytes != b - a:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..arrays import contiguous_copy
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RELAY_WINDOW,
@@ -51,7 +52,6 @@ from ._common import (
     gather_all,
     num_segments,
     relay,
-    result_copy,
     split,
 )
 
@@ -188,7 +188,7 @@ def _own(block: np.ndarray, meta: dict[str, Any] | None, name: str) -> Message:
     """This rank's own block, as a receiver would see it: a fresh flat
     ``uint8`` copy and the meta (plus ``"nbytes"``)."""
     data = as_u8(block, name, writeable=False)
-    return result_copy(data), dict(meta or {}, nbytes=data.nbytes)
+    return contiguous_copy(data), dict(meta or {}, nbytes=data.nbytes)
 
 
 async def gather_list(
@@ -272,4 +272,4 @@ async def scatter_list(
             if j < len(segs[p]):
                 a, b = segs[p][j]
                 await ch.send(p, datas[p][a:b], step=0, chunk=j, meta=sent[p] if j == 0 else None)
-    return result_copy(datas[root]), sent[root]
+    return contiguous_copy(datas[root]), sent[root]

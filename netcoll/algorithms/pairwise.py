@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from ..arrays import contiguous_copy
 from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
@@ -66,7 +67,6 @@ from ._common import (
     drain,
     flat,
     num_segments,
-    result_copy,
     scratch_depth,
     split,
 )
@@ -146,7 +146,7 @@ async def all_to_all_list(
         raise ValueError(f"all_to_all_list: {len(metas)} metas for {P} blocks")
     datas = [as_u8(b, f"blocks[{k}]", writeable=False) for k, b in enumerate(blocks)]
     out: list[Message | None] = [None] * P
-    out[r] = (result_copy(datas[r]), dict(metas[r] or {}, nbytes=datas[r].nbytes))
+    out[r] = (contiguous_copy(datas[r]), dict(metas[r] or {}, nbytes=datas[r].nbytes))
     if P == 1:
         return out  # type: ignore[return-value]
 
