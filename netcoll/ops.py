@@ -328,7 +328,7 @@ def reduce_to(op: str | ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray)
     _reduce(op, out, a, b)
 
 
-def reduce_checked(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+def reduce_prechecked(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """:func:`reduce_to` without its checks, for a caller that made ``out``, ``a``
     and ``b`` itself as plain arrays of one dtype and shape (``out`` writeable):
     the per-message reduction of an algorithm, where the checks cost as much as

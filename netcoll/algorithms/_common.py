@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import resultpool
 from ..errors import MismatchError
-from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_checked
+from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_prechecked
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -346,9 +346,9 @@ class Reduction:
         if inc.dtype != own.dtype:  # (a bug in an algorithm, not a peer's doing)
             raise TypeError(f"receive buffer is {inc.dtype}, the reduction's operands {own.dtype}")
         if self.incoming_first:
-            reduce_checked(self.op, self.out[a:b], inc, own)
+            reduce_prechecked(self.op, self.out[a:b], inc, own)
         else:
-            reduce_checked(self.op, self.out[a:b], own, inc)
+            reduce_prechecked(self.op, self.out[a:b], own, inc)
 
 
 async def exchange(
