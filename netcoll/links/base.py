@@ -54,6 +54,8 @@ class LinkStats:
     lane_sent: int = 0  # shm: DATA frames sent through the shared-memory lane (no system call)
     lane_received: int = 0  # shm: ...received through it
     bells: int = 0  # shm: BELL frames rung for a peer asleep with frames in its lane
+    direct_sent: int = 0  # shm: DATA payloads the peer read straight from this process (one copy)
+    direct_received: int = 0  # shm: ...read here straight from the peer's memory
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -117,11 +117,11 @@ def parse(raw: memoryview, limits: wire.Limits) -> tuple[wire.Kind, dict[str, An
         raise ProtocolError(f"a lane record holds a {kind.name} frame or one of another length")
     header = wire.decode_header(kind, raw[wire.PREFIX_SIZE : wire.PREFIX_SIZE + hlen])
     if kind is wire.Kind.CREDIT:
-        if header["n"] != 0 or "z" not in header:
-            raise ProtocolError("a CREDIT in a lane may only give ring space back ({n: 0, z})")
-    elif "z" in header:
+        if header["n"] != 0 or ("z" not in header and "zd" not in header):
+            raise ProtocolError("a CREDIT in a lane may only give ring space back ({n: 0, z}) or say a read done (zd)")
+    elif "z" in header or "zv" in header:
         if plen:
-            raise ProtocolError("a ring piece's header in a lane also carries a payload")
+            raise ProtocolError("a ring piece's or direct DATA's header in a lane also carries a payload")
     elif "rz" in header:
         raise ProtocolError("a DATA frame in a lane is eager or a ring piece's header")
     return kind, header, raw[wire.PREFIX_SIZE + hlen :]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ..errors import ProtocolError
@@ -48,7 +48,8 @@ from ..ops import Fold
 from ..transport.connection import FramedProtocol
 from ..transport.mailbox import Mailbox
 from ..wire import Frame, Kind, encode_header
-from . import lane, shmring
+from . import cma, lane, shmring
+from .base import LinkStats
 from .factory import SHM, Capabilities
 from .framed import FramedLink, connection_error, held_buffer
 from .shmlane import LaneLink
@@ -110,6 +111,12 @@ class ShmLink(LaneLink):
         self._in: _Incoming | None = None
         self._reporting = False  # a ring report is scheduled (:meth:`_report_soon`)
         self._socket_upto = 0  # the end of the last ring piece announced on the socket
+        self._direct_done: asyncio.Future[None] | None = None  # the peer's read of our direct DATA
+        self._scratch: memoryview | None = None  # folded direct DATA is read through it
+        #: direct DATA (:mod:`.cma`) sent, and read from the peer
+        self.direct_sent = self.direct_received = 0
+        if segment.identity is not None:
+            segment.identity.probe()  # the peer's slot is written: it published before its HELLO/WELCOME
 
     @property
     def fold_min_bytes(self) -> int | None:
@@ -125,6 +132,15 @@ class ShmLink(LaneLink):
                     await super()._transmit(kind, header, payload)
             else:
                 await super()._transmit(kind, header, payload)
+            return
+        identity = self.segment.identity
+        if (
+            cma.DIRECT_MIN <= payload.nbytes <= cma.DIRECT_MAX
+            and identity is not None
+            and identity.peer_reads()
+            and self.mailbox.lends(header)
+        ):
+            await self._send_direct(header, payload)
             return
         await self._lock.acquire()
         job = _Outgoing(header, payload)
@@ -205,6 +221,52 @@ class ShmLink(LaneLink):
             except RuntimeError:  # written after our BYE: the link is closing
                 raise ConnectionResetError("the link is closing") from None
 
+    async def _send_direct(self, header: dict[str, Any], payload: memoryview) -> None:
+        """Announce where ``payload`` is and wait until the peer has read it (one copy, the
+        peer's). The lock is held until then: nothing of ours overtakes the announcement."""
+        await self._lock.acquire()
+        try:
+            if self.lost is not None:
+                raise connection_error(self.lost)
+            done = self._direct_done = asyncio.get_running_loop().create_future()
+            self._announce_direct(dict(header, zv=[cma.address(payload), payload.nbytes]))
+            self.direct_sent += 1
+        except BaseException:
+            self._direct_done = None
+            self._lock.release()
+            raise
+        task = asyncio.get_running_loop().create_task(self._read_by_peer(done, payload))  # releases the lock
+        task.add_done_callback(_retrieve)
+        await asyncio.shield(task)  # cancelled: the task keeps the payload alive until the peer has read it
+
+    async def _read_by_peer(self, done: asyncio.Future[None], payload: memoryview) -> None:
+        try:
+            await done  # (payload is referenced here until then: its memory stays where the peer reads)
+        finally:
+            self._direct_done = None
+            self._lock.release()
+
+    def _announce_direct(self, header: dict[str, Any]) -> None:
+        """The header of direct DATA: through the lane while the peer polls it (and no ring
+        header of ours is still unread on the socket), else on the socket."""
+        if self._writer.freed >= self._socket_upto and self._lane_put(encode_header(Kind.DATA, header, 0), _EMPTY):
+            return
+        try:
+            self.proto.write_headers(Kind.DATA, [header])
+        except RuntimeError:  # written after our BYE: the link is closing
+            raise ConnectionResetError("the link is closing") from None
+
+    def _credit(self, header: dict[str, Any]) -> None:
+        """A CREDIT of this link's own (``n: 0``): ring space back (``z``) or a direct read done (``zd``)."""
+        self._frames_received += 1
+        if "zd" not in header:
+            self._freed(header)
+            return
+        count, done = header["zd"], self._direct_done
+        if done is None or done.done() or count != self.direct_sent:
+            raise ProtocolError(f"a direct read done ({count!r}) for no direct DATA awaiting it")
+        done.set_result(None)
+
     def _freed(self, header: dict[str, Any]) -> None:
         """``CREDIT {z}``: the peer consumed our ring up to ``z``."""
         if self._writer.released(header.get("z")) and self._room is not None and not self._room.done():
@@ -227,6 +289,12 @@ class ShmLink(LaneLink):
         header = frame.header
         if frame.kind is Kind.BELL:
             self._frames_received += 1
+        elif frame.kind is Kind.DATA and "zv" in header:
+            if frame.payload.nbytes:
+                raise ProtocolError("a direct DATA frame also carries a payload")
+            self._direct(header)
+        elif frame.kind is Kind.CREDIT and "zd" in header:
+            self._credit(header)
         elif "z" not in header:
             if frame.kind is Kind.DATA and self._in is not None:
                 raise ProtocolError("a DATA frame on the socket while a ring message was part-way")
@@ -234,8 +302,7 @@ class ShmLink(LaneLink):
         elif frame.kind is Kind.DATA:
             self._piece(frame)
         elif frame.kind is Kind.CREDIT:
-            self._frames_received += 1
-            self._freed(header)
+            self._credit(header)
         else:
             super().receive(frame)
         if self._poll is not None and frame.kind is Kind.DATA:  # held back while its payload arrived
@@ -251,8 +318,9 @@ class ShmLink(LaneLink):
         that finds a ring message part-way waits in the lane for the rest of it."""
         kind, header, payload = lane.parse(raw, self.proto.limits)
         if kind is Kind.CREDIT:
-            self._frames_received += 1
-            self._freed(header)
+            self._credit(header)
+        elif "zv" in header:
+            self._direct(header)
         elif "z" in header:
             self._piece(Frame(Kind.DATA, header, _EMPTY))
         elif self._in is not None:
@@ -307,6 +375,57 @@ class ShmLink(LaneLink):
         self._in = _Incoming(header, n, target, fold=fold if fold is not None and fold.nbytes == n else None)
         return self._in
 
+    def _direct(self, header: dict[str, Any]) -> None:
+        """Direct DATA: read the payload out of the peer's memory (into the posted buffer,
+        or folded through a scratch piece), then say so and deliver it."""
+        if self.lost is not None:
+            return
+        identity = self.segment.identity
+        if identity is None or not identity.peer_pid:
+            raise ProtocolError("direct DATA from a peer this side never said it reads")
+        if self._in is not None:
+            raise ProtocolError("direct DATA while a ring message was part-way")
+        remote, n = _direct_at(header["zv"])
+        self.admit(Kind.DATA, header, n)
+        buf = self.mailbox.sink(self.peer, header, n)
+        self._cur_hit = buf is not None
+        target = memoryview(buf).cast("B") if buf is not None else held_buffer(n)
+        fold = self.mailbox.fold(self.peer, header) if buf is not None else None
+        try:
+            if fold is not None and fold.nbytes == n:
+                self._read_folded(identity.peer_pid, remote, fold)
+            else:
+                cma.read(identity.peer_pid, remote, target)
+        except OSError as exc:
+            raise ProtocolError(f"cannot read rank {self.peer}'s direct DATA: {exc}") from None
+        self.direct_received += 1
+        self._say_read()
+        FramedLink.receive(self, Frame(Kind.DATA, header, target))
+
+    def _read_folded(self, pid: int, remote: int, fold: Fold) -> None:
+        """Read and reduce direct DATA a scratch piece at a time (the piece stays in cache)."""
+        if self._scratch is None:
+            self._scratch = held_buffer(cma.FOLD_PIECE)
+        n = fold.nbytes
+        for at in range(0, n, cma.FOLD_PIECE):
+            piece = self._scratch[: min(cma.FOLD_PIECE, n - at)]
+            cma.read(pid, remote + at, piece)
+            try:
+                fold.apply(piece)
+            except ValueError as exc:
+                raise ProtocolError(f"direct DATA the posted reduction cannot take: {exc}") from None
+
+    def _say_read(self) -> None:
+        """``CREDIT {n: 0, zd}``: the peer's direct DATA has been read (``zd`` counts them)."""
+        header = {"n": 0, "zd": self.direct_received}
+        if self._lane_put(encode_header(Kind.CREDIT, header, 0), _EMPTY):
+            self._frames_sent += 1
+            return
+        try:
+            self._emit(Kind.CREDIT, header)
+        except (ConnectionError, RuntimeError):
+            pass  # the link is going (or we said BYE): its end is reported on its own
+
     def _report_soon(self) -> None:
         """Give ring space back once the frames of this read are handled: the
         pieces of a message arrive together, and one CREDIT covers them all."""
@@ -339,12 +458,26 @@ class ShmLink(LaneLink):
         if self.lost is None and self._poll is not None:  # what was sent before the end still counts
             self._poll_lane()
         super()._lost(exc)
-        if self._room is not None and not self._room.done():
-            self._room.set_exception(connection_error(self.lost))
-            self._room.exception()
+        for fut in (self._room, self._direct_done):
+            if fut is not None and not fut.done():
+                fut.set_exception(connection_error(self.lost))
+                fut.exception()
         self._in = None
         self._close_lanes()
         self.segment.close()
+
+    def stats(self) -> LinkStats:
+        return replace(super().stats(), direct_sent=self.direct_sent, direct_received=self.direct_received)
+
+
+def _direct_at(zv: object) -> tuple[int, int]:
+    """``zv: [address, n]`` of a direct DATA header, checked (ProtocolError)."""
+    if not isinstance(zv, list) or len(zv) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in zv):
+        raise ProtocolError(f"malformed direct DATA location {zv!r}")
+    remote, n = zv
+    if not 0 < remote < 1 << 64 or not 0 < n < 1 << 63 or remote + n > 1 << 64:
+        raise ProtocolError(f"direct DATA location {zv!r} out of range")
+    return remote, n
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

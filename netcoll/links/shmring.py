@@ -47,6 +47,7 @@ import time
 from typing import Any, Final
 
 from ..errors import ProtocolError
+from . import cma
 from .lane import lane_span
 
 SHM_DIR: Final = "/dev/shm"
@@ -104,6 +105,12 @@ class Segment:
         first, second = view[lanes : lanes + span], view[lanes + span : lanes + 2 * span]
         #: this side's outgoing lane and the peer's lane into it (control page + data each)
         self.lane_tx, self.lane_rx = (first, second) if creator else (second, first)
+        self._head_page = view[:HEADER_BYTES]
+        #: who this side is for direct DATA (:mod:`.cma`): published before the handshake goes on
+        self.identity: cma.Identity | None = None
+        if cma.enabled():
+            self.identity = cma.Identity(self._head_page, nonce, creator=creator)
+            self.identity.publish()
 
     @classmethod
     def create(cls, ring: int, directory: str = SHM_DIR) -> Segment:
@@ -167,7 +174,7 @@ class Segment:
         mm, self._mm = self._mm, None
         if mm is None:
             return
-        for view in (self.tx, self.rx, self.lane_tx, self.lane_rx, self._view):
+        for view in (self.tx, self.rx, self.lane_tx, self.lane_rx, self._head_page, self._view):
             try:
                 view.release()
             except BufferError:  # a lane's words are still referenced: the GC unmaps it

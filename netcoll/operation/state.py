@@ -13,6 +13,8 @@ from ..ops import Fold
 from .reasons import Failure, Reason, State, reason_of
 
 SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
+#: operations whose sends are not lent to a peer on this host (:attr:`Operation.lends`)
+REDUCTIONS = frozenset({"all_reduce", "reduce", "reduce_scatter"})
 Release = Callable[[int, int], None]  # (src world rank, payload bytes) no longer held
 
 
@@ -42,6 +44,7 @@ class Operation:
         "waiters",
         "rts",
         "opened",
+        "lends",
         "_loop",
         "_release",
     )
@@ -80,6 +83,11 @@ class Operation:
         #: slot -> callbacks waiting for a receive to be posted there (a sender's RTS; made when needed)
         self.rts: dict[SlotKey, list[Callable[[bool], None]]] | None = None
         self.opened = time.monotonic()  # for the arrival board (how long it has been running)
+        #: whether its large sends may be *lent*: a peer on this host reads them in place
+        #: (``links/cma.py``) and the send returns once it has. Operations that only move
+        #: data; a reduction's ranks reduce while their peers would be reading, and its
+        #: sends are faster copied into the ring (docs/performance.md, "Single copy").
+        self.lends = name not in REDUCTIONS
         self._loop = loop or asyncio.get_running_loop()
         self._release = release
 

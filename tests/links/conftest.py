@@ -10,7 +10,7 @@ from typing import Any
 
 from netcoll.loop import new_event_loop
 
-BOTH_LOOPS = ("test_shm_links.py", "test_shm_kill.py", "test_shm_lane.py")
+BOTH_LOOPS = ("test_shm_links.py", "test_shm_kill.py", "test_shm_lane.py", "test_shm_direct.py")
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:

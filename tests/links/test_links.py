@@ -63,6 +63,8 @@ def test_link_kinds_implement_the_interface() -> None:
         "lane_sent": 0,
         "lane_received": 0,
         "bells": 0,
+        "direct_sent": 0,
+        "direct_received": 0,
     }
 
 

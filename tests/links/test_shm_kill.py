@@ -17,6 +17,7 @@ import pytest
 
 from netcoll.errors import PeerLost
 from netcoll.links import shm
+from netcoll.links.cma import enabled as cma_enabled
 from netcoll.links.shm import ShmLink
 from netcoll.links.shmring import SHM_DIR
 from netcoll.transport.base import Channel
@@ -53,7 +54,7 @@ _RANK1 = textwrap.dedent(
         ch = Channel(t, t.mailbox.open("g", 0, "fp", (0, 1), "test"))
         if role == "sender":
             await ch.send(0, np.ones(256 << 20, np.uint8), step=0)
-        else:
+        elif role == "receiver":
             await ch.recv(0, step=0, out=np.zeros(256 << 20, np.uint8))
         await asyncio.sleep(60)
 
@@ -66,19 +67,37 @@ def _mid_message(link: ShmLink, role: str) -> bool:
     """Whether the transfer is part-way, seen from rank 0 (the other end of ``role``)."""
     if role == "sender":  # rank 0 receives: pieces are arriving
         return link._in is not None and 0 < link._in.got < 256 * MIB
+    if role == "reader":  # rank 0 lent its buffer: it waits for the peer to read it
+        return link._direct_done is not None and not link._direct_done.done()
     return link._room is not None and not link._room.done()  # rank 0 sends: it waits for ring space
 
 
-@pytest.mark.parametrize("role", ["sender", "receiver"])
-async def test_a_peer_killed_mid_transfer_fails_the_operation_with_peer_lost(role: str) -> None:
+@pytest.mark.parametrize("role", ["sender", "receiver", "reader"])
+async def test_a_peer_killed_mid_transfer_fails_the_operation_with_peer_lost(
+    role: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rank 1, another process, is SIGKILLed part-way through a 256 MiB message
-    (stopped first, so the transfer is certainly part-way): rank 0's receive or
-    send fails at once with PeerLost naming rank 1, and no file is left behind."""
+    through the ring (stopped first, so the transfer is certainly part-way): rank 0's
+    receive or send fails at once with PeerLost naming rank 1, and no file is left
+    behind. The same for a 1 MiB send that lends its buffer (direct DATA), the
+    reader stopped before it could read it."""
+    cma = "1" if role == "reader" else "0"
+    monkeypatch.setenv("NETCOLL_SHM_CMA", cma)
+    if role == "reader" and not cma_enabled():
+        pytest.skip("no process_vm_readv here")
     listener = Listener(token=TOKEN)
     me = await listener.start(LOOPBACK, 0)
     t = TcpTransport(listener, rank=0, size=2, session="kill", peers=[me, (LOOPBACK, 9)], token=TOKEN)
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _RANK1, me[0], str(me[1]), TOKEN, role, stdout=subprocess.DEVNULL, env=subprocess_env()
+        sys.executable,
+        "-c",
+        _RANK1,
+        me[0],
+        str(me[1]),
+        TOKEN,
+        role,
+        stdout=subprocess.DEVNULL,
+        env=subprocess_env(NETCOLL_SHM_CMA=cma),
     )
     try:
         async with asyncio.timeout(30):
@@ -87,7 +106,11 @@ async def test_a_peer_killed_mid_transfer_fails_the_operation_with_peer_lost(rol
             assert isinstance(link, ShmLink)
             op = t.mailbox.open("g", 0, "fp", (0, 1), "test")
             ch = Channel(t, op)
-            big = np.zeros(256 * MIB, np.uint8)
+            if role == "reader":  # stopped once it reads us, before the announcement reaches it
+                while not (link.segment.identity and link.segment.identity.peer_reads()):
+                    await asyncio.sleep(0.01)
+                child.send_signal(signal.SIGSTOP)
+            big = np.zeros((1 if role == "reader" else 256) * MIB, np.uint8)  # (1 MiB: eager, direct)
             work = asyncio.ensure_future(ch.recv(1, step=0, out=big) if role == "sender" else ch.send(1, big, step=0))
             while not _mid_message(link, role):
                 await asyncio.sleep(0.001)

@@ -54,6 +54,12 @@ def no_leftovers() -> Iterator[None]:
     assert leftovers() == []
 
 
+@pytest.fixture(autouse=True)
+def ring_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the ring: no direct DATA (it has tests of its own, test_shm_direct.py)."""
+    monkeypatch.setenv("NETCOLL_SHM_CMA", "0")
+
+
 def mesh(n: int, config: LinkConfig | None = None, tls: TlsConfig | None = None) -> Any:
     """``n`` ranks in this loop, linked over loopback (shared memory where it works)."""
     return tcp_mesh(n, token=TOKEN, configs=[config] * n, tls=tls, timeout=15)

@@ -1,0 +1,154 @@
+"""Single-copy transfers between the two processes of a shared-memory link:
+Linux's cross-memory attach (``process_vm_readv``), as Open MPI's shared-memory
+transport uses it for large messages.
+
+A ring message is copied twice: by the sender into the shared ring and by the
+receiver out of it. With cross-memory attach the receiver copies the sender's
+buffer straight into its own, once; the sender only announces where the bytes
+are and waits until the receiver says it has read them (``docs/protocol.md``
+§5.4, "direct DATA").
+
+Whether a rank may read its peer's memory is not a setting: it is tried. Each
+side writes, into its slot of the segment's header page, its process id and the
+address of a copy of the segment's nonce in its own memory (:func:`publish`).
+The other side reads 16 bytes at that address of that process (:func:`probe`):
+only if they are the nonce, which only the two ends of the pair know, does it
+mark in its own slot that it reads the peer, and only then does the peer send it
+direct DATA. A different PID namespace (containers without a shared one), a
+kernel without the call, ptrace restrictions (Yama, seccomp, no
+``CAP_SYS_PTRACE`` across users) all make the probe fail, and the ring is used.
+``NETCOLL_SHM_CMA=0`` turns it off on a rank (it then neither probes nor sends
+direct DATA).
+
+Slot layout (little-endian, in the segment's first page): dialer at 64, acceptor
+at 96; ``u64 pid, u64 address of the 16-byte nonce copy, u64 reads_peer``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import struct
+import sys
+from typing import Final
+
+import numpy as np
+
+#: the slots of the two sides in the segment's header page
+DIALER_SLOT: Final = 64
+ACCEPTOR_SLOT: Final = 96
+_SLOT: Final = struct.Struct("<QQQ")
+_READS: Final = 16  # offset of reads_peer within a slot
+#: DATA payloads of at least this many bytes go direct when the peer reads us
+DIRECT_MIN: Final = 1 << 20
+#: ...and of at most this many: the read is one call, during which the reader's loop
+#: runs nothing else (64 MiB: about 5 ms here); larger ones take the ring, in pieces
+DIRECT_MAX: Final = 64 << 20
+#: a folded direct payload is read into scratch pieces of this size (stays in cache)
+FOLD_PIECE: Final = 256 << 10
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def _bind() -> object | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_ssize_t
+    fn.argtypes = [
+        ctypes.c_int,
+        ctypes.POINTER(_IoVec),
+        ctypes.c_ulong,
+        ctypes.POINTER(_IoVec),
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    ]
+    return fn
+
+
+_READV = _bind()
+
+
+def enabled() -> bool:
+    """Whether this rank uses direct DATA: on Linux with ``process_vm_readv``,
+    unless ``NETCOLL_SHM_CMA=0`` (ValueError for a value other than 0 or 1)."""
+    value = os.environ.get("NETCOLL_SHM_CMA", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"NETCOLL_SHM_CMA must be 0 or 1, got {value!r}")
+    return value != "0" and _READV is not None
+
+
+def address(buf: memoryview) -> int:
+    """The address of the first byte of a C-contiguous buffer (read-only ones too)."""
+    return int(np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def read(pid: int, remote: int, into: memoryview) -> None:
+    """Copy ``into.nbytes`` bytes at address ``remote`` of process ``pid`` into
+    ``into`` (writeable, C-contiguous). OSError with the errno if the call fails
+    or copies less (a bad address, the process gone)."""
+    n = into.nbytes
+    if _READV is None:
+        raise OSError(errno.ENOSYS, "process_vm_readv is not available")
+    local = _IoVec(address(into), n)
+    far = _IoVec(remote, n)
+    got = _READV(pid, ctypes.byref(local), 1, ctypes.byref(far), 1, 0)  # type: ignore[operator]
+    if got == n:
+        return
+    err = ctypes.get_errno() if got < 0 else errno.EFAULT
+    raise OSError(err, f"read {max(got, 0)} of {n} bytes at {remote:#x} of process {pid}: {os.strerror(err)}")
+
+
+class Identity:
+    """One side's entry in the segment's header page, and its view of the peer's.
+
+    Args:
+        header: the segment's header page (writeable).
+        nonce: the segment's nonce.
+        creator: whether this side made the segment (the dialer).
+    """
+
+    def __init__(self, header: memoryview, nonce: bytes, *, creator: bool) -> None:
+        self._header = header
+        self._nonce = nonce
+        mine, theirs = (DIALER_SLOT, ACCEPTOR_SLOT) if creator else (ACCEPTOR_SLOT, DIALER_SLOT)
+        self._mine, self._theirs = mine, theirs
+        self._cookie = ctypes.create_string_buffer(nonce, len(nonce))  # lives as long as this object
+        self.peer_pid = 0  # set by probe() once this side can read the peer
+        self._peer_reads = False
+
+    def publish(self) -> None:
+        """Write this process's id and where its copy of the nonce is."""
+        _SLOT.pack_into(self._header, self._mine, os.getpid(), ctypes.addressof(self._cookie), 0)
+
+    def probe(self) -> bool:
+        """Try to read the peer's copy of the nonce; if that works, say so in our
+        slot (the peer then sends us direct DATA). Whether it worked."""
+        pid, where, _ = _SLOT.unpack_from(self._header, self._theirs)
+        if not pid or not where:  # an older peer, or one that does not use it
+            return False
+        got = bytearray(len(self._nonce))
+        try:
+            read(pid, where, memoryview(got))
+        except OSError:
+            return False
+        if bytes(got) != self._nonce:
+            return False
+        self.peer_pid = pid
+        struct.pack_into("<Q", self._header, self._mine + _READS, 1)
+        return True
+
+    def peer_reads(self) -> bool:
+        """Whether the peer has said it reads this process's memory (only ever becomes true)."""
+        if not self._peer_reads:
+            self._peer_reads = struct.unpack_from("<Q", self._header, self._theirs + _READS)[0] == 1
+        return self._peer_reads
+
+
+__all__ = ["DIRECT_MAX", "DIRECT_MIN", "FOLD_PIECE", "Identity", "address", "enabled", "read"]

@@ -1,0 +1,271 @@
+"""Direct DATA on shared-memory links (``netcoll/links/cma.py``): a large send of an
+operation that only moves data is read by the peer straight out of the sender's
+memory (one copy); reductions, small sends, ``NETCOLL_SHM_CMA=0`` and peers this
+side cannot read use the ring. A peer lying about where its data is breaks the link."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from typing import Any
+
+import numpy as np
+import pytest
+
+from netcoll.comm import Communicator
+from netcoll.errors import ProtocolError
+from netcoll.links import cma, shm
+from netcoll.links.factory import LinkConfig
+from netcoll.links.shm import ShmLink
+from netcoll.operation import state
+from netcoll.transport.base import Channel
+from netcoll.transport.tcp import TcpTransport
+from netcoll.wire import Kind
+from tests.links.test_shm_links import broken, kinds, leftovers, mesh, pattern
+
+pytestmark = [
+    pytest.mark.tcp,
+    pytest.mark.skipif(not shm.possible() or not cma.enabled(), reason="no /dev/shm or no process_vm_readv here"),
+]
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Any:
+    assert leftovers() == []
+    yield
+    assert leftovers() == []
+
+
+async def exchange(ts: list[TcpTransport], name: str, data: np.ndarray, *, late: bool = False) -> np.ndarray:
+    """Rank 0 sends ``data`` to rank 1 in an operation called ``name``; rank 1's
+    receive is posted into a buffer (``late``: only after the data arrived, so it is held)."""
+    ops = [t.mailbox.open("g", 0, "fp", (0, 1), name) for t in ts]
+    out = np.zeros_like(data)
+    try:
+
+        async def receive() -> None:
+            if late:
+                await asyncio.sleep(0.2)
+                got = await Channel(ts[1], ops[1]).recv(0, step=0)
+                out[:] = np.frombuffer(got, data.dtype)
+            else:
+                await Channel(ts[1], ops[1]).recv(0, step=0, out=out)
+
+        async with asyncio.timeout(30):
+            await asyncio.gather(Channel(ts[0], ops[0]).send(1, data, step=0), receive())
+    finally:
+        for t, op in zip(ts, ops, strict=True):
+            t.mailbox.close(op)
+    return out
+
+
+def direct(ts: list[TcpTransport]) -> tuple[int, int]:
+    return ts[0].link_stats()[1].direct_sent, ts[1].link_stats()[0].direct_received
+
+
+@pytest.mark.parametrize("late", [False, True])
+async def test_a_large_send_that_only_moves_data_is_read_in_place(late: bool) -> None:
+    """4 MiB of a broadcast: read by the receiver out of the sender's memory into
+    the posted buffer (or a held one, when posted late), once; counted as direct."""
+    async with mesh(2) as ts:
+        assert kinds(ts) == {"shm"}
+        data = pattern(4 * MIB, 1)
+        assert np.array_equal(await exchange(ts, "broadcast", data, late=late), data)
+        assert direct(ts) == (1, 1)
+        s0, s1 = ts[0].link_stats()[1], ts[1].link_stats()[0]
+        assert s0.bytes_sent == s1.bytes_received == 4 * MIB
+        assert s1.unexpected_peak == (4 * MIB if late else 0) and s1.unexpected_bytes == 0
+
+
+async def test_a_send_larger_than_the_window_is_cleared_first_then_read_in_place() -> None:
+    async with mesh(2, LinkConfig(window=MIB)) as ts:
+        data = pattern(8 * MIB, 2)
+        assert np.array_equal(await exchange(ts, "all_gather", data, late=True), data)
+        assert direct(ts) == (1, 1) and ts[0].link_stats()[1].rendezvous == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [
+        ("all_reduce", 4 * MIB),
+        ("reduce_scatter", 4 * MIB),
+        ("broadcast", cma.DIRECT_MIN - 8),
+        ("send", cma.DIRECT_MAX + 8),
+    ],
+)
+async def test_reductions_small_and_huge_sends_go_through_the_ring(name: str, size: int) -> None:
+    async with mesh(2) as ts:
+        data = np.resize(pattern(4096, 3), size)
+        assert np.array_equal(await exchange(ts, name, data), data)
+        assert direct(ts) == (0, 0)
+
+
+async def test_no_direct_data_when_turned_off_or_the_peer_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NETCOLL_SHM_CMA=0``: no identity, the ring. A peer whose memory this side
+    cannot read (the probe fails: another PID namespace, ptrace rules) is never told
+    to send direct, and uses the ring too."""
+    data = pattern(4 * MIB, 4)
+    monkeypatch.setenv("NETCOLL_SHM_CMA", "0")
+    async with mesh(2) as ts:
+        assert all(isinstance(link, ShmLink) and link.segment.identity is None for t in ts for link in t.links.values())
+        assert np.array_equal(await exchange(ts, "broadcast", data), data)
+        assert direct(ts) == (0, 0)
+    monkeypatch.delenv("NETCOLL_SHM_CMA")
+
+    def refused(pid: int, remote: int, into: memoryview) -> None:
+        raise OSError(errno.EPERM, "not permitted")
+
+    monkeypatch.setattr(cma, "read", refused)
+    async with mesh(2) as ts:
+        assert np.array_equal(await exchange(ts, "broadcast", data), data)
+        assert direct(ts) == (0, 0)
+
+
+async def test_a_cancelled_lent_send_returns_at_once_and_the_link_carries_on() -> None:
+    """Cancelled while the peer has not read it yet, a direct send raises at once; the
+    buffer stays referenced until the peer has read it, and the link carries on."""
+    async with mesh(2) as ts:
+        data = pattern(4 * MIB, 5)
+        src = data.copy()
+        ops = [t.mailbox.open("g", 0, "fp", (0, 1), "broadcast") for t in ts]
+        link = ts[0].links[1]
+        assert isinstance(link, ShmLink)
+        send = asyncio.ensure_future(Channel(ts[0], ops[0]).send(1, src, step=0))
+        await asyncio.sleep(0)  # announced; the peer has not read it (this loop runs both)
+        assert link._direct_done is not None and not send.done()
+        send.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await send
+        out = np.zeros_like(data)
+        async with asyncio.timeout(10):
+            await Channel(ts[1], ops[1]).recv(0, step=0, out=out)
+            while link._direct_done is not None:
+                await asyncio.sleep(0.001)
+        assert np.array_equal(out, data)
+        for t, op in zip(ts, ops, strict=True):
+            t.mailbox.close(op)
+        again = pattern(2 * MIB, 6)
+        got = await exchange_seq(ts, 1, again)
+        assert np.array_equal(got, again) and direct(ts) == (2, 2)
+
+
+async def exchange_seq(ts: list[TcpTransport], seq: int, data: np.ndarray) -> np.ndarray:
+    ops = [t.mailbox.open("g", seq, "fp", (0, 1), "broadcast") for t in ts]
+    out = np.zeros_like(data)
+    try:
+        async with asyncio.timeout(30):
+            await asyncio.gather(
+                Channel(ts[0], ops[0]).send(1, data, step=0), Channel(ts[1], ops[1]).recv(0, step=0, out=out)
+            )
+    finally:
+        for t, op in zip(ts, ops, strict=True):
+            t.mailbox.close(op)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+async def test_lent_reductions_fold_a_scratch_piece_at_a_time_with_the_same_bits(
+    dtype: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No reduction lends its sends, but a peer may (the protocol allows it): a direct
+    payload posted with a fold is read a cache-sized piece at a time and reduced, with
+    the bits of the in-memory transport (which never folds)."""
+    from netcoll.ops import Fold
+    from tests.support.worlds import memory_world
+
+    folded: list[int] = []
+    apply = Fold.apply
+
+    def counting(self: Fold, data: memoryview) -> None:
+        folded.append(data.nbytes)
+        apply(self, data)
+
+    n = 3 * (3 * MIB // 8) + 5  # 3 ranks, chunks of over 1 MiB
+    rng = np.random.default_rng(8)
+    xs = [(rng.standard_normal(n) * 1000).astype(dtype) for _ in range(3)]
+
+    async def call(c: Communicator) -> np.ndarray:
+        got: np.ndarray = await c.all_reduce(xs[c.rank], algorithm="ring")
+        return got
+
+    _, mem = memory_world(3)
+    expected = await asyncio.gather(*(call(c) for c in mem))
+    monkeypatch.setattr(state, "REDUCTIONS", frozenset())
+    monkeypatch.setattr(Fold, "apply", counting)
+    async with mesh(3) as ts:
+        comms = [Communicator(t, segment_bytes=8 * MIB) for t in ts]
+        try:
+            got = await asyncio.wait_for(asyncio.gather(*(call(c) for c in comms)), 60)
+        finally:
+            for c in comms:
+                await c.close()
+        assert sum(s.direct_received for t in ts for s in t.link_stats().values()) > 0
+    for a, b in zip(got, expected, strict=True):
+        assert a.tobytes() == b.tobytes()
+    assert max(folded) == cma.FOLD_PIECE
+
+
+@pytest.mark.parametrize(
+    ("zv", "why"),
+    [
+        ("x", "malformed direct DATA location"),
+        ([1, True], "malformed direct DATA location"),
+        ([0, 100], "out of range"),
+        ([(1 << 64) - 10, 100], "out of range"),
+        ([4096, -1], "out of range"),
+        ([4096, 100], "cannot read rank 1's direct DATA"),  # nothing is mapped at 4 KiB
+    ],
+)
+async def test_bad_direct_data_breaks_the_link_with_a_protocol_error(zv: Any, why: str) -> None:
+    async with mesh(2) as ts:
+        liar, victim = ts[1].links[0], ts[0].links[1]
+        assert isinstance(liar, ShmLink) and isinstance(victim, ShmLink)
+        liar.proto.write(Kind.DATA, {"g": "g", "q": 0, "s": 0, "c": 0, "f": "fp", "zv": zv})
+        await broken(victim)
+        assert isinstance(victim.lost, ProtocolError) and why in str(victim.lost), victim.lost
+
+
+async def test_a_read_done_for_nothing_lent_breaks_the_link() -> None:
+    async with mesh(2) as ts:
+        liar, victim = ts[1].links[0], ts[0].links[1]
+        liar.proto.write(Kind.CREDIT, {"n": 0, "zd": 1})
+        await broken(victim)
+        assert isinstance(victim.lost, ProtocolError) and "no direct DATA" in str(victim.lost)
+
+
+async def test_every_collective_that_moves_data_is_correct_with_direct_data() -> None:
+    """4 ranks, 2.4 MB per rank: broadcast, all_gather, gather, scatter, all_to_all
+    and send/recv lend their sends (read in place, counted); the reductions in
+    between copy into the ring; every result is exact."""
+    n = 600_000
+    async with mesh(4) as ts:
+        assert kinds(ts) == {"shm"}
+        comms = [Communicator(t) for t in ts]
+        xs = [np.arange(n, dtype=np.float32) * (r + 1) for r in range(4)]
+        rows = [np.stack([x + j for j in range(4)]) for x in xs]
+
+        async def every(c: Communicator) -> None:
+            r = c.rank
+            np.testing.assert_array_equal(await c.broadcast(xs[r] if r == 1 else None, root=1), xs[1])
+            np.testing.assert_array_equal(await c.all_reduce(xs[r]), sum(xs))
+            np.testing.assert_array_equal(await c.all_gather(xs[r]), np.stack(xs))
+            got = await c.gather(xs[r], root=3)
+            if r == 3:
+                np.testing.assert_array_equal(got, np.stack(xs))
+            np.testing.assert_array_equal(await c.scatter(rows[0] if r == 0 else None, root=0), rows[0][r])
+            np.testing.assert_array_equal(await c.all_to_all(rows[r]), np.stack([rows[j][r] for j in range(4)]))
+            if r in (0, 3):
+                send = c.send(xs[r], 3 - r)
+                np.testing.assert_array_equal(await c.recv(3 - r), xs[3 - r])
+                await send
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(every(c) for c in comms)), 60)
+        finally:
+            for c in comms:
+                await c.close()
+        sent = sum(s.direct_sent for t in ts for s in t.link_stats().values())
+        received = sum(s.direct_received for t in ts for s in t.link_stats().values())
+        assert sent == received > 0
