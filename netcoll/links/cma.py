@@ -127,22 +127,22 @@ class Identity:
         """Write this process's id and where its copy of the nonce is."""
         _SLOT.pack_into(self._header, self._mine, os.getpid(), ctypes.addressof(self._cookie), 0)
 
-    def probe(self) -> bool:
+    def probe(self) -> str:
         """Try to read the peer's copy of the nonce; if that works, say so in our
-        slot (the peer then sends us direct DATA). Whether it worked."""
+        slot (the peer then sends us direct DATA). Why not, or "" if it worked."""
         pid, where, _ = _SLOT.unpack_from(self._header, self._theirs)
-        if not pid or not where:  # an older peer, or one that does not use it
-            return False
+        if not pid or not where:
+            return "the peer does not use it"
         got = bytearray(len(self._nonce))
         try:
             read(pid, where, memoryview(got))
-        except OSError:
-            return False
+        except OSError as exc:
+            return f"cannot read its memory ({os.strerror(exc.errno) if exc.errno else exc})"
         if bytes(got) != self._nonce:
-            return False
+            return f"process {pid} here is not the peer (another PID namespace?)"
         self.peer_pid = pid
         struct.pack_into("<Q", self._header, self._mine + _READS, 1)
-        return True
+        return ""
 
     def peer_reads(self) -> bool:
         """Whether the peer has said it reads this process's memory (only ever becomes true)."""

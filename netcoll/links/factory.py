@@ -24,6 +24,8 @@ Environment (read by :meth:`LinkConfig.from_env`):
 ``NETCOLL_SHM_BYTES``    bytes of each direction's ring of a shared-memory link
                          (a multiple of 4 KiB, 64 KiB to 1 GiB; default 4 MiB, less
                          beyond 9 ranks: :func:`~.shmring.auto_ring`)
+``NETCOLL_SHM_LANE``     ``0``: no lanes (:mod:`.lane`); checked here, read where links are made
+``NETCOLL_SHM_CMA``      ``0``: no direct DATA (:mod:`.cma`); the same
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Final
 
 from ..errors import ProtocolError
 from ..sizes import parse_size
+from . import cma, lane
 from .base import Link
 from .shmring import check_ring
 
@@ -81,6 +84,9 @@ class LinkConfig:
     ) -> LinkConfig:
         """Arguments win over ``NETCOLL_RECV_WINDOW`` / ``NETCOLL_TRANSPORT``,
         which win over the defaults (an empty variable counts as unset)."""
+        if env is None:  # these two are read where links are made: a bad value fails here, before any I/O
+            lane.enabled()
+            cma.enabled()
         env = os.environ if env is None else env
         if window is None:
             raw = env.get("NETCOLL_RECV_WINDOW") or ""

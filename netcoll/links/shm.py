@@ -38,6 +38,7 @@ the file was unlinked in the handshake (:mod:`netcoll.transport.tcp`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -54,6 +55,8 @@ from .factory import SHM, Capabilities
 from .framed import FramedLink, connection_error, held_buffer
 from .shmlane import LaneLink
 from .shmring import RingReader, RingWriter, Segment, ShmRefused
+
+log = logging.getLogger("netcoll.transport")
 
 #: DATA payloads of at least this many bytes go through the ring; smaller ones
 #: ride behind their header on the socket (one write, one read)
@@ -115,8 +118,10 @@ class ShmLink(LaneLink):
         self._scratch: memoryview | None = None  # folded direct DATA is read through it
         #: direct DATA (:mod:`.cma`) sent, and read from the peer
         self.direct_sent = self.direct_received = 0
-        if segment.identity is not None:
-            segment.identity.probe()  # the peer's slot is written: it published before its HELLO/WELCOME
+        if segment.identity is not None:  # the peer's slot is written: it published before its HELLO/WELCOME
+            why = segment.identity.probe()
+            how = f"come through the ring: {why}" if why else "are read in place (direct DATA)"
+            log.debug("link to rank %d: its large sends %s", peer, how)
 
     @property
     def fold_min_bytes(self) -> int | None:

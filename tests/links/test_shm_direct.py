@@ -269,3 +269,11 @@ async def test_every_collective_that_moves_data_is_correct_with_direct_data() ->
         sent = sum(s.direct_sent for t in ts for s in t.link_stats().values())
         received = sum(s.direct_received for t in ts for s in t.link_stats().values())
         assert sent == received > 0
+
+
+def test_a_bad_netcoll_shm_cma_fails_before_any_link_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NETCOLL_SHM_CMA", "yes")
+    with pytest.raises(ValueError, match="NETCOLL_SHM_CMA must be 0 or 1, got 'yes'"):
+        LinkConfig.from_env()
+    monkeypatch.setenv("NETCOLL_SHM_CMA", "0")
+    assert not cma.enabled()
