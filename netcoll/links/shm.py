@@ -30,6 +30,12 @@ after a piece announced there, the next go there too until the reader has given
 its space back; and eager DATA that finds a ring message part-way (its rest on
 the socket) waits in the lane for it.
 
+*Direct DATA* (:mod:`netcoll.links.cma`): a payload of 1-64 MiB of an operation that
+only moves data, to a peer that said it can read this process's memory, is not copied
+into the ring: its header says where it is (``zv: [address, n]``), the peer reads it
+straight into its buffer with ``process_vm_readv`` and says so (``CREDIT {n: 0, zd}``),
+and the send returns then. One copy instead of two.
+
 Loss is the connection's: a killed peer's socket reaches EOF, which fails its
 operations (PeerLost) as on TCP. The mapping is dropped when the link is gone;
 the file was unlinked in the handshake (:mod:`netcoll.transport.tcp`).

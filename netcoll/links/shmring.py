@@ -5,7 +5,8 @@ A :class:`Segment` is one file directly under ``/dev/shm``, made by the
 dialing rank of a pair and mapped by both. Layout (``docs/protocol.md`` §5.4)::
 
     0         header (4096 bytes): magic b"NCSHM4\\0\\0", u64 ring size R (little-endian),
-              16-byte nonce
+              16-byte nonce; at 64 and 96 the two sides' identities for direct DATA
+              (:mod:`netcoll.links.cma`)
     4096      ring 0, R bytes: dialer -> acceptor
     4096+R    ring 1, R bytes: acceptor -> dialer
     4096+2R   lane 0, LS = lane_span(R) bytes: dialer -> acceptor (:mod:`netcoll.links.lane`)

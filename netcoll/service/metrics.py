@@ -237,6 +237,11 @@ def _links(d: RankDaemon) -> Iterator[Any]:
         "Frames through the shared-memory lane of each peer's link (no system call).",
         labels=["peer", "direction"],
     )
+    direct = CounterMetricFamily(
+        "netcoll_peer_direct_messages",
+        "Messages of each peer's shared-memory link read in place from the sender's memory (one copy).",
+        labels=["peer", "direction"],
+    )
     for peer, s in stats.items():
         sent.add_metric([str(peer)], s.bytes_sent)
         got.add_metric([str(peer)], s.bytes_received)
@@ -245,7 +250,9 @@ def _links(d: RankDaemon) -> Iterator[Any]:
         if s.kind == "shm":
             lane.add_metric([str(peer), "sent"], s.lane_sent)
             lane.add_metric([str(peer), "received"], s.lane_received)
-    yield from (sent, got, backlog, kind, lane)
+            direct.add_metric([str(peer), "sent"], s.direct_sent)
+            direct.add_metric([str(peer), "received"], s.direct_received)
+    yield from (sent, got, backlog, kind, lane, direct)
 
 
 # -- exposition -----------------------------------------------------------------------------------
