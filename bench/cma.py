@@ -1,11 +1,11 @@
 """How fast one process can read another's memory (``process_vm_readv``, the
-"CMA" single copy of Open MPI's shared-memory transport) against a plain
-``memcpy`` of the same bytes: the measurement behind not building a
-single-copy path for ``shm`` links (docs/performance.md, "Large messages").
+"CMA" single copy of Open MPI's shared-memory transport, and of the direct
+DATA of ``shm`` links: ``netcoll/links/cma.py``) against a plain ``memcpy`` of
+the same bytes (docs/performance.md, "Large messages").
 
     python3 bench/cma.py [--size 4M] [--iters 200]
 
-A forked child holds the source buffer (copy-on-write, at the same address);
+A forked child makes its own copy of the source buffer and says where it is;
 the parent reads it with ``process_vm_readv`` into its own buffer, then copies
 its own source with numpy. Linux only; where the kernel refuses the read
 (``ptrace`` restrictions, seccomp) it says so and exits 0.
@@ -14,53 +14,38 @@ its own source with numpy. Linux only; where the kernel refuses the read
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time
-from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from netcoll.links import cma
 from netcoll.sizes import parse_size
-
-
-class _IoVec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-def _readv() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = libc.process_vm_readv
-    fn.restype = ctypes.c_ssize_t
-    fn.argtypes = [
-        ctypes.c_int,
-        ctypes.POINTER(_IoVec),
-        ctypes.c_ulong,
-        ctypes.POINTER(_IoVec),
-        ctypes.c_ulong,
-        ctypes.c_ulong,
-    ]
-    return fn
 
 
 def measure(size: int, iters: int) -> dict[str, float] | str:
     """Seconds per copy of ``size`` bytes: ``{"cma": s, "memcpy": s}``, or why CMA cannot run."""
-    if not sys.platform.startswith("linux"):
-        return "process_vm_readv is Linux only"
-    readv = _readv()
+    if not cma.enabled():
+        return "process_vm_readv is not available here (or NETCOLL_SHM_CMA=0)"
     src = (np.arange(size, dtype=np.int64) % 251).astype(np.uint8)
     dst = np.zeros(size, np.uint8)
-    r, w = os.pipe()
+    go_r, go_w = os.pipe()
+    at_r, at_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child keeps its copy of src mapped until told to go
-        os.close(w)
-        os.read(r, 1)
+    if pid == 0:  # the child makes its own copy of src (pages of its own, as a peer's buffer
+        os.close(go_w)  # is: pages shared copy-on-write after fork() read about 2x slower),
+        os.close(at_r)  # says where it is, and keeps it until told to go
+        mine = src.copy()
+        os.write(at_w, cma.address(memoryview(mine)).to_bytes(8, "little"))
+        os.read(go_r, 1)
         os._exit(0)
-    os.close(r)
+    os.close(go_r)
+    os.close(at_w)
     try:
-        local, remote = _IoVec(dst.ctypes.data, size), _IoVec(src.ctypes.data, size)
+        remote = int.from_bytes(os.read(at_r, 8), "little")
+        into = memoryview(dst)
         times: dict[str, float] = {}
         for label in ("cma", "memcpy"):
             start = time.perf_counter()
@@ -68,18 +53,19 @@ def measure(size: int, iters: int) -> dict[str, float] | str:
                 if label == "memcpy":
                     dst[:] = src
                     continue
-                n = readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-                if n != size:
-                    err = ctypes.get_errno()
-                    return f"process_vm_readv refused: {os.strerror(err) if err else f'read {n} of {size} bytes'}"
+                try:
+                    cma.read(pid, remote, into)
+                except OSError as exc:
+                    return f"process_vm_readv refused: {exc}"
             times[label] = (time.perf_counter() - start) / iters
             if not np.array_equal(dst, src):
                 return f"{label} copied the wrong bytes"
             dst[:] = 0
         return times
     finally:
-        os.write(w, b"x")
-        os.close(w)
+        os.write(go_w, b"x")
+        os.close(go_w)
+        os.close(at_r)
         os.waitpid(pid, 0)
 
 
