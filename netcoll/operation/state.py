@@ -13,8 +13,9 @@ from ..ops import Fold
 from .reasons import Failure, Reason, State, reason_of
 
 SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
-#: operations whose sends are not lent to a peer on this host (:attr:`Operation.lends`)
-REDUCTIONS = frozenset({"all_reduce", "reduce", "reduce_scatter"})
+#: operations whose sends are never lent to a peer on this host (:attr:`Operation.lends`):
+#: the reductions, and the cost model's calibration (it measures the ring, which they use)
+RING_ONLY = frozenset({"all_reduce", "reduce", "reduce_scatter", "calibrate"})
 Release = Callable[[int, int], None]  # (src world rank, payload bytes) no longer held
 
 
@@ -87,7 +88,7 @@ class Operation:
         #: (``links/cma.py``) and the send returns once it has. Operations that only move
         #: data; a reduction's ranks reduce while their peers would be reading, and its
         #: sends are faster copied into the ring (docs/performance.md, "Single copy").
-        self.lends = name not in REDUCTIONS
+        self.lends = name not in RING_ONLY
         self._loop = loop or asyncio.get_running_loop()
         self._release = release
 

@@ -192,7 +192,7 @@ async def test_lent_reductions_fold_a_scratch_piece_at_a_time_with_the_same_bits
 
     _, mem = memory_world(3)
     expected = await asyncio.gather(*(call(c) for c in mem))
-    monkeypatch.setattr(state, "REDUCTIONS", frozenset())
+    monkeypatch.setattr(state, "RING_ONLY", frozenset())
     monkeypatch.setattr(Fold, "apply", counting)
     async with mesh(3) as ts:
         comms = [Communicator(t, segment_bytes=8 * MIB) for t in ts]
