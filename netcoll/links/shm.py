@@ -277,6 +277,8 @@ class ShmLink(LaneLink):
         if done is None or done.done() or count != self.direct_sent:
             raise ProtocolError(f"a direct read done ({count!r}) for no direct DATA awaiting it")
         done.set_result(None)
+        if header["n"]:
+            self.flow.credited(header["n"])
 
     def _freed(self, header: dict[str, Any]) -> None:
         """``CREDIT {z}``: the peer consumed our ring up to ``z``."""
@@ -428,7 +430,10 @@ class ShmLink(LaneLink):
 
     def _say_read(self) -> None:
         """``CREDIT {n: 0, zd}``: the peer's direct DATA has been read (``zd`` counts them)."""
-        header = {"n": 0, "zd": self.direct_received}
+        self._own_credit({"n": 0, "zd": self.direct_received})
+
+    def _own_credit(self, header: dict[str, Any]) -> None:
+        """One of this link's own CREDITs (``n: 0``): through the lane while the peer polls it, else on the socket."""
         if self._lane_put(encode_header(Kind.CREDIT, header, 0), _EMPTY):
             self._frames_sent += 1
             return
@@ -447,16 +452,8 @@ class ShmLink(LaneLink):
     def _give_ring(self) -> None:
         self._reporting = False
         upto = self._reader.report()
-        if upto is None or self.lost is not None:
-            return
-        header = {"n": 0, "z": upto}
-        if self._lane_put(encode_header(Kind.CREDIT, header, 0), _EMPTY):
-            self._frames_sent += 1
-            return
-        try:
-            self._emit(Kind.CREDIT, header)
-        except (ConnectionError, RuntimeError):
-            pass  # the link is going (or we said BYE): its end is reported on its own
+        if upto is not None and self.lost is None:
+            self._own_credit({"n": 0, "z": upto})
 
     def divert(self) -> None:
         if self._in is not None:  # between pieces: the rest is consumed and dropped

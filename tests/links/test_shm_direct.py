@@ -21,7 +21,7 @@ from netcoll.operation import state
 from netcoll.transport.base import Channel
 from netcoll.transport.tcp import TcpTransport
 from netcoll.wire import Kind
-from tests.links.test_shm_links import broken, kinds, leftovers, mesh, pattern
+from tests.links.test_shm_links import broken, kinds, leftovers, mesh, on_comms, pattern
 
 pytestmark = [
     pytest.mark.tcp,
@@ -195,12 +195,7 @@ async def test_lent_reductions_fold_a_scratch_piece_at_a_time_with_the_same_bits
     monkeypatch.setattr(state, "RING_ONLY", frozenset())
     monkeypatch.setattr(Fold, "apply", counting)
     async with mesh(3) as ts:
-        comms = [Communicator(t, segment_bytes=8 * MIB) for t in ts]
-        try:
-            got = await asyncio.wait_for(asyncio.gather(*(call(c) for c in comms)), 60)
-        finally:
-            for c in comms:
-                await c.close()
+        got = await on_comms(ts, call, segment_bytes=8 * MIB)
         assert sum(s.direct_received for t in ts for s in t.link_stats().values()) > 0
     for a, b in zip(got, expected, strict=True):
         assert a.tobytes() == b.tobytes()
@@ -242,7 +237,6 @@ async def test_every_collective_that_moves_data_is_correct_with_direct_data() ->
     n = 600_000
     async with mesh(4) as ts:
         assert kinds(ts) == {"shm"}
-        comms = [Communicator(t) for t in ts]
         xs = [np.arange(n, dtype=np.float32) * (r + 1) for r in range(4)]
         rows = [np.stack([x + j for j in range(4)]) for x in xs]
 
@@ -261,11 +255,7 @@ async def test_every_collective_that_moves_data_is_correct_with_direct_data() ->
                 np.testing.assert_array_equal(await c.recv(3 - r), xs[3 - r])
                 await send
 
-        try:
-            await asyncio.wait_for(asyncio.gather(*(every(c) for c in comms)), 60)
-        finally:
-            for c in comms:
-                await c.close()
+        await on_comms(ts, every)
         sent = sum(s.direct_sent for t in ts for s in t.link_stats().values())
         received = sum(s.direct_received for t in ts for s in t.link_stats().values())
         assert sent == received > 0

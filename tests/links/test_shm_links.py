@@ -91,6 +91,17 @@ async def broken(link: Any, timeout: float = 5.0) -> None:
             await asyncio.sleep(0.01)
 
 
+async def on_comms(ts: list[TcpTransport], fn: Any, **kwargs: Any) -> list[Any]:
+    """``fn(communicator)`` on every rank of ``ts`` at once (communicators made with
+    ``kwargs``, closed after); the results by rank."""
+    comms = [Communicator(t, **kwargs) for t in ts]
+    try:
+        return list(await asyncio.wait_for(asyncio.gather(*(fn(c) for c in comms)), 60))
+    finally:
+        for c in comms:
+            await c.close()
+
+
 def pattern(n: int, salt: int) -> np.ndarray:
     return ((np.arange(n, dtype=np.int64) * 7 + salt) % 251).astype(np.uint8)
 
@@ -279,12 +290,7 @@ async def test_reductions_fold_straight_out_of_the_ring_with_the_same_bits(
     assert folded == []  # in memory: no ring, nothing folded
     async with mesh(size, LinkConfig(shm_bytes=256 * KIB)) as ts:
         assert kinds(ts) == {"shm"}
-        comms = [Communicator(t, segment_bytes=256 * KIB) for t in ts]
-        try:
-            got = await asyncio.wait_for(asyncio.gather(*(calls(c) for c in comms)), 60)
-        finally:
-            for c in comms:
-                await c.close()
+        got = await on_comms(ts, calls, segment_bytes=256 * KIB)
     for mine, theirs in zip(got, expected, strict=True):
         for a, b in zip(mine, theirs, strict=True):
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
