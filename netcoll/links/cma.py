@@ -17,8 +17,9 @@ mark in its own slot that it reads the peer, and only then does the peer send it
 direct DATA. A different PID namespace (containers without a shared one), a
 kernel without the call, ptrace restrictions (Yama, seccomp, no
 ``CAP_SYS_PTRACE`` across users) all make the probe fail, and the ring is used.
-``NETCOLL_SHM_CMA=0`` turns it off on a rank (it then neither probes nor sends
-direct DATA).
+A rank lends its large sends only while its host's ranks outnumber its cores
+(:func:`lends`; ``NETCOLL_SHM_CMA=1``: always); ``NETCOLL_SHM_CMA=0`` turns direct
+DATA off on a rank (it then neither probes nor sends any).
 
 Slot layout (little-endian, in the segment's first page): dialer at 64, acceptor
 at 96; ``u64 pid, u64 address of the 16-byte nonce copy, u64 reads_peer``.
@@ -75,13 +76,38 @@ def _bind() -> object | None:
 _READV = _bind()
 
 
+def mode() -> str:
+    """``NETCOLL_SHM_CMA``: ``"0"`` (never), ``"1"`` (lend whenever the peer reads us) or
+    ``"auto"`` (the default: only while this host's ranks outnumber its cores, :func:`lends`).
+    ValueError for anything else."""
+    value = os.environ.get("NETCOLL_SHM_CMA", "").strip().lower() or "auto"
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"NETCOLL_SHM_CMA must be 0, 1 or auto, got {value!r}")
+    return value
+
+
 def enabled() -> bool:
-    """Whether this rank uses direct DATA: on Linux with ``process_vm_readv``,
-    unless ``NETCOLL_SHM_CMA=0`` (ValueError for a value other than 0 or 1)."""
-    value = os.environ.get("NETCOLL_SHM_CMA", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"NETCOLL_SHM_CMA must be 0 or 1, got {value!r}")
-    return value != "0" and _READV is not None
+    """Whether this rank takes part in direct DATA at all (publishes, probes, may be
+    read): on Linux with ``process_vm_readv``, unless ``NETCOLL_SHM_CMA=0``."""
+    return mode() != "0" and _READV is not None
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def lends(local_ranks: int) -> bool:
+    """Whether a rank with ``local_ranks`` ranks on its host (itself included) lends its
+    large sends. By default only when they outnumber the cores: then CPU is what every
+    copy costs, and one copy instead of two wins. With a core each, a ring transfer's two
+    copies run on two cores at once, the ring hot in cache between them, and a broadcast
+    or a scatter measured 10-30 % slower lent (docs/performance.md)."""
+    how = mode()
+    return enabled() and (how == "1" or (how == "auto" and local_ranks > usable_cores()))
 
 
 def address(buf: memoryview) -> int:
@@ -151,4 +177,15 @@ class Identity:
         return self._peer_reads
 
 
-__all__ = ["DIRECT_MAX", "DIRECT_MIN", "FOLD_PIECE", "Identity", "address", "enabled", "read"]
+__all__ = [
+    "DIRECT_MAX",
+    "DIRECT_MIN",
+    "FOLD_PIECE",
+    "Identity",
+    "address",
+    "enabled",
+    "lends",
+    "mode",
+    "read",
+    "usable_cores",
+]

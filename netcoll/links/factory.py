@@ -25,7 +25,8 @@ Environment (read by :meth:`LinkConfig.from_env`):
                          (a multiple of 4 KiB, 64 KiB to 1 GiB; default 4 MiB, less
                          beyond 9 ranks: :func:`~.shmring.auto_ring`)
 ``NETCOLL_SHM_LANE``     ``0``: no lanes (:mod:`.lane`); checked here, read where links are made
-``NETCOLL_SHM_CMA``      ``0``: no direct DATA (:mod:`.cma`); the same
+``NETCOLL_SHM_CMA``      ``0``/``1``/``auto``: direct DATA never, always, or while ranks
+                         outnumber cores (:mod:`.cma`); the same
 """
 
 from __future__ import annotations

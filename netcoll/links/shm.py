@@ -124,6 +124,8 @@ class ShmLink(LaneLink):
         self._scratch: memoryview | None = None  # folded direct DATA is read through it
         #: direct DATA (:mod:`.cma`) sent, and read from the peer
         self.direct_sent = self.direct_received = 0
+        #: whether large sends are lent when the peer reads us (set by the transport: :func:`.cma.lends`)
+        self.lending = False
         if segment.identity is not None:  # the peer's slot is written: it published before its HELLO/WELCOME
             why = segment.identity.probe()
             how = f"come through the ring: {why}" if why else "are read in place (direct DATA)"
@@ -146,7 +148,8 @@ class ShmLink(LaneLink):
             return
         identity = self.segment.identity
         if (
-            cma.DIRECT_MIN <= payload.nbytes <= cma.DIRECT_MAX
+            self.lending
+            and cma.DIRECT_MIN <= payload.nbytes <= cma.DIRECT_MAX
             and identity is not None
             and identity.peer_reads()
             and self.mailbox.lends(header)

@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import wire
 from ..errors import CommunicatorClosed, ProtocolError, RendezvousError
-from ..links import shm
+from ..links import cma, shm
 from ..links.base import Link
 from ..links.factory import Capabilities, LinkConfig, LinkFactory
 from ..links.shmring import SHM_DIR, Segment, auto_ring
@@ -304,6 +304,10 @@ class TcpTransport(Transport):
 
     def attach(self, link: Link) -> None:
         super().attach(link)
+        local = [other for other in self.links.values() if isinstance(other, shm.ShmLink)]
+        lending = cma.lends(1 + len(local))  # (a peer on this host is one with a shared-memory link)
+        for other in local:
+            other.lending = lending
         if len(self.links) == self.size - 1:
             self._all_linked.set()
 

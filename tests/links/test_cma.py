@@ -61,3 +61,27 @@ def test_the_probe_refuses_a_slot_that_does_not_lead_to_the_nonce() -> None:
     assert "is not the peer" in acceptor.probe() and not dialer.peer_reads()
     page[72:80] = (8).to_bytes(8, "little")  # an address that is not mapped
     assert "cannot read its memory" in acceptor.probe() and acceptor.peer_pid == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "cores", "ranks", "lends"),
+    [
+        ("", 2, 2, False),
+        ("", 2, 3, True),
+        ("auto", 8, 8, False),
+        ("AUTO", 8, 9, True),
+        ("1", 64, 2, True),
+        ("0", 1, 64, False),
+    ],
+)
+def test_a_rank_lends_by_its_setting_and_how_crowded_its_host_is(
+    value: str, cores: int, ranks: int, lends: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NETCOLL_SHM_CMA", value)
+    monkeypatch.setattr(cma, "usable_cores", lambda: cores)
+    assert cma.lends(ranks) is lends
+    assert cma.enabled() is (value != "0")
+
+
+def test_usable_cores_are_this_processs_cpus() -> None:
+    assert 1 <= cma.usable_cores() <= (os.cpu_count() or 1)

@@ -39,6 +39,13 @@ def no_leftovers() -> Any:
     assert leftovers() == []
 
 
+@pytest.fixture(autouse=True)
+def lend_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lend whenever the peer reads us: by default a rank lends only while its host's
+    ranks outnumber its cores (tested below), which these meshes may not."""
+    monkeypatch.setenv("NETCOLL_SHM_CMA", "1")
+
+
 async def exchange(ts: list[TcpTransport], name: str, data: np.ndarray, *, late: bool = False) -> np.ndarray:
     """Rank 0 sends ``data`` to rank 1 in an operation called ``name``; rank 1's
     receive is posted into a buffer (``late``: only after the data arrived, so it is held)."""
@@ -264,10 +271,27 @@ async def test_every_collective_that_moves_data_is_correct_with_direct_data() ->
 
 def test_a_bad_netcoll_shm_cma_fails_before_any_link_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NETCOLL_SHM_CMA", "yes")
-    with pytest.raises(ValueError, match="NETCOLL_SHM_CMA must be 0 or 1, got 'yes'"):
+    with pytest.raises(ValueError, match="NETCOLL_SHM_CMA must be 0, 1 or auto, got 'yes'"):
         LinkConfig.from_env()
     monkeypatch.setenv("NETCOLL_SHM_CMA", "0")
-    assert not cma.enabled()
+    assert not cma.enabled() and not cma.lends(64)
+
+
+@pytest.mark.parametrize(("cores", "lent"), [(2, False), (1, True)])
+async def test_by_default_a_rank_lends_only_while_its_hosts_ranks_outnumber_its_cores(
+    cores: int, lent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks on two cores keep the ring (its two copies run at once, one per core);
+    on one core they lend. Either way each still reads what the other lends it."""
+    monkeypatch.delenv("NETCOLL_SHM_CMA")
+    monkeypatch.setattr(cma, "usable_cores", lambda: cores)
+    async with mesh(2) as ts:
+        links = [t.links[1 - r] for r, t in enumerate(ts)]
+        assert all(isinstance(link, ShmLink) and link.lending is lent for link in links)
+        assert all(link.segment.identity and link.segment.identity.peer_reads() for link in links)  # type: ignore[attr-defined]
+        data = pattern(4 * MIB, 7)
+        assert np.array_equal(await exchange(ts, "broadcast", data), data)
+        assert direct(ts) == ((1, 1) if lent else (0, 0))
 
 
 async def test_a_random_mix_of_direct_ring_lane_and_socket_messages_arrives_whole() -> None:
