@@ -93,7 +93,7 @@ def enabled() -> bool:
 
 
 def usable_cores() -> int:
-    """The CPUs this process may run on."""
+    """The CPUs this process may run on (its affinity; a cgroup CPU quota is not seen)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
