@@ -309,16 +309,14 @@ class ShmLink(LaneLink):
             if frame.payload.nbytes:
                 raise ProtocolError("a direct DATA frame also carries a payload")
             self._direct(header)
-        elif frame.kind is Kind.CREDIT and "zd" in header:
-            self._credit(header)
+        elif frame.kind is Kind.CREDIT and ("z" in header or "zd" in header):
+            self._credit(header)  # this link's own: ring space back, or a direct read done
         elif "z" not in header:
             if frame.kind is Kind.DATA and self._in is not None:
                 raise ProtocolError("a DATA frame on the socket while a ring message was part-way")
             super().receive(frame)
         elif frame.kind is Kind.DATA:
             self._piece(frame)
-        elif frame.kind is Kind.CREDIT:
-            self._credit(header)
         else:
             super().receive(frame)
         if self._poll is not None and frame.kind is Kind.DATA:  # held back while its payload arrived
@@ -383,13 +381,21 @@ class ShmLink(LaneLink):
             raise ProtocolError("a ring message began before the last one ended")
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             raise ProtocolError(f"malformed ring message length {n!r}")
+        target, fold = self._destination(header, n)
+        self._in = _Incoming(header, n, target, fold=fold)
+        return self._in
+
+    def _destination(self, header: dict[str, Any], n: int) -> tuple[memoryview, Fold | None]:
+        """Flow control for a message of ``n`` bytes read out of shared memory (the ring or the
+        peer's), and where it goes: the posted buffer, or one of its own (held, not zero-filled
+        first); and the posted receive's fold, if it reduces the whole message."""
         self.admit(Kind.DATA, header, n)
         buf = self.mailbox.sink(self.peer, header, n)
         self._cur_hit = buf is not None
-        target = memoryview(buf).cast("B") if buf is not None else held_buffer(n)  # not zero-filled first
-        fold = self.mailbox.fold(self.peer, header) if buf is not None else None
-        self._in = _Incoming(header, n, target, fold=fold if fold is not None and fold.nbytes == n else None)
-        return self._in
+        if buf is None:
+            return held_buffer(n), None
+        fold = self.mailbox.fold(self.peer, header)
+        return memoryview(buf).cast("B"), fold if fold is not None and fold.nbytes == n else None
 
     def _direct(self, header: dict[str, Any]) -> None:
         """Direct DATA: read the payload out of the peer's memory (into the posted buffer,
@@ -402,13 +408,9 @@ class ShmLink(LaneLink):
         if self._in is not None:
             raise ProtocolError("direct DATA while a ring message was part-way")
         remote, n = _direct_at(header["zv"])
-        self.admit(Kind.DATA, header, n)
-        buf = self.mailbox.sink(self.peer, header, n)
-        self._cur_hit = buf is not None
-        target = memoryview(buf).cast("B") if buf is not None else held_buffer(n)
-        fold = self.mailbox.fold(self.peer, header) if buf is not None else None
+        target, fold = self._destination(header, n)
         try:
-            if fold is not None and fold.nbytes == n:
+            if fold is not None:
                 self._read_folded(identity.peer_pid, remote, fold)
             else:
                 cma.read(identity.peer_pid, remote, target)

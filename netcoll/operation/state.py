@@ -87,7 +87,7 @@ class Operation:
         #: whether its large sends may be *lent*: a peer on this host reads them in place
         #: (``links/cma.py``) and the send returns once it has. Operations that only move
         #: data; a reduction's ranks reduce while their peers would be reading, and its
-        #: sends are faster copied into the ring (docs/performance.md, "Single copy").
+        #: sends are faster copied into the ring (docs/performance.md, "One copy instead of two").
         self.lends = name not in RING_ONLY
         self._loop = loop or asyncio.get_running_loop()
         self._release = release
