@@ -56,6 +56,7 @@ class LinkStats:
     bells: int = 0  # shm: BELL frames rung for a peer asleep with frames in its lane
     direct_sent: int = 0  # shm: DATA payloads the peer read straight from this process (one copy)
     direct_received: int = 0  # shm: ...read here straight from the peer's memory
+    direct_held: int = 0  # shm: ...of those, read into a buffer of their own (no receive posted in time)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -48,6 +48,18 @@ DIRECT_MIN: Final = 1 << 20
 DIRECT_MAX: Final = 64 << 20
 #: a folded direct payload is read into scratch pieces of this size (stays in cache)
 FOLD_PIECE: Final = 256 << 10
+#: direct DATA that arrives before its receive is posted waits for it (then it is read
+#: straight into the posted buffer) at most ``max(POST_WAIT_MIN, n / POST_WAIT_RATE)``
+#: seconds; then it is read into a buffer of its own, as eager DATA is held, and copied
+#: again when the receive comes. About what the held buffer's page faults and that second
+#: copy would cost; bounded, so a receive posted late (or never) never blocks the link long.
+POST_WAIT_MIN: Final = 1e-3
+POST_WAIT_RATE: Final = 1e9
+
+
+def post_wait(n: int) -> float:
+    """Seconds direct DATA of ``n`` bytes waits for its receive to be posted."""
+    return max(POST_WAIT_MIN, n / POST_WAIT_RATE)
 
 
 class _IoVec(ctypes.Structure):
@@ -181,11 +193,14 @@ __all__ = [
     "DIRECT_MAX",
     "DIRECT_MIN",
     "FOLD_PIECE",
+    "POST_WAIT_MIN",
+    "POST_WAIT_RATE",
     "Identity",
     "address",
     "enabled",
     "lends",
     "mode",
+    "post_wait",
     "read",
     "usable_cores",
 ]

@@ -44,9 +44,11 @@ the file was unlinked in the handshake (:mod:`netcoll.transport.tcp`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -122,8 +124,12 @@ class ShmLink(LaneLink):
         self._socket_upto = 0  # the end of the last ring piece announced on the socket
         self._direct_done: asyncio.Future[None] | None = None  # the peer's read of our direct DATA
         self._scratch: memoryview | None = None  # folded direct DATA is read through it
-        #: direct DATA (:mod:`.cma`) sent, and read from the peer
-        self.direct_sent = self.direct_received = 0
+        self._waiting: dict[str, Any] | None = None  # the peer's direct DATA not read yet
+        self._wait_timer: asyncio.TimerHandle | None = None  # armed while it waits for its receive
+        self._on_posted: Callable[[bool], None] | None = None  # given to the mailbox for it
+        #: direct DATA (:mod:`.cma`) sent, and read from the peer; of those read, how many into
+        #: a buffer of their own (their receive was not posted in time)
+        self.direct_sent = self.direct_received = self.direct_held = 0
         #: whether large sends are lent when the peer reads us (set by the transport: :func:`.cma.lends`)
         self.lending = False
         if segment.identity is not None:  # the peer's slot is written: it published before its HELLO/WELCOME
@@ -296,6 +302,7 @@ class ShmLink(LaneLink):
             self._drain_lane()  # the rest of the ring message may be in the lane, put there before this
         if self._in is not None:
             raise ProtocolError("a DATA payload on the socket while a ring message was part-way")
+        self._no_direct_waiting()
         return super().sink(kind, header, n)
 
     def receive(self, frame: Frame) -> None:
@@ -312,8 +319,10 @@ class ShmLink(LaneLink):
         elif frame.kind is Kind.CREDIT and ("z" in header or "zd" in header):
             self._credit(header)  # this link's own: ring space back, or a direct read done
         elif "z" not in header:
-            if frame.kind is Kind.DATA and self._in is not None:
-                raise ProtocolError("a DATA frame on the socket while a ring message was part-way")
+            if frame.kind is Kind.DATA:
+                if self._in is not None:
+                    raise ProtocolError("a DATA frame on the socket while a ring message was part-way")
+                self._no_direct_waiting()
             super().receive(frame)
         elif frame.kind is Kind.DATA:
             self._piece(frame)
@@ -340,6 +349,7 @@ class ShmLink(LaneLink):
         elif self._in is not None:
             return False
         else:
+            self._no_direct_waiting()
             self._lane_data(header, payload)
         self.lane_received += 1
         return True
@@ -351,6 +361,7 @@ class ShmLink(LaneLink):
         header = frame.header
         if frame.payload.nbytes:
             raise ProtocolError("a DATA frame pointing into the ring also carries a payload")
+        self._no_direct_waiting()
         off, size = self._reader.take(header["z"])
         inc = self._in
         if "zn" in header:
@@ -398,15 +409,59 @@ class ShmLink(LaneLink):
         return memoryview(buf).cast("B"), fold if fold is not None and fold.nbytes == n else None
 
     def _direct(self, header: dict[str, Any]) -> None:
-        """Direct DATA: read the payload out of the peer's memory (into the posted buffer,
-        or folded through a scratch piece), then say so and deliver it."""
+        """Direct DATA: checked now, read once its receive is posted, or when the wait for
+        that ends (:func:`.cma.post_wait`; then into a buffer of its own, as eager DATA is
+        held). Either way the read runs after the callbacks ready then: the rank's own sends
+        of the step, issued right after its receives are posted, are announced first, so two
+        ranks lending each other read at once. Until it is read the peer sends no DATA
+        (its link's lock is held until our read-done)."""
         if self.lost is not None:
             return
         identity = self.segment.identity
         if identity is None or not identity.peer_pid:
             raise ProtocolError("direct DATA from a peer this side never said it reads")
+        self._no_direct_waiting()
         if self._in is not None:
             raise ProtocolError("direct DATA while a ring message was part-way")
+        n = _direct_at(header["zv"])[1]
+        self._waiting = header
+        self._wait_timer = asyncio.get_running_loop().call_later(cma.post_wait(n), self._posted, header, False)
+        self._on_posted = functools.partial(self._posted, header)
+        self.mailbox.when_posted(self.peer, header, self._on_posted)
+
+    def _no_direct_waiting(self) -> None:
+        if self._waiting is not None:
+            raise ProtocolError("DATA from a peer whose direct DATA has not been read yet")
+
+    def _posted(self, header: dict[str, Any], posted: bool) -> None:
+        """The receive for waiting direct DATA is posted (or its operation ended, or the wait
+        did): read it soon, once."""
+        if self._waiting is not header or self._wait_timer is None:
+            return
+        self._wait_timer.cancel()
+        self._wait_timer = None
+        if not posted and self._on_posted is not None:
+            self.mailbox.unwait(self.peer, header, self._on_posted)
+        self._on_posted = None
+        asyncio.get_running_loop().call_soon(self._read_waiting, header)
+
+    def _read_waiting(self, header: dict[str, Any]) -> None:
+        """Read the waiting direct DATA; a failure breaks the link (this runs on its own)."""
+        if self._waiting is not header:
+            return  # the link was lost meanwhile
+        self._waiting = None
+        try:
+            self._read_direct(header)
+        except ProtocolError as exc:
+            self.proto.fail(exc, tell_peer=True)
+        except Exception as exc:  # noqa: BLE001 - a handler bug must not kill the event loop
+            self.proto.fail(ProtocolError(f"error reading direct DATA: {exc!r}"), tell_peer=True)
+
+    def _read_direct(self, header: dict[str, Any]) -> None:
+        """Read direct DATA out of the peer's memory (into the posted buffer, or folded
+        through a scratch piece, or into a held buffer), then say so and deliver it."""
+        identity = self.segment.identity
+        assert identity is not None  # (checked when it arrived)
         remote, n = _direct_at(header["zv"])
         target, fold = self._destination(header, n)
         try:
@@ -417,6 +472,8 @@ class ShmLink(LaneLink):
         except OSError as exc:
             raise ProtocolError(f"cannot read rank {self.peer}'s direct DATA: {exc}") from None
         self.direct_received += 1
+        if not self._cur_hit:
+            self.direct_held += 1
         self._say_read()
         FramedLink.receive(self, Frame(Kind.DATA, header, target))
 
@@ -475,12 +532,21 @@ class ShmLink(LaneLink):
             if fut is not None and not fut.done():
                 fut.set_exception(connection_error(self.lost))
                 fut.exception()
+        if self._wait_timer is not None:  # the peer's direct DATA is not read: it is gone with the link
+            self._wait_timer.cancel()
+            self._wait_timer = None
+        self._waiting = self._on_posted = None  # (a mailbox callback left behind finds nothing waiting)
         self._in = None
         self._close_lanes()
         self.segment.close()
 
     def stats(self) -> LinkStats:
-        return replace(super().stats(), direct_sent=self.direct_sent, direct_received=self.direct_received)
+        return replace(
+            super().stats(),
+            direct_sent=self.direct_sent,
+            direct_received=self.direct_received,
+            direct_held=self.direct_held,
+        )
 
 
 def _direct_at(zv: object) -> tuple[int, int]:

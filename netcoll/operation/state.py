@@ -302,6 +302,14 @@ class Operation:
         else:
             callback(False)
 
+    def unwait(self, key: SlotKey, callback: Callable[[bool], None]) -> None:
+        """Forget ``callback`` given to :meth:`when_posted` for ``key`` (if not yet called)."""
+        waiting = None if self.rts is None else self.rts.get(key)
+        if waiting is not None and callback in waiting:
+            waiting.remove(callback)
+            if not waiting:
+                del self.rts[key]  # type: ignore[union-attr]
+
     def _end_rts(self) -> None:
         pending, self.rts = self.rts or {}, None
         for callbacks in pending.values():

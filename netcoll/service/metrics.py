@@ -239,7 +239,8 @@ def _links(d: RankDaemon) -> Iterator[Any]:
     )
     direct = CounterMetricFamily(
         "netcoll_peer_direct_messages",
-        "Messages of each peer's shared-memory link read in place from the sender's memory (one copy).",
+        "Messages of each peer's shared-memory link read in place from the sender's memory (one copy);"
+        " held: received ones read before their receive was posted (then copied again).",
         labels=["peer", "direction"],
     )
     for peer, s in stats.items():
@@ -252,6 +253,7 @@ def _links(d: RankDaemon) -> Iterator[Any]:
             lane.add_metric([str(peer), "received"], s.lane_received)
             direct.add_metric([str(peer), "sent"], s.direct_sent)
             direct.add_metric([str(peer), "received"], s.direct_received)
+            direct.add_metric([str(peer), "held"], s.direct_held)
     yield from (sent, got, backlog, kind, lane, direct)
 
 

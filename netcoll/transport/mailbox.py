@@ -242,6 +242,19 @@ class Mailbox:
         else:
             callback(False)
 
+    def unwait(self, src: int, header: dict[str, Any], callback: Callable[[bool], None]) -> None:
+        """Forget ``callback`` given to :meth:`when_posted` for this header (if not yet called)."""
+        key, slot = (header["g"], header["q"]), (src, header["s"], header["c"])
+        op = self.ops.get(key)
+        if op is not None:
+            op.unwait(slot, callback)
+            return
+        early = self.early_rts.get(key)
+        if early is not None and (slot, callback) in early:
+            early.remove((slot, callback))
+            if not early:
+                del self.early_rts[key]
+
     def watch(self, group: str, seq: int, fut: asyncio.Future[Any]) -> None:
         """Fail ``fut`` with operation ``(group, seq)``'s error if it ends first
         (at once if it is not open)."""

@@ -65,6 +65,7 @@ def test_link_kinds_implement_the_interface() -> None:
         "bells": 0,
         "direct_sent": 0,
         "direct_received": 0,
+        "direct_held": 0,
     }
 
 

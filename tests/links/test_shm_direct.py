@@ -85,6 +85,7 @@ async def test_a_large_send_that_only_moves_data_is_read_in_place(late: bool) ->
         s0, s1 = ts[0].link_stats()[1], ts[1].link_stats()[0]
         assert s0.bytes_sent == s1.bytes_received == 4 * MIB
         assert s1.unexpected_peak == (4 * MIB if late else 0) and s1.unexpected_bytes == 0
+        assert s1.direct_held == (1 if late else 0)  # late: posted after the wait (cma.post_wait)
 
 
 async def test_a_send_larger_than_the_window_is_cleared_first_then_read_in_place() -> None:
@@ -157,6 +158,90 @@ async def test_a_cancelled_lent_send_returns_at_once_and_the_link_carries_on() -
         again = pattern(2 * MIB, 6)
         got = await exchange_seq(ts, 1, again)
         assert np.array_equal(got, again) and direct(ts) == (2, 2)
+
+
+def wait_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Direct DATA waits (almost) as long as it takes for its receive to be posted."""
+    monkeypatch.setattr(cma, "post_wait", lambda n: 30.0)
+
+
+async def test_direct_data_that_arrives_first_waits_for_its_receive_and_lands_in_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its receive not posted yet, direct DATA is not read into a buffer of its own (to be
+    copied again later): it waits, and is read straight into the buffer posted then."""
+    wait_long(monkeypatch)
+    async with mesh(2) as ts:
+        data = pattern(4 * MIB, 11)
+        ops = [t.mailbox.open("g", 0, "fp", (0, 1), "all_gather") for t in ts]
+        receiver = ts[1].links[0]
+        assert isinstance(receiver, ShmLink)
+        send = asyncio.ensure_future(Channel(ts[0], ops[0]).send(1, data, step=0))
+        async with asyncio.timeout(10):
+            while receiver._waiting is None:
+                await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        assert not send.done() and receiver.direct_received == 0
+        out = np.zeros_like(data)
+        async with asyncio.timeout(10):
+            await Channel(ts[1], ops[1]).recv(0, step=0, out=out)
+            await send
+        assert np.array_equal(out, data)
+        s1 = ts[1].link_stats()[0]
+        assert (s1.direct_received, s1.direct_held, s1.unexpected_peak) == (1, 0, 0)
+        for t, op in zip(ts, ops, strict=True):
+            t.mailbox.close(op)
+
+
+async def test_direct_data_never_asked_for_is_read_when_its_operation_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver's operation ends without posting the receive: the waiting direct DATA
+    is read then (and dropped, as late DATA is), the lent send returns, the link carries on."""
+    wait_long(monkeypatch)
+    async with mesh(2) as ts:
+        ops = [t.mailbox.open("g", 0, "fp", (0, 1), "broadcast") for t in ts]
+        send = asyncio.ensure_future(Channel(ts[0], ops[0]).send(1, pattern(2 * MIB, 12), step=0))
+        await asyncio.sleep(0.1)
+        assert not send.done()
+        ts[1].mailbox.close(ops[1])  # never posted: the operation ends
+        async with asyncio.timeout(5):
+            await send
+        ts[0].mailbox.close(ops[0])
+        s1 = ts[1].link_stats()[0]
+        assert (s1.direct_received, s1.direct_held, s1.unexpected_bytes) == (1, 1, 0)
+        again = pattern(3 * MIB, 13)
+        assert np.array_equal(await exchange_seq(ts, 1, again), again)
+        assert direct(ts) == (2, 2)
+
+
+async def test_data_behind_unread_direct_data_breaks_the_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sender's link is locked until its direct DATA is read: DATA behind it is a lie."""
+    wait_long(monkeypatch)
+    async with mesh(2) as ts:
+        liar, victim = ts[1].links[0], ts[0].links[1]
+        assert isinstance(liar, ShmLink) and isinstance(victim, ShmLink)
+        liar.proto.write(Kind.DATA, {"g": "g", "q": 0, "s": 0, "c": 0, "f": "fp", "zv": [4096, 2 * MIB]})
+        liar.proto.write(Kind.DATA, {"g": "g", "q": 0, "s": 1, "c": 0, "f": "fp"}, memoryview(b"abcd"))
+        await broken(victim)
+        assert isinstance(victim.lost, ProtocolError) and "not been read yet" in str(victim.lost), victim.lost
+
+
+async def test_a_link_lost_while_direct_data_waits_reads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    wait_long(monkeypatch)
+    async with mesh(2) as ts:
+        reads: list[Any] = []
+        monkeypatch.setattr(cma, "read", lambda *args: reads.append(args))
+        liar, victim = ts[1].links[0], ts[0].links[1]
+        assert isinstance(liar, ShmLink) and isinstance(victim, ShmLink)
+        liar.proto.write(Kind.DATA, {"g": "g", "q": 0, "s": 0, "c": 0, "f": "fp", "zv": [4096, 2 * MIB]})
+        async with asyncio.timeout(10):
+            while victim._waiting is None:
+                await asyncio.sleep(0.005)
+        liar.proto.abort()
+        await broken(victim)
+        await asyncio.sleep(0.05)
+        assert not isinstance(victim.lost, ProtocolError), victim.lost
+        assert (victim._waiting, victim._wait_timer, reads) == (None, None, [])
+        assert victim.direct_received == 0
 
 
 async def exchange_seq(ts: list[TcpTransport], seq: int, data: np.ndarray) -> np.ndarray:

@@ -81,7 +81,8 @@ async def test_scrape_a_coordinator_and_a_rank_after_a_job(monkeypatch: pytest.M
             if kind == "shm":  # (0 here: this test's loop is asyncio's, which does not poll lanes)
                 assert value(rank["netcoll_peer_lane_frames"], "_total", peer=peer, direction="sent") >= 0
                 # (0: an all_reduce does not lend its sends)
-                assert value(rank["netcoll_peer_direct_messages"], "_total", peer=peer, direction="sent") == 0
+                for direction in ("sent", "received", "held"):
+                    assert value(rank["netcoll_peer_direct_messages"], "_total", peer=peer, direction=direction) == 0
             assert value(rank["netcoll_peer_send_backlog_bytes"], peer=peer) >= 0
             assert value(rank["netcoll_rank_jobs"], "_total", result="ok") == 1
             pool = resultpool.RESULTS.stats()

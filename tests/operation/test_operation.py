@@ -132,6 +132,38 @@ async def test_when_posted_before_the_operation_opens() -> None:
     mb.close(op3)
 
 
+async def test_a_wait_for_a_posted_receive_can_be_taken_back() -> None:
+    """``unwait``: a callback given to ``when_posted`` (for an open operation or one not
+    open yet) is forgotten, and is never called; the others still are."""
+    mb = Mailbox(rank=0)
+    answers: list[tuple[str, bool]] = []
+
+    def waiter(name: str) -> Any:
+        return lambda posted: answers.append((name, posted))
+
+    early, kept = waiter("early"), waiter("kept")
+    mb.when_posted(1, hdr(q=1), early)
+    mb.when_posted(1, hdr(q=1), kept)
+    mb.unwait(1, hdr(q=1), early)
+    mb.unwait(1, hdr(q=1, s=5), kept)  # another slot: nothing to forget
+    op0 = mb.open("g", 0, "fp", (0, 1), "x")
+    gone, stays = waiter("gone"), waiter("stays")
+    mb.when_posted(1, hdr(q=0), gone)
+    mb.when_posted(1, hdr(q=0), stays)
+    mb.unwait(1, hdr(q=0), gone)
+    mb.unwait(1, hdr(q=0), gone)  # twice: nothing more
+    mb.take(op0, (1, 0, 0), None)
+    assert answers == [("stays", True)]
+    only = waiter("only")
+    mb.when_posted(1, hdr(q=0, s=2), only)
+    mb.unwait(1, hdr(q=0, s=2), only)
+    assert not op0.rts  # nothing left behind for the slot
+    mb.close(op0)
+    op1 = mb.open("g", 1, "fp", (0, 1), "x")
+    mb.close(op1)
+    assert answers == [("stays", True), ("kept", False)] and not mb.early_rts
+
+
 async def test_wrong_size_into_a_posted_buffer_fails_that_receive() -> None:
     """The receive whose buffer did not fit must raise, not hang (its future
     was already taken off the posted list when the frame arrived)."""
