@@ -116,6 +116,7 @@ async def all_reduce(
             data[...] = src
         return
     segs = _segments(split(data.size, P), data.itemsize, segment_bytes)
+    ch.lend_from(P - 1)  # the all-gather half sends reduced chunks, never written again
     await _ring(ch, data, op, segs, first=r, reduce_steps=P - 1, total_steps=2 * (P - 1), src=src)
 
 

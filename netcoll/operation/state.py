@@ -4,18 +4,21 @@ early, and the rules that decide what a frame or an event means for it."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from ..errors import CollectiveClosed
 from ..ops import Fold
 from .reasons import Failure, Reason, State, reason_of
 
 SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
-#: operations whose sends are never lent to a peer on this host (:attr:`Operation.lends`):
-#: the reductions, and the cost model's calibration (it measures the ring, which they use)
+#: operations whose sends are not lent to a peer on this host (:attr:`Operation.lends_from`)
+#: unless their algorithm says from which step they may be: the reductions, and the cost
+#: model's calibration (it measures the ring, which they use)
 RING_ONLY = frozenset({"all_reduce", "reduce", "reduce_scatter", "calibrate"})
+NO_STEP: Final = sys.maxsize  # (no step is that late)
 Release = Callable[[int, int], None]  # (src world rank, payload bytes) no longer held
 
 
@@ -45,7 +48,7 @@ class Operation:
         "waiters",
         "rts",
         "opened",
-        "lends",
+        "lends_from",
         "_loop",
         "_release",
     )
@@ -84,11 +87,13 @@ class Operation:
         #: slot -> callbacks waiting for a receive to be posted there (a sender's RTS; made when needed)
         self.rts: dict[SlotKey, list[Callable[[bool], None]]] | None = None
         self.opened = time.monotonic()  # for the arrival board (how long it has been running)
-        #: whether its large sends may be *lent*: a peer on this host reads them in place
-        #: (``links/cma.py``) and the send returns once it has. Operations that only move
-        #: data; a reduction's ranks reduce while their peers would be reading, and its
-        #: sends are faster copied into the ring (docs/performance.md, "One copy instead of two").
-        self.lends = name not in RING_ONLY
+        #: the first step whose large sends may be *lent*: a peer on this host reads them in
+        #: place (``links/cma.py``) and the send returns once it has. 0 for operations that only
+        #: move data; a reduction's ranks reduce while their peers would be reading, and its
+        #: sends are faster copied into the ring (docs/performance.md, "One copy instead of two"),
+        #: unless its algorithm says from which step on it sends only final data
+        #: (:meth:`~netcoll.transport.base.Channel.lend_from`).
+        self.lends_from = NO_STEP if name in RING_ONLY else 0
         self._loop = loop or asyncio.get_running_loop()
         self._release = release
 

@@ -255,6 +255,12 @@ class Channel:
         )
         return fut if self._trace is None else self._traced(fut, peer, step, chunk)
 
+    def lend_from(self, step: int) -> None:
+        """This rank's sends of ``step`` and later carry final data: nothing of this operation
+        writes their bytes again, so a peer on this host may read them in place while the
+        algorithm goes on (a reduction's all-gather half; see :attr:`Operation.lends_from`)."""
+        self.op.lends_from = min(self.op.lends_from, step)
+
     def folds(self, peer: int, nbytes: int) -> bool:
         """Whether the link to group rank ``peer`` would fold a payload of ``nbytes``
         posted with a ``fold`` (see :meth:`post`); if not, describing one is wasted."""

@@ -185,9 +185,9 @@ class Mailbox:
         return None if op is None else op.fold_for((src, header["s"], header["c"]))
 
     def lends(self, header: dict[str, Any]) -> bool:
-        """Whether the DATA about to be sent with ``header`` may be lent (:attr:`Operation.lends`)."""
+        """Whether the DATA about to be sent with ``header`` may be lent (:attr:`Operation.lends_from`)."""
         op = self.ops.get((header["g"], header["q"]))
-        return op is not None and op.lends
+        return op is not None and header["s"] >= op.lends_from
 
     def deliver(self, src: int, header: dict[str, Any], payload: memoryview) -> None:
         """A whole DATA frame from world rank ``src``."""

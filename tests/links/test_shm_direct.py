@@ -295,6 +295,30 @@ async def test_lent_reductions_fold_a_scratch_piece_at_a_time_with_the_same_bits
     assert max(folded) == cma.FOLD_PIECE
 
 
+async def test_the_ring_all_reduce_lends_only_its_all_gather_half() -> None:
+    """Its reduce-scatter half goes through the ring (the receiver folds while the sender
+    reduces on); its all-gather half sends reduced chunks nothing writes again, and lends
+    them: one direct message per rank and all-gather step. Same bits as never lending."""
+    from tests.support.worlds import memory_world
+
+    P, n = 3, 3 * (3 * MIB // 8) + 5  # chunks of over 1 MiB, one segment each
+    rng = np.random.default_rng(9)
+    xs = [(rng.standard_normal(n) * 1000).astype(np.float64) for _ in range(P)]
+
+    async def call(c: Communicator) -> np.ndarray:
+        got: np.ndarray = await c.all_reduce(xs[c.rank], algorithm="ring")
+        return got
+
+    _, mem = memory_world(P)
+    expected = await asyncio.gather(*(call(c) for c in mem))
+    async with mesh(P) as ts:
+        got = await on_comms(ts, call, segment_bytes=8 * MIB)
+        received = [s.direct_received for t in ts for s in t.link_stats().values()]
+        assert sum(received) == P * (P - 1), received
+    for a, b in zip(got, expected, strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
 @pytest.mark.parametrize(
     ("zv", "why"),
     [

@@ -164,6 +164,25 @@ async def test_a_wait_for_a_posted_receive_can_be_taken_back() -> None:
     assert answers == [("stays", True), ("kept", False)] and not mb.early_rts
 
 
+async def test_sends_are_lent_from_the_step_an_algorithm_says() -> None:
+    """Operations that only move data lend from step 0; the reductions (and calibrate)
+    from no step, unless their algorithm says from which one (``Channel.lend_from``)."""
+    from netcoll.transport.base import Channel
+    from netcoll.transport.memory import MemoryHub
+
+    t = MemoryHub(2).transports[0]
+    moving = t.mailbox.open("g", 0, "fp", (0, 1), "all_gather")
+    reducing = t.mailbox.open("g", 1, "fp", (0, 1), "all_reduce")
+    assert t.mailbox.lends(hdr(q=0, s=0)) and not t.mailbox.lends(hdr(q=1, s=0))
+    assert not t.mailbox.lends(hdr(q=1, s=1 << 40)) and not t.mailbox.lends(hdr(q=7))  # (not open)
+    ch = Channel(t, reducing)
+    ch.lend_from(3)
+    ch.lend_from(5)  # a later step changes nothing
+    assert [t.mailbox.lends(hdr(q=1, s=s)) for s in (0, 2, 3, 9)] == [False, False, True, True]
+    for op in (moving, reducing):
+        t.mailbox.close(op)
+
+
 async def test_wrong_size_into_a_posted_buffer_fails_that_receive() -> None:
     """The receive whose buffer did not fit must raise, not hang (its future
     was already taken off the posted list when the frame arrived)."""
