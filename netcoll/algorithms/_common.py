@@ -310,6 +310,20 @@ async def drain(tasks: Any) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+Send = tuple[int, np.ndarray, "dict[str, Any] | None"]  # (group rank, data, meta)
+
+
+async def send_each(ch: Channel, sends: Sequence[Send], *, step: int, chunk: int) -> None:
+    """Send each ``(peer, data, meta)`` (distinct peers) and return when all are sent: one
+    after the other, or all at once (a task each) if a link lends one (:meth:`Channel.lends`):
+    such a send returns only once its peer has read it, and the peers then read at once."""
+    if len(sends) < 2 or not any(ch.lends(peer, data.nbytes, step=step) for peer, data, _ in sends):
+        for peer, data, meta in sends:
+            await ch.send(peer, data, step=step, chunk=chunk, meta=meta)
+        return
+    await gather_all([asyncio.ensure_future(ch.send(p, d, step=step, chunk=chunk, meta=m)) for p, d, m in sends])
+
+
 async def gather_all(tasks: Sequence[asyncio.Future[Any]]) -> list[Any]:
     """Await every task; on the first failure cancel the rest and re-raise it."""
     try:
@@ -469,8 +483,8 @@ async def relay(
             raise ValueError(f"{what}: meta['nbytes'] = {meta['nbytes']} but the buffer has {data.nbytes} bytes")
         segs = split(data.nbytes, num_segments(data.nbytes, segment_bytes))
         for j, (a, b) in enumerate(segs):
-            for d in dsts:
-                await ch.send(d, data[a:b], step=step, chunk=j, meta=meta if j == 0 else None)
+            m = meta if j == 0 else None
+            await send_each(ch, [(d, data[a:b], m) for d in dsts], step=step, chunk=j)
         return buf, meta
 
     first = 0
@@ -492,8 +506,7 @@ async def relay(
         data[a:b] = np.frombuffer(payload, dtype=np.uint8)
         buf = data
         first = 1
-        for d in dsts:
-            await ch.send(d, data[a:b], step=step, chunk=0, meta=got_meta)
+        await send_each(ch, [(d, data[a:b], got_meta) for d in dsts], step=step, chunk=0)
     else:
         data = as_u8(buf)
         segs = split(data.nbytes, num_segments(data.nbytes, segment_bytes))
@@ -517,8 +530,8 @@ async def relay(
                         **where(ch),
                     )
             a, b = segs[j]
-            for d in dsts:
-                await ch.send(d, data[a:b], step=step, chunk=j, meta=got_meta if j == 0 else None)
+            m = got_meta if j == 0 else None
+            await send_each(ch, [(d, data[a:b], m) for d in dsts], step=step, chunk=j)
     assert got_meta is not None
     return buf, got_meta
 

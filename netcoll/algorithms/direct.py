@@ -52,6 +52,7 @@ from ._common import (
     gather_all,
     num_segments,
     relay,
+    send_each,
     split,
 )
 
@@ -129,10 +130,9 @@ async def scatter(
         whole = as_u8(send, "send", writeable=False)
         _blocks(ch, block, whole, "scatter send")
         mine[:] = whole[root * block : (root + 1) * block]
+        peers = [(root + k) % P for k in range(1, P)]
         for j, (a, b) in enumerate(segs):
-            for k in range(1, P):
-                peer = (root + k) % P
-                await ch.send(peer, whole[peer * block + a : peer * block + b], step=0, chunk=j)
+            await send_each(ch, [(p, whole[p * block + a : p * block + b], None) for p in peers], step=0, chunk=j)
         return
 
     def plan(j: int) -> tuple[int, int, int, np.ndarray]:
@@ -268,8 +268,6 @@ async def scatter_list(
     segs = [split(d.nbytes, num_segments(d.nbytes, segment_bytes)) for d in datas]
     peers = [(root + k) % P for k in range(1, P)]
     for j in range(max((len(segs[p]) for p in peers), default=0)):
-        for p in peers:
-            if j < len(segs[p]):
-                a, b = segs[p][j]
-                await ch.send(p, datas[p][a:b], step=0, chunk=j, meta=sent[p] if j == 0 else None)
+        sends = [(p, datas[p][slice(*segs[p][j])], sent[p] if j == 0 else None) for p in peers if j < len(segs[p])]
+        await send_each(ch, sends, step=0, chunk=j)
     return contiguous_copy(datas[root]), sent[root]

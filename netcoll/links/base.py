@@ -97,6 +97,12 @@ class Link(abc.ABC):
         would not pay for describing the fold."""
         return None
 
+    def lends(self, header: dict[str, Any], nbytes: int) -> bool:
+        """Whether a DATA payload of ``nbytes`` with ``header`` would be *lent*: read by the
+        peer in place, the send returning only once it has (shared memory: ``links/cma.py``).
+        Sends that wait for their reader are best issued to several peers at once."""
+        return False
+
     def send_nowait(self, header: dict[str, Any], payload: memoryview) -> bool:
         """Send a small DATA frame now, without awaiting, if nothing stands in
         the way (credit, an empty path to the socket); False: nothing was sent,

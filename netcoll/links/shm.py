@@ -152,14 +152,7 @@ class ShmLink(LaneLink):
             else:
                 await super()._transmit(kind, header, payload)
             return
-        identity = self.segment.identity
-        if (
-            self.lending
-            and cma.DIRECT_MIN <= payload.nbytes <= cma.DIRECT_MAX
-            and identity is not None
-            and identity.peer_reads()
-            and self.mailbox.lends(header)
-        ):
+        if self.lends(header, payload.nbytes):
             await self._send_direct(header, payload)
             return
         await self._lock.acquire()
@@ -180,6 +173,16 @@ class ShmLink(LaneLink):
             if not task.done():  # the caller takes its buffer back: the task sends a copy of the rest
                 job.payload = memoryview(bytes(job.payload))
             raise
+
+    def lends(self, header: dict[str, Any], nbytes: int) -> bool:
+        identity = self.segment.identity
+        return (
+            self.lending
+            and cma.DIRECT_MIN <= nbytes <= cma.DIRECT_MAX
+            and identity is not None
+            and identity.peer_reads()
+            and self.mailbox.lends(header)
+        )
 
     def _write_now(self, header: dict[str, Any], payload: memoryview) -> bool:
         # the lane if it fits and is polled, else the socket (small) or the ring; none passes a ring message

@@ -103,6 +103,11 @@ class Transport:
         least = None if link is None else link.fold_min_bytes
         return least is not None and nbytes >= least
 
+    def lends(self, peer: int, header: dict[str, Any], nbytes: int) -> bool:
+        """Whether the link to world rank ``peer`` would lend such a DATA payload (:meth:`Link.lends`)."""
+        link = self.links.get(peer)
+        return link is not None and link.lends(header, nbytes)
+
     def link_stats(self) -> dict[int, LinkStats]:
         """Each peer's link: its kind, traffic, held bytes and credit."""
         return {peer: link.stats() for peer, link in sorted(self.links.items())}
@@ -260,6 +265,11 @@ class Channel:
         writes their bytes again, so a peer on this host may read them in place while the
         algorithm goes on (a reduction's all-gather half; see :attr:`Operation.lends_from`)."""
         self.op.lends_from = min(self.op.lends_from, step)
+
+    def lends(self, peer: int, nbytes: int, *, step: int) -> bool:
+        """Whether a send of ``nbytes`` at ``step`` to group rank ``peer`` would be lent: it
+        returns only once the peer has read it in place (:meth:`Link.lends`)."""
+        return self.transport.lends(self.members[peer], dict(self._head, s=step), nbytes)
 
     def folds(self, peer: int, nbytes: int) -> bool:
         """Whether the link to group rank ``peer`` would fold a payload of ``nbytes``

@@ -1079,3 +1079,49 @@ async def test_ring_reduce_argument_errors(make_group: MakeGroup) -> None:
         return errors
 
     assert all(len(e) == 3 for e in await group.run(bad))
+
+
+class _SendLog:
+    """A channel stand-in for ``send_each``: records when each send starts and ends; a send
+    "lent" (``lent``) waits until the test lets it finish, as a lent send waits for its reader."""
+
+    def __init__(self, lent: bool) -> None:
+        self.lent, self.events, self.release = lent, [], asyncio.Event()
+
+    def lends(self, peer: int, nbytes: int, *, step: int) -> bool:
+        return self.lent
+
+    async def send(self, peer: int, data: Any, *, step: int, chunk: int, meta: Any = None) -> None:
+        self.events.append(("start", peer))
+        if self.lent:
+            await self.release.wait()
+        else:
+            await asyncio.sleep(0)
+        self.events.append(("end", peer))
+
+
+@pytest.mark.parametrize("lent", [False, True])
+async def test_send_each_sends_one_after_the_other_unless_a_link_lends(lent: bool) -> None:
+    """Sends that return at once go in order; sends that wait for their reader (lent) go
+    to every peer at once, so the peers read at the same time; a failure cancels the rest."""
+    from netcoll.algorithms._common import send_each
+
+    ch = _SendLog(lent)
+    data = np.zeros(4, np.uint8)
+    task = asyncio.ensure_future(send_each(ch, [(1, data, None), (2, data, None), (3, data, None)], step=0, chunk=0))
+    await asyncio.sleep(0.01)
+    if lent:
+        assert ch.events == [("start", 1), ("start", 2), ("start", 3)] and not task.done()
+        ch.release.set()
+    await task
+    ends = [e for e in ch.events if e[0] == "end"]
+    assert ends == [("end", 1), ("end", 2), ("end", 3)]
+    if not lent:
+        assert ch.events == [(what, p) for p in (1, 2, 3) for what in ("start", "end")]
+    ch = _SendLog(True)
+    failing = asyncio.ensure_future(send_each(ch, [(1, data, None), (2, data, {"m": 1})], step=0, chunk=0))
+    await asyncio.sleep(0.01)
+    failing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await failing
+    assert ("end", 1) not in ch.events and ("end", 2) not in ch.events

@@ -378,6 +378,43 @@ async def test_every_collective_that_moves_data_is_correct_with_direct_data() ->
         assert sent == received > 0
 
 
+@pytest.mark.parametrize("name", ["broadcast", "scatter", "scatter_out"])
+async def test_a_rank_lends_to_several_peers_at_once(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The root of a scatter, and a tree broadcast's root with two children, lend their
+    segments to every peer at once (``send_each``), so the peers read at the same time;
+    over links that do not lend they send one after the other, as before."""
+    in_flight: dict[int, int] = {}  # sending rank's mailbox -> its lent sends not read yet
+    most: dict[int, int] = {}
+    send_direct = ShmLink._send_direct
+
+    async def counting(self: ShmLink, header: dict[str, Any], payload: memoryview) -> None:
+        rank = self.mailbox.rank
+        in_flight[rank] = in_flight.get(rank, 0) + 1
+        most[rank] = max(most.get(rank, 0), in_flight[rank])
+        try:
+            await send_direct(self, header, payload)
+        finally:
+            in_flight[rank] -= 1
+
+    monkeypatch.setattr(ShmLink, "_send_direct", counting)
+    block = 2 * MIB
+    rows = pattern(4 * block, 14).reshape(4, block)
+
+    async def call(c: Communicator) -> np.ndarray:
+        if name.startswith("scatter"):
+            out = np.empty(block, np.uint8) if name == "scatter_out" else None
+            got: np.ndarray = await c.scatter(rows if c.rank == 0 else None, root=0, out=out)
+        else:
+            got = await c.broadcast(rows[0] if c.rank == 0 else None, root=0, algorithm="tree")
+        return got
+
+    async with mesh(4) as ts:
+        got = await on_comms(ts, call)
+    for r, x in enumerate(got):
+        assert np.array_equal(x, rows[0] if name == "broadcast" else rows[r])
+    assert most == ({0: 2, 2: 1} if name == "broadcast" else {0: 3})  # the tree: 0 -> 1, 2; 2 -> 3
+
+
 def test_a_bad_netcoll_shm_cma_fails_before_any_link_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NETCOLL_SHM_CMA", "yes")
     with pytest.raises(ValueError, match="NETCOLL_SHM_CMA must be 0, 1 or auto, got 'yes'"):
