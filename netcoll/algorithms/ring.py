@@ -116,7 +116,11 @@ async def all_reduce(
             data[...] = src
         return
     segs = _segments(split(data.size, P), data.itemsize, segment_bytes)
-    ch.lend_from(P - 1)  # the all-gather half sends reduced chunks, never written again
+    # Every send may be lent: a chunk sent at step t is not written again until a later step
+    # receives it, and a lent send returns only once the peer has read it (measured faster
+    # than the ring's copies here, docs/performance.md; the ring reduce and reduce_scatter
+    # measured no better, and keep the ring)
+    ch.lend_from(0)
     await _ring(ch, data, op, segs, first=r, reduce_steps=P - 1, total_steps=2 * (P - 1), src=src)
 
 

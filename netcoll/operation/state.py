@@ -89,10 +89,10 @@ class Operation:
         self.opened = time.monotonic()  # for the arrival board (how long it has been running)
         #: the first step whose large sends may be *lent*: a peer on this host reads them in
         #: place (``links/cma.py``) and the send returns once it has. 0 for operations that only
-        #: move data; a reduction's ranks reduce while their peers would be reading, and its
-        #: sends are faster copied into the ring (docs/performance.md, "One copy instead of two"),
-        #: unless its algorithm says from which step on it sends only final data
-        #: (:meth:`~netcoll.transport.base.Channel.lend_from`).
+        #: move data; a reduction's ranks mostly reduce while their peers would be reading, and
+        #: its sends are faster copied into the ring (docs/performance.md, "One copy instead of
+        #: two"), unless its algorithm says otherwise (:meth:`~netcoll.transport.base.Channel.lend_from`:
+        #: the ring all_reduce, measured faster lent).
         self.lends_from = NO_STEP if name in RING_ONLY else 0
         self._loop = loop or asyncio.get_running_loop()
         self._release = release

@@ -261,9 +261,10 @@ class Channel:
         return fut if self._trace is None else self._traced(fut, peer, step, chunk)
 
     def lend_from(self, step: int) -> None:
-        """This rank's sends of ``step`` and later carry final data: nothing of this operation
-        writes their bytes again, so a peer on this host may read them in place while the
-        algorithm goes on (a reduction's all-gather half; see :attr:`Operation.lends_from`)."""
+        """This rank's sends of ``step`` and later may be lent: read by a peer on this host in
+        place, each returning only once it has been read (any send's buffer stays the
+        algorithm's to leave alone until the send returns). For an algorithm that has nothing
+        to do meanwhile but wait for what it receives; see :attr:`Operation.lends_from`."""
         self.op.lends_from = min(self.op.lends_from, step)
 
     def lends(self, peer: int, nbytes: int, *, step: int) -> bool:

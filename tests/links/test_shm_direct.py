@@ -295,10 +295,10 @@ async def test_lent_reductions_fold_a_scratch_piece_at_a_time_with_the_same_bits
     assert max(folded) == cma.FOLD_PIECE
 
 
-async def test_the_ring_all_reduce_lends_only_its_all_gather_half() -> None:
-    """Its reduce-scatter half goes through the ring (the receiver folds while the sender
-    reduces on); its all-gather half sends reduced chunks nothing writes again, and lends
-    them: one direct message per rank and all-gather step. Same bits as never lending."""
+async def test_the_ring_all_reduce_lends_its_sends_and_folds_what_it_is_lent() -> None:
+    """The ring all_reduce lends every send (``Channel.lend_from(0)``): a chunk it sends is
+    not written again before a later step receives it. One direct message per rank and step;
+    the reduce-scatter half's are folded a scratch piece at a time. Same bits as never lending."""
     from tests.support.worlds import memory_world
 
     P, n = 3, 3 * (3 * MIB // 8) + 5  # chunks of over 1 MiB, one segment each
@@ -314,7 +314,7 @@ async def test_the_ring_all_reduce_lends_only_its_all_gather_half() -> None:
     async with mesh(P) as ts:
         got = await on_comms(ts, call, segment_bytes=8 * MIB)
         received = [s.direct_received for t in ts for s in t.link_stats().values()]
-        assert sum(received) == P * (P - 1), received
+        assert sum(received) == P * 2 * (P - 1), received
     for a, b in zip(got, expected, strict=True):
         assert a.tobytes() == b.tobytes()
 
