@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._common import DEFAULT_SEGMENT_BYTES, RecvWindow, all_to_all_args
+from ._common import DEFAULT_SEGMENT_BYTES, RecvWindow, all_to_all_args, send_each
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -66,9 +66,8 @@ async def all_to_all(
 
     async with RecvWindow(ch, plan, (P - 1) * S, (P - 1) * S) as window:
         await window.start()
-        for k in range(1, P):
-            peer = (r + k) % P
-            for j, (a, b) in enumerate(segs):
-                await ch.send(peer, src_buf[peer * block + a : peer * block + b], step=1, chunk=j)
+        peers = [(r + k) % P for k in range(1, P)]
+        for j, (a, b) in enumerate(segs):
+            await send_each(ch, [(p, src_buf[p * block + a : p * block + b], None) for p in peers], step=1, chunk=j)
         for i in range((P - 1) * S):
             await window.get(i)
