@@ -538,7 +538,9 @@ class ShmLink(LaneLink):
         if self._wait_timer is not None:  # the peer's direct DATA is not read: it is gone with the link
             self._wait_timer.cancel()
             self._wait_timer = None
-        self._waiting = self._on_posted = None  # (a mailbox callback left behind finds nothing waiting)
+        if self._waiting is not None and self._on_posted is not None:
+            self.mailbox.unwait(self.peer, self._waiting, self._on_posted)
+        self._waiting = self._on_posted = None
         self._in = None
         self._close_lanes()
         self.segment.close()
