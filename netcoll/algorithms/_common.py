@@ -313,15 +313,18 @@ async def drain(tasks: Any) -> None:
 Send = tuple[int, np.ndarray, "dict[str, Any] | None"]  # (group rank, data, meta)
 
 
-async def send_each(ch: Channel, sends: Sequence[Send], *, step: int, chunk: int) -> None:
-    """Send each ``(peer, data, meta)`` (distinct peers) and return when all are sent: one
-    after the other, or all at once (a task each) if a link lends one (:meth:`Channel.lends`):
-    such a send returns only once its peer has read it, and the peers then read at once."""
-    if len(sends) < 2 or not any(ch.lends(peer, data.nbytes, step=step) for peer, data, _ in sends):
-        for peer, data, meta in sends:
-            await ch.send(peer, data, step=step, chunk=chunk, meta=meta)
+async def send_each(ch: Channel, sends: Sequence[Send], *, step: int | Sequence[int], chunk: int) -> None:
+    """Send each ``(peer, data, meta)`` (distinct peers; ``step`` one for all, or one per
+    send) and return when all are sent: one after the other, or all at once (a task each)
+    if a link lends one (:meth:`Channel.lends`): such a send returns only once its peer has
+    read it, and the peers then read at once."""
+    steps = [step] * len(sends) if isinstance(step, int) else step
+    each = [(p, d, m, s) for (p, d, m), s in zip(sends, steps, strict=True)]
+    if len(each) < 2 or not any(ch.lends(p, d.nbytes, step=s) for p, d, _, s in each):
+        for peer, data, meta, s in each:
+            await ch.send(peer, data, step=s, chunk=chunk, meta=meta)
         return
-    await gather_all([asyncio.ensure_future(ch.send(p, d, step=step, chunk=chunk, meta=m)) for p, d, m in sends])
+    await gather_all([asyncio.ensure_future(ch.send(p, d, step=s, chunk=chunk, meta=m)) for p, d, m, s in each])
 
 
 async def gather_all(tasks: Sequence[asyncio.Future[Any]]) -> list[Any]:

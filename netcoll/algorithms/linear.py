@@ -8,7 +8,10 @@ The own block is copied locally. Each rank first posts the receives of all
 waiting for anything in between, then waits for its receives. Every
 receive is posted before any send of its operation leaves this rank, so a
 block that needs clearance (a large one) is cleared at once and nothing
-waits on a peer's progress but the block itself.
+waits on a peer's progress but the block itself. The block for ``r+k`` goes
+with step ``k``, as in :mod:`.pairwise`: the two send the same messages, so
+ranks running different ones still match (pairwise runs this schedule on a
+rank whose every link lends its blocks).
 
 Compared with :mod:`.pairwise` (one peer per step, a step's receive awaited
 before the next step's send): the same bytes, but no step waits for the
@@ -40,7 +43,7 @@ from ._common import DEFAULT_SEGMENT_BYTES, RecvWindow, all_to_all_args, send_ea
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["all_to_all"]
+__all__ = ["all_to_all", "at_once"]
 
 
 async def all_to_all(
@@ -54,20 +57,29 @@ async def all_to_all(
             overlapping ``send``.
     """
     src_buf, dst_buf, block, segs = all_to_all_args(ch, send, recv, segment_bytes)
+    if ch.size > 1:
+        await at_once(ch, src_buf, dst_buf, block, segs)
+
+
+async def at_once(
+    ch: Channel, src_buf: np.ndarray, dst_buf: np.ndarray, block: int, segs: list[tuple[int, int]]
+) -> None:
+    """Every receive posted, then every segment sent, the own block already copied
+    (:func:`~._common.all_to_all_args`). The block for ``r+k`` goes with step ``k``, as in
+    :mod:`.pairwise`: the same messages."""
     P, r, S = ch.size, ch.rank, len(segs)
-    if P == 1:
-        return
 
     def plan(i: int) -> tuple[int, int, int, np.ndarray]:
         k, j = divmod(i, S)
         peer = (r - k - 1) % P
         a, b = segs[j]
-        return peer, 1, j, dst_buf[peer * block + a : peer * block + b]
+        return peer, k + 1, j, dst_buf[peer * block + a : peer * block + b]
 
     async with RecvWindow(ch, plan, (P - 1) * S, (P - 1) * S) as window:
         await window.start()
         peers = [(r + k) % P for k in range(1, P)]
+        steps = list(range(1, P))
         for j, (a, b) in enumerate(segs):
-            await send_each(ch, [(p, src_buf[p * block + a : p * block + b], None) for p in peers], step=1, chunk=j)
+            await send_each(ch, [(p, src_buf[p * block + a : p * block + b], None) for p in peers], step=steps, chunk=j)
         for i in range((P - 1) * S):
             await window.get(i)

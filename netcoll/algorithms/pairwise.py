@@ -9,6 +9,17 @@ no link carries two transfers at once. Blocks are cut into segments of at most
 ``segment_bytes``; the receives of the current and the next step are posted
 straight into ``recv`` before the step's sends go out.
 
+A rank whose every link would *lend* its segments (shared memory where ranks
+outnumber cores: the send returns only once the peer has read it in place,
+``links/cma.py``) sends them all at once instead, every receive posted first
+(:func:`.linear.at_once`: the same messages, so this is each rank's own
+decision). One lent transfer per step leaves each rank waiting on one peer's
+read at a time; 4 ranks on 2 cores, shared memory, µs per call, median of 10,
+best of 3 rounds (``python -m netcoll.bench.versus all_to_all``): one peer
+per step 3088 / 6125 / 23887 at 4 / 16 / 64 MiB, all at once 2587 / 5022 /
+19733; 8 ranks (blocks of 2 and 8 MiB lent, of 512 KiB not) 20822 / 60265
+against 22723 / 49973 at 16 / 64 MiB.
+
 Cost, ``P`` ranks, ``N`` bytes per buffer (``B = N/P`` a block):
 ``P-1`` steps; ``(P-1) B`` bytes sent and received per rank; one local copy
 of ``B`` bytes.
@@ -71,6 +82,7 @@ from ._common import (
     split,
 )
 from .direct import recv_message, send_message
+from .linear import at_once
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -98,6 +110,9 @@ async def all_to_all(
     src_buf, dst_buf, block, segs = all_to_all_args(ch, send, recv, segment_bytes)
     P, r, S = ch.size, ch.rank, len(segs)
     if P == 1:
+        return
+    if all(ch.lends((r + k) % P, segs[0][1] - segs[0][0], step=k) for k in range(1, P)):
+        await at_once(ch, src_buf, dst_buf, block, segs)  # the same messages, all at once
         return
 
     def plan(i: int) -> tuple[int, int, int, np.ndarray]:

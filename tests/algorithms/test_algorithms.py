@@ -587,6 +587,25 @@ async def test_all_to_all(make_group: MakeGroup, P: int, count: int, algo: str) 
         assert got.tobytes() == np.stack([sends[j][r] for j in range(P)]).tobytes(), (P, count, r)
 
 
+@pytest.mark.parametrize("P", [2, 3, 4, 5])
+async def test_all_to_all_linear_and_pairwise_send_the_same_messages(make_group: MakeGroup, P: int) -> None:
+    """The two all_to_alls differ only in when they send: ranks running different ones
+    still exchange the right blocks (pairwise sends at once where every link lends, a
+    decision each rank makes alone), with two segments per block."""
+    group = await make_group(P)
+    count = 300
+    sends = [np.stack(blocks(P, count, seed=r)) for r in range(P)]
+
+    async def body(ch: Channel) -> np.ndarray:
+        recv = np.full((P, count), np.nan, dtype=np.float32)
+        algo = ("linear", "pairwise")[ch.rank % 2]
+        await ALGORITHMS["all_to_all"][algo](ch, sends[ch.rank].copy(), recv, segment_bytes=count * 2)
+        return recv
+
+    for r, got in enumerate(await group.run(body)):
+        assert got.tobytes() == np.stack([sends[j][r] for j in range(P)]).tobytes(), (P, r)
+
+
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("P", SIZES)
 async def test_gather_and_scatter(make_group: MakeGroup, P: int, count: int) -> None:

@@ -379,11 +379,12 @@ async def test_every_collective_that_moves_data_is_correct_with_direct_data() ->
         assert sent == received > 0
 
 
-@pytest.mark.parametrize("name", ["broadcast", "scatter", "scatter_out", "all_to_all"])
+@pytest.mark.parametrize("name", ["broadcast", "scatter", "scatter_out", "all_to_all", "all_to_all_pairwise"])
 async def test_a_rank_lends_to_several_peers_at_once(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The root of a scatter, a tree broadcast's root with two children and every rank of the
     linear all_to_all lend their segments to every peer at once (``send_each``), so the
-    peers read at the same time; over links that do not lend they send one after the other."""
+    peers read at the same time; over links that do not lend they send one after the other.
+    The pairwise all_to_all, its every link lending, sends at once too (the same messages)."""
     in_flight: dict[int, int] = {}  # sending rank's mailbox -> its lent sends not read yet
     most: dict[int, int] = {}
     send_direct = ShmLink._send_direct
@@ -402,8 +403,9 @@ async def test_a_rank_lends_to_several_peers_at_once(name: str, monkeypatch: pyt
     rows = pattern(4 * block, 14).reshape(4, block)
 
     async def call(c: Communicator) -> np.ndarray:
-        if name == "all_to_all":
-            got: np.ndarray = await c.all_to_all(rows + c.rank, algorithm="linear")
+        if name.startswith("all_to_all"):
+            algo = "pairwise" if name.endswith("pairwise") else "linear"
+            got: np.ndarray = await c.all_to_all(rows + c.rank, algorithm=algo)
         elif name.startswith("scatter"):
             out = np.empty(block, np.uint8) if name == "scatter_out" else None
             got = await c.scatter(rows if c.rank == 0 else None, root=0, out=out)
@@ -414,12 +416,13 @@ async def test_a_rank_lends_to_several_peers_at_once(name: str, monkeypatch: pyt
     async with mesh(4) as ts:
         got = await on_comms(ts, call)
     for r, x in enumerate(got):
-        if name == "all_to_all":
+        if name.startswith("all_to_all"):
             assert np.array_equal(x, np.stack([rows[r] + k for k in range(4)]))
         else:
             assert np.array_equal(x, rows[0] if name == "broadcast" else rows[r])
     # the tree: 0 -> 1, 2; 2 -> 3. scatter: 0 -> 1, 2, 3. all_to_all: everyone -> the other three
-    assert most == {"broadcast": {0: 2, 2: 1}, "all_to_all": dict.fromkeys(range(4), 3)}.get(name, {0: 3})
+    every = dict.fromkeys(range(4), 3)
+    assert most == {"broadcast": {0: 2, 2: 1}, "all_to_all": every, "all_to_all_pairwise": every}.get(name, {0: 3})
 
 
 def test_a_bad_netcoll_shm_cma_fails_before_any_link_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
