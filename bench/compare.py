@@ -15,6 +15,10 @@ peak resident memory per rank during a 64 MiB all_reduce. Raw results go to
 plots (:mod:`bench.plots`) are rendered from that JSON alone, between the ``BEGIN GENERATED``
 / ``END GENERATED`` markers of docs/benchmarks.md (the hand-written text is kept).
 
+``--rounds R`` runs every implementation R times at world sizes up to ``--rounds-ranks``
+(default 4), interleaved (once per round, the order rotated each round), and keeps for every
+cell the run with its median time: the machine's drift then falls on every column alike.
+
 With more than 4 ranks the sizes from ``--split-bytes`` (1 MiB) up time fewer calls,
 ``iters·4/P`` (at least 3) after ``warmup·4/P`` (at least 1), so that 16 rank processes on two
 cores finish in minutes; ``--no-scale-iters`` turns that off.
@@ -84,6 +88,30 @@ async def sweep(impl: str, cfgs: list[SweepConfig], n: int, ns: argparse.Namespa
         return [*await runners.run_impl(impl, cfgs[:-1], n, ns.limit, ns.loop), {"rows": [], "failed": str(exc)}]
 
 
+def _median_row(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The row with the median ``key`` of one cell's runs (the lower middle of an even count),
+    with every run's value in ``rounds_<key>``."""
+    ranked = sorted(rows, key=lambda r: r[key])
+    return {**ranked[(len(ranked) - 1) // 2], f"rounds_{key}": [r[key] for r in rows]}
+
+
+def median_parts(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One implementation's interleaved runs (each a list of parts: bands, then any latency
+    run) as one list of parts: each cell (op, size, in place) the run with its median time."""
+    if len(runs) == 1:
+        return runs[0]
+    merged = []
+    for parts in zip(*runs, strict=True):
+        cells: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for part in parts:
+            for row in part["rows"]:
+                cells.setdefault((row["op"], row["size"], row.get("in_place")), []).append(row)
+        key = "median_us" if parts[0].get("latency") else "time_us"
+        rows = [_median_row(rows, key) for rows in cells.values()]
+        merged.append({**parts[0], "rows": rows, "rounds": len(parts)})
+    return merged
+
+
 async def one_world(n: int, impls: list[str], cfg: SweepConfig, ns: argparse.Namespace) -> dict[str, Any]:
     bands = plan_bands(cfg, n, split=ns.split_bytes, scale=not ns.no_scale_iters)
     run: dict[str, Any] = {"world_size": n, "notes": [], "bands": [_band(c) for c in bands], "links": {}}
@@ -94,52 +122,75 @@ async def one_world(n: int, impls: list[str], cfg: SweepConfig, ns: argparse.Nam
             cfg, ops=["all_reduce"], minbytes=4, maxbytes=4, iters=ns.latency_iters,
             warmup=max(5, ns.latency_iters // 10),
         )  # fmt: skip
-    for impl in impls:
-        if impl == "netcoll":  # the default: which links does it pick here?
+    todo = [impl for impl in impls if await _measured(impl, n, run, ns)]
+    rounds = ns.rounds if n <= ns.rounds_ranks else 1
+    run["rounds"] = rounds
+    runs: dict[str, list[list[dict[str, Any]]]] = {impl: [] for impl in todo}
+    for k in range(rounds if todo else 0):  # each round runs every implementation once, in rotated order
+        for impl in todo[k % len(todo) :] + todo[: k % len(todo)]:
+            say(
+                f"{label(impl, run)}: {n} ranks, {format_size(cfg.minbytes)} .. {format_size(cfg.maxbytes)} "
+                f"x{cfg.stepfactor}, {', '.join(cfg.ops)}" + (f", {len(bands)} bands" if len(bands) > 1 else "")
+                + (f", round {k + 1} of {rounds}" if rounds > 1 else "")
+            )  # fmt: skip
+            t0 = time.time()
             try:
-                kinds = await runners.probe_links(n, "auto")
-            except (RuntimeError, TimeoutError) as exc:
-                kinds = []
-                run["notes"].append(f"the link probe at {n} ranks failed: {exc}")
-            run["links"]["netcoll"] = kinds
-            say(f"netcoll's default links at {n} ranks: {', '.join(kinds) or '?'}")
-            if kinds == ["tcp"] and "netcoll-tcp" in run["impls"] and not ns.measure_default:
-                run["aliases"]["netcoll"] = "netcoll-tcp"
-                run["notes"].append(
-                    f"netcoll's default picked TCP links at {n} ranks, so its rows are the netcoll-TCP rows "
-                    "(not measured twice; --measure-default does)"
-                )
+                parts = await sweep(impl, [*bands, latency] if latency else bands, n, ns)
+            except (RuntimeError, BenchError, TimeoutError) as exc:
+                say(msg := f"{label(impl, run)} at {n} ranks failed: {exc}")
+                run["notes"].append(msg)
                 continue
-        say(
-            f"{label(impl, run)}: {n} ranks, {format_size(cfg.minbytes)} .. {format_size(cfg.maxbytes)} "
-            f"x{cfg.stepfactor}, {', '.join(cfg.ops)}" + (f", {len(bands)} bands" if len(bands) > 1 else "")
-        )
-        t0 = time.time()
-        cfgs = [*bands, latency] if latency else bands
-        try:
-            parts = await sweep(impl, cfgs, n, ns)
-        except (RuntimeError, BenchError, TimeoutError) as exc:
-            say(msg := f"{label(impl, run)} at {n} ranks failed: {exc}")
-            run["notes"].append(msg)
-            continue
-        if latency:
-            lat = parts.pop()
-            if lat["rows"]:
-                run["latency"][impl] = lat["rows"][0]
-            else:
-                run["notes"].append(f"{label(impl, run)} latency run at {n} ranks failed: {lat.get('failed', '?')}")
-        for u in (u for p in parts for u in p.get("unsupported", [])):
-            note = f"{label(impl, run)} has no {u['op']} here ({u['reason']})"
-            if note not in run["notes"]:
-                run["notes"].append(note)
-        run["impls"][impl] = sorted((r for p in parts for r in p["rows"]), key=_order)
-        kinds = next((p["links"] for p in parts if p.get("links")), None)  # as netcoll's benchmark reported them
-        if impl == "netcoll-tcp":
-            run["links"][impl] = kinds or ["tcp"]
-        elif impl == "netcoll" and kinds:
-            run["links"][impl] = kinds
-        say(f"  {label(impl, run)} done in {time.time() - t0:.0f} s")
+            if latency:
+                parts[-1] = {**parts[-1], "latency": True}
+            runs[impl].append(parts)
+            say(f"  {label(impl, run)} done in {time.time() - t0:.0f} s")
+    for impl in todo:
+        if runs[impl]:
+            _record(run, impl, median_parts(runs[impl]), latency is not None)
     return run
+
+
+async def _measured(impl: str, n: int, run: dict[str, Any], ns: argparse.Namespace) -> bool:
+    """Whether ``impl`` is measured at ``n`` ranks: netcoll's default is not when its links
+    there are TCP (its rows are then netcoll-TCP's)."""
+    if impl != "netcoll":
+        return True
+    try:
+        kinds = await runners.probe_links(n, "auto")
+    except (RuntimeError, TimeoutError) as exc:
+        kinds = []
+        run["notes"].append(f"the link probe at {n} ranks failed: {exc}")
+    run["links"]["netcoll"] = kinds
+    say(f"netcoll's default links at {n} ranks: {', '.join(kinds) or '?'}")
+    if kinds == ["tcp"] and "netcoll-tcp" in ns.impls and not ns.measure_default:
+        run["aliases"]["netcoll"] = "netcoll-tcp"
+        run["notes"].append(
+            f"netcoll's default picked TCP links at {n} ranks, so its rows are the netcoll-TCP rows "
+            "(not measured twice; --measure-default does)"
+        )
+        return False
+    return True
+
+
+def _record(run: dict[str, Any], impl: str, parts: list[dict[str, Any]], latency: bool) -> None:
+    """``impl``'s rows, latency, notes and link kinds into ``run``."""
+    if latency:
+        lat = parts.pop()
+        if lat["rows"]:
+            run["latency"][impl] = lat["rows"][0]
+        else:
+            why = lat.get("failed", "?")
+            run["notes"].append(f"{label(impl, run)} latency run at {run['world_size']} ranks failed: {why}")
+    for u in (u for p in parts for u in p.get("unsupported", [])):
+        note = f"{label(impl, run)} has no {u['op']} here ({u['reason']})"
+        if note not in run["notes"]:
+            run["notes"].append(note)
+    run["impls"][impl] = sorted((r for p in parts for r in p["rows"]), key=_order)
+    kinds = next((p["links"] for p in parts if p.get("links")), None)  # as netcoll's benchmark reported them
+    if impl == "netcoll-tcp":
+        run["links"][impl] = kinds or ["tcp"]
+    elif impl == "netcoll" and kinds:
+        run["links"][impl] = kinds
 
 
 async def collect(ns: argparse.Namespace, cfg: SweepConfig) -> dict[str, Any]:
@@ -152,6 +203,7 @@ async def collect(ns: argparse.Namespace, cfg: SweepConfig) -> dict[str, Any]:
     modes = [m for m in ns.netcoll.split(",") if m]
     impls = [i for i, m in (("netcoll-tcp", "tcp"), ("netcoll", "auto")) if m in modes]
     impls += [p for p in PEERS if p in peers and p not in skipped]
+    ns.impls = impls
     t_start, load_start, busy_start = time.time(), machine.loadavg(), machine.cpu_busy()
     if busy_start is not None and busy_start > 0.1:
         say(f"warning: the CPUs are {100 * busy_start:.0f}% busy before starting: the numbers will be skewed")
@@ -175,6 +227,7 @@ async def collect(ns: argparse.Namespace, cfg: SweepConfig) -> dict[str, Any]:
             "mpi-sm": " ".join(runners.mpirun_command(2, "default")),
         },
         "elapsed_s": round(time.time() - t_start),
+        "rounds": {str(n): runs[str(n)]["rounds"] for n in ns.ranks},
         "loadavg_start": load_start,
         "loadavg_end": machine.loadavg(),
         "cpu_busy_start": busy_start,
@@ -208,6 +261,14 @@ def parser() -> argparse.ArgumentParser:
         default=1 << 20,
         help="above 4 ranks, sizes from here up time fewer calls (default 1M)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="interleaved runs of every implementation (the order rotated each round) at world sizes "
+        "up to --rounds-ranks; each cell keeps the run with its median time (default 1)",
+    )
+    p.add_argument("--rounds-ranks", type=int, default=4, help="the largest world size run --rounds times (default 4)")
     p.add_argument("--no-scale-iters", action="store_true", help="the same -n/-w at every size and world size")
     p.add_argument("--no-rss", action="store_true", help="skip the peak-RSS measurement")
     p.add_argument(
@@ -243,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             ).validate()
         except ValueError as exc:
             p.error(str(exc))
+        if ns.rounds < 1:
+            p.error(f"--rounds must be at least 1, got {ns.rounds}")
         try:
             results = asyncio.run(collect(ns, cfg))
         except KeyboardInterrupt:

@@ -162,9 +162,22 @@ def machine(meta: dict[str, Any]) -> str:
     return f"{meta.get('cpu', '?')}, {meta.get('nproc', '?')} cores, Linux {kernel(meta)}"
 
 
+def rounds_clause(meta: dict[str, Any]) -> str:
+    """How interleaved runs were combined, if there were several (``compare.py --rounds``)."""
+    many = {n: r for n, r in (meta.get("rounds") or {}).items() if r > 1}
+    if not many:
+        return ""
+    worlds = ", ".join(sorted(many, key=int))
+    counts = ", ".join(str(r) for r in sorted(set(many.values())))
+    return (
+        f"; at {worlds} ranks, every value is the median run of {counts} interleaved runs "
+        "(each implementation once per round, in rotated order; every run's value in bench/results.json)"
+    )
+
+
 def provenance(meta: dict[str, Any], statistic: str = STAT_SWEEP) -> str:
     """The line under every generated table: machine, date, versions, statistic."""
     return (
         f"_Machine: {machine(meta)}. Date: {meta.get('date', '?')}. Versions: {versions(meta)}. "
-        f"Statistic: {statistic}._"
+        f"Statistic: {statistic}{rounds_clause(meta)}._"
     )

@@ -15,4 +15,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec python3 bench/compare.py --ranks 2 4 8 16 -b 4 -e 64M -f 4 -n 20 -w 5 --op all "$@"
+exec python3 bench/compare.py --ranks 2 4 8 16 -b 4 -e 64M -f 4 -n 20 -w 5 --op all --rounds 3 "$@"

@@ -506,3 +506,44 @@ async def test_bench_against_running_daemons() -> None:
                 d.request_stop()
             await asyncio.gather(*tasks, return_exceptions=True)
             await svc.close()
+
+
+async def test_compare_interleaves_rounds_and_keeps_each_cells_median_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--rounds 3``: every implementation runs once per round, the order rotated each round;
+    each cell (and the latency run) keeps the run with its median time, every run's time kept
+    beside it; world sizes above ``--rounds-ranks`` run once."""
+    compare = _compare_module()
+    calls: list[tuple[int, str]] = []
+    slow = {("gloo", 0): 3.0, ("gloo", 1): 1.0, ("gloo", 2): 2.0, ("netcoll-tcp", 1): 5.0}
+
+    async def fake_sweep(impl: str, cfgs: list[SweepConfig], n: int, ns: argparse.Namespace) -> list[dict]:
+        k = sum(1 for _, i in calls if i == impl)  # this implementation's round
+        calls.append((n, impl))
+        factor = slow.get((impl, k), 1.0)
+        rows = [{**r, "time_us": r["time_us"] * factor, "round": k} for r in _fake_rows(impl, 1.0)]
+        lat = {**rows[0], "median_us": 100.0 * factor, "round": k}
+        return [{"rows": rows, "links": ["tcp"]}, {"rows": [lat]}]
+
+    monkeypatch.setattr(compare, "sweep", fake_sweep)
+    ns = argparse.Namespace(
+        split_bytes=1 << 20, no_scale_iters=False, latency_iters=5, rounds=3, rounds_ranks=4,
+        impls=["netcoll-tcp", "gloo"], measure_default=False, limit=60.0, loop="auto",
+    )  # fmt: skip
+    cfg = SweepConfig(ops=["all_reduce", "all_gather"], minbytes=4, maxbytes=16 << 20, stepfactor=4).validate()
+    run = await compare.one_world(4, ["netcoll-tcp", "gloo"], cfg, ns)
+    assert [i for _, i in calls] == ["netcoll-tcp", "gloo", "gloo", "netcoll-tcp", "netcoll-tcp", "gloo"]
+    assert run["rounds"] == 3
+    gloo = run["impls"]["gloo"]
+    assert {r["round"] for r in gloo} == {2}  # times x3, x1, x2: the median is round 2's
+    assert all(r["rounds_time_us"] == [1.5 * r["time_us"], 0.5 * r["time_us"], r["time_us"]] for r in gloo)
+    assert run["latency"]["gloo"]["round"] == 2 and run["latency"]["gloo"]["rounds_median_us"] == [300.0, 100.0, 200.0]
+    assert {r["round"] for r in run["impls"]["netcoll-tcp"]} <= {0, 2}  # never the slow round 1
+    calls.clear()
+    run8 = await compare.one_world(8, ["netcoll-tcp", "gloo"], cfg, ns)
+    assert [i for _, i in calls] == ["netcoll-tcp", "gloo"] and run8["rounds"] == 1
+    assert "rounds_time_us" not in run8["impls"]["gloo"][0]
+    machine = load_script("bench/machine.py", "bench_machine")
+    assert machine.rounds_clause({"rounds": {"8": 1, "4": 3}}).startswith(
+        "; at 4 ranks, every value is the median run of 3 interleaved runs"
+    )
+    assert machine.rounds_clause({"rounds": {"4": 1}}) == machine.rounds_clause({}) == ""
