@@ -3,7 +3,11 @@ segmented point-to-point messages.
 
 * **gather**: every non-root sends its block to the root, which has posted
   receives straight into ``recv`` (segment-major, up to ``RELAY_WINDOW``
-  segments per rank ahead, so every rank's stream lands in place).
+  segments per rank ahead, so every rank's stream lands in place). The
+  non-roots' sends are synchronous (``Channel.sync_from``): over TCP one of
+  512 KiB or more waits for the root's receive, so a non-root does not run
+  calls ahead of the root and have it hold and copy its blocks twice
+  (measured 1.1-1.24x at 4-16 MiB, 4 ranks).
 * **scatter**: the root sends block ``k`` to rank ``k``, segment-major across
   ranks so every rank's stream starts at once; the others receive in place.
 * **send_message / recv_message**: one message of any size from one rank to
@@ -86,6 +90,7 @@ async def gather(
     block = mine.nbytes
     segs = split(block, num_segments(block, segment_bytes))
     if r != root:
+        ch.sync_from(0)  # wait for the root's receive: not ahead of it, into its memory
         for j, (a, b) in enumerate(segs):
             await ch.send(root, mine[a:b], step=0, chunk=j)
         return

@@ -34,6 +34,10 @@ from .flow import Flow
 #: a held payload larger than this gets a buffer of its own size from :meth:`FramedLink.sink`
 #: (the decoder would grow one in pieces of this size and join them)
 HELD_PIECES_MAX: Final = CHUNK
+#: a synchronous send (:attr:`~netcoll.operation.Operation.sync_from`) of at least this many bytes
+#: waits for its receive to be posted; below, a rendezvous round trip costs more than the held
+#: copy it saves
+SYNC_MIN: Final = 512 * 1024
 ABORT_REASON_MAX: Final = 4096  # characters of an ABORT's reason (control frames are small)
 ABORT_RANKS_MAX: Final = 512
 
@@ -107,7 +111,7 @@ class FramedLink(Link):
         if self.lost is not None:
             raise connection_error(self.lost)
         n = 0 if payload is None else payload.nbytes
-        if kind is Kind.DATA and n and not self.flow.try_spend(n):
+        if kind is Kind.DATA and n and ((n >= SYNC_MIN and self._syncs(header, n)) or not self.flow.try_spend(n)):
             await self._send_rendezvous(header, payload, n)  # type: ignore[arg-type]
             return
         if kind is Kind.ABORT:
@@ -116,9 +120,16 @@ class FramedLink(Link):
         self._frames_sent += 1
         self._bytes_sent += n
 
+    def _syncs(self, header: dict[str, Any], n: int) -> bool:
+        """Whether a DATA payload of ``n`` bytes waits for its receive before it is sent (a
+        synchronous send of :data:`SYNC_MIN` or more that is not lent: a lent one waits anyway)."""
+        return n >= SYNC_MIN and self.mailbox.syncs(header) and not self.lends(header, n)
+
     def send_nowait(self, header: dict[str, Any], payload: memoryview) -> bool:
         n = payload.nbytes
-        if self.lost is not None or n > self.flow.credit or not self._write_now(header, payload):
+        if self.lost is not None or n > self.flow.credit or (n >= SYNC_MIN and self._syncs(header, n)):
+            return False
+        if not self._write_now(header, payload):
             return False
         self.flow.try_spend(n)
         self._frames_sent += 1

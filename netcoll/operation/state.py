@@ -49,6 +49,7 @@ class Operation:
         "rts",
         "opened",
         "lends_from",
+        "sync_from",
         "_loop",
         "_release",
     )
@@ -94,6 +95,12 @@ class Operation:
         #: two"), unless its algorithm says otherwise (:meth:`~netcoll.transport.base.Channel.lend_from`:
         #: the ring all_reduce, measured faster lent).
         self.lends_from = NO_STEP if name in RING_ONLY else 0
+        #: the first step whose large sends are *synchronous*: they wait until the peer has
+        #: posted the receive (a rendezvous) instead of going eagerly into its memory. None by
+        #: default; an algorithm whose ranks would otherwise run ahead of a busier receiver
+        #: says from which step (:meth:`~netcoll.transport.base.Channel.sync_from`: a gather's
+        #: non-roots, measured faster that way).
+        self.sync_from = NO_STEP
         self._loop = loop or asyncio.get_running_loop()
         self._release = release
 

@@ -267,6 +267,14 @@ class Channel:
         to do meanwhile but wait for what it receives; see :attr:`Operation.lends_from`."""
         self.op.lends_from = min(self.op.lends_from, step)
 
+    def sync_from(self, step: int) -> None:
+        """This rank's sends of ``step`` and later, from :data:`~netcoll.links.framed.SYNC_MIN`
+        bytes, are synchronous: each waits until the peer has posted its receive (a rendezvous:
+        the payload then lands in place) instead of going ahead into the peer's memory. For a
+        rank that would otherwise run ahead of a busier receiver and have it copy what it sent
+        twice (a gather's non-roots); see :attr:`Operation.sync_from`."""
+        self.op.sync_from = min(self.op.sync_from, step)
+
     def lends(self, peer: int, nbytes: int, *, step: int) -> bool:
         """Whether a send of ``nbytes`` at ``step`` to group rank ``peer`` would be lent: it
         returns only once the peer has read it in place (:meth:`Link.lends`)."""

@@ -189,6 +189,11 @@ class Mailbox:
         op = self.ops.get((header["g"], header["q"]))
         return op is not None and header["s"] >= op.lends_from
 
+    def syncs(self, header: dict[str, Any]) -> bool:
+        """Whether the DATA about to be sent with ``header`` waits for its receive (:attr:`Operation.sync_from`)."""
+        op = self.ops.get((header["g"], header["q"]))
+        return op is not None and header["s"] >= op.sync_from
+
     def deliver(self, src: int, header: dict[str, Any], payload: memoryview) -> None:
         """A whole DATA frame from world rank ``src``."""
         self.filling.pop(src, None)

@@ -1144,3 +1144,39 @@ async def test_send_each_sends_one_after_the_other_unless_a_link_lends(lent: boo
     with pytest.raises(asyncio.CancelledError):
         await failing
     assert ("end", 1) not in ch.events and ("end", 2) not in ch.events
+
+
+@pytest.mark.parametrize("name", ["gather", "reduce"])
+async def test_rooted_collectives_non_roots_wait_for_the_roots_receive(make_group: MakeGroup, name: str) -> None:
+    """A gather's and a tree reduce's non-roots send synchronously (``Channel.sync_from``): over
+    TCP a payload of ``SYNC_MIN`` or more waits for its receive (a rendezvous, though the window
+    has room), so the root never holds one; smaller ones go eagerly. Results as before."""
+    from netcoll.links.framed import SYNC_MIN
+
+    P = 4
+    group = await make_group(P)
+    for nbytes in (SYNC_MIN, SYNC_MIN // 2):
+        count = nbytes // 4
+        inputs = [np.full(count, r + 1, np.float32) for r in range(P)]
+
+        async def body(ch: Channel, inputs: list[np.ndarray] = inputs, count: int = count) -> np.ndarray | None:
+            if name == "gather":
+                recv = np.empty((P, count), np.float32) if ch.rank == 0 else None
+                await ALGORITHMS["gather"]["direct"](ch, inputs[ch.rank], recv, 0)
+                return recv
+            buf = inputs[ch.rank].copy()
+            await ALGORITHMS["reduce"]["tree"](ch, buf, "sum", 0)
+            return buf if ch.rank == 0 else None
+
+        before = [{p: link.stats() for p, link in t.links.items()} for t in group.transports]
+        got = (await group.run(body))[0]
+        want = np.stack(inputs) if name == "gather" else np.full(count, P * (P + 1) // 2, np.float32)
+        assert got is not None and np.array_equal(got, want)
+        rendezvous = sum(
+            link.stats().rendezvous - before[r][p].rendezvous
+            for r, t in enumerate(group.transports)
+            for p, link in t.links.items()
+        )
+        # gather: the 3 non-roots; the tree: 1 -> 0, 2 -> 0, 3 -> 2 (shared memory never syncs)
+        synced = nbytes >= SYNC_MIN and group.transports[0].links[1].kind != "shm"
+        assert rendezvous == (3 if synced else 0)

@@ -22,7 +22,7 @@ from netcoll import wire
 from netcoll.comm import Communicator
 from netcoll.errors import CollectiveError, PeerLost, ProtocolError
 from netcoll.links.flow import MAX_PENDING_RTS, Flow
-from netcoll.links.framed import FramedLink
+from netcoll.links.framed import SYNC_MIN, FramedLink
 from netcoll.links.memory import MemoryLink
 from netcoll.links.tcp import TcpLink
 from netcoll.operation import Reason
@@ -275,6 +275,40 @@ async def test_a_message_larger_than_the_window_waits_for_its_receive_and_lands_
     assert pair.link(0).stats().rendezvous == 1
     into = pair.link(1).stats()
     assert into.unexpected_peak == 0 and into.bytes_received == 8 * MIB
+
+
+async def test_a_synchronous_send_waits_for_its_receive_though_it_has_credit(make_pair: MakePair) -> None:
+    """``Channel.sync_from``: sends of at least ``SYNC_MIN`` bytes wait for their receive (a
+    rendezvous: the payload lands in place, nothing is held) though the window has room; smaller
+    ones, and any send over shared memory (lent or copied through the ring), go eagerly."""
+    pair = await make_pair(64 * MIB)
+    big = np.random.default_rng(2).integers(0, 256, SYNC_MIN, dtype=np.uint8)
+    small = big[: SYNC_MIN - 1]
+    sent: list[str] = []
+
+    async def sender(ch: Channel) -> None:
+        ch.sync_from(1)
+        await ch.send(1, big, step=0)  # before the synchronous steps: eager
+        sent.append("early")
+        await ch.send(1, small, step=1)
+        sent.append("small")
+        await ch.send(1, big, step=2)
+        sent.append("big")
+
+    async def receiver(ch: Channel) -> list[np.ndarray]:
+        await asyncio.sleep(0.3)
+        synced = pair.kind != "shm"
+        assert sent == (["early", "small"] if synced else ["early", "small", "big"])
+        outs = [np.zeros(n, np.uint8) for n in (SYNC_MIN - 1, SYNC_MIN, SYNC_MIN)]
+        for step, out in ((1, outs[0]), (2, outs[1]), (0, outs[2])):
+            await ch.recv(0, step=step, out=out)
+        return outs
+
+    _, outs = await pair.run([sender, receiver])
+    assert all(np.array_equal(o, d) for o, d in zip(outs, (small, big, big), strict=True))
+    synced = pair.kind != "shm"
+    assert pair.link(0).stats().rendezvous == (1 if synced else 0)
+    assert pair.link(1).stats().unexpected_peak == (2 * SYNC_MIN - 1 if synced else 3 * SYNC_MIN - 1)
 
 
 async def test_a_large_eager_payload_ahead_of_its_receive_is_held_in_one_buffer(
