@@ -96,10 +96,10 @@ class Operation:
         #: the ring all_reduce, measured faster lent).
         self.lends_from = NO_STEP if name in RING_ONLY else 0
         #: the first step whose large sends are *synchronous*: they wait until the peer has
-        #: posted the receive (a rendezvous) instead of going eagerly into its memory. None by
-        #: default; an algorithm whose ranks would otherwise run ahead of a busier receiver
+        #: posted the receive (a rendezvous) instead of going eagerly into its memory. No step
+        #: by default; an algorithm whose ranks would otherwise run ahead of a busier receiver
         #: says from which step (:meth:`~netcoll.transport.base.Channel.sync_from`: a gather's
-        #: non-roots, measured faster that way).
+        #: and a tree reduce's non-roots, measured faster that way).
         self.sync_from = NO_STEP
         self._loop = loop or asyncio.get_running_loop()
         self._release = release

@@ -272,7 +272,7 @@ class Channel:
         bytes, are synchronous: each waits until the peer has posted its receive (a rendezvous:
         the payload then lands in place) instead of going ahead into the peer's memory. For a
         rank that would otherwise run ahead of a busier receiver and have it copy what it sent
-        twice (a gather's non-roots); see :attr:`Operation.sync_from`."""
+        twice (a gather's and a tree reduce's non-roots); see :attr:`Operation.sync_from`."""
         self.op.sync_from = min(self.op.sync_from, step)
 
     def lends(self, peer: int, nbytes: int, *, step: int) -> bool:
