@@ -121,9 +121,9 @@ class FramedLink(Link):
         self._bytes_sent += n
 
     def _syncs(self, header: dict[str, Any], n: int) -> bool:
-        """Whether a DATA payload of ``n`` bytes waits for its receive before it is sent (a
-        synchronous send of :data:`SYNC_MIN` or more that is not lent: a lent one waits anyway)."""
-        return n >= SYNC_MIN and self.mailbox.syncs(header) and not self.lends(header, n)
+        """Whether a DATA payload of ``n`` bytes waits for its receive before it is sent: a
+        synchronous send (:meth:`Mailbox.syncs`) of :data:`SYNC_MIN` or more."""
+        return n >= SYNC_MIN and self.mailbox.syncs(header)
 
     def send_nowait(self, header: dict[str, Any], payload: memoryview) -> bool:
         n = payload.nbytes
