@@ -339,8 +339,9 @@ def reduce_prechecked(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarra
 class Fold:
     """A receive that reduces its payload as it arrives: ``out = own (op)
     incoming`` (or ``incoming (op) own`` with ``incoming_first``), applied piece
-    by piece by a link that can read the payload in place (a shared-memory
-    ring: one pass over the bytes instead of a copy and then the reduction).
+    by piece by a link that reads the payload in pieces (a shared-memory ring:
+    one pass over the bytes instead of a copy and then the reduction; a TCP
+    socket, read through a piece that stays in cache).
     The same bits as :func:`reduce_to` on the whole payload. A link that cannot
     fold just fills the posted buffer; :attr:`complete` tells the two apart."""
 

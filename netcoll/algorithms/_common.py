@@ -340,7 +340,7 @@ class Reduction:
     """What :func:`exchange` does with what it receives: ``out = own op incoming``
     (``incoming op own`` with ``incoming_first``), segment by segment. ``out``
     may be ``own`` (an accumulator) or the receive buffer itself; a link that
-    reads payloads in place (shared memory) folds each segment as it arrives
+    reads payloads in pieces (shared memory; TCP from 2 MiB) folds each segment as it arrives
     (:class:`~netcoll.ops.Fold`), any other fills the receive buffer and the
     reduction runs here. The same bits either way. :func:`exchange` keeps the
     reduction here when ``out`` overlaps what it sends (a fold as the payload

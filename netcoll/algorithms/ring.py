@@ -9,8 +9,8 @@ chunk ``r-t`` and receives chunk ``r-t-1`` (mod P):
 
 * steps ``0..P-2`` are the reduce-scatter: the incoming segment is received
   into a scratch buffer and folded into ``buf`` (``buf = buf op incoming``),
-  or, by a link that reads payloads in place (shared memory), folded piece by
-  piece as it arrives (:class:`~netcoll.ops.Fold`, same bits); after them
+  or, by a link that reads payloads in pieces (shared memory; TCP from 2 MiB),
+  folded piece by piece as it arrives (:class:`~netcoll.ops.Fold`, same bits); after them
   rank ``r`` holds the fully reduced chunk ``r+1``;
 * steps ``P-1..2P-3`` are the all-gather: the incoming segment is received
   straight into ``buf`` (the reduced chunk it replaces is final elsewhere).

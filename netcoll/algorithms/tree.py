@@ -21,7 +21,7 @@ set bit cleared; its children are ``v + 2^k`` for every ``2^k`` below that bit
   root). Given ``src`` (the caller's input, read only), a rank reads its own
   value there: a leaf sends it as it is, and the first child's segment is
   folded as ``buf = src op child``, so no rank copies its input first; a link
-  that reads payloads in place (shared memory) does that first fold as the
+  that reads payloads in pieces (shared memory; TCP from 2 MiB) does that first fold as the
   segment arrives (:class:`~netcoll.ops.Fold`), without a copy into scratch.
   A non-root's sends up are synchronous (``Channel.sync_from``): over TCP one of
   512 KiB or more waits for its receive, so a leaf does not run calls ahead of

@@ -92,9 +92,10 @@ class Link(abc.ABC):
     def fold_min_bytes(self) -> int | None:
         """The smallest DATA payload this link reduces as it reads it, when its
         receive was posted with an :class:`~netcoll.ops.Fold` (None: it never
-        does, and the algorithm reduces what it received). Only a link that
-        reads payloads in place (shared memory) folds; below this size folding
-        would not pay for describing the fold."""
+        does, and the algorithm reduces what it received). Shared memory folds
+        each piece as it reads it out of the ring; TCP and TLS links fold large
+        payloads a cache-sized piece at a time as they are read (``links/folding.py``);
+        below this size folding would not pay."""
         return None
 
     def lends(self, header: dict[str, Any], nbytes: int) -> bool:

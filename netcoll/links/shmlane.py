@@ -61,6 +61,9 @@ class LaneLink(TcpLink):
             if selector is not None:  # only a loop that polls may ask for frames in its lane
                 self._poll = lane.LanePoll(lane.LaneReader(segment.lane_rx), selector, self._poll_lane)
 
+    #: DATA on the socket is small here (large payloads take the ring): not folded as read
+    socket_fold_min = None
+
     @property
     def fold_min_bytes(self) -> int | None:
         """Eager DATA from a lane this loop polls is read in place: folded from :data:`LANE_FOLD_MIN`."""

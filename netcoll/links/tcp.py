@@ -5,9 +5,11 @@
 The decoder's sink is the link's (:meth:`FramedLink.sink`): a DATA payload is
 checked against the receive window as soon as its header is complete, before
 a byte of it is read, and written straight into a posted buffer when there is
-one. Frames the connection decoded before the link existed (those that came
-in the same read as the handshake's last frame) are accounted the same way
-when the link starts.
+one, or, from :data:`TCP_FOLD_MIN` and when that receive reduces, read through
+a small piece and reduced as it comes (:mod:`netcoll.links.folding`).
+Frames the connection decoded before the link existed (those that came in the
+same read as the handshake's last frame) are accounted the same way when the
+link starts.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ from typing import Any
 from ..errors import ProtocolError
 from ..transport.connection import COALESCE_MAX, FramedProtocol
 from ..transport.mailbox import Mailbox
-from ..wire import Kind
+from ..wire import Kind, Pieces
+from .folding import FoldPieces, piece_buffer
 from .framed import FramedLink
+
+#: DATA payloads from this size whose receive reduces are folded as they are read
+#: (:mod:`netcoll.links.folding`; measured in ``docs/performance.md``, "Folding over TCP")
+TCP_FOLD_MIN = 2 << 20
 
 
 class TcpLink(FramedLink):
@@ -33,11 +40,35 @@ class TcpLink(FramedLink):
     """
 
     kind = "tcp"
+    #: DATA payloads of at least this many bytes read from the socket are reduced as they
+    #: are read, when their receive was posted with a fold of their size (None: never)
+    socket_fold_min: int | None = TCP_FOLD_MIN
 
     def __init__(self, *, peer: int, proto: FramedProtocol, mailbox: Mailbox, window: int, peer_window: int) -> None:
         super().__init__(peer, mailbox, window=window, peer_window=peer_window)
         self.proto = proto
-        proto.decoder.sink = self.sink
+        self._fold_piece: memoryview | None = None  # folded payloads are read through it
+        proto.decoder.sink = self.socket_sink
+
+    @property
+    def fold_min_bytes(self) -> int | None:
+        """A payload posted with a fold is reduced as it is read from :data:`TCP_FOLD_MIN`."""
+        return self.socket_fold_min
+
+    def socket_sink(self, kind: Kind, header: dict[str, Any], n: int) -> memoryview | Pieces | None:
+        """The decoder's sink: :meth:`FramedLink.sink`, but a payload of
+        :attr:`socket_fold_min` or more whose receive was posted with a fold of its
+        size is reduced piece by piece as it is read (:class:`FoldPieces`)."""
+        buf = self.sink(kind, header, n)
+        least = self.socket_fold_min
+        if buf is None or least is None or n < least:
+            return buf
+        fold = self.mailbox.fold(self.peer, header)
+        if fold is None or fold.nbytes != n or not FoldPieces.fits(fold):
+            return buf
+        if self._fold_piece is None:
+            self._fold_piece = piece_buffer()
+        return FoldPieces(fold, self._fold_piece, buf)
 
     @property
     def transport(self) -> asyncio.Transport | None:

@@ -21,7 +21,7 @@ layer can ``recv_into`` it directly: the payload is then copied zero times.
 
 from __future__ import annotations
 
-from .decoder import CHUNK, FrameDecoder, Sink
+from .decoder import CHUNK, FrameDecoder, Pieces, Sink
 from .frames import (
     CONTROL_KINDS,
     DEFAULT_LIMITS,
@@ -56,5 +56,6 @@ __all__ = [
     "decode_header",
     "FrameDecoder",
     "Sink",
+    "Pieces",
     "PREFIX",
 ]

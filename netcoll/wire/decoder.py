@@ -3,6 +3,7 @@ payload buffers are the caller's (a sink) or grow as bytes arrive."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -18,9 +19,35 @@ from .frames import (
     decode_prefix,
 )
 
+
+class Pieces(abc.ABC):
+    """A payload's destination that takes it piece by piece (a receive that reduces
+    the payload as it reads it, through one small buffer that stays in cache).
+
+    The decoder writes the next bytes of the payload into :meth:`room` (an I/O layer
+    may ``recv_into`` it, as into a posted buffer) and reports how many with
+    :meth:`took`; when the payload is complete the frame carries :attr:`result`.
+    """
+
+    __slots__ = ()
+
+    #: what the complete frame carries as its payload
+    result: memoryview
+
+    @abc.abstractmethod
+    def room(self) -> memoryview:
+        """Where the next payload bytes go: non-empty while any are left, never
+        longer than what is left."""
+
+    @abc.abstractmethod
+    def took(self, n: int) -> None:
+        """``n`` bytes were written at the start of the last :meth:`room`."""
+
+
 #: ``sink(kind, header, payload_len)`` returns a writable buffer of exactly
-#: ``payload_len`` bytes for the payload, or ``None`` to let the decoder allocate.
-Sink = Callable[[Kind, dict[str, Any], int], "memoryview | bytearray | None"]
+#: ``payload_len`` bytes for the payload, a :class:`Pieces` that takes exactly
+#: that many, or ``None`` to let the decoder allocate.
+Sink = Callable[[Kind, dict[str, Any], int], "memoryview | bytearray | Pieces | None"]
 
 #: The decoder's own payload buffers grow in chunks of at most this many bytes,
 #: allocated as the bytes arrive: a declared length alone never allocates more.
@@ -29,7 +56,7 @@ _UNINIT_MIN: Final = 64 * 1024  # chunks this big skip zero-filling (numpy.empty
 _DROP_BYTES: Final = 64 * 1024  # scratch that the rest of a diverted payload is read into
 
 _PREFIX, _HEADER, _PAYLOAD, _BROKEN = range(4)
-_SINK, _OWN, _DROP = range(3)  # where the current payload goes
+_SINK, _OWN, _DROP, _PIECES = range(4)  # where the current payload goes
 _EMPTY: Final = memoryview(b"")
 
 
@@ -40,6 +67,18 @@ def _chunk(n: int) -> memoryview:
 
         return numpy.empty(n, dtype=numpy.uint8).data
     return memoryview(bytearray(n))
+
+
+def _give(pieces: Pieces, data: memoryview) -> memoryview:
+    """A whole payload, already here, handed to ``pieces``; the frame's payload."""
+    pos, n = 0, len(data)
+    while pos < n:
+        room = pieces.room()
+        take = min(len(room), n - pos)
+        room[:take] = data[pos : pos + take]
+        pieces.took(take)
+        pos += take
+    return pieces.result
 
 
 def _join(chunks: list[memoryview], size: int) -> memoryview:
@@ -91,6 +130,7 @@ class FrameDecoder:
         self._chunks: list[memoryview] = []  # own mode: the chunks filled before _target
         self._diverted = False
         self._drop: memoryview | None = None
+        self._pieces: Pieces | None = None  # _PIECES mode: the payload's taker
 
     @property
     def at_boundary(self) -> bool:
@@ -112,8 +152,8 @@ class FrameDecoder:
         """Stop writing the current payload into its posted buffer (the receive
         it was posted for is gone): the rest of it is read and dropped, and the
         frame comes out with ``diverted=True`` and an empty payload."""
-        if self._state == _PAYLOAD and self._mode == _SINK:
-            self._mode, self._diverted = _DROP, True
+        if self._state == _PAYLOAD and self._mode in (_SINK, _PIECES):
+            self._mode, self._diverted, self._pieces = _DROP, True, None
             self._set_drop()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
@@ -154,6 +194,8 @@ class FrameDecoder:
                     target = self._sink_buffer(kind, header, plen) if (self.sink and plen) else None
                     if target is None:  # the bytes are all here: a copy of exactly them
                         target = memoryview(bytearray(mv[start + hlen : end])) if plen else _EMPTY
+                    elif isinstance(target, Pieces):
+                        target = _give(target, mv[start + hlen : end])
                     else:
                         target[:] = mv[start + hlen : end]
                     if self.unlock is not None and kind == self.unlock[0]:
@@ -210,6 +252,8 @@ class FrameDecoder:
         target = self._sink_buffer(self._kind, self._header, size) if self.sink else None
         if target is None:
             self._mode, self._target = _OWN, _chunk(min(size, CHUNK))
+        elif isinstance(target, Pieces):
+            self._mode, self._pieces, self._target = _PIECES, target, target.room()
         else:
             self._mode, self._target = _SINK, target
         return None
@@ -217,8 +261,15 @@ class FrameDecoder:
     def _advance(self, n: int) -> Frame | None:
         """``n`` more payload bytes are in place; move on to the next chunk, or finish."""
         self._filled += n
-        self._tfill += n
         left = self._payload_len - self._filled
+        if self._pieces is not None:  # _PIECES: hand the bytes on, then the next room
+            if n:
+                self._pieces.took(n)
+            if left:
+                self._target = self._pieces.room()
+                return None
+        else:
+            self._tfill += n
         if left == 0:
             return self._finish()
         if self._tfill == len(self._target):  # own chunk or drop scratch full (a posted buffer never is)
@@ -235,11 +286,11 @@ class FrameDecoder:
         self._target = self._drop[: min(_DROP_BYTES, self._payload_len - self._filled)]
         self._tfill = 0
 
-    def _sink_buffer(self, kind: Kind, header: dict[str, Any], size: int) -> memoryview | None:
+    def _sink_buffer(self, kind: Kind, header: dict[str, Any], size: int) -> memoryview | Pieces | None:
         """The sink's buffer for a payload of ``size`` bytes, checked; None: allocate."""
         target = self.sink(kind, header, size)  # type: ignore[misc]
-        if target is None:
-            return None
+        if target is None or isinstance(target, Pieces):
+            return target
         try:  # always a flat byte view, so slicing and len() count bytes, not items
             tmv = memoryview(target).cast("B")
         except (TypeError, ValueError) as exc:  # not a buffer, not C-contiguous, or e.g. bfloat16
@@ -259,6 +310,8 @@ class FrameDecoder:
     def _finish(self) -> Frame:
         if self._diverted:
             payload = _EMPTY
+        elif self._pieces is not None:
+            payload, self._pieces = self._pieces.result, None
         elif self._chunks:
             payload = _join([*self._chunks, self._target], self._payload_len)
             self._chunks = []

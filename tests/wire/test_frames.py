@@ -30,6 +30,7 @@ from netcoll.wire import (
     FrameDecoder,
     Kind,
     Limits,
+    Pieces,
     decode_header,
     decode_prefix,
     encode,
@@ -533,6 +534,72 @@ def test_direct_writes_mixed_with_feed(f, steps, data) -> None:
         (Kind.PONG, {}, b"", 0),
     ]
     assert dec.at_boundary
+
+
+class Collecting(Pieces):
+    """Takes a payload in rooms of at most ``size`` bytes and keeps what it took."""
+
+    def __init__(self, total: int, size: int) -> None:
+        self.total, self.size, self.got = total, size, bytearray()
+        self.buf = bytearray(size)
+        self.result = memoryview(b"posted")
+        self.rooms = 0
+
+    def room(self) -> memoryview:
+        self.rooms += 1
+        return memoryview(self.buf)[: min(self.size, self.total - len(self.got))]
+
+    def took(self, n: int) -> None:
+        assert 0 < n <= min(self.size, self.total - len(self.got) + n)
+        self.got += self.buf[:n]
+
+
+@FAST
+@given(st.integers(1, 5000), st.integers(1, 700), st.lists(st.tuples(st.booleans(), st.integers(0, 3000)), max_size=12))
+def test_a_payload_given_to_pieces_arrives_whole_in_order_in_any_split(size, room, steps) -> None:
+    """A sink may return :class:`Pieces`: the payload goes to its rooms, fed or written
+    directly in any pieces, and the frame carries its ``result``."""
+    header, payload = valid_header(Kind.DATA), pattern(size, seed=size)
+    stream = frame_bytes(Kind.DATA, header, payload) + frame_bytes(Kind.PONG, {})
+    taker = Collecting(size, room)
+    dec = FrameDecoder(sink=lambda kind, h, n: taker)
+    got: list[Frame] = []
+    pos = 0
+    for direct, n in [*steps, (False, len(stream))]:
+        t = dec.payload_target()
+        if direct and t is not None and t.nbytes:
+            assert t.nbytes <= room
+            n = min(n, t.nbytes)
+            t[:n] = stream[pos : pos + n]
+            fr = dec.payload_written(n)
+            got += [fr] if fr is not None else []
+        else:
+            got += dec.feed(stream[pos : pos + n])
+        pos += n
+        if pos >= len(stream):
+            break
+    [data, pong] = got
+    assert bytes(taker.got) == payload and data.payload is taker.result and not data.diverted
+    assert pong.kind is Kind.PONG and dec.at_boundary
+
+
+def test_a_whole_frame_in_one_feed_goes_to_pieces_too() -> None:
+    payload = pattern(1000, seed=1)
+    taker = Collecting(1000, 64)
+    [frame] = FrameDecoder(sink=lambda kind, h, n: taker).feed(frame_bytes(Kind.DATA, valid_header(Kind.DATA), payload))
+    assert bytes(taker.got) == payload and frame.payload is taker.result and taker.rooms >= 16
+
+
+def test_divert_stops_giving_bytes_to_pieces() -> None:
+    taker = Collecting(3000, 512)
+    dec = FrameDecoder(sink=lambda kind, h, n: taker)
+    data = frame_bytes(Kind.DATA, valid_header(Kind.DATA), pattern(3000, seed=2))
+    head = len(data) - 3000
+    assert dec.feed(data[: head + 700]) == []
+    dec.divert()
+    [frame] = dec.feed(data[head + 700 :])
+    assert frame.diverted and frame.payload.nbytes == 0 and len(taker.got) == 700
+    assert dec.at_boundary and dec.feed(frame_bytes(Kind.PING, {}))[0].kind is Kind.PING
 
 
 def test_payload_written_misuse() -> None:
