@@ -8,7 +8,10 @@ polls for a short while, yielding the CPU between polls (``sched_yield``, so a
 peer sharing the core gets to run and produce the message), and only then
 sleeps. Measured on 2 cores with 4 rank processes (docs/benchmarks.md): 4-byte
 all_reduce 613 -> 315 µs, 64 KiB 2x faster, 16 MiB unchanged or better. An
-idle process spins at most ``spin`` seconds per wake-up.
+idle process spins at most ``spin`` seconds per wake-up. While an operation
+moves large messages over sockets it does not spin at all
+(:meth:`SpinSelector.hold`): those waits are the kernel's copies, and polling
+only takes CPU from the ranks doing them.
 
 uvloop is available as an option (``NETCOLL_LOOP=uvloop``) but is not the
 default: on this workload its large writes measured ~40 % slower.
@@ -62,6 +65,18 @@ class SpinSelector(_Base):
         super().__init__()
         self.spin = spin_seconds() if spin is None else spin
         self._pollers: tuple[Poller, ...] = ()
+        self.holds = 0  # :meth:`hold` calls not yet released: no spinning while any
+
+    def hold(self) -> None:
+        """Do not spin (sleep in ``epoll`` at once) until :meth:`release`: a collective is
+        moving large messages over sockets. Its waits are long, and a rank that polls
+        meanwhile takes CPU that the ranks doing the kernel's copies need, when ranks
+        outnumber cores (docs/performance.md, "No spinning in large socket transfers")."""
+        self.holds += 1
+
+    def release(self) -> None:
+        """The end of a :meth:`hold`."""
+        self.holds -= 1
 
     def add_poller(self, poller: Poller) -> None:
         self._pollers += (poller,)
@@ -80,7 +95,7 @@ class SpinSelector(_Base):
             timeout = 0
         if timeout is None or timeout > 0:
             ready = super().select(0)
-            if ready or self.spin <= 0:
+            if ready or self.spin <= 0 or self.holds:
                 return ready or self._block(timeout)
             end = time.monotonic() + min(self.spin, timeout if timeout is not None else self.spin)
             while time.monotonic() < end:

@@ -23,12 +23,20 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from ..wire import Kind
 
 #: ``on_lost(peer, cause, graceful)``: the link is gone (``graceful``: the peer said BYE first)
 LostCallback = Callable[[int, BaseException, bool], None]
+
+
+class Quiet(Protocol):
+    """Holds a loop's polling off while held (:class:`netcoll.loop.SpinSelector`)."""
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +104,13 @@ class Link(abc.ABC):
         each piece as it reads it out of the ring; TCP and TLS links fold large
         payloads a cache-sized piece at a time as they are read (``links/folding.py``);
         below this size folding would not pay."""
+        return None
+
+    def bulk_quiet(self) -> Quiet | None:
+        """What to hold while an operation moves a large message over this link, so that
+        the rank waits for it asleep instead of polling (netcoll's loop:
+        :meth:`netcoll.loop.SpinSelector.hold`), or None. A socket's large transfers are
+        the kernel's copies, from which a polling rank only takes CPU."""
         return None
 
     def lends(self, header: dict[str, Any], nbytes: int) -> bool:

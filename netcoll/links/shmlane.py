@@ -22,7 +22,7 @@ from ..transport.connection import FramedProtocol
 from ..transport.mailbox import Mailbox
 from ..wire import Frame, Kind, encode_header
 from . import lane
-from .base import LinkStats
+from .base import LinkStats, Quiet
 from .framed import FramedLink
 from .shmring import Segment
 from .tcp import TcpLink
@@ -63,6 +63,10 @@ class LaneLink(TcpLink):
 
     #: DATA on the socket is small here (large payloads take the ring): not folded as read
     socket_fold_min = None
+
+    def bulk_quiet(self) -> Quiet | None:
+        """None: large payloads come through shared memory, which the loop's polling serves."""
+        return None
 
     @property
     def fold_min_bytes(self) -> int | None:

@@ -18,9 +18,11 @@ import asyncio
 from typing import Any
 
 from ..errors import ProtocolError
+from ..loop import spin_selector
 from ..transport.connection import COALESCE_MAX, FramedProtocol
 from ..transport.mailbox import Mailbox
 from ..wire import Kind, Pieces
+from .base import Quiet
 from .folding import FoldPieces, piece_buffer
 from .framed import FramedLink
 
@@ -49,6 +51,11 @@ class TcpLink(FramedLink):
         self.proto = proto
         self._fold_piece: memoryview | None = None  # folded payloads are read through it
         proto.decoder.sink = self.socket_sink
+
+    def bulk_quiet(self) -> Quiet | None:
+        """netcoll's polling loop, if this is one: a large message over the socket is
+        waited for asleep (:meth:`netcoll.loop.SpinSelector.hold`)."""
+        return spin_selector(asyncio.get_running_loop())
 
     @property
     def fold_min_bytes(self) -> int | None:

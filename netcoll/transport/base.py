@@ -19,7 +19,7 @@ import numpy as np
 from .. import observe
 from ..errors import CollectiveError, CommunicatorClosed, PeerLost
 from ..escape import escape
-from ..links.base import Link, LinkStats
+from ..links.base import Link, LinkStats, Quiet
 from ..operation import Operation
 from ..ops import Fold
 from ..wire import Kind
@@ -28,6 +28,10 @@ from .mailbox import Mailbox
 log = logging.getLogger("netcoll.transport")
 
 CLOSE_TIMEOUT = 2.0  # how long an orderly close waits for the peers to close their ends
+#: an operation that sends or posts a message of this many bytes over a link that sleeps in
+#: bulk (TCP, TLS) keeps netcoll's loop from polling until it closes (:meth:`Transport.hold_spin`;
+#: measured in docs/performance.md, "No spinning in large socket transfers")
+QUIET_MIN = 4 << 20
 
 
 def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
@@ -61,6 +65,8 @@ class Transport:
         self.links: dict[int, Link] = {}
         self.mailbox.divert = self._divert
         self.mailbox.released = self._released
+        self.mailbox.on_close = self._closed_op
+        self._holding: dict[tuple[str, int], Quiet] = {}  # operations that hold the loop's polling off
 
     def attach(self, link: Link) -> None:
         """Make ``link`` this rank's link to ``link.peer`` and start it."""
@@ -102,6 +108,24 @@ class Transport:
         link = self.links.get(peer)
         least = None if link is None else link.fold_min_bytes
         return least is not None and nbytes >= least
+
+    def hold_spin(self, op: Operation, peer: int) -> None:
+        """``op`` moves a message of :data:`QUIET_MIN` bytes or more to or from world rank
+        ``peer``: if that link says so (:meth:`Link.bulk_quiet`: a socket, on netcoll's
+        polling loop), the loop sleeps in every wait until ``op`` closes."""
+        key = (op.group, op.seq)
+        if key in self._holding:
+            return
+        link = self.links.get(peer)
+        quiet = None if link is None else link.bulk_quiet()
+        if quiet is not None:
+            quiet.hold()
+            self._holding[key] = quiet
+
+    def _closed_op(self, op: Operation) -> None:
+        selector = self._holding.pop((op.group, op.seq), None)
+        if selector is not None:
+            selector.release()
 
     def lends(self, peer: int, header: dict[str, Any], nbytes: int) -> bool:
         """Whether the link to world rank ``peer`` would lend such a DATA payload (:meth:`Link.lends`)."""
@@ -217,10 +241,14 @@ class Channel:
             header["m"] = meta
         if self._trace is None:
             view, world = as_bytes(data), self.members[peer]
+            if view.nbytes >= QUIET_MIN:
+                self.transport.hold_spin(self.op, world)
             if not self.transport.send_nowait(world, header, view):
                 await self.transport.send(world, Kind.DATA, header, view)
             return
         view, start = as_bytes(data), observe.now()
+        if view.nbytes >= QUIET_MIN:
+            self.transport.hold_spin(self.op, self.members[peer])
         await self.transport.send(self.members[peer], Kind.DATA, header, view)
         self._span("send", f"send to rank {peer}", start, step, chunk, view.nbytes)
 
@@ -255,9 +283,10 @@ class Channel:
         read the payload in place, reduced into ``fold.out`` instead (then
         ``fold.complete`` and ``out`` is left as it was). Awaiting the future
         is :meth:`recv_meta`."""
-        fut = self._mailbox.take(
-            self.op, (self.members[peer], step, chunk), None if out is None else as_bytes(out), fold
-        )
+        view = None if out is None else as_bytes(out)
+        if view is not None and view.nbytes >= QUIET_MIN:
+            self.transport.hold_spin(self.op, self.members[peer])
+        fut = self._mailbox.take(self.op, (self.members[peer], step, chunk), view, fold)
         return fut if self._trace is None else self._traced(fut, peer, step, chunk)
 
     def lend_from(self, step: int) -> None:

@@ -76,6 +76,8 @@ class Mailbox:
         self.divert: Callable[[int], None] | None = None
         #: set by a transport with flow control: ``released(src, nbytes)`` (see the module doc)
         self.released: Callable[[int, int], None] | None = None
+        #: set by a transport that keeps state per operation: called as each one closes
+        self.on_close: Callable[[Operation], None] | None = None
         self._direct: set[int] = set()  # srcs whose current payload goes into a posted buffer
         self._rank_of: dict[tuple[int, ...], dict[int, int]] = {}  # members -> {world rank: group rank}
 
@@ -148,6 +150,8 @@ class Mailbox:
                 if self.divert is not None:
                     self.divert(src)
         op.close()
+        if self.on_close is not None:
+            self.on_close(op)
         if op.state is State.SUCCEEDED:
             done = self.succeeded.setdefault(op.group, collections.OrderedDict())
             done[op.seq] = op.name

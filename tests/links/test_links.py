@@ -300,3 +300,51 @@ def test_transport_is_the_generic_mesh() -> None:
     t.attach(link)
     assert t.links == {1: link} and link.on_lost is not None
     assert list(t.link_stats()) == [1]
+
+
+@pytest.mark.tcp
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_an_operation_moving_large_messages_over_tcp_holds_the_loop_from_polling(
+    transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On netcoll's loop, an operation that sends or posts a message of QUIET_MIN bytes or
+    more over a TCP link holds the selector's polling off (once, however many messages)
+    until it closes; smaller ones never do, nor do links over shared memory, whose
+    polling serves their large transfers, nor anything on asyncio's own loop."""
+    from netcoll import loop as nloop
+    from netcoll.links import shm
+    from netcoll.transport.base import QUIET_MIN
+
+    if transport == "shm" and not shm.possible():
+        pytest.skip("no /dev/shm here")
+    monkeypatch.setenv("NETCOLL_TRANSPORT", transport)
+    held: list[int] = []  # the selector's holds after each hold()
+    hold = nloop.SpinSelector.hold
+
+    def recording(self: nloop.SpinSelector) -> None:
+        hold(self)
+        held.append(self.holds)
+
+    monkeypatch.setattr(nloop.SpinSelector, "hold", recording)
+
+    async def main(nbytes: int) -> int:
+        async with tcp_mesh(2) as ts:
+            assert {s.kind for t in ts for s in t.link_stats().values()} == {transport}
+            comms = [Communicator(t) for t in ts]
+            try:
+                x = np.ones(nbytes // 4, np.float32)
+                async with asyncio.timeout(30):
+                    for _ in range(2):
+                        ys = await asyncio.gather(*(c.broadcast(x if c.rank == 0 else x * 0, 0) for c in comms))
+                        assert all((y == 1).all() for y in ys)
+                sel = nloop.spin_selector(asyncio.get_running_loop())
+                return -1 if sel is None else sel.holds
+            finally:
+                for c in comms:
+                    await c.close()
+
+    assert nloop.run(main(QUIET_MIN // 2)) == 0 and held == []
+    assert nloop.run(main(2 * QUIET_MIN)) == 0  # released as each operation closed
+    assert held == ([] if transport == "shm" else [1, 2, 1, 2])  # each rank once per broadcast (one loop)
+    held.clear()
+    assert nloop.run(main(2 * QUIET_MIN), "asyncio") == -1 and held == []

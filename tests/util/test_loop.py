@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import selectors
 import socket
+import threading
 
 import pytest
 
@@ -19,6 +20,47 @@ def test_spin_selector_returns_ready_and_times_out() -> None:
         assert sel.select(0.01) == []  # nothing ready: spins, then sleeps the rest
         b.send(b"x")
         assert [key.fileobj for key, _ in sel.select(1.0)] == [a]
+    finally:
+        sel.close()
+        a.close()
+        b.close()
+
+
+def test_a_held_spin_selector_sleeps_at_once_until_every_hold_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hold()``: no polling (straight to a blocking select) until as many ``release()``s."""
+    yields = [0]
+    real_yield = nloop.os.sched_yield
+
+    def counting() -> None:
+        yields[0] += 1
+        real_yield()
+
+    monkeypatch.setattr(nloop.os, "sched_yield", counting)
+    a, b = socket.socketpair()
+    sel = nloop.SpinSelector(spin=0.05)
+
+    def wait_for_byte(after: float) -> int:
+        """Select until a byte sent ``after`` seconds from now arrives; the yields it took."""
+        yields[0] = 0
+        timer = threading.Timer(after, b.send, (b"x",))
+        timer.start()
+        try:
+            assert [key.fileobj for key, _ in sel.select(5.0)] == [a]
+        finally:
+            timer.join()
+        a.recv(1)
+        return yields[0]
+
+    try:
+        sel.register(a, selectors.EVENT_READ)
+        assert wait_for_byte(0.01) > 0  # polls while it waits
+        sel.hold()
+        sel.hold()
+        assert wait_for_byte(0.01) == 0  # sleeps at once
+        sel.release()
+        assert wait_for_byte(0.01) == 0  # one hold left
+        sel.release()
+        assert sel.holds == 0 and wait_for_byte(0.01) > 0
     finally:
         sel.close()
         a.close()
