@@ -163,6 +163,9 @@ class Transport:
             return
         self.closed = True
         self.mailbox.fail_all(lambda op: CommunicatorClosed(f"{op.where()}: communicator closed"))
+        for quiet in self._holding.values():  # (each is released as its operation closes, or here)
+            quiet.release()
+        self._holding.clear()
         await self.close_links()
 
     async def close_links(self, timeout: float = CLOSE_TIMEOUT) -> None:

@@ -348,3 +348,26 @@ def test_an_operation_moving_large_messages_over_tcp_holds_the_loop_from_polling
     assert held == ([] if transport == "shm" else [1, 2, 1, 2])  # each rank once per broadcast (one loop)
     held.clear()
     assert nloop.run(main(2 * QUIET_MIN), "asyncio") == -1 and held == []
+
+
+@pytest.mark.tcp
+def test_closing_a_transport_releases_the_holds_of_operations_still_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    from netcoll import loop as nloop
+    from netcoll.transport.base import QUIET_MIN, Channel
+
+    monkeypatch.setenv("NETCOLL_TRANSPORT", "tcp")
+
+    async def main() -> tuple[int, int]:
+        sel = nloop.spin_selector(asyncio.get_running_loop())
+        assert sel is not None
+        async with tcp_mesh(2) as ts:
+            op = ts[0].mailbox.open("g", 1, "fp", (0, 1), "test")
+            Channel(ts[0], op).post(1, step=0, out=np.empty(QUIET_MIN, np.uint8))
+            held = sel.holds
+            await ts[0].close()
+            after = sel.holds
+            ts[0].mailbox.close(op)  # (after the transport: nothing left to release)
+            assert sel.holds == 0
+            return held, after
+
+    assert nloop.run(main()) == (1, 0)
