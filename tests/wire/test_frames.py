@@ -499,6 +499,28 @@ def test_payloads_around_the_chunk_size_roundtrip(size: int) -> None:
         assert dec.at_boundary
 
 
+def drive(dec: FrameDecoder, stream: bytes, steps: list[tuple[bool, int]], room: int | None = None) -> list[Frame]:
+    """Feed ``stream`` to ``dec`` in ``steps``: (True, n) writes up to n bytes straight into
+    ``payload_target()`` when there is one (never longer than ``room``), else feeds n bytes;
+    the rest is fed at the end. The frames that came out."""
+    got: list[Frame] = []
+    pos = 0
+    for direct, n in [*steps, (False, len(stream))]:
+        t = dec.payload_target()
+        if direct and t is not None and t.nbytes:
+            assert room is None or t.nbytes <= room
+            n = min(n, t.nbytes)
+            t[:n] = stream[pos : pos + n]
+            fr = dec.payload_written(n)
+            got += [fr] if fr is not None else []
+        else:
+            got += dec.feed(stream[pos : pos + n])
+        pos += n
+        if pos >= len(stream):
+            break
+    return got
+
+
 def test_payload_target_without_sink_is_the_decoders_own_buffer() -> None:
     dec = FrameDecoder()
     data = frame_bytes(Kind.EVENT, {"topic": "x"}, b"hello world")
@@ -515,20 +537,7 @@ def test_direct_writes_mixed_with_feed(f, steps, data) -> None:
     kind, header, payload, flags = f
     stream = frame_bytes(kind, header, payload, flags) + frame_bytes(Kind.PONG, {})
     dec = FrameDecoder(sink=RecordingSink() if data.draw(st.booleans()) else None)
-    got: list[Frame] = []
-    pos = 0
-    for direct, n in [*steps, (False, len(stream))]:
-        t = dec.payload_target()
-        if direct and t is not None and t.nbytes:
-            n = min(n, t.nbytes)
-            t[:n] = stream[pos : pos + n]
-            fr = dec.payload_written(n)
-            got += [fr] if fr is not None else []
-        else:
-            got += dec.feed(stream[pos : pos + n])
-        pos += n
-        if pos >= len(stream):
-            break
+    got = drive(dec, stream, steps)
     assert [(g.kind, g.header, bytes(g.payload), g.flags) for g in got] == [
         (kind, header, payload, flags),
         (Kind.PONG, {}, b"", 0),
@@ -563,22 +572,7 @@ def test_a_payload_given_to_pieces_arrives_whole_in_order_in_any_split(size, roo
     stream = frame_bytes(Kind.DATA, header, payload) + frame_bytes(Kind.PONG, {})
     taker = Collecting(size, room)
     dec = FrameDecoder(sink=lambda kind, h, n: taker)
-    got: list[Frame] = []
-    pos = 0
-    for direct, n in [*steps, (False, len(stream))]:
-        t = dec.payload_target()
-        if direct and t is not None and t.nbytes:
-            assert t.nbytes <= room
-            n = min(n, t.nbytes)
-            t[:n] = stream[pos : pos + n]
-            fr = dec.payload_written(n)
-            got += [fr] if fr is not None else []
-        else:
-            got += dec.feed(stream[pos : pos + n])
-        pos += n
-        if pos >= len(stream):
-            break
-    [data, pong] = got
+    [data, pong] = drive(dec, stream, steps, room)
     assert bytes(taker.got) == payload and data.payload is taker.result and not data.diverted
     assert pong.kind is Kind.PONG and dec.at_boundary
 
