@@ -282,8 +282,8 @@ class Channel:
     ) -> asyncio.Future[tuple[memoryview, dict[str, Any]]]:
         """Post a receive now (no await) and return its future of ``(payload,
         header)``. A receive posted before its message arrives gets the bytes
-        written straight into ``out``, or, with ``fold`` and a link that can
-        read the payload in place, reduced into ``fold.out`` instead (then
+        written straight into ``out``, or, with ``fold`` and a link that folds
+        such a payload (:meth:`folds`), reduced into ``fold.out`` instead (then
         ``fold.complete`` and ``out`` is left as it was). Awaiting the future
         is :meth:`recv_meta`."""
         view = None if out is None else as_bytes(out)
