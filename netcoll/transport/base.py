@@ -123,9 +123,9 @@ class Transport:
             self._holding[key] = quiet
 
     def _closed_op(self, op: Operation) -> None:
-        selector = self._holding.pop((op.group, op.seq), None)
-        if selector is not None:
-            selector.release()
+        quiet = self._holding.pop((op.group, op.seq), None)
+        if quiet is not None:
+            quiet.release()
 
     def lends(self, peer: int, header: dict[str, Any], nbytes: int) -> bool:
         """Whether the link to world rank ``peer`` would lend such a DATA payload (:meth:`Link.lends`)."""
@@ -242,17 +242,15 @@ class Channel:
         header = dict(self._head, s=step, c=chunk)
         if meta is not None:
             header["m"] = meta
+        view, world = as_bytes(data), self.members[peer]
+        if view.nbytes >= QUIET_MIN:
+            self.transport.hold_spin(self.op, world)
         if self._trace is None:
-            view, world = as_bytes(data), self.members[peer]
-            if view.nbytes >= QUIET_MIN:
-                self.transport.hold_spin(self.op, world)
             if not self.transport.send_nowait(world, header, view):
                 await self.transport.send(world, Kind.DATA, header, view)
             return
-        view, start = as_bytes(data), observe.now()
-        if view.nbytes >= QUIET_MIN:
-            self.transport.hold_spin(self.op, self.members[peer])
-        await self.transport.send(self.members[peer], Kind.DATA, header, view)
+        start = observe.now()
+        await self.transport.send(world, Kind.DATA, header, view)
         self._span("send", f"send to rank {peer}", start, step, chunk, view.nbytes)
 
     def _span(self, name: str, tid: str, start: float, step: int, chunk: int, nbytes: int) -> None:
