@@ -65,6 +65,15 @@ def cost_model_enabled(env: Mapping[str, str] | None = None, *, default: bool = 
     return default if not raw else raw in ("1", "on", "true", "yes")
 
 
+async def form_group(comm: Communicator) -> None:
+    """What a new world group does before its first collective (``connect()``
+    and the rank daemons): agree on every rank's link kinds, so that ``auto``
+    chooses by them (:meth:`Communicator.agree_links`), then calibrate the cost
+    model if it is on (:func:`calibrate_if_enabled`)."""
+    await comm.agree_links()
+    await calibrate_if_enabled(comm)
+
+
 async def calibrate_if_enabled(comm: Communicator) -> None:
     """A new group's calibration when :func:`cost_model_enabled` (what ``connect()``
     and the rank daemons do). A failure is logged and leaves the fixed table."""
@@ -161,6 +170,28 @@ class Communicator:
         self._engine.tuner.add(start, work)
         return work
 
+    def agree_links(self, *, timeout: float | None = None) -> Work:
+        """Collective: agree on the kind of every rank's links, so that
+        ``algorithm="auto"`` chooses by them (shared memory and sockets favour
+        different algorithms: docs/algorithms.md, "Choosing by link kind").
+        :func:`form_group` does it when ``connect()`` forms the world group;
+        sub-groups made afterwards know theirs without talking. The Work's
+        result is the group's medium (``"shm"``, ``"socket"``, or None when
+        unknown); once agreed, it completes at once."""
+        e = self._engine
+        if e.world_size < 2 or e.transport.media is not None:
+            return Work.completed("agree_links", e.medium)
+        work = e.issue(tune.agree_links(e), timeout)
+        work.add_done_callback(self._log_links)
+        return work
+
+    def _log_links(self, work: Work) -> None:
+        if not work.cancelled() and work.exception() is None:
+            kinds = work.result() or "of an unknown kind"
+            log.info("group %s: links %s; auto's table chooses for them", self.group, kinds)
+
+    medium = property(lambda self: self._engine.medium, doc="the group's agreed links (agree_links)")
+
     def calibrate(self, *, timeout: float | None = None) -> Work:
         """Collective: measure the group's links and agree on the cost model's
         parameters (``docs/algorithms.md``, "Cost model"); calls issued after it
@@ -178,9 +209,10 @@ class Communicator:
 
     @property
     def model_stats(self) -> dict[str, Any]:
-        """The cost model's parameters (None before calibration) and, per collective,
-        the last choice (algorithm, segment size) with its predicted and measured seconds."""
-        return self._engine.tuner.stats()
+        """The cost model's parameters (None before calibration), per collective the
+        last choice (algorithm, segment size) with its predicted and measured seconds,
+        and the group's agreed links the table chooses for (``links``, :attr:`medium`)."""
+        return {**self._engine.tuner.stats(), "links": self._engine.medium}
 
     # -- collectives ----------------------------------------------------------------
     def all_reduce(
@@ -401,4 +433,5 @@ __all__ = [
     "as_bytes",
     "calibrate_if_enabled",
     "cost_model_enabled",
+    "form_group",
 ]

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from .comm import DEFAULT_TIMEOUT, Communicator, calibrate_if_enabled
+from .comm import DEFAULT_TIMEOUT, Communicator, form_group
 from .errors import ConfigError
 from .links.factory import LinkConfig
 from .rendezvous import RendezvousClient
@@ -189,7 +189,7 @@ async def connect(
         rdv.report_with(transport.mailbox.snapshot)  # heartbeats carry what we are in (the arrival board)
         comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
         stack.push_async_callback(comm.close)
-        await calibrate_if_enabled(comm)  # the cost model's parameters (docs/algorithms.md, "Cost model")
+        await form_group(comm)  # link kinds agreed, the cost model calibrated if on (docs/algorithms.md)
         try:
             yield comm
         except BaseException as exc:

@@ -40,8 +40,8 @@ Plan = Call | Done
 def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
     """The algorithm and segment size to run. ``"auto"``: ``NETCOLL_ALGO``'s
     choice for the collective if it names one, else the cost model with the
-    group's agreed parameters for this call's sequence number (the table
-    before they are known). Raises :class:`~netcoll.algorithms.tuning.Pending`
+    group's agreed parameters for this call's sequence number (the table, by
+    the group's agreed links, before they are known). Raises :class:`~netcoll.algorithms.tuning.Pending`
     when those parameters are still being agreed (the Communicator defers the
     call). Leaves the choice in ``e.choice`` for the engine's stats, and what
     ``"auto"`` was asked to choose for in ``e.tuner.asked`` (known before the
@@ -61,7 +61,7 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
             pending.name = name
             raise
         fixed = e.segment_bytes if e.fixed_segment else None
-        algorithm, chosen, predicted = algorithms.decide(name, nbytes, e.world_size, params, fixed)
+        algorithm, chosen, predicted = algorithms.decide(name, nbytes, e.world_size, params, fixed, e.medium)
         seg = chosen or seg
     e.choice = (name, algorithm, nbytes, seg, predicted)
     return algorithm, seg

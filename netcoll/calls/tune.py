@@ -1,5 +1,6 @@
-"""Plans of the cost model's own operations: calibration when a group forms,
-and refinement from traffic (see :mod:`netcoll.algorithms.tuning`).
+"""Plans of the algorithm choice's own operations: the agreement on link kinds
+and calibration when a group forms, and refinement from traffic (see
+:mod:`netcoll.algorithms.media` and :mod:`netcoll.algorithms.tuning`).
 
 Both run as ordinary operations (deadlines, aborts, typed errors) in the
 group's *model sequence* (group ``<group>/cost``, numbered apart from the
@@ -22,7 +23,7 @@ from typing import Any, Final
 import numpy as np
 
 from .. import algorithms
-from ..algorithms import cost, probe, tuning
+from ..algorithms import cost, media, probe, tuning
 from ..engine import Call, Engine
 from ..transport.base import Channel
 
@@ -43,6 +44,27 @@ def _model_call(e: Engine, name: str, body: Any, how: str) -> Call:
         seq=seq,
         members=e.members,
     )
+
+
+def agree_links(e: Engine) -> Call:
+    """Every rank's row of link kinds (:func:`~netcoll.algorithms.media.row`),
+    exchanged so that every rank holds the same matrix; the result sets the
+    transport's :attr:`~netcoll.transport.base.Transport.media` and this
+    group's medium, and is the medium. Numbered apart (group ``<group>/links``)."""
+    size = e.transport.size
+    mine = media.row({peer: stats.kind for peer, stats in e.transport.link_stats().items()}, size)
+
+    async def body(ch: Channel) -> np.ndarray:
+        return await probe.exchange(ch, mine.astype(np.float64))
+
+    def post(table: np.ndarray) -> str | None:
+        matrix = np.zeros((size, size), np.uint8)
+        matrix[list(e.members)] = media.codes(table)
+        e.transport.media = matrix
+        e.medium = media.medium(matrix, e.members)
+        return e.medium
+
+    return Call("agree_links", "agree_links(links=1)", body, post, group=f"{e.group}/links", seq=0, members=e.members)
 
 
 def calibrate(e: Engine) -> Call:
@@ -105,4 +127,4 @@ def on_trial(params: cost.Params, name: str, nbytes: int, size: int, segment: in
     return params.seen(name, algo, nbytes) is None
 
 
-__all__ = ["CALIBRATE_WEIGHT", "calibrate", "on_trial", "refine"]
+__all__ = ["CALIBRATE_WEIGHT", "agree_links", "calibrate", "on_trial", "refine"]

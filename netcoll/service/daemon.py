@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import logs, observe, resultpool
 from ..arrays import array_from_meta, meta_of
-from ..comm import Communicator, calibrate_if_enabled
+from ..comm import Communicator, form_group
 from ..errors import CollectiveError, NetcollError, PeerLost
 from ..escape import escape
 from ..rendezvous.client import RendezvousClient, new_member_id
@@ -307,7 +307,11 @@ class RankDaemon:
             await transport.connect(timeout=min(30.0, float(event["deadline"])))
             self.epoch, self.rank = event["epoch"], event["rank"]
             self.comm = Communicator(transport, group=f"epoch{event['epoch']}")
-            await calibrate_if_enabled(self.comm)  # the cost model's parameters (docs/algorithms.md)
+            try:  # link kinds agreed, the cost model calibrated if on (docs/algorithms.md)
+                await form_group(self.comm)
+            except BaseException:  # not formed: the next job links anew, as after a failed connect
+                await self._drop_links()
+                raise
             log.info("epoch %s: rank %s of %s", escape(self.epoch), escape(self.rank), escape(event["world_size"]))
         return self.comm
 

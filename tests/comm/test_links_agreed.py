@@ -1,0 +1,76 @@
+"""``connect()`` agrees on every rank's link kinds before it returns, over real
+loopback links: every rank, and every group made from its transport later
+(a split, a group built on the transport as torch's sub-groups are), knows the
+same medium, and ``auto`` chooses by it (reduce: the tree over sockets, the
+ring over shared memory from 4 MiB)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+import netcoll
+from netcoll.algorithms import table
+from netcoll.comm import Communicator
+
+pytestmark = pytest.mark.tcp
+
+N = 3
+
+
+@contextlib.asynccontextmanager
+async def group(monkeypatch: pytest.MonkeyPatch, transport: str) -> AsyncIterator[list[Communicator]]:
+    monkeypatch.setenv("NETCOLL_TRANSPORT", transport)
+    async with contextlib.AsyncExitStack() as stack:
+        coord = await stack.enter_async_context(netcoll.Coordinator())
+
+        async def one(i: int) -> Communicator:
+            return await stack.enter_async_context(
+                netcoll.connect(coord.address, world_size=N, local_host=f"127.0.0.{2 + i}", timeout=15)
+            )
+
+        async with asyncio.timeout(60):
+            comms = sorted(await asyncio.gather(*(one(i) for i in range(N))), key=lambda c: c.rank)
+            yield comms
+
+
+@pytest.mark.parametrize(("transport", "medium", "algorithm"), [("tcp", "socket", "tree"), ("shm", "shm", "ring")])
+async def test_connect_agrees_on_links_and_auto_chooses_by_them(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, transport: str, medium: str, algorithm: str
+) -> None:
+    with caplog.at_level(logging.INFO, logger="netcoll.comm"):
+        async with group(monkeypatch, transport) as comms:
+            assert [c.medium for c in comms] == [medium] * N
+            assert all(c._engine.seq == 0 for c in comms)  # the agreement is numbered apart
+            again = [c.agree_links() for c in comms]  # agreed once: done at once, the same answer
+            assert all(w.done() and w.result() == medium for w in again)
+            x = np.ones(table.REDUCE_RING_MIN_BYTES // 4, np.float32)
+            res = await asyncio.gather(*(c.reduce(x, root=1) for c in comms))
+            assert np.all(res[1] == N)
+            assert {c.model_stats["choices"]["reduce"]["algorithm"] for c in comms} == {algorithm}
+            assert {c.model_stats["links"] for c in comms} == {medium}
+
+            subs = await asyncio.gather(*(c.split(0 if c.rank else None) for c in comms))
+            assert subs[0] is None and [s.medium for s in subs[1:]] == [medium, medium]
+            built = [Communicator(c.transport, group="built", members=(0, 2)) for c in comms[::2]]
+            assert [b.medium for b in built] == [medium, medium]
+            await asyncio.gather(*(s.close() for s in [*subs[1:], *built] if s is not None))
+    said = [r.getMessage() for r in caplog.records if "auto's table chooses for them" in r.getMessage()]
+    assert len(said) == N and all(f"links {medium};" in m for m in said)
+
+
+async def test_a_transport_without_agreement_keeps_the_link_blind_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with group(monkeypatch, "tcp") as comms:
+        for c in comms:
+            c.transport.media = None
+        fresh = [Communicator(c.transport, group="fresh") for c in comms]
+        assert [f.medium for f in fresh] == [None] * N
+        x = np.ones(table.REDUCE_RING_MIN_BYTES // 4, np.float32)
+        await asyncio.gather(*(f.reduce(x, root=0) for f in fresh))
+        assert {f.model_stats["choices"]["reduce"]["algorithm"] for f in fresh} == {"ring"}
+        await asyncio.gather(*(f.close() for f in fresh))
