@@ -194,6 +194,7 @@ class SyncCommunicator:
     members = property(lambda self: self._comm.members, doc="the group's world ranks")
     timeout = property(lambda self: self._comm.timeout, doc="the default deadline (s)")
     segment_bytes = property(lambda self: self._comm.segment_bytes, doc="message segment size")
+    medium = property(lambda self: self._comm.medium, doc="the group's agreed links (Communicator.agree_links)")
     closed = property(lambda self: self._closed or self._comm.closed, doc="True once closed")
 
     # -- the one path every call takes ------------------------------------------------
@@ -345,6 +346,11 @@ class SyncCommunicator:
     @_blocking
     def barrier(self, *, timeout: float | None = None, algorithm: str = "auto", async_op: bool = False) -> Any:
         return self._call(self._comm.barrier, async_op, timeout=timeout, algorithm=algorithm)
+
+    @_blocking
+    def agree_links(self, *, timeout: float | None = None, async_op: bool = False) -> Any:
+        """Collective: agree on every rank's link kinds for ``auto`` (connect() already did)."""
+        return self._call(self._comm.agree_links, async_op, timeout=timeout)
 
     @_blocking
     def calibrate(self, *, timeout: float | None = None, async_op: bool = False) -> Any:

@@ -177,6 +177,8 @@ def test_connect_reads_the_environment(coordinator: str, monkeypatch: pytest.Mon
 
     def rank_main(_: int) -> int:
         with netcoll.sync.connect() as comm:  # ranks assigned by the coordinator
+            assert comm.medium == comm.communicator.medium in ("shm", "socket")  # agreed by connect()
+            assert comm.agree_links() == comm.medium  # once agreed, the same answer at once
             return int(comm.all_reduce(np.array([comm.rank]))[0])
 
     assert in_threads(2, rank_main) == [1, 1]
