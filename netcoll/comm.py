@@ -177,8 +177,14 @@ class Communicator:
         :func:`form_group` does it when ``connect()`` forms the world group;
         sub-groups made afterwards know theirs without talking. The Work's
         result is the group's medium (``"shm"``, ``"socket"``, or None when
-        unknown); once agreed, it completes at once."""
+        unknown); once agreed, it completes at once. Only a group of every
+        world rank agrees (ValueError otherwise, before anything is sent)."""
         e = self._engine
+        if e.members != tuple(range(e.transport.size)):
+            raise ValueError(
+                f"agree_links is for a group of every rank ({e.transport.size}); group {self.group!r} has "
+                f"{e.world_size}: a sub-group knows its links from the world group's agreement"
+            )
         if e.world_size < 2 or e.transport.media is not None:
             return Work.completed("agree_links", e.medium)
         work = e.issue(tune.agree_links(e), timeout)

@@ -59,6 +59,8 @@ async def test_connect_agrees_on_links_and_auto_chooses_by_them(
             assert subs[0] is None and [s.medium for s in subs[1:]] == [medium, medium]
             built = [Communicator(c.transport, group="built", members=(0, 2)) for c in comms[::2]]
             assert [b.medium for b in built] == [medium, medium]
+            with pytest.raises(ValueError, match="a sub-group knows its links from the world group"):
+                built[0].agree_links()
             await asyncio.gather(*(s.close() for s in [*subs[1:], *built] if s is not None))
     said = [r.getMessage() for r in caplog.records if "auto's table chooses for them" in r.getMessage()]
     assert len(said) == N and all(f"links {medium};" in m for m in said)
