@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .media import SOCKET
+from .media import SHM, SOCKET
 
 #: all_reduce thresholds, measured on 2 cores with 2, 4 and 8 rank processes over loopback TCP
 #: (docs/benchmarks.md, "Algorithm crossovers"): below ALL_REDUCE_DOUBLING_MAX_BYTES recursive
@@ -55,6 +55,14 @@ REDUCE_RING_MIN_BYTES_SOCKET: Final = 64 * 1024 * 1024
 #: (ms per call, ring / Bruck): 4 ranks 1 MiB 1.52 / 1.10, 4 MiB 3.9 / 3.7, 16 MiB 16.6 / 16.2,
 #: 64 MiB 63.8 / 67.9; 8 ranks 1 MiB 5.0 / 2.9, 4 MiB 11.5 / 9.2, 16 MiB 38.0 / 38.0.
 ALL_GATHER_DOUBLING_MAX_BYTES: Final = 16 * 1024 * 1024
+#: the same for 3-4 ranks linked by shared memory, where Bruck's two steps stay ahead at 16 MiB.
+#: Measured 2026-11-27 (``python -m netcoll.bench.versus all_gather``, each algorithm's own run,
+#: µs per call, ring / Bruck, medians, best of 3 rounds, five runs at 16 MiB): 4 ranks over
+#: shared memory 16 MiB 5858 / 4680, 5112 / 4639, 5111 / 5029, 6659 / 4416, 4319 / 4444; 32 MiB
+#: 10151 / 10529; 64 MiB 21010 / 18575 and 20560 / 22340: the ring from 32 MiB. 8 ranks over
+#: shared memory 16 MiB 13431 / 17594 (the ring, as the link-blind threshold has it); over TCP,
+#: 4 ranks, 16 MiB 14183 / 13888, 14939 / 13632, 13472 / 13234, 64 MiB 51394 / 53205.
+ALL_GATHER_DOUBLING_MAX_BYTES_4_SHM: Final = 32 * 1024 * 1024
 #: reduce_scatter of an input (all P blocks) below this uses recursive halving (log2 P rounds),
 #: else the ring (P-1 steps). Measured 2026-11-26 after halving's rounds fold as pieces arrive
 #: (``python -m netcoll.bench.versus reduce_scatter``, each algorithm's own run, µs per call,
@@ -97,7 +105,12 @@ def pick(collective: str, nbytes: int, world_size: int, medium: str | None = Non
             else "ring"
         )
     if collective == "all_gather":
-        return "doubling" if nbytes < ALL_GATHER_DOUBLING_MAX_BYTES else "ring"
+        shm4 = medium == SHM and world_size <= 4
+        return (
+            "doubling"
+            if nbytes < (ALL_GATHER_DOUBLING_MAX_BYTES_4_SHM if shm4 else ALL_GATHER_DOUBLING_MAX_BYTES)
+            else "ring"
+        )
     if collective == "reduce_scatter":
         return "halving" if nbytes < REDUCE_SCATTER_HALVING_MAX_BYTES else "ring"
     if collective == "all_to_all":

@@ -69,6 +69,14 @@ def test_reduce_by_medium() -> None:
     assert choose("reduce", 1 << 30, 2, "socket") == "tree"  # two ranks: the tree is one message
 
 
+def test_all_gather_by_medium() -> None:
+    mid = 16 << 20
+    assert choose("all_gather", mid, 4) == choose("all_gather", mid, 4, "socket") == "ring"
+    assert choose("all_gather", mid, 4, "shm") == choose("all_gather", mid, 3, "shm") == "doubling"
+    assert choose("all_gather", table.ALL_GATHER_DOUBLING_MAX_BYTES_4_SHM, 4, "shm") == "ring"
+    assert choose("all_gather", mid, 8, "shm") == "ring"  # from 5 ranks: the link-blind threshold
+
+
 def test_every_medium_picks_a_known_algorithm() -> None:
     for medium in (None, "shm", "socket"):
         for coll in ALGORITHMS:
