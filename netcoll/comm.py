@@ -185,7 +185,7 @@ class Communicator:
                 f"agree_links is for a group of every rank ({e.transport.size}); group {self.group!r} has "
                 f"{e.world_size}: a sub-group knows its links from the world group's agreement"
             )
-        if e.world_size < 2 or e.transport.media is not None:
+        if e.world_size < 2 or e.transport.layout is not None:
             return Work.completed("agree_links", e.medium)
         work = e.issue(tune.agree_links(e), timeout)
         work.add_done_callback(self._log_links)
@@ -217,8 +217,10 @@ class Communicator:
     def model_stats(self) -> dict[str, Any]:
         """The cost model's parameters (None before calibration), per collective the
         last choice (algorithm, segment size) with its predicted and measured seconds,
-        and the group's agreed links the table chooses for (``links``, :attr:`medium`)."""
-        return {**self._engine.tuner.stats(), "links": self._engine.medium}
+        and what the table chooses for: the group's agreed links (``links``, :attr:`medium`)
+        and the most rank processes per core on its hosts (``ranks_per_core``)."""
+        e = self._engine
+        return {**e.tuner.stats(), "links": e.medium, "ranks_per_core": e.ranks_per_core}
 
     # -- collectives ----------------------------------------------------------------
     def all_reduce(

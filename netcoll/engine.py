@@ -112,8 +112,10 @@ class Engine:
         self.overrides = algorithms.overrides_from_env()
         resultpool.RESULTS.configure(resultpool.keep_from_env())
         self.tuner = algorithms.tuning.Tuner()
-        # what links the members (agreed when the world formed: Communicator.agree_links), for the table
-        self.medium = algorithms.media.medium(transport.media, self.members)
+        # what links the members and how crowded their hosts are (agreed when the world formed:
+        # Communicator.agree_links), for the table
+        self.medium = algorithms.media.medium(transport.layout, self.members)
+        self.ranks_per_core = algorithms.media.ranks_per_core(transport.layout, self.members)
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
         self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines

@@ -92,7 +92,9 @@ ALGORITHMS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
 }
 
 
-def choose(collective: str, nbytes: int, world_size: int, medium: str | None = None) -> str:
+def choose(
+    collective: str, nbytes: int, world_size: int, medium: str | None = None, ranks_per_core: float | None = None
+) -> str:
     """The algorithm ``algorithm="auto"`` runs by the table (:mod:`.table`).
 
     Args:
@@ -106,13 +108,15 @@ def choose(collective: str, nbytes: int, world_size: int, medium: str | None = N
         world_size: ``P``.
         medium: the group's agreed links (:func:`.media.medium`: ``"shm"``,
             ``"socket"`` or None for unknown), the same on every rank.
+        ranks_per_core: the most rank processes per core on the group's hosts
+            (:func:`.media.ranks_per_core`; None: unknown), the same on every rank.
 
     Raises:
         ValueError: unknown collective.
     """
     if collective not in ALGORITHMS:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(ALGORITHMS)}")
-    return table.pick(collective, nbytes, world_size, medium) or next(iter(ALGORITHMS[collective]))
+    return table.pick(collective, nbytes, world_size, medium, ranks_per_core) or next(iter(ALGORITHMS[collective]))
 
 
 #: collectives whose size only the root knows: the Communicator passes 0, so the model
@@ -127,6 +131,7 @@ def decide(
     params: cost.Params | None,
     segment: int | None = None,
     medium: str | None = None,
+    ranks_per_core: float | None = None,
 ) -> tuple[str, int | None, float | None]:
     """``algorithm="auto"`` with the cost model: ``(algorithm, segment_bytes,
     predicted seconds)``: :func:`cost.learnt` (the model's candidates, then
@@ -134,11 +139,11 @@ def decide(
     or the model is off) or a size only the root knows: the table
     (:func:`choose`), segment and prediction None. ``segment``: the
     communicator's fixed segment size (set by the user), else the model picks
-    one of :data:`cost.SEGMENTS`. ``medium``: the group's agreed links, for the
-    table (:func:`choose`). Every rank passing the same arguments gets
+    one of :data:`cost.SEGMENTS`. ``medium``, ``ranks_per_core``: the group's
+    agreed links and crowding, for the table (:func:`choose`). Every rank passing the same arguments gets
     the same answer."""
     if params is None or collective in SIZE_UNKNOWN or world_size < 2:
-        return choose(collective, nbytes, world_size, medium), None, None
+        return choose(collective, nbytes, world_size, medium, ranks_per_core), None, None
     return _decided(collective, nbytes, world_size, params, segment)
 
 

@@ -25,6 +25,15 @@ from .media import SHM, SOCKET
 ALL_REDUCE_DOUBLING_MAX_BYTES: Final = 32 * 1024
 ALL_REDUCE_DOUBLING_MAX_BYTES_4: Final = 128 * 1024
 ALL_REDUCE_DOUBLING_MAX_BYTES_2: Final = 64 * 1024
+#: with at least this many rank processes per core on a host of the group (3+ ranks), small
+#: all_reduce runs the tree instead of recursive doubling: on a crowded host total work counts
+#: more than depth, and doubling sends P log2 P messages per call in all, the tree 2(P-1).
+#: Measured 2026-11-26 (``netcoll bench all_reduce --algorithm doubling|tree``, median µs per
+#: call, two runs each, 2 cores): 16 ranks over TCP 4 B 3951 / 3922 against 3367 / 3479, 16 KiB
+#: 4678 / 4566 against 2930 / 3756, 256 KiB 11347 / 10742 against 5463 / 5751; over shared
+#: memory 4 B 6090 / 6256 against 4534 / 4136; 8 ranks (4 per core) level (4 B over TCP 1264 /
+#: 1344 against 1184 / 1362). Rechecked 2026-11-27 in docs/algorithms.md ("Many ranks on few cores").
+CROWDED_RANKS_PER_CORE: Final = 8
 #: The tree's limit was 2 MiB (the ring overtook it between 1 and 4 MiB at 4 ranks, before the
 #: tree read its input in place and folded out of the shared-memory ring). Measured 2026-11-26
 #: (``python -m netcoll.bench.versus all_reduce``, each algorithm's own run, µs per call, tree /
@@ -90,14 +99,21 @@ BROADCAST_CHAIN_MIN_BYTES: Final = 16 * 1024 * 1024
 BROADCAST_CHAIN_MIN_RANKS: Final = 4
 
 
-def pick(collective: str, nbytes: int, world_size: int, medium: str | None = None) -> str | None:
+def pick(
+    collective: str, nbytes: int, world_size: int, medium: str | None = None, ranks_per_core: float | None = None
+) -> str | None:
     """The algorithm of ``collective`` for a buffer of ``nbytes`` among
     ``world_size`` ranks linked by ``medium`` (None: unknown, the link-blind
-    thresholds); None for a collective the table has no rule for (one algorithm)."""
+    thresholds), with at most ``ranks_per_core`` rank processes per core on
+    their hosts (None: unknown); None for a collective the table has no rule
+    for (one algorithm)."""
     if collective == "all_reduce":
         if world_size <= 2:
             return "doubling" if nbytes < ALL_REDUCE_DOUBLING_MAX_BYTES_2 or world_size == 1 else "ring"
-        if nbytes < (ALL_REDUCE_DOUBLING_MAX_BYTES_4 if world_size <= 4 else ALL_REDUCE_DOUBLING_MAX_BYTES):
+        crowded = ranks_per_core is not None and ranks_per_core >= CROWDED_RANKS_PER_CORE
+        if not crowded and nbytes < (
+            ALL_REDUCE_DOUBLING_MAX_BYTES_4 if world_size <= 4 else ALL_REDUCE_DOUBLING_MAX_BYTES
+        ):
             return "doubling"
         return (
             "tree"

@@ -61,7 +61,9 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
             pending.name = name
             raise
         fixed = e.segment_bytes if e.fixed_segment else None
-        algorithm, chosen, predicted = algorithms.decide(name, nbytes, e.world_size, params, fixed, e.medium)
+        algorithm, chosen, predicted = algorithms.decide(
+            name, nbytes, e.world_size, params, fixed, e.medium, e.ranks_per_core
+        )
         seg = chosen or seg
     e.choice = (name, algorithm, nbytes, seg, predicted)
     return algorithm, seg

@@ -47,21 +47,23 @@ def _model_call(e: Engine, name: str, body: Any, how: str) -> Call:
 
 
 def agree_links(e: Engine) -> Call:
-    """Every rank's row of link kinds (:func:`~netcoll.algorithms.media.row`),
-    exchanged so that every rank holds the same matrix; the result sets the
-    transport's :attr:`~netcoll.transport.base.Transport.media` and this
-    group's medium, and is the medium. Numbered apart (group ``<group>/links``)."""
-    size = e.transport.size
-    mine = media.row({peer: stats.kind for peer, stats in e.transport.link_stats().items()}, size)
+    """Every rank's row — its link kinds (:func:`~netcoll.algorithms.media.row`)
+    and host (:func:`~netcoll.algorithms.media.host_fields`) — exchanged so that
+    every rank holds the same :class:`~netcoll.algorithms.media.Layout`; the
+    result sets the transport's ``layout`` and this group's medium and ranks
+    per core, and is the medium. The world group only (the Communicator checks);
+    numbered apart (group ``<group>/links``)."""
+    kinds = media.row({peer: stats.kind for peer, stats in e.transport.link_stats().items()}, e.transport.size)
+    mine = np.concatenate([kinds.astype(np.float64), media.host_fields()])
 
     async def body(ch: Channel) -> np.ndarray:
-        return await probe.exchange(ch, mine.astype(np.float64))
+        return await probe.exchange(ch, mine)
 
     def post(table: np.ndarray) -> str | None:
-        matrix = np.zeros((size, size), np.uint8)
-        matrix[list(e.members)] = media.codes(table)
-        e.transport.media = matrix
-        e.medium = media.medium(matrix, e.members)
+        layout = media.Layout.of(table)
+        e.transport.layout = layout
+        e.medium = media.medium(layout, e.members)
+        e.ranks_per_core = media.ranks_per_core(layout, e.members)
         return e.medium
 
     return Call("agree_links", "agree_links(links=1)", body, post, group=f"{e.group}/links", seq=0, members=e.members)

@@ -67,9 +67,9 @@ class Transport:
         self.mailbox.released = self._released
         self.mailbox.on_close = self._closed_op
         self._holding: dict[tuple[str, int], Quiet] = {}  # operations that hold the loop's polling off
-        #: every rank's link kinds, agreed by the world group when it formed (``media[i, j]``:
-        #: rank i's link to j, :data:`netcoll.algorithms.media.CODES`); None before that
-        self.media: np.ndarray | None = None
+        #: every rank's link kinds and host, agreed by the world group when it formed
+        #: (:class:`netcoll.algorithms.media.Layout`); None before that
+        self.layout: Any = None
 
     def attach(self, link: Link) -> None:
         """Make ``link`` this rank's link to ``link.peer`` and start it."""

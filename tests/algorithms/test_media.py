@@ -11,6 +11,11 @@ from netcoll.algorithms import ALGORITHMS, choose, media, table
 SHM, TCP, TLS, MEM = (media.CODES[k] for k in ("shm", "tcp", "tls", "memory"))
 
 
+def layout(kinds: np.ndarray, hosts: list[int] | None = None, cores: list[int] | None = None) -> media.Layout:
+    n = kinds.shape[0]
+    return media.Layout(kinds, np.array(hosts or [7] * n, np.int64), np.array(cores or [2] * n, np.int64))
+
+
 def matrix(size: int, code: int, **pairs: int) -> np.ndarray:
     """Every pair linked by ``code``; ``pairs``: ``"i_j"`` -> another code (both sides)."""
     m = np.full((size, size), code, np.uint8)
@@ -44,19 +49,64 @@ def test_row_codes_each_peer_and_leaves_self_and_unknown_zero() -> None:
     ],
 )
 def test_medium(m: np.ndarray | None, members: range | tuple[int, ...], want: str | None) -> None:
-    assert media.medium(m, tuple(members)) == want
+    assert media.medium(None if m is None else layout(m), tuple(members)) == want
 
 
 def test_sides_of_a_pair_that_disagree_make_it_unknown() -> None:
     m = matrix(3, SHM)
     m[0, 1] = TCP  # rank 0 says TCP, rank 1 says shared memory
-    assert media.medium(m, (0, 1, 2)) is None
-    assert media.medium(m, (1, 2)) == "shm"
+    assert media.medium(layout(m), (0, 1, 2)) is None
+    assert media.medium(layout(m), (1, 2)) == "shm"
 
 
 def test_codes_turn_anything_unknown_into_no_link() -> None:
     rows = np.array([[0, 3, 1e9], [np.nan, -1, 2.5], [4, 2, 1]], np.float64)
     assert media.codes(rows).tolist() == [[0, 3, 0], [0, 0, 0], [4, 2, 1]]
+
+
+def test_layout_of_an_exchanged_table_reads_anything_odd_as_unknown() -> None:
+    key = (5 << 32) | 9
+    rows = np.array(
+        [
+            [0, 3, 1, 5, 9, 2],
+            [3, 0, 7.5, 5, 9, 4],  # a code that is no code
+            [1, 1, 0, np.nan, 2.0**32, -3],  # no host key, negative cores
+        ],
+        np.float64,
+    )
+    got = media.Layout.of(rows)
+    assert got.kinds.tolist() == [[0, 3, 1], [3, 0, 0], [1, 1, 0]]
+    assert got.hosts.tolist() == [key, key, 0] and got.cores.tolist() == [2, 4, 0]
+
+
+def test_host_fields_are_a_key_and_cores() -> None:
+    hi, lo, cores = media.host_fields().tolist()
+    assert all(v == int(v) and 0 <= v < 2**32 for v in (hi, lo)) and (hi or lo)
+    assert media.host_fields().tolist() == [hi, lo, cores] and cores >= 1  # the same every time
+    rows = np.array([[0, 3, hi, lo, cores], [3, 0, hi, lo, cores]], np.float64)
+    assert media.ranks_per_core(media.Layout.of(rows), (0, 1)) == 2 / cores
+
+
+def test_ranks_per_core_counts_every_world_rank_on_a_members_host() -> None:
+    kinds = matrix(6, TCP)
+    hosts = [1, 1, 1, 1, 2, 2]  # four ranks on host 1, two on host 2
+    got = layout(kinds, hosts, [2, 2, 2, 1, 8, 8])  # host 1: one rank may run on one core only
+    assert media.ranks_per_core(got, range(6)) == 4.0
+    assert media.ranks_per_core(got, (4, 5)) == 2 / 8
+    assert media.ranks_per_core(got, (0, 4)) == 4.0  # a sub-group shares host 1 with the others
+    assert media.ranks_per_core(layout(kinds, [1, 1, 1, 1, 0, 0]), (4,)) is None  # a host unknown
+    assert media.ranks_per_core(layout(kinds, hosts, [2, 2, 2, 2, 0, 8]), (5,)) is None  # cores unknown
+    assert media.ranks_per_core(got, (0, 6)) is None and media.ranks_per_core(None, (0,)) is None
+
+
+def test_crowded_hosts_run_small_all_reduce_as_the_tree() -> None:
+    crowded = table.CROWDED_RANKS_PER_CORE
+    for size in (4, 16):
+        assert choose("all_reduce", 4, size) == choose("all_reduce", 4, size, None, crowded - 0.5) == "doubling"
+        assert choose("all_reduce", 4, size, "shm", crowded) == "tree"
+        assert choose("all_reduce", 16 << 10, size, "socket", crowded) == "tree"
+    assert choose("all_reduce", 64 << 20, 16, "shm", crowded) == "ring"  # large ones as before
+    assert choose("all_reduce", 4, 2, "shm", crowded) == "doubling"  # two ranks: one exchange either way
 
 
 def test_reduce_by_medium() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -54,6 +55,8 @@ async def test_connect_agrees_on_links_and_auto_chooses_by_them(
             assert np.all(res[1] == N)
             assert {c.model_stats["choices"]["reduce"]["algorithm"] for c in comms} == {algorithm}
             assert {c.model_stats["links"] for c in comms} == {medium}
+            cores = len(os.sched_getaffinity(0))  # one host: every rank counts
+            assert {c.model_stats["ranks_per_core"] for c in comms} == {N / cores}
 
             subs = await asyncio.gather(*(c.split(0 if c.rank else None) for c in comms))
             assert subs[0] is None and [s.medium for s in subs[1:]] == [medium, medium]
@@ -69,10 +72,21 @@ async def test_connect_agrees_on_links_and_auto_chooses_by_them(
 async def test_a_transport_without_agreement_keeps_the_link_blind_table(monkeypatch: pytest.MonkeyPatch) -> None:
     async with group(monkeypatch, "tcp") as comms:
         for c in comms:
-            c.transport.media = None
+            c.transport.layout = None
         fresh = [Communicator(c.transport, group="fresh") for c in comms]
         assert [f.medium for f in fresh] == [None] * N
         x = np.ones(table.REDUCE_RING_MIN_BYTES // 4, np.float32)
         await asyncio.gather(*(f.reduce(x, root=0) for f in fresh))
         assert {f.model_stats["choices"]["reduce"]["algorithm"] for f in fresh} == {"ring"}
         await asyncio.gather(*(f.close() for f in fresh))
+
+
+async def test_a_crowded_host_runs_small_all_reduce_as_the_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with group(monkeypatch, "tcp") as comms:
+        x = np.ones(4, np.float32)
+        await asyncio.gather(*(c.all_reduce(x) for c in comms))
+        assert {c.model_stats["choices"]["all_reduce"]["algorithm"] for c in comms} == {"doubling"}
+        monkeypatch.setattr(table, "CROWDED_RANKS_PER_CORE", comms[0].model_stats["ranks_per_core"])
+        res = await asyncio.gather(*(c.all_reduce(x) for c in comms))
+        assert all(np.all(r == N) for r in res)
+        assert {c.model_stats["choices"]["all_reduce"]["algorithm"] for c in comms} == {"tree"}
