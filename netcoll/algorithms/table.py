@@ -91,6 +91,14 @@ REDUCE_SCATTER_HALVING_MAX_BYTES: Final = 4 * 1024 * 1024
 #: 64 KiB 6731 / 4313, 1 MiB 10147 / 6548, 4 MiB 15624 / 16330; over TCP 64 KiB 5307 / 5662,
 #: 1 MiB 10134 / 7200, 4 MiB 16686 / 17280, 16 MiB 56284 / 57509.
 ALL_TO_ALL_LINEAR_MAX_BYTES: Final = 4 * 1024 * 1024
+#: the same for 3-4 ranks linked by shared memory, where every transfer at once stays ahead.
+#: Measured 2026-11-27 (``python -m netcoll.bench.versus all_to_all``, each algorithm's own run,
+#: µs per call, pairwise / linear, medians, best of 3 rounds): 4 ranks over shared memory 4 MiB
+#: 2277 / 2184, 1963 / 1905, 2159 / 2342, 2170 / 1726, 1760 / 1736; 8 MiB 3148 / 2721; 16 MiB
+#: 7431 / 6360, 6792 / 5494, 7948 / 7517, 6632 / 6148; 64 MiB 17609 / 18159, 22359 / 18735.
+#: 8 ranks over shared memory 4 MiB 7515 / 9294, 16 MiB 19731 / 19431 (the link-blind
+#: threshold); over TCP, 4 ranks, 4 MiB 3581 / 4337, 3287 / 3649, 16 MiB 13736 / 14585.
+ALL_TO_ALL_LINEAR_MAX_BYTES_4_SHM: Final = 32 * 1024 * 1024
 #: broadcast of at least this many bytes uses the pipelined chain (every rank
 #: sends N once) instead of the binomial tree (the root sends N*log2 P), when
 #: there are enough ranks for that to matter. Only usable when every rank
@@ -130,7 +138,12 @@ def pick(
     if collective == "reduce_scatter":
         return "halving" if nbytes < REDUCE_SCATTER_HALVING_MAX_BYTES else "ring"
     if collective == "all_to_all":
-        return "linear" if nbytes < ALL_TO_ALL_LINEAR_MAX_BYTES else "pairwise"
+        shm4 = medium == SHM and world_size <= 4
+        return (
+            "linear"
+            if nbytes < (ALL_TO_ALL_LINEAR_MAX_BYTES_4_SHM if shm4 else ALL_TO_ALL_LINEAR_MAX_BYTES)
+            else "pairwise"
+        )
     if collective == "reduce":
         least = REDUCE_RING_MIN_BYTES_SOCKET if medium == SOCKET else REDUCE_RING_MIN_BYTES
         return "ring" if world_size >= 3 and nbytes >= least else "tree"

@@ -127,6 +127,14 @@ def test_all_gather_by_medium() -> None:
     assert choose("all_gather", mid, 8, "shm") == "ring"  # from 5 ranks: the link-blind threshold
 
 
+def test_all_to_all_by_medium() -> None:
+    mid = 16 << 20
+    assert choose("all_to_all", mid, 4) == choose("all_to_all", mid, 4, "socket") == "pairwise"
+    assert choose("all_to_all", mid, 4, "shm") == "linear"
+    assert choose("all_to_all", table.ALL_TO_ALL_LINEAR_MAX_BYTES_4_SHM, 4, "shm") == "pairwise"
+    assert choose("all_to_all", mid, 8, "shm") == "pairwise"  # from 5 ranks: the link-blind threshold
+
+
 def test_every_medium_picks_a_known_algorithm() -> None:
     for medium in (None, "shm", "socket"):
         for coll in ALGORITHMS:
