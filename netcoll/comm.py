@@ -171,9 +171,10 @@ class Communicator:
         return work
 
     def agree_links(self, *, timeout: float | None = None) -> Work:
-        """Collective: agree on the kind of every rank's links, so that
-        ``algorithm="auto"`` chooses by them (shared memory and sockets favour
-        different algorithms: docs/algorithms.md, "Choosing by link kind").
+        """Collective: agree on the kind of every rank's links and on its host
+        and cores, so that ``algorithm="auto"`` chooses by them (shared memory
+        and sockets, crowded and roomy hosts favour different algorithms:
+        docs/algorithms.md, "Choosing by link kind").
         :func:`form_group` does it when ``connect()`` forms the world group;
         sub-groups made afterwards know theirs without talking. The Work's
         result is the group's medium (``"shm"``, ``"socket"``, or None when
@@ -193,8 +194,11 @@ class Communicator:
 
     def _log_links(self, work: Work) -> None:
         if not work.cancelled() and work.exception() is None:
-            kinds = work.result() or "of an unknown kind"
-            log.info("group %s: links %s; auto's table chooses for them", self.group, kinds)
+            kinds, crowd = work.result() or "of an unknown kind", self._engine.ranks_per_core
+            per_core = "unknown" if crowd is None else f"{crowd:.3g}"
+            log.info(
+                "group %s: links %s, %s ranks per core; auto's table chooses for them", self.group, kinds, per_core
+            )
 
     medium = property(lambda self: self._engine.medium, doc="the group's agreed links (agree_links)")
 

@@ -140,8 +140,8 @@ def decide(
     (:func:`choose`), segment and prediction None. ``segment``: the
     communicator's fixed segment size (set by the user), else the model picks
     one of :data:`cost.SEGMENTS`. ``medium``, ``ranks_per_core``: the group's
-    agreed links and crowding, for the table (:func:`choose`). Every rank passing the same arguments gets
-    the same answer."""
+    agreed links and crowding, for the table (:func:`choose`). Every rank
+    passing the same arguments gets the same answer."""
     if params is None or collective in SIZE_UNKNOWN or world_size < 2:
         return choose(collective, nbytes, world_size, medium, ranks_per_core), None, None
     return _decided(collective, nbytes, world_size, params, segment)

@@ -41,11 +41,12 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
     """The algorithm and segment size to run. ``"auto"``: ``NETCOLL_ALGO``'s
     choice for the collective if it names one, else the cost model with the
     group's agreed parameters for this call's sequence number (the table, by
-    the group's agreed links, before they are known). Raises :class:`~netcoll.algorithms.tuning.Pending`
-    when those parameters are still being agreed (the Communicator defers the
-    call). Leaves the choice in ``e.choice`` for the engine's stats, and what
-    ``"auto"`` was asked to choose for in ``e.tuner.asked`` (known before the
-    parameters, so the same on every rank: :meth:`Tuner.trial_due`)."""
+    the group's agreed links and hosts, before they are known). Raises
+    :class:`~netcoll.algorithms.tuning.Pending` when those parameters are
+    still being agreed (the Communicator defers the call). Leaves the choice
+    in ``e.choice`` for the engine's stats, and what ``"auto"`` was asked to
+    choose for in ``e.tuner.asked`` (known before the parameters, so the same
+    on every rank: :meth:`Tuner.trial_due`)."""
     table = algorithms.ALGORITHMS[name]
     if algorithm == "auto":
         algorithm = e.overrides.get(name, "auto")

@@ -1,12 +1,15 @@
 """Plans of the algorithm choice's own operations: the agreement on link kinds
-and calibration when a group forms, and refinement from traffic (see
-:mod:`netcoll.algorithms.media` and :mod:`netcoll.algorithms.tuning`).
+and hosts and the calibration when a group forms, and refinement from traffic
+(see :mod:`netcoll.algorithms.media` and :mod:`netcoll.algorithms.tuning`).
 
-Both run as ordinary operations (deadlines, aborts, typed errors) in the
-group's *model sequence* (group ``<group>/cost``, numbered apart from the
-collectives, so they do not shift any collective's sequence number), and
-both end with every rank holding the same table of estimates, one row per
-rank, which every rank combines the same way. The result becomes a new
+All run as ordinary operations (deadlines, aborts, typed errors) numbered
+apart from the collectives (groups ``<group>/links`` and, for the cost
+model's, ``<group>/cost``), so they do not shift any collective's sequence
+number, and all end with every rank holding the same table, one row per rank.
+The agreement's table becomes the transport's
+:class:`~netcoll.algorithms.media.Layout` before any collective is issued
+(:func:`netcoll.comm.form_group`). The cost model's rows are estimates, which
+every rank combines the same way. The result becomes a new
 version of the group's parameters applying from a sequence number fixed when
 the operation is issued; a collective that needs a version still being agreed
 waits for it (:class:`~netcoll.algorithms.tuning.Pending`).

@@ -66,7 +66,8 @@ async def test_connect_agrees_on_links_and_auto_chooses_by_them(
                 built[0].agree_links()
             await asyncio.gather(*(s.close() for s in [*subs[1:], *built] if s is not None))
     said = [r.getMessage() for r in caplog.records if "auto's table chooses for them" in r.getMessage()]
-    assert len(said) == N and all(f"links {medium};" in m for m in said)
+    per_core = f"{N / len(os.sched_getaffinity(0)):.3g} ranks per core"
+    assert len(said) == N and all(f"links {medium}, {per_core};" in m for m in said)
 
 
 async def test_a_transport_without_agreement_keeps_the_link_blind_table(monkeypatch: pytest.MonkeyPatch) -> None:
