@@ -129,21 +129,13 @@ def pick(
             else "ring"
         )
     if collective == "all_gather":
-        shm4 = medium == SHM and world_size <= 4
-        return (
-            "doubling"
-            if nbytes < (ALL_GATHER_DOUBLING_MAX_BYTES_4_SHM if shm4 else ALL_GATHER_DOUBLING_MAX_BYTES)
-            else "ring"
-        )
+        least = _shm4(medium, world_size, ALL_GATHER_DOUBLING_MAX_BYTES_4_SHM, ALL_GATHER_DOUBLING_MAX_BYTES)
+        return "doubling" if nbytes < least else "ring"
     if collective == "reduce_scatter":
         return "halving" if nbytes < REDUCE_SCATTER_HALVING_MAX_BYTES else "ring"
     if collective == "all_to_all":
-        shm4 = medium == SHM and world_size <= 4
-        return (
-            "linear"
-            if nbytes < (ALL_TO_ALL_LINEAR_MAX_BYTES_4_SHM if shm4 else ALL_TO_ALL_LINEAR_MAX_BYTES)
-            else "pairwise"
-        )
+        least = _shm4(medium, world_size, ALL_TO_ALL_LINEAR_MAX_BYTES_4_SHM, ALL_TO_ALL_LINEAR_MAX_BYTES)
+        return "linear" if nbytes < least else "pairwise"
     if collective == "reduce":
         least = REDUCE_RING_MIN_BYTES_SOCKET if medium == SOCKET else REDUCE_RING_MIN_BYTES
         return "ring" if world_size >= 3 and nbytes >= least else "tree"
@@ -152,3 +144,8 @@ def pick(
             return "ring"
         return "tree"
     return None
+
+
+def _shm4(medium: str | None, world_size: int, shm4: int, otherwise: int) -> int:
+    """``shm4`` for 3-4 ranks linked by shared memory, else ``otherwise``."""
+    return shm4 if medium == SHM and world_size <= 4 else otherwise

@@ -5,14 +5,12 @@ operation's DEBUG line names the choice with its predicted time."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import numpy as np
 import pytest
 
-import netcoll
-from netcoll.comm import Communicator
+from tests.support import connected_world
 
 pytestmark = pytest.mark.tcp
 
@@ -22,25 +20,16 @@ async def test_connect_calibrates_and_auto_uses_the_model(
 ) -> None:
     monkeypatch.setenv("NETCOLL_COST_MODEL", "1")  # opt-in (off by default)
     n = 3
-    async with contextlib.AsyncExitStack() as stack:
-        coord = await stack.enter_async_context(netcoll.Coordinator())
-
-        async def one(i: int) -> Communicator:
-            return await stack.enter_async_context(
-                netcoll.connect(coord.address, world_size=n, local_host=f"127.0.0.{2 + i}", timeout=15)
-            )
-
-        async with asyncio.timeout(30):
-            comms = await asyncio.gather(*(one(i) for i in range(n)))
-            models = [c.model_stats["model"] for c in comms]
-            assert models[0] is not None and models[0] == models[1] == models[2]
-            x = np.arange(1 << 15, dtype=np.float32)
-            with caplog.at_level(logging.DEBUG, logger="netcoll.engine"):
-                res = await asyncio.gather(*(c.all_reduce(x) for c in comms))
-            assert all(np.array_equal(r, n * x) for r in res)
-            rows = [c.model_stats["choices"]["all_reduce"] for c in comms]
-            assert len({(r["algorithm"], r["segment_bytes"], r["predicted_s"]) for r in rows}) == 1
-            assert rows[0]["predicted_s"] > 0 and rows[0]["measured_s"] > 0
+    async with connected_world(n) as comms:
+        models = [c.model_stats["model"] for c in comms]
+        assert models[0] is not None and models[0] == models[1] == models[2]
+        x = np.arange(1 << 15, dtype=np.float32)
+        with caplog.at_level(logging.DEBUG, logger="netcoll.engine"):
+            res = await asyncio.gather(*(c.all_reduce(x) for c in comms))
+        assert all(np.array_equal(r, n * x) for r in res)
+        rows = [c.model_stats["choices"]["all_reduce"] for c in comms]
+        assert len({(r["algorithm"], r["segment_bytes"], r["predicted_s"]) for r in rows}) == 1
+        assert rows[0]["predicted_s"] > 0 and rows[0]["measured_s"] > 0
     lines = [
         r.getMessage() for r in caplog.records if "all_reduce #" in r.getMessage() and " done in " in r.getMessage()
     ]

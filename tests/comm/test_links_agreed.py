@@ -1,8 +1,9 @@
-"""``connect()`` agrees on every rank's link kinds before it returns, over real
-loopback links: every rank, and every group made from its transport later
-(a split, a group built on the transport as torch's sub-groups are), knows the
-same medium, and ``auto`` chooses by it (reduce: the tree over sockets, the
-ring over shared memory from 4 MiB)."""
+"""``connect()`` agrees on every rank's link kinds and hosts before it returns,
+over real loopback links: every rank, and every group made from its transport
+later (a split, a group built on the transport as torch's sub-groups are),
+knows the same medium and ranks per core, and ``auto`` chooses by them
+(reduce: the tree over sockets, the ring over shared memory from 4 MiB; small
+all_reduce: the tree on a crowded host)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-import netcoll
 from netcoll.algorithms import table
 from netcoll.comm import Communicator
+from tests.support import connected_world
 
 pytestmark = pytest.mark.tcp
 
@@ -27,17 +28,8 @@ N = 3
 @contextlib.asynccontextmanager
 async def group(monkeypatch: pytest.MonkeyPatch, transport: str) -> AsyncIterator[list[Communicator]]:
     monkeypatch.setenv("NETCOLL_TRANSPORT", transport)
-    async with contextlib.AsyncExitStack() as stack:
-        coord = await stack.enter_async_context(netcoll.Coordinator())
-
-        async def one(i: int) -> Communicator:
-            return await stack.enter_async_context(
-                netcoll.connect(coord.address, world_size=N, local_host=f"127.0.0.{2 + i}", timeout=15)
-            )
-
-        async with asyncio.timeout(60):
-            comms = sorted(await asyncio.gather(*(one(i) for i in range(N))), key=lambda c: c.rank)
-            yield comms
+    async with connected_world(N) as comms:
+        yield comms
 
 
 @pytest.mark.parametrize(("transport", "medium", "algorithm"), [("tcp", "socket", "tree"), ("shm", "shm", "ring")])

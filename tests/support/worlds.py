@@ -4,12 +4,14 @@ one coroutine per rank and re-raise the first failure (Gloo's spawn() pattern)."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import netcoll
 from netcoll.comm import Communicator
 from netcoll.ops import ReduceOp, check_op_dtype
 from netcoll.transport.memory import MemoryHub
@@ -21,6 +23,23 @@ REPO = Path(__file__).resolve().parents[2]
 def memory_world(n: int, **kw: Any) -> tuple[MemoryHub, list[Communicator]]:
     hub = MemoryHub(n)
     return hub, [Communicator(t, **kw) for t in hub.transports]
+
+
+@contextlib.asynccontextmanager
+async def connected_world(n: int, *, timeout: float = 15.0) -> AsyncIterator[list[Communicator]]:
+    """``n`` Communicators from ``netcoll.connect`` in this loop, by rank, at a
+    Coordinator of their own, each from its own loopback address (127.0.0.2, .3, ...)."""
+    async with contextlib.AsyncExitStack() as stack:
+        coord = await stack.enter_async_context(netcoll.Coordinator())
+
+        async def one(i: int) -> Communicator:
+            return await stack.enter_async_context(
+                netcoll.connect(coord.address, world_size=n, local_host=f"127.0.0.{2 + i}", timeout=timeout)
+            )
+
+        async with asyncio.timeout(2 * timeout):
+            comms = await asyncio.gather(*(one(i) for i in range(n)))
+        yield sorted(comms, key=lambda c: c.rank)
 
 
 async def run_world(
