@@ -1,5 +1,6 @@
-"""A group's medium from the agreed matrix of link kinds, and the table's
-choice by it (netcoll.algorithms.media, netcoll.algorithms.table)."""
+"""A group's medium and ranks per core from the agreed layout (link kinds,
+host keys, cores), and the table's choice by them (netcoll.algorithms.media,
+netcoll.algorithms.table)."""
 
 from __future__ import annotations
 
