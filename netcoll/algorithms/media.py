@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -91,7 +90,7 @@ def host_fields() -> np.ndarray:
             ident = f.read().strip()
     except OSError:
         ident = ""
-    ident = ident or socket.gethostname()
+    ident = ident or os.uname().nodename
     key = int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "big") or 1
     return np.array([key >> 32, key & 0xFFFFFFFF, len(os.sched_getaffinity(0))], np.float64)
 
