@@ -69,8 +69,9 @@ ALL_GATHER_DOUBLING_MAX_BYTES: Final = 16 * 1024 * 1024
 #: µs per call, ring / Bruck, medians, best of 3 rounds, five runs at 16 MiB): 4 ranks over
 #: shared memory 16 MiB 5858 / 4680, 5112 / 4639, 5111 / 5029, 6659 / 4416, 4319 / 4444; 32 MiB
 #: 10151 / 10529; 64 MiB 21010 / 18575 and 20560 / 22340: the ring from 32 MiB. 8 ranks over
-#: shared memory 16 MiB 13431 / 17594 (the ring, as the link-blind threshold has it); over TCP,
-#: 4 ranks, 16 MiB 14183 / 13888, 14939 / 13632, 13472 / 13234, 64 MiB 51394 / 53205.
+#: shared memory 16 MiB 13431 / 17594 (the ring, as the link-blind threshold has it); 3 ranks
+#: level (16 MiB, three alternating pairs of ``netcoll bench``: 5615 / 5676); over TCP, 4 ranks,
+#: 16 MiB 14183 / 13888, 14939 / 13632, 13472 / 13234, 64 MiB 51394 / 53205.
 ALL_GATHER_DOUBLING_MAX_BYTES_4_SHM: Final = 32 * 1024 * 1024
 #: reduce_scatter of an input (all P blocks) below this uses recursive halving (log2 P rounds),
 #: else the ring (P-1 steps). Measured 2026-11-26 after halving's rounds fold as pieces arrive
@@ -97,7 +98,8 @@ ALL_TO_ALL_LINEAR_MAX_BYTES: Final = 4 * 1024 * 1024
 #: 2277 / 2184, 1963 / 1905, 2159 / 2342, 2170 / 1726, 1760 / 1736; 8 MiB 3148 / 2721; 16 MiB
 #: 7431 / 6360, 6792 / 5494, 7948 / 7517, 6632 / 6148; 64 MiB 17609 / 18159, 22359 / 18735.
 #: 8 ranks over shared memory 4 MiB 7515 / 9294, 16 MiB 19731 / 19431 (the link-blind
-#: threshold); over TCP, 4 ranks, 4 MiB 3581 / 4337, 3287 / 3649, 16 MiB 13736 / 14585.
+#: threshold); 3 ranks level (16 MiB, three alternating pairs of ``netcoll bench``: 6142 /
+#: 6012); over TCP, 4 ranks, 4 MiB 3581 / 4337, 3287 / 3649, 16 MiB 13736 / 14585.
 ALL_TO_ALL_LINEAR_MAX_BYTES_4_SHM: Final = 32 * 1024 * 1024
 #: broadcast of at least this many bytes uses the pipelined chain (every rank
 #: sends N once) instead of the binomial tree (the root sends N*log2 P), when
