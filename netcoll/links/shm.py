@@ -174,12 +174,6 @@ class ShmLink(LaneLink):
                 job.payload = memoryview(bytes(job.payload))
             raise
 
-    def _syncs(self, header: dict[str, Any], n: int) -> bool:
-        """Never: a large send is lent where that pays (and then waits for its reader anyway), and
-        a rendezvous before a ring copy measured slower than the copy it saves (a 1 MiB gather,
-        4 ranks: 0.87x; docs/performance.md)."""
-        return False
-
     def lends(self, header: dict[str, Any], nbytes: int) -> bool:
         identity = self.segment.identity
         return (

@@ -22,7 +22,7 @@ from ..transport.connection import FramedProtocol
 from ..transport.mailbox import Mailbox
 from ..wire import Frame, Kind, encode_header
 from . import lane
-from .base import LinkStats, Quiet
+from .base import LinkStats
 from .framed import FramedLink
 from .shmring import Segment
 from .tcp import TcpLink
@@ -61,12 +61,13 @@ class LaneLink(TcpLink):
             if selector is not None:  # only a loop that polls may ask for frames in its lane
                 self._poll = lane.LanePoll(lane.LaneReader(segment.lane_rx), selector, self._poll_lane)
 
-    #: DATA on the socket is small here (large payloads take the ring): not folded as read
-    socket_fold_min = None
-
-    def bulk_quiet(self) -> Quiet | None:
-        """None: large payloads come through shared memory, which the loop's polling serves."""
-        return None
+    #: large payloads take shared memory (the ring, or the sender's memory read in place),
+    #: which the loop's polling serves: the socket carries small DATA only, so nothing is
+    #: folded as read from it, and polling stays on. Nor are large sends synchronous: a
+    #: large send is lent where that pays (and then waits for its reader anyway), and a
+    #: rendezvous before a ring copy measured slower than the copy it saves (a 1 MiB gather,
+    #: 4 ranks: 0.87x; docs/performance.md)
+    bulk_on_socket = False
 
     @property
     def fold_min_bytes(self) -> int | None:

@@ -15,7 +15,7 @@ link starts.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import ProtocolError
 from ..loop import spin_selector
@@ -42,6 +42,12 @@ class TcpLink(FramedLink):
     """
 
     kind = "tcp"
+    #: large DATA payloads ride this link's socket. Such a link reads a large payload whose
+    #: receive reduces through a piece, folding as it reads (:attr:`socket_fold_min`); holds
+    #: the loop's polling off while an operation moves large payloads (:meth:`bulk_quiet`);
+    #: and sends a large payload synchronously when its receiver asks (:meth:`_syncs`). A
+    #: subclass that moves large payloads another way (shared memory) sets it False.
+    bulk_on_socket: ClassVar[bool] = True
     #: DATA payloads of at least this many bytes read from the socket are reduced as they
     #: are read, when their receive was posted with a fold of their size (None: never)
     socket_fold_min: int | None = TCP_FOLD_MIN
@@ -55,19 +61,26 @@ class TcpLink(FramedLink):
     def bulk_quiet(self) -> Quiet | None:
         """netcoll's polling loop, if this is one: a large message over the socket is
         waited for asleep (:meth:`netcoll.loop.SpinSelector.hold`)."""
-        return spin_selector(asyncio.get_running_loop())
+        return spin_selector(asyncio.get_running_loop()) if self.bulk_on_socket else None
 
     @property
     def fold_min_bytes(self) -> int | None:
         """A payload posted with a fold is reduced as it is read from :data:`TCP_FOLD_MIN`."""
-        return self.socket_fold_min
+        return self._socket_fold_min
+
+    @property
+    def _socket_fold_min(self) -> int | None:
+        return self.socket_fold_min if self.bulk_on_socket else None
+
+    def _syncs(self, header: dict[str, Any], n: int) -> bool:
+        return self.bulk_on_socket and super()._syncs(header, n)
 
     def socket_sink(self, kind: Kind, header: dict[str, Any], n: int) -> memoryview | Pieces | None:
         """The decoder's sink: :meth:`FramedLink.sink`, but a payload of
         :attr:`socket_fold_min` or more whose receive was posted with a fold of its
         size is reduced piece by piece as it is read (:class:`FoldPieces`)."""
         buf = self.sink(kind, header, n)
-        least = self.socket_fold_min
+        least = self._socket_fold_min
         if buf is None or least is None or n < least:
             return buf
         fold = self.mailbox.fold(self.peer, header)
