@@ -66,10 +66,6 @@ class TcpLink(FramedLink):
     @property
     def fold_min_bytes(self) -> int | None:
         """A payload posted with a fold is reduced as it is read from :data:`TCP_FOLD_MIN`."""
-        return self._socket_fold_min
-
-    @property
-    def _socket_fold_min(self) -> int | None:
         return self.socket_fold_min if self.bulk_on_socket else None
 
     def _syncs(self, header: dict[str, Any], n: int) -> bool:
@@ -80,7 +76,7 @@ class TcpLink(FramedLink):
         :attr:`socket_fold_min` or more whose receive was posted with a fold of its
         size is reduced piece by piece as it is read (:class:`FoldPieces`)."""
         buf = self.sink(kind, header, n)
-        least = self._socket_fold_min
+        least = self.socket_fold_min if self.bulk_on_socket else None  # (per frame: no call)
         if buf is None or least is None or n < least:
             return buf
         fold = self.mailbox.fold(self.peer, header)
