@@ -56,7 +56,7 @@ _UNINIT_MIN: Final = 64 * 1024  # chunks this big skip zero-filling (numpy.empty
 _DROP_BYTES: Final = 64 * 1024  # scratch that the rest of a diverted payload is read into
 
 _PREFIX, _HEADER, _PAYLOAD, _BROKEN = range(4)
-_SINK, _OWN, _DROP, _PIECES = range(4)  # where the current payload goes
+_SINK, _OWN, _DROP = range(3)  # where the current payload goes (the sink: a buffer or a Pieces)
 _EMPTY: Final = memoryview(b"")
 
 
@@ -130,7 +130,7 @@ class FrameDecoder:
         self._chunks: list[memoryview] = []  # own mode: the chunks filled before _target
         self._diverted = False
         self._drop: memoryview | None = None
-        self._pieces: Pieces | None = None  # _PIECES mode: the payload's taker
+        self._pieces: Pieces | None = None  # the sink's taker of the current payload, if it gave one
 
     @property
     def at_boundary(self) -> bool:
@@ -152,7 +152,7 @@ class FrameDecoder:
         """Stop writing the current payload into its posted buffer (the receive
         it was posted for is gone): the rest of it is read and dropped, and the
         frame comes out with ``diverted=True`` and an empty payload."""
-        if self._state == _PAYLOAD and self._mode in (_SINK, _PIECES):
+        if self._state == _PAYLOAD and self._mode == _SINK:
             self._mode, self._diverted, self._pieces = _DROP, True, None
             self._set_drop()
 
@@ -253,7 +253,7 @@ class FrameDecoder:
         if target is None:
             self._mode, self._target = _OWN, _chunk(min(size, CHUNK))
         elif isinstance(target, Pieces):
-            self._mode, self._pieces, self._target = _PIECES, target, target.room()
+            self._mode, self._pieces, self._target = _SINK, target, target.room()
         else:
             self._mode, self._target = _SINK, target
         return None
@@ -262,7 +262,7 @@ class FrameDecoder:
         """``n`` more payload bytes are in place; move on to the next chunk, or finish."""
         self._filled += n
         left = self._payload_len - self._filled
-        if self._pieces is not None:  # _PIECES: hand the bytes on, then the next room
+        if self._pieces is not None:  # a Pieces takes the payload: hand the bytes on, then the next room
             if n:
                 self._pieces.took(n)
             if left:
