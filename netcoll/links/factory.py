@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from ..errors import ProtocolError
 from ..sizes import parse_size
+from ..transport import delayline
 from . import cma, lane
 from .base import Link
 from .shmring import check_ring
@@ -85,9 +86,10 @@ class LinkConfig:
     ) -> LinkConfig:
         """Arguments win over ``NETCOLL_RECV_WINDOW`` / ``NETCOLL_TRANSPORT``,
         which win over the defaults (an empty variable counts as unset)."""
-        if env is None:  # these two are read where links are made: a bad value fails here, before any I/O
+        if env is None:  # these are read where links are made: a bad value fails here, before any I/O
             lane.enabled()
             cma.enabled()
+            delayline.configured()
         env = os.environ if env is None else env
         if window is None:
             raw = env.get("NETCOLL_RECV_WINDOW") or ""

@@ -32,6 +32,8 @@ import socket
 from collections.abc import Callable
 from typing import Any, Final
 
+from . import delayline
+
 IOV_MAX = 64  # buffers per sendmsg call
 _RETRY = (BlockingIOError, InterruptedError)
 #: accept() errors that mean "no resources now": pause accepting instead of retrying at once
@@ -87,6 +89,8 @@ class SocketTransport(asyncio.Transport):
         self._closing = False
         self._eof_pending = False
         self._lost = False
+        #: an emulated network delay on what is read (NETCOLL_EMULATE_DELAY_US; benchmarks only)
+        self._line = delayline.line_for(loop, sock, self)
         info: dict[str, Any] = self._extra  # type: ignore[attr-defined]  # set by BaseTransport.__init__
         info.setdefault("socket", sock)
         for key, get in (("sockname", sock.getsockname), ("peername", sock.getpeername)):
@@ -104,13 +108,19 @@ class SocketTransport(asyncio.Transport):
 
     def pause_reading(self) -> None:
         if self._reading and not self._lost:
-            self._loop.remove_reader(self._fd)
             self._reading = False
+            if self._line is None:
+                self._loop.remove_reader(self._fd)
+            else:
+                self._line.pause()
 
     def resume_reading(self) -> None:
         if not self._reading and not self._closing and not self._lost:
-            self._loop.add_reader(self._fd, self._read_ready)
             self._reading = True
+            if self._line is None:
+                self._loop.add_reader(self._fd, self._read_ready)
+            else:
+                self._line.resume()
 
     def _read_ready(self) -> None:
         """One ``recv_into`` per readable event, straight into the protocol's
@@ -132,6 +142,20 @@ class SocketTransport(asyncio.Transport):
             return
         if not n:
             self._eof()
+
+    def _feed(self, data: memoryview) -> int:
+        """Hand ``data`` to the protocol as if just read (the delay line's release);
+        the bytes it took, fewer if it paused reading part-way."""
+        done = 0
+        while done < len(data) and self._reading:
+            buf = memoryview(self._protocol.get_buffer(len(data) - done)).cast("B")
+            k = min(len(buf), len(data) - done)
+            if not k:
+                raise RuntimeError("get_buffer() returned an empty buffer")
+            buf[:k] = data[done : done + k]
+            done += k
+            self._protocol.buffer_updated(k)
+        return done
 
     def _eof(self) -> None:
         self.pause_reading()
@@ -321,6 +345,8 @@ class SocketTransport(asyncio.Transport):
     def _drop(self) -> None:
         """Stop all I/O now; queued bytes are discarded (their futures fail)."""
         self.pause_reading()
+        if self._line is not None:
+            self._line.close()
         if self._writing:
             self._loop.remove_writer(self._fd)
             self._writing = False

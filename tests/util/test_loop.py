@@ -67,6 +67,35 @@ def test_a_held_spin_selector_sleeps_at_once_until_every_hold_is_released(monkey
         b.close()
 
 
+def test_a_spinning_selector_never_sleeps_past_a_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """epoll sleeps whole milliseconds (rounded up): a wait ending within one is spun to the end,
+    and after spinning only what is left of a longer wait is slept, rounded down to whole
+    milliseconds, never the whole wait again (timers then fire to the microsecond: the delay
+    line of netcoll.transport.delayline needs that). With spinning off, epoll gets the wait."""
+    sleeps: list[float] = []
+    real = nloop._Base.select
+
+    def recording(self: selectors.BaseSelector, timeout: float | None = None) -> list[object]:
+        if timeout is None or timeout > 0:
+            sleeps.append(-1.0 if timeout is None else timeout)
+            return []
+        return real(self, 0)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(nloop._Base, "select", recording)
+    sel = nloop.SpinSelector(spin=300e-6)
+    try:
+        assert sel.select(0.0008) == [] and sleeps == []  # within a millisecond: spun through
+        assert sel.select(0.0012) == [] and sleeps == []  # 0.9 ms left after spinning: back to the loop
+        sel.select(0.0035)
+        assert len(sleeps) == 1 and sleeps[0] in (0.001, 0.002, 0.003)  # whole ms, less than the 3.2 left
+        sleeps.clear()
+        sel.spin = 0
+        sel.select(0.0012)
+        assert sleeps == [0.0012]
+    finally:
+        sel.close()
+
+
 def test_run_and_loop_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> str:
         return type(asyncio.get_running_loop()._selector).__name__  # type: ignore[attr-defined]
