@@ -100,7 +100,7 @@ def gate(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.shape == "netem" and not caps["netem"]:
         say("skipped: --shape netem asked for, but the kernel has no netem; exiting 0")
         return None
-    if args.shape == "tbf" and not caps["tbf"]:
-        say("skipped: --shape tbf asked for, but tbf does not work here; exiting 0")
+    if args.shape in ("tbf", "line") and not caps["tbf"]:
+        say(f"skipped: --shape {args.shape} asked for, but tbf does not work here; exiting 0")
         return None
     return caps

@@ -33,9 +33,10 @@ def _link_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=parse_rate, default=parse_rate("1gbit"), help="link rate, each way (default 1gbit)")
     p.add_argument(
         "--shape",
-        choices=("auto", "netem", "tbf", "none"),
+        choices=("auto", "netem", "line", "tbf", "none"),
         default="auto",
-        help="auto: netem (delay + rate) if the kernel has it, else tbf (rate only); none: plain veths",
+        help="auto: netem (delay + rate) if the kernel has it, else line; line: the rate by tbf and the delay by "
+        "netcoll's delay line in each rank daemon (NETCOLL_EMULATE_DELAY_US); tbf: rate only; none: plain veths",
     )
 
 

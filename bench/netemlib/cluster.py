@@ -144,7 +144,10 @@ def _start_ranks(run: Run) -> None:
             ns, sys.executable, "-m", "netcoll", "rank", "--coordinator", run.coord_addr, "--host", addr,
             "--port", "0", "--http-port", "off", "--rank-hint", str(i), "--log-level", "warning",
         )  # fmt: skip
-        run.procs.start(f"rank{i}", argv, run.env(NETCOLL_TOKEN=run.token), os.path.join(run.tmp, f"rank{i}.log"))
+        env = run.env(NETCOLL_TOKEN=run.token)
+        if run.line_delay:  # tbf+line: each daemon delays what it receives (netcoll/transport/delayline.py)
+            env["NETCOLL_EMULATE_DELAY_US"] = str(round(run.line_delay * 1e6))
+        run.procs.start(f"rank{i}", argv, env, os.path.join(run.tmp, f"rank{i}.log"))
 
 
 def _wait_for_members(run: Run, coord: subprocess.Popen[bytes]) -> list[dict[str, Any]]:

@@ -127,6 +127,13 @@ def shape(run: Run) -> None:
     run.result["qdisc_rank0"] = shown
     if run.shaping == "netem":
         say(f"netem on every rank link: one-way delay {a.delay * 1e6:.0f} µs, {a.rate / 1e9:g} Gbit/s each way")
+    elif run.shaping == "tbf+line":
+        say(
+            f"netem is NOT available here ({run.caps.get('netem_error', 'unknown qdisc')}): the rate by tbf at "
+            f"{a.rate / 1e9:g} Gbit/s each way, the one-way delay of {a.delay * 1e6:.0f} µs by netcoll's own "
+            "delay line in each rank daemon (NETCOLL_EMULATE_DELAY_US)"
+        )
+        run.result["notes"].append("netem missing: rate by tbf, delay by netcoll's delay line in each rank daemon")
     else:
         say(
             f"netem is NOT available here ({run.caps.get('netem_error', 'unknown qdisc')}): "

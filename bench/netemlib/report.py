@@ -96,6 +96,8 @@ def _suptitle(result: dict[str, Any]) -> str:
     link = (
         f"netem {result['delay_applied_s'] * 1e6:.0f} µs + {rate / 1e9:g} Gbit/s"
         if shaping == "netem"
+        else f"tbf {rate / 1e9:g} Gbit/s + {result['delay_applied_s'] * 1e6:.0f} µs by netcoll's delay line"
+        if shaping == "tbf+line"
         else f"tbf {rate / 1e9:g} Gbit/s, delay not emulated"
         if shaping == "tbf"
         else "unshaped veths"

@@ -45,10 +45,10 @@ class Run:
         self.coord_addr = f"{self.coord_ip}:{COORD_PORT}"
         self.sw, self.cns = f"{self.prefix}-sw", f"{self.prefix}-c"
         self.rns = [f"{self.prefix}-r{i}" for i in range(args.ranks)]
-        self.shaping = "netem" if caps["netem"] and args.shape in ("auto", "netem") else "tbf"
-        if args.shape == "none":
-            self.shaping = "none"
-        self.delay_applied = args.delay if self.shaping == "netem" else 0.0
+        self.shaping = shaping(args, caps)
+        #: the one-way delay netcoll's own delay line adds in each rank daemon (tbf+line), else 0
+        self.line_delay = args.delay if self.shaping == "tbf+line" else 0.0
+        self.delay_applied = args.delay if self.shaping in ("netem", "tbf+line") else 0.0
         self.result = self._initial_result()
 
     def _initial_result(self) -> dict[str, Any]:
@@ -96,6 +96,20 @@ class Run:
         if ns not in self.host.created:
             raise RuntimeError(f"refusing to run in namespace {ns!r}: not created by this run")
         return [self.caps["ip"], "netns", "exec", ns, *argv]
+
+
+def shaping(args: argparse.Namespace, caps: dict[str, Any]) -> str:
+    """How the links are shaped: ``netem`` (delay and rate in the kernel); ``tbf+line`` (the
+    rate by tbf, the delay by netcoll's delay line, NETCOLL_EMULATE_DELAY_US in each rank
+    daemon: ``--shape line``, and ``auto`` on a kernel without netem); ``tbf`` (rate only);
+    ``none``."""
+    if args.shape == "none":
+        return "none"
+    if caps["netem"] and args.shape in ("auto", "netem"):
+        return "netem"
+    if args.shape in ("auto", "line") and args.delay > 0:
+        return "tbf+line"
+    return "tbf"
 
 
 @contextlib.contextmanager

@@ -93,21 +93,24 @@ def calibrate(run: Run) -> None:
 
 def calibrate_veth(run: Run) -> None:
     """The same two calibration calls through the rank daemons over the veths, before any
-    shaping: the per-message overhead of the path the sweep measures."""
+    shaping: the per-message overhead of the path the sweep measures. With ``tbf+line`` the
+    daemons' delay line is already on: its delay is taken off each step."""
     a, p = run.args, run.args.ranks
     rounds = cost_terms("all_reduce", "doubling", 4, p)[0] or 1
     iters = str(max(10, a.calib_iters // 2))
     small = remote_bench(run, "veth-small", ["-b", "4", "-e", "4", "-n", iters, "-w", "10", "--algorithm", "doubling"])
     big = remote_bench(run, "veth-big", ["-b", "4M", "-e", "4M", "-n", "5", "-w", "2", "--algorithm", "ring"])
-    o = small[0]["time_us"] * 1e-6 / rounds
+    d = run.line_delay
+    o = max(0.0, small[0]["time_us"] * 1e-6 / rounds - d)
     steps, link = cost_terms("all_reduce", "ring", 4 << 20, p)
-    beta0 = max(0.0, (big[0]["time_us"] * 1e-6 - steps * o) / link)
+    beta0 = max(0.0, (big[0]["time_us"] * 1e-6 - steps * (o + d)) / link)
     run.result["calibration_veth"] = {
         "where": "rank daemons over the unshaped veths (jobs: time = mean over calls of the slowest rank)",
         "small": {"algorithm": "doubling", "size": 4, "time_us": small[0]["time_us"], "rounds": rounds},
         "big": {"algorithm": "ring", "size": 4 << 20, "time_us": big[0]["time_us"]},
         "overhead_per_message_s": o,
         "beta0_s_per_byte": beta0,
+        "line_delay_s": d,
     }
     say(
         f"unshaped veth calibration (daemons): 4 B doubling {small[0]['time_us']:.0f} µs -> o = {o * 1e6:.0f} µs; "

@@ -94,11 +94,13 @@ def test_model_crossovers() -> None:
                 assert mc.seconds("all_reduce", a, s) == pytest.approx(m.seconds("all_reduce", a, s), rel=0.05)
 
 
-@pytest.mark.parametrize("kind", ["netem", "tbf"])
+@pytest.mark.parametrize("kind", ["netem", "line", "tbf"])
 def test_shaping_commands(kind: str, tmp_path: Path) -> None:
     """The qdiscs each rank link gets (the netem path cannot run on a kernel without netem, so
-    its commands are checked here): delay and rate on the rank side, the rate on the switch side."""
-    args = netem.build_parser().parse_args(["--ranks", "2", "--delay", "200us", "--rate", "1gbit"])
+    its commands are checked here): delay and rate on the rank side, the rate on the switch side;
+    without netem the rate by tbf, and the delay by the daemons' delay line unless --shape tbf."""
+    shape = ["--shape", "tbf"] if kind == "tbf" else []
+    args = netem.build_parser().parse_args(["--ranks", "2", "--delay", "200us", "--rate", "1gbit", *shape])
     caps = {"ip": "ip", "tc": "tc", "netem": kind == "netem", "tbf": True, "netem_error": "unknown qdisc"}
     run = Run(args, caps)
     try:
@@ -123,7 +125,13 @@ def test_shaping_commands(kind: str, tmp_path: Path) -> None:
     else:
         assert rank_side[4:9] == ("dev", "eth0", "root", "tbf", "rate") and "1000000000bit" in rank_side
         assert switch_side[4:9] == ("dev", "p0", "root", "tbf", "rate")
-        assert run.delay_applied == 0 and run.result["notes"]
+        assert run.result["notes"]
+    if kind == "line":
+        assert run.shaping == "tbf+line" and run.delay_applied == run.line_delay == pytest.approx(200e-6)
+    elif kind == "tbf":
+        assert run.shaping == "tbf" and run.delay_applied == 0 and run.line_delay == 0
+    else:
+        assert run.line_delay == 0
 
 
 # -- the machine does not allow it: a message and exit 0 ------------------------------------------
@@ -209,9 +217,11 @@ def test_tiny_run_writes_results_and_leaves_nothing(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(out.read_text())
-    assert doc["ranks"] == 2 and doc["shaping"] in ("netem", "tbf")
-    if doc["shaping"] == "tbf":  # the kernel has no netem: rate only, and it says so
-        assert doc["delay_applied_s"] == 0 and "could NOT be emulated" in res.stdout
+    assert doc["ranks"] == 2 and doc["shaping"] in ("netem", "tbf+line")
+    assert doc["delay_applied_s"] == pytest.approx(200e-6)
+    if doc["shaping"] == "tbf+line":  # the kernel has no netem: the daemons delay what they receive, and it says so
+        assert "delay line in each rank daemon" in res.stdout
+        assert doc["calibration_veth"]["line_delay_s"] == pytest.approx(200e-6)
     assert [(s["op"], s["algorithm"]) for s in doc["sweeps"]] == [
         ("all_reduce", "doubling"),
         ("all_reduce", "ring"),
