@@ -88,6 +88,12 @@ def _output_args(p: argparse.ArgumentParser) -> None:
         "--plot", default=None, metavar="PNG", help="plot (default: the JSON path with .png; needs matplotlib)"
     )
     p.add_argument("--no-plot", action="store_true", help="no plot")
+    p.add_argument(
+        "--cost-model",
+        action="store_true",
+        help="the rank daemons run with NETCOLL_COST_MODEL=1: auto chooses by the cost model, calibrated when "
+        "the group forms and refined from traffic, instead of the fixed table",
+    )
     p.add_argument("--insecure", action="store_true", help="also pass NETCOLL_INSECURE=1 (tokens are generated anyway)")
     p.add_argument(
         "--netcoll-path",

@@ -64,6 +64,7 @@ class Run:
             "ranks": args.ranks,
             "netcoll_path": args.netcoll_path,
             "netcoll_commit": cluster.netcoll_commit(args.netcoll_path),
+            "auto_by": "cost model (NETCOLL_COST_MODEL=1)" if args.cost_model else "fixed table",
             "sweeps": [],
             "notes": [],
         }
