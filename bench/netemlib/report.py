@@ -21,17 +21,61 @@ def _by_op(result: dict[str, Any]) -> dict[str, Sweeps]:
     return by_op
 
 
+def ran(row: dict[str, Any]) -> str:
+    """What ``auto`` ran in a row, over its repeats (``ring``, ``ring/1 MiB``, ``tree|ring``)."""
+    names = [str(n).removeprefix("auto:") for n in row.get("ran") or [] if str(n).startswith("auto:")]
+    return "|".join(dict.fromkeys(names)) or "?"
+
+
+def auto_against_best(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per collective and size: ``auto``'s time, what it ran, the fastest fixed algorithm and
+    auto's time over it (issue 12, goal 3: within 10 %)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for op, sweeps in _by_op(result).items():
+        auto = next((s for s in sweeps if s["algorithm"] == "auto"), None)
+        fixed = [s for s in sweeps if s["algorithm"] != "auto"]
+        if auto is None or not fixed:
+            continue
+        for row in auto["rows"]:
+            times = [(r["time_us"], s["algorithm"]) for s in fixed for r in s["rows"] if r["size"] == row["size"]]
+            if not times or not row.get("time_us"):
+                continue
+            best_us, best = min(times)
+            cell = {"size": row["size"], "auto_us": row["time_us"], "ran": ran(row), "best": best}
+            out.setdefault(op, []).append({**cell, "best_us": best_us, "ratio": row["time_us"] / best_us})
+    return out
+
+
+def _auto_lines(result: dict[str, Any], op: str) -> list[str]:
+    cells = auto_against_best(result).get(op, [])
+    if not cells:
+        return []
+    within = sum(c["ratio"] <= 1.10 for c in cells)
+    worst = max(cells, key=lambda c: c["ratio"])
+    return [
+        f"  auto ({result.get('auto_by', 'fixed table')}) within 10 % of the best fixed algorithm at "
+        f"{within} of {len(cells)} sizes; worst {worst['ratio']:.2f}x at {fmt_size(worst['size'])} "
+        f"({worst['ran']} against {worst['best']})"
+    ]
+
+
 def _op_table(result: dict[str, Any], op: str, sweeps: Sweeps) -> list[str]:
     algs = [s["algorithm"] for s in sweeps]
     sizes = sorted({r["size"] for s in sweeps for r in s["rows"]})
-    lines = [f"\n{op}, {result['ranks']} ranks: measured / predicted (per call)"]
+    lines = [f"\n{op}, {result['ranks']} ranks: measured / predicted (per call); auto: measured (what it ran)"]
     lines.append(f"{'size':>9} | " + " | ".join(f"{a:^23}" for a in algs))
     for size in sizes:
         cells = []
         for s in sweeps:
             r = next((r for r in s["rows"] if r["size"] == size), None)
-            cells.append(f"{fmt_us(r['time_us']):>10} / {fmt_us(r.get('predicted_us')):<10}" if r else f"{'':23}")
+            if r is None:
+                cells.append(f"{'':23}")
+            elif s["algorithm"] == "auto":
+                cells.append(f"{fmt_us(r['time_us']):>10} {ran(r)[:12]:<12}")
+            else:
+                cells.append(f"{fmt_us(r['time_us']):>10} / {fmt_us(r.get('predicted_us')):<10}")
         lines.append(f"{fmt_size(size):>9} | " + " | ".join(cells))
+    lines += _auto_lines(result, op)
     cx = result.get("crossovers", {}).get(op, {})
     for kind in ("measured_crossovers", "predicted_crossovers", "predicted_crossovers_cpu_model"):
         items = cx.get(kind) or []
@@ -148,6 +192,7 @@ def replot(args: argparse.Namespace) -> int:
 def write(result: dict[str, Any], args: argparse.Namespace) -> None:
     """The JSON (``--json``), the table, and the plot unless ``--no-plot`` or nothing was measured."""
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    result["auto_against_best"] = auto_against_best(result)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from bench.netemlib.common import OutOfTime, say, tail
+from bench.netemlib.common import OutOfTime, fmt_size, say, tail
 from bench.netemlib.model import cost_terms
 
 if TYPE_CHECKING:
@@ -123,8 +123,17 @@ def _new_sweep(op: str, algorithm: str, rows: list[dict[str, Any]]) -> dict[str,
     for r in rows:
         row = {k: r.get(k) for k in _ROW_KEYS}
         row["times_us"] = [r["time_us"]]
+        row["ran"] = [_ran(r)]
         mine["rows"].append(row)
     return mine
+
+
+def _ran(row: dict[str, Any]) -> str:
+    """The algorithm a bench row ran (``auto:ring`` names what auto chose), and for auto
+    the segment size it chose (``auto:ring/4M``)."""
+    name = str(row.get("algorithm") or "?")
+    seg = row.get("segment_bytes")
+    return f"{name}/{fmt_size(seg)}" if name.startswith("auto:") and isinstance(seg, int) and seg > 0 else name
 
 
 def _add_repeat(mine: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -135,6 +144,7 @@ def _add_repeat(mine: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         if r is None:
             continue
         row["times_us"].append(r["time_us"])
+        row.setdefault("ran", []).append(_ran(r))
         row["wrong"] = (row["wrong"] or 0) + (r.get("wrong") or 0)
         row["time_us"] = statistics.median(row["times_us"])
 

@@ -39,6 +39,34 @@ def _job_fields(cfg: SweepConfig, g: Geometry) -> dict[str, Any]:
     }
 
 
+def _chosen(rec: dict[str, Any], op: str) -> dict[str, Any] | None:
+    """What ``auto`` ran for ``op`` in a job (the lowest rank's last choice in the
+    record's ``model``, as the local runner takes it from the communicator), or None."""
+    model = rec.get("model")
+    if not isinstance(model, dict):
+        return None
+    for _, stats in sorted(model.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 1 << 30):
+        chosen = stats.get("choices", {}).get(op) if isinstance(stats, dict) else None
+        if isinstance(chosen, dict) and isinstance(chosen.get("algorithm"), str):
+            return chosen
+    return None
+
+
+def _algorithm_fields(cfg: SweepConfig, g: Geometry, rec: dict[str, Any]) -> dict[str, Any]:
+    """``algorithm`` (``auto:ring`` for what auto ran), and for auto the segment size and
+    predicted time the record names, as in the local runner's rows."""
+    algo = cfg.algorithm_for(g.op)
+    chosen = _chosen(rec, g.op) if algo == "auto" else None
+    if chosen is None:
+        return {"algorithm": algo}
+    seg, predicted = chosen.get("segment_bytes"), chosen.get("predicted_s")
+    return {
+        "algorithm": f"auto:{chosen['algorithm']}",
+        "segment_bytes": seg if isinstance(seg, int) else 0,
+        "predicted_us": float(predicted) * 1e6 if isinstance(predicted, (int, float)) else None,
+    }
+
+
 def _row(cfg: SweepConfig, g: Geometry, rec: dict[str, Any], requested: int) -> dict[str, Any]:
     """The table row of one finished job (time: the mean of the slowest rank per iteration)."""
     seconds = rec["time_s"] or 0.0
@@ -54,7 +82,7 @@ def _row(cfg: SweepConfig, g: Geometry, rec: dict[str, Any], requested: int) -> 
         requested=requested,
         iters=cfg.iters,
         warmup=cfg.warmup,
-        algorithm=cfg.algorithm_for(g.op),
+        **_algorithm_fields(cfg, g, rec),
         job=rec["id"],
         rank_time_us=[per_rank[r] * 1e6 for r in sorted(per_rank)],
     )

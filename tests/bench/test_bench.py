@@ -547,3 +547,32 @@ async def test_compare_interleaves_rounds_and_keeps_each_cells_median_run(monkey
         "; at 4 ranks, every value is the median run of 3 interleaved runs"
     )
     assert machine.rounds_clause({"rounds": {"4": 1}}) == machine.rounds_clause({}) == ""
+
+
+@pytest.mark.tcp
+async def test_coordinator_rows_name_what_auto_ran() -> None:
+    """Rows of a sweep run as jobs say what ``auto`` chose (``auto:doubling``, with its segment
+    size), as the local runner's do; a forced algorithm is named as given."""
+    from netcoll.bench.remote import run_remote
+    from tests.support.services import service
+
+    cfg = SweepConfig(ops=["all_reduce"], minbytes=4, maxbytes=4, iters=2, warmup=1)
+    forced = SweepConfig(ops=["all_reduce"], minbytes=4, maxbytes=4, iters=2, warmup=1, algorithm="ring")
+    async with service(2) as (cluster, _client):
+        auto = await asyncio.wait_for(run_remote(cfg, cluster.coord.address, token=cluster.token), 60)
+        ring = await asyncio.wait_for(run_remote(forced, cluster.coord.address, token=cluster.token), 60)
+    (row,) = auto["rows"]
+    assert row["algorithm"] == "auto:doubling" and row["segment_bytes"] > 0 and row["wrong"] == 0
+    assert ring["rows"][0]["algorithm"] == "ring"
+
+
+def test_a_record_without_usable_model_stats_names_plain_auto() -> None:
+    from netcoll.bench.remote import _algorithm_fields
+
+    cfg = SweepConfig(ops=["all_reduce"])
+    g = geometry("all_reduce", 1024, "float32", 2)
+    for model in (None, "junk", {"0": None}, {"0": {"choices": {"all_reduce": {"algorithm": 7}}}}, {"x": {}}):
+        assert _algorithm_fields(cfg, g, {"model": model}) == {"algorithm": "auto"}
+    chosen = {"algorithm": "tree", "segment_bytes": 65536, "predicted_s": 2e-3}
+    fields = _algorithm_fields(cfg, g, {"model": {"1": {"choices": {"all_reduce": chosen}}}})
+    assert fields == {"algorithm": "auto:tree", "segment_bytes": 65536, "predicted_us": 2000.0}

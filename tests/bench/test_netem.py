@@ -242,3 +242,31 @@ def test_tiny_run_writes_results_and_leaves_nothing(tmp_path: Path) -> None:
     for pid in doc["pids"]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_auto_against_the_best_fixed_algorithm() -> None:
+    """The report compares auto with the fastest fixed algorithm at each size, and names what
+    auto ran over the repeats."""
+    from bench.netemlib import report
+
+    def sweep(alg: str, times: list[float], ran: list[list[str]] | None = None) -> dict[str, object]:
+        rows: list[dict[str, object]] = [{"size": s, "time_us": t} for s, t in zip((4, 1024), times, strict=True)]
+        for row, names in zip(rows, ran or [[alg]] * 2, strict=True):
+            row["ran"] = names
+        return {"op": "all_reduce", "algorithm": alg, "rows": rows}
+
+    result = {
+        "ranks": 4,
+        "auto_by": "fixed table",
+        "sweeps": [
+            sweep("ring", [300.0, 100.0]),
+            sweep("tree", [100.0, 200.0]),
+            sweep("auto", [105.0, 150.0], [["auto:tree/64 KiB"], ["auto:tree", "auto:ring", "auto:tree"]]),
+        ],
+    }
+    cells = report.auto_against_best(result)["all_reduce"]
+    want = [(4, "tree", "tree/64 KiB"), (1024, "ring", "tree|ring")]
+    assert [(c["size"], c["best"], c["ran"]) for c in cells] == want
+    assert [round(c["ratio"], 2) for c in cells] == [1.05, 1.5]
+    text = report.text_table(result)
+    assert "at 1 of 2 sizes; worst 1.50x at 1 KiB (tree|ring against ring)" in text
