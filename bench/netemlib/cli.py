@@ -89,6 +89,11 @@ def _output_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-plot", action="store_true", help="no plot")
     p.add_argument(
+        "--congestion",
+        default=None,
+        help="TCP congestion control in the rank namespaces (e.g. cubic; default: the kernel's, recorded)",
+    )
+    p.add_argument(
         "--cost-model",
         action="store_true",
         help="the rank daemons run with NETCOLL_COST_MODEL=1: auto chooses by the cost model, calibrated when "

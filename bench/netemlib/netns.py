@@ -56,6 +56,12 @@ class Host:
             return self.run([self.ip, "netns", "exec", name, self.tc, *argv[1:]], check=check)
         return self.run([self.ip, "-n", name, *argv], check=check)
 
+    def exec(self, name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        """``ip netns exec NAME ...`` in one of OUR namespaces."""
+        if name not in self.created:
+            raise RuntimeError(f"refusing to act in namespace {name!r}: not created by this run")
+        return self.run([self.ip, "netns", "exec", name, *argv])
+
     def delete_all(self) -> list[str]:
         """Delete the namespaces this run created (and with them their veths and bridge);
         return the problems."""
@@ -98,6 +104,20 @@ def build(run: Run) -> None:
         h.ns(ns, "link", "set", "eth0", "up")
         h.ns(run.sw, "link", "set", port, "master", "br0")
         h.ns(run.sw, "link", "set", port, "up")
+    congestion(run)
+
+
+def congestion(run: Run) -> None:
+    """TCP's congestion control in the rank namespaces: ``--congestion`` if given (a per-namespace
+    sysctl, so the machine's own setting is untouched), recorded either way: bbr (this kernel's
+    default) and cubic treat the bursts of an exchange differently (docs/emulated-network.md)."""
+    h, key = run.host, "net.ipv4.tcp_congestion_control"
+    for ns in run.rns:
+        if run.args.congestion:
+            h.exec(ns, "sysctl", "-q", "-w", f"{key}={run.args.congestion}")
+    used = {h.exec(ns, "sysctl", "-n", key).stdout.strip() for ns in run.rns}
+    run.result["tcp_congestion_control"] = ",".join(sorted(used))
+    say(f"TCP congestion control in the rank namespaces: {run.result['tcp_congestion_control']}")
 
 
 def _qdiscs(run: Run) -> tuple[tuple[str, ...], tuple[str, ...]]:
