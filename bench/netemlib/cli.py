@@ -91,7 +91,8 @@ def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--congestion",
         default=None,
-        help="TCP congestion control in the rank namespaces (e.g. cubic; default: the kernel's, recorded)",
+        help="TCP congestion control of every TCP socket the processes open (e.g. cubic; set per socket "
+        "through a sitecustomize; default: the namespaces' own, recorded with what ss shows after the sweeps)",
     )
     p.add_argument(
         "--cost-model",

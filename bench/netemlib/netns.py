@@ -108,16 +108,25 @@ def build(run: Run) -> None:
 
 
 def congestion(run: Run) -> None:
-    """TCP's congestion control in the rank namespaces: ``--congestion`` if given (a per-namespace
-    sysctl, so the machine's own setting is untouched), recorded either way: bbr (this kernel's
-    default) and cubic treat the bursts of an exchange differently (docs/emulated-network.md)."""
-    h, key = run.host, "net.ipv4.tcp_congestion_control"
-    for ns in run.rns:
-        if run.args.congestion:
-            h.exec(ns, "sysctl", "-q", "-w", f"{key}={run.args.congestion}")
-    used = {h.exec(ns, "sysctl", "-n", key).stdout.strip() for ns in run.rns}
-    run.result["tcp_congestion_control"] = ",".join(sorted(used))
-    say(f"TCP congestion control in the rank namespaces: {run.result['tcp_congestion_control']}")
+    """The rank namespaces' default TCP congestion control, recorded (and what ``--congestion``
+    sets on the processes' sockets instead, :func:`bench.netemlib.run.congestion_site`): bbr (this
+    kernel's default) and cubic treat the bursts of an exchange differently
+    (docs/emulated-network.md)."""
+    used = {run.host.exec(ns, "sysctl", "-n", "net.ipv4.tcp_congestion_control").stdout.strip() for ns in run.rns}
+    run.result["tcp_congestion_default"] = ",".join(sorted(used))
+    chosen = run.args.congestion
+    say(
+        f"TCP congestion control: {run.result['tcp_congestion_default']} by default in the rank namespaces"
+        + (f"; the processes' sockets set {chosen} (TCP_CONGESTION)" if chosen else "")
+    )
+
+
+def congestion_seen(run: Run) -> None:
+    """The congestion control ``ss`` shows on rank 0's TCP connections, after the sweeps."""
+    text = run.host.exec(run.rns[0], "ss", "-tin").stdout
+    seen = sorted(set(re.findall(r"\b(bbr|cubic|reno)\b", text)))
+    run.result["tcp_congestion_seen"] = seen
+    say(f"rank 0's connections use: {', '.join(seen) or '?'} (ss -tin)")
 
 
 def _qdiscs(run: Run) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -166,6 +175,7 @@ def shape(run: Run) -> None:
 
 def link_stats(run: Run) -> None:
     """Bytes each rank's shaped uplink carried: proof that the traffic crossed the emulated links."""
+    congestion_seen(run)
     if run.shaping == "none":
         return
     sent = []

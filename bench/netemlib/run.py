@@ -38,6 +38,7 @@ class Run:
         self.host = Host(caps["ip"], caps["tc"], self.prefix)
         self.procs = Procs()
         self.tmp = tempfile.mkdtemp(prefix="netcoll-netem-")
+        self.site = congestion_site(self.tmp, args.congestion)
         self.token, self.client_token = secrets.token_hex(24), secrets.token_hex(24)
         net = args.subnet
         self.coord_ip = f"{net}.1"
@@ -87,6 +88,9 @@ class Run:
         # (netcoll.links.shm), which namespaces do not separate, and nothing would cross the veths
         env["NETCOLL_TRANSPORT"] = "tcp"
         path = self.args.netcoll_path
+        if self.site:  # --congestion: every TCP socket of the processes sets it
+            path += os.pathsep + self.site
+            env["NETEM_TCP_CONGESTION"] = self.args.congestion
         env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if self.args.insecure:
             env["NETCOLL_INSECURE"] = "1"
@@ -97,6 +101,39 @@ class Run:
         if ns not in self.host.created:
             raise RuntimeError(f"refusing to run in namespace {ns!r}: not created by this run")
         return [self.caps["ip"], "netns", "exec", ns, *argv]
+
+
+_SITE = '''\
+"""bench/netem.py --congestion: TCP sockets of this process use $NETEM_TCP_CONGESTION."""
+import os
+import socket
+
+_cc = os.environ.get("NETEM_TCP_CONGESTION", "").encode()
+_init = socket.socket.__init__
+
+
+def _with_congestion(self, family=-1, type=-1, proto=-1, fileno=None):
+    _init(self, family, type, proto, fileno)
+    if _cc and fileno is None and self.type == socket.SOCK_STREAM and self.family in (socket.AF_INET, socket.AF_INET6):
+        self.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, _cc)  # accepted sockets inherit it
+
+
+socket.socket.__init__ = _with_congestion
+'''
+
+
+def congestion_site(tmp: str, name: str | None) -> str | None:
+    """With ``--congestion NAME``: a directory whose ``sitecustomize`` makes every TCP socket
+    of the processes use NAME (``setsockopt(TCP_CONGESTION)``; a namespace's own sysctl may
+    refuse a change, as on this machine). An unknown or disallowed name fails the first
+    socket, hence the run, with the kernel's error. None without it."""
+    if not name:
+        return None
+    site = os.path.join(tmp, "site")
+    os.makedirs(site)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(_SITE)
+    return site
 
 
 def shaping(args: argparse.Namespace, caps: dict[str, Any]) -> str:
