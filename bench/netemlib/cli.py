@@ -32,6 +32,12 @@ def _link_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--rate", type=parse_rate, default=parse_rate("1gbit"), help="link rate, each way (default 1gbit)")
     p.add_argument(
+        "--queue",
+        type=parse_delay,
+        default=parse_delay("100ms"),
+        help="the most a link's queue holds, as time at its rate (tbf latency, netem limit; default 100ms)",
+    )
+    p.add_argument(
         "--shape",
         choices=("auto", "netem", "line", "tbf", "none"),
         default="auto",
@@ -143,6 +149,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit("netem: --ranks must be >= 2")
     if args.repeats < 1 or args.iters < 1:
         raise SystemExit("netem: --repeats and -n must be >= 1")
+    if args.queue <= 0:
+        raise SystemExit("netem: --queue must be more than 0 (e.g. 5ms)")
     if args.ranks > 200:
         raise SystemExit("netem: --ranks must be <= 200 (one /24)")
     if args.overhead == "veth" and args.skip_veth_calibration:

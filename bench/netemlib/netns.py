@@ -133,11 +133,11 @@ def _qdiscs(run: Run) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The qdisc of a rank's uplink (rank side) and of its downlink (switch side)."""
     a = run.args
     if run.shaping == "netem":
-        limit = str(max(1000, int(a.rate / 8 * 0.1 / 1500)))  # 100 ms of the rate, in packets
+        limit = str(max(1000, int(a.rate / 8 * a.queue / 1500)))  # --queue of the rate, in packets
         rank_side = ("netem", "delay", tc_time(a.delay), "rate", tc_rate(a.rate), "limit", limit)
         return rank_side, ("netem", "rate", tc_rate(a.rate), "limit", limit)
     burst = max(32 * 1024, int(a.rate / 8 * 1e-3))  # 1 ms of the rate, at least 32 KiB (a GSO super-packet)
-    tbf = ("tbf", "rate", tc_rate(a.rate), "burst", str(burst), "latency", "100ms")
+    tbf = ("tbf", "rate", tc_rate(a.rate), "burst", str(burst), "latency", tc_time(a.queue))
     return tbf, tbf
 
 
