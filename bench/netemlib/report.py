@@ -22,9 +22,11 @@ def _by_op(result: dict[str, Any]) -> dict[str, Sweeps]:
 
 
 def ran(row: dict[str, Any]) -> str:
-    """What ``auto`` ran in a row, over its repeats (``ring``, ``ring/1 MiB``, ``tree|ring``)."""
-    names = [str(n).removeprefix("auto:") for n in row.get("ran") or [] if str(n).startswith("auto:")]
-    return "|".join(dict.fromkeys(names)) or "?"
+    """What ``auto`` ran in a row, over its repeats (``ring``, ``ring/1 MiB`` with a segment size
+    other than the default, ``tree|ring`` when repeats differed)."""
+    ran = [str(n) for n in row.get("ran") or []]
+    names = [n.removeprefix("auto:").removesuffix("/4 MiB") for n in ran if n.startswith("auto:")]
+    return "|".join(dict.fromkeys(names)) or "?"  # (4 MiB: the default segment size, not shown)
 
 
 def auto_against_best(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
