@@ -56,11 +56,8 @@ COST_MODEL_ENV = "NETCOLL_COST_MODEL"
 
 
 def cost_model_enabled(env: Mapping[str, str] | None = None, *, default: bool = False) -> bool:
-    """Whether groups calibrate when they form (``NETCOLL_COST_MODEL=1``; unset or
-    empty: ``default``). Off by default: measured on the 2-core reference machine,
-    the model's choices match the fixed table's, but its agreements act as barriers
-    that the table does not need (docs/performance.md, "Cost model"), so the table
-    decides until the model does better."""
+    """Whether groups calibrate when they form (``NETCOLL_COST_MODEL=1``; ``0`` never;
+    unset or empty: ``default``, see :func:`model_by_default`)."""
     raw = (os.environ if env is None else env).get(COST_MODEL_ENV, "").strip().lower()
     return default if not raw else raw in ("1", "on", "true", "yes")
 
@@ -74,10 +71,24 @@ async def form_group(comm: Communicator) -> None:
     await calibrate_if_enabled(comm)
 
 
+def model_by_default(comm: Communicator) -> bool:
+    """Whether ``auto`` chooses by the cost model when ``NETCOLL_COST_MODEL`` is unset:
+    when the group spans more than one host (by the hosts agreed when it formed). The
+    fixed table's thresholds were measured with every rank on one host, where the model
+    chooses as well as the table but its agreements act as barriers the table does not
+    need (docs/performance.md, "Cost model"). Between hosts the table's loopback
+    thresholds do not hold: on an emulated 200 µs, 1 Gbit/s network the table's choices
+    were 2.4-2.8x the best at 256 KiB-4 MiB, the model's within 1.13x
+    (docs/emulated-network.md)."""
+    hosts = comm._engine.hosts
+    return hosts is not None and hosts > 1
+
+
 async def calibrate_if_enabled(comm: Communicator) -> None:
     """A new group's calibration when :func:`cost_model_enabled` (what ``connect()``
-    and the rank daemons do). A failure is logged and leaves the fixed table."""
-    if cost_model_enabled():
+    and the rank daemons do, after the group agreed on its links and hosts). A failure
+    is logged and leaves the fixed table."""
+    if cost_model_enabled(default=model_by_default(comm)):
         with contextlib.suppress(CollectiveError):
             await comm.calibrate()
 
@@ -194,10 +205,14 @@ class Communicator:
 
     def _log_links(self, work: Work) -> None:
         if not work.cancelled() and work.exception() is None:
-            kinds, crowd = work.result() or "of an unknown kind", self._engine.ranks_per_core
+            e = self._engine
+            kinds, crowd = work.result() or "of an unknown kind", e.ranks_per_core
             per_core = "unknown" if crowd is None else f"{crowd:.3g}"
+            hosts = "unknown hosts" if e.hosts is None else f"{e.hosts} host" + ("s" if e.hosts > 1 else "")
+            model = cost_model_enabled(default=model_by_default(self))
+            chooser = "the cost model chooses" if model else "auto's table chooses"
             log.info(
-                "group %s: links %s, %s ranks per core; auto's table chooses for them", self.group, kinds, per_core
+                "group %s: links %s, %s ranks per core, %s; %s for them", self.group, kinds, per_core, hosts, chooser
             )
 
     medium = property(lambda self: self._engine.medium, doc="the group's agreed links (agree_links)")
@@ -221,10 +236,11 @@ class Communicator:
     def model_stats(self) -> dict[str, Any]:
         """The cost model's parameters (None before calibration), per collective the
         last choice (algorithm, segment size) with its predicted and measured seconds,
-        and what the table chooses for: the group's agreed links (``links``, :attr:`medium`)
-        and the most rank processes per core on its hosts (``ranks_per_core``)."""
+        and what the table chooses for: the group's agreed links (``links``, :attr:`medium`),
+        the most rank processes per core on its hosts (``ranks_per_core``) and how many
+        hosts it spans (``hosts``; the model chooses by default over more than one)."""
         e = self._engine
-        return {**e.tuner.stats(), "links": e.medium, "ranks_per_core": e.ranks_per_core}
+        return {**e.tuner.stats(), "links": e.medium, "ranks_per_core": e.ranks_per_core, "hosts": e.hosts}
 
     # -- collectives ----------------------------------------------------------------
     def all_reduce(

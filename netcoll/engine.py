@@ -116,6 +116,7 @@ class Engine:
         # Communicator.agree_links), for the table
         self.medium = algorithms.media.medium(transport.layout, self.members)
         self.ranks_per_core = algorithms.media.ranks_per_core(transport.layout, self.members)
+        self.hosts = algorithms.media.hosts(transport.layout, self.members)
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
         self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines

@@ -22,8 +22,11 @@ world, a split, a torch sub-group — computes without talking its *medium*
   in tests, or a kind the table has no column for, such as the in-process hub),
   and the table's link-blind thresholds apply;
 
-and its :func:`ranks_per_core`: the most rank processes per core on any of its
-members' hosts (every world rank on a host counts: they share its cores).
+its :func:`ranks_per_core`: the most rank processes per core on any of its
+members' hosts (every world rank on a host counts: they share its cores); and
+how many :func:`hosts` it spans. The table's thresholds were measured with
+every rank on one host; a group over several hosts has the cost model choose
+by default instead (:func:`netcoll.comm.calibrate_if_enabled`).
 
 Nothing here sends; :func:`host_fields` reads the kernel's boot id.
 """
@@ -141,4 +144,26 @@ def ranks_per_core(layout: Layout | None, members: Sequence[int]) -> float | Non
     return worst
 
 
-__all__ = ["CODES", "HOST_FIELDS", "SHM", "SOCKET", "Layout", "codes", "host_fields", "medium", "ranks_per_core", "row"]
+def hosts(layout: Layout | None, members: Sequence[int]) -> int | None:
+    """How many hosts the group of world ranks ``members`` spans by the agreed
+    ``layout``; None when unknown (no layout, a member it does not cover, or a
+    member whose host key is unknown)."""
+    if layout is None or not members or any(not 0 <= m < layout.hosts.size for m in members):
+        return None
+    keys = {int(layout.hosts[m]) for m in members}
+    return None if 0 in keys else len(keys)
+
+
+__all__ = [
+    "CODES",
+    "HOST_FIELDS",
+    "SHM",
+    "SOCKET",
+    "Layout",
+    "codes",
+    "host_fields",
+    "hosts",
+    "medium",
+    "ranks_per_core",
+    "row",
+]

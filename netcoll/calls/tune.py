@@ -53,8 +53,8 @@ def agree_links(e: Engine) -> Call:
     """Every rank's row — its link kinds (:func:`~netcoll.algorithms.media.row`)
     and host (:func:`~netcoll.algorithms.media.host_fields`) — exchanged so that
     every rank holds the same :class:`~netcoll.algorithms.media.Layout`; the
-    result sets the transport's ``layout`` and this group's medium and ranks
-    per core, and is the medium. The world group only (the Communicator checks);
+    result sets the transport's ``layout`` and this group's medium, ranks per
+    core and hosts, and is the medium. The world group only (the Communicator checks);
     numbered apart (group ``<group>/links``)."""
     kinds = media.row({peer: stats.kind for peer, stats in e.transport.link_stats().items()}, e.transport.size)
     mine = np.concatenate([kinds.astype(np.float64), media.host_fields()])
@@ -67,6 +67,7 @@ def agree_links(e: Engine) -> Call:
         e.transport.layout = layout
         e.medium = media.medium(layout, e.members)
         e.ranks_per_core = media.ranks_per_core(layout, e.members)
+        e.hosts = media.hosts(layout, e.members)
         return e.medium
 
     return Call("agree_links", "agree_links(links=1)", body, post, group=f"{e.group}/links", seq=0, members=e.members)

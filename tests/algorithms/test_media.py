@@ -142,3 +142,15 @@ def test_every_medium_picks_a_known_algorithm() -> None:
             for nbytes in (0, 1 << 10, 1 << 20, 1 << 26, 1 << 30):
                 for size in (1, 2, 4, 8, 64):
                     assert choose(coll, nbytes, size, medium) in ALGORITHMS[coll]
+
+
+def test_hosts_a_group_spans() -> None:
+    layout = media.Layout(
+        kinds=np.zeros((4, 4), np.uint8), hosts=np.array([7, 7, 9, 0], np.int64), cores=np.array([2, 2, 2, 2])
+    )
+    assert media.hosts(layout, [0, 1]) == 1
+    assert media.hosts(layout, [0, 1, 2]) == 2
+    assert media.hosts(layout, [0, 3]) is None  # a member whose host is unknown
+    assert media.hosts(layout, [0, 4]) is None  # a member the layout does not cover
+    assert media.hosts(layout, []) is None
+    assert media.hosts(None, [0, 1]) is None

@@ -49,6 +49,7 @@ async def test_connect_agrees_on_links_and_auto_chooses_by_them(
             assert {c.model_stats["links"] for c in comms} == {medium}
             cores = len(os.sched_getaffinity(0))  # one host: every rank counts
             assert {c.model_stats["ranks_per_core"] for c in comms} == {N / cores}
+            assert {c.model_stats["hosts"] for c in comms} == {1}  # one host: the table chooses
 
             subs = await asyncio.gather(*(c.split(0 if c.rank else None) for c in comms))
             assert subs[0] is None and [s.medium for s in subs[1:]] == [medium, medium]
@@ -59,7 +60,7 @@ async def test_connect_agrees_on_links_and_auto_chooses_by_them(
             await asyncio.gather(*(s.close() for s in [*subs[1:], *built] if s is not None))
     said = [r.getMessage() for r in caplog.records if "auto's table chooses for them" in r.getMessage()]
     per_core = f"{N / len(os.sched_getaffinity(0)):.3g} ranks per core"
-    assert len(said) == N and all(f"links {medium}, {per_core};" in m for m in said)
+    assert len(said) == N and all(f"links {medium}, {per_core}, 1 host;" in m for m in said)
 
 
 async def test_a_transport_without_agreement_keeps_the_link_blind_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,3 +84,40 @@ async def test_a_crowded_host_runs_small_all_reduce_as_the_tree(monkeypatch: pyt
         res = await asyncio.gather(*(c.all_reduce(x) for c in comms))
         assert all(np.all(r == N) for r in res)
         assert {c.model_stats["choices"]["all_reduce"]["algorithm"] for c in comms} == {"tree"}
+
+
+@pytest.mark.parametrize(("setting", "calibrated"), [("", True), ("0", False), ("1", True)])
+async def test_a_group_over_several_hosts_has_the_model_choose_by_default(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: str, calibrated: bool
+) -> None:
+    """The table's thresholds were measured on one host: a group whose ranks are on several
+    (each rank here reports a host key of its own) calibrates the cost model when it forms
+    unless NETCOLL_COST_MODEL=0, and says who chooses."""
+    from netcoll.algorithms import media
+
+    real = media.host_fields
+    keys = iter(range(1, 100))
+
+    def own_host() -> np.ndarray:
+        fields = real()
+        fields[1] = float(next(keys))  # the key's low half: a different host per rank
+        return fields
+
+    monkeypatch.setattr(media, "host_fields", own_host)
+    monkeypatch.setenv("NETCOLL_COST_MODEL", setting)
+    with caplog.at_level(logging.INFO, logger="netcoll.comm"):
+        async with group(monkeypatch, "tcp") as comms:
+            assert {c.model_stats["hosts"] for c in comms} == {N}
+            assert all((c.model_stats["model"] is not None) == calibrated for c in comms)
+            x = np.ones(1024, np.float32)
+            assert all(np.all(r == N) for r in await asyncio.gather(*(c.all_reduce(x) for c in comms)))
+    said = [r.getMessage() for r in caplog.records if f"{N} hosts;" in r.getMessage()]
+    chooser = "the cost model chooses for them" if calibrated else "auto's table chooses for them"
+    assert len(said) == N and all(chooser in m for m in said)
+
+
+async def test_one_host_keeps_the_table_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NETCOLL_COST_MODEL", raising=False)
+    async with group(monkeypatch, "tcp") as comms:
+        assert {c.model_stats["hosts"] for c in comms} == {1}
+        assert all(c.model_stats["model"] is None for c in comms)
