@@ -16,8 +16,9 @@ collective          algorithms                 call
 ==================  =========================  ==============================================
 ``all_reduce``      ring, tree, doubling,      ``fn(ch, buf, op) -> None``  (buf in place,
                     allpairs, halving          bit-identical on every rank)
-``broadcast``       tree, ring                 ``fn(ch, buf_or_None, root, meta=None)
-                                               -> (buf, meta)``
+``broadcast``       tree, ring, sized          ``fn(ch, buf_or_None, root, meta=None)
+                                               -> (buf, meta)`` (sized: also
+                                               ``chain=``, the root's choice)
 ``reduce``          tree, ring                 ``fn(ch, buf, op, root) -> None``  (result in
                                                the root's buf; others' buf clobbered)
 ``all_gather``      ring, doubling             ``fn(ch, buf) -> None``  (P equal blocks, own
@@ -48,7 +49,22 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from ..errors import ConfigError
-from . import allpairs, cost, direct, doubling, halving, linear, media, pairwise, probe, ring, table, tree, tuning
+from . import (
+    allpairs,
+    cost,
+    direct,
+    doubling,
+    halving,
+    linear,
+    media,
+    pairwise,
+    probe,
+    ring,
+    sized,
+    table,
+    tree,
+    tuning,
+)
 from ._common import DEFAULT_SEGMENT_BYTES
 
 __all__ = [
@@ -69,6 +85,7 @@ __all__ = [
     "media",
     "pairwise",
     "ring",
+    "sized",
     "table",
     "tree",
 ]
@@ -81,7 +98,7 @@ ALGORITHMS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
         "allpairs": allpairs.all_reduce,
         "halving": halving.all_reduce,
     },
-    "broadcast": {"tree": tree.broadcast, "ring": ring.broadcast},
+    "broadcast": {"tree": tree.broadcast, "ring": ring.broadcast, "sized": sized.broadcast},
     "reduce": {"tree": tree.reduce, "ring": ring.reduce},
     "all_gather": {"ring": ring.all_gather, "doubling": doubling.all_gather},
     "reduce_scatter": {"ring": ring.reduce_scatter, "halving": halving.reduce_scatter},
@@ -142,9 +159,26 @@ def decide(
     one of :data:`cost.SEGMENTS`. ``medium``, ``ranks_per_core``: the group's
     agreed links and crowding, for the table (:func:`choose`). Every rank
     passing the same arguments gets the same answer."""
+    if collective == "broadcast" and params is not None and world_size >= 3:
+        return "sized", None, None  # the root weighs the tree and the chain (broadcast_chain)
     if params is None or collective in SIZE_UNKNOWN or world_size < 2:
         return choose(collective, nbytes, world_size, medium, ranks_per_core), None, None
     return _decided(collective, nbytes, world_size, params, segment)
+
+
+def broadcast_chain(
+    nbytes: int, world_size: int, params: cost.Params | None, segment: int, medium: str | None = None
+) -> bool:
+    """For the root of a ``sized`` broadcast of ``nbytes`` (:mod:`.sized`): run the chain
+    rather than the tree? By the cost model's prediction when the group's parameters are
+    known, else by the table (:func:`.table.broadcast_chain`). Only the root asks, so only
+    it needs to know the size."""
+    if world_size < 3:
+        return False
+    if params is not None:
+        chain_s = cost.predict("broadcast", "ring", nbytes, world_size, params, segment)
+        return chain_s < cost.predict("broadcast", "tree", nbytes, world_size, params, segment)
+    return table.broadcast_chain(nbytes, world_size, medium)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -70,6 +70,13 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
     return algorithm, seg
 
 
+def root_chooses_chain(e: Engine, nbytes: int) -> bool:
+    """A ``sized`` broadcast's root: the chain for ``nbytes`` (the cost model's verdict with
+    the group's agreed parameters for this call, else the table's)?"""
+    params = e.tuner.params_at(e.seq if e.plan_seq is None else e.plan_seq)
+    return algorithms.broadcast_chain(nbytes, e.world_size, params, e.segment_bytes, e.medium)
+
+
 def pick_v(name: str, algorithm: str, only: str) -> str:
     """The algorithm of an uneven ("v") collective: there is one, ``only``."""
     if algorithm not in ("auto", only):

@@ -7,6 +7,7 @@ dtype (broadcast into ``None``, uneven lists) it travels with the data.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from ._common import (
     pick,
     pick_v,
     result,
+    root_chooses_chain,
     unaliased,
 )
 
@@ -47,6 +49,9 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False)
     if e.world_size == 1:
         return Done(arr)
     fn = algorithms.ALGORITHMS["broadcast"][algo]
+    if algo == "sized":  # the root chooses the tree or the chain by the size, the others follow
+        chain = e.rank == root and arr is not None and root_chooses_chain(e, arr.nbytes)
+        fn = functools.partial(fn, chain=chain)
 
     def post(got_: tuple[Any, dict[str, Any]]) -> Any:  # an array, or a tensor when a tensor was sent
         if e.rank == root:

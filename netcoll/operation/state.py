@@ -202,6 +202,17 @@ class Operation:
         fut.set_result((payload, header))
         return fut
 
+    def withdraw(self, key: SlotKey) -> None:
+        """Forget the receive posted for ``key``, whose message will not come (an algorithm
+        posted receives from two possible senders and heard from the other): its future is
+        cancelled, so closing the operation does not count it as missed. Nothing when it is
+        not posted (delivered already, or the operation ended)."""
+        slot = self.posted.pop(key, None)
+        if self.folds is not None:
+            self.folds.pop(key, None)
+        if slot is not None:
+            slot[0].cancel()
+
     def fold_for(self, key: SlotKey) -> Fold | None:
         """The fold posted with the receive ``key`` (taken: a link applies it at most once)."""
         return None if self.folds is None else self.folds.pop(key, None)

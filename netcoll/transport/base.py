@@ -293,6 +293,11 @@ class Channel:
         fut = self._mailbox.take(self.op, (self.members[peer], step, chunk), view, fold)
         return fut if self._trace is None else self._traced(fut, peer, step, chunk)
 
+    def unpost(self, peer: int, *, step: int, chunk: int = 0) -> None:
+        """Withdraw a receive :meth:`post` ed from group rank ``peer`` whose message will not
+        come (see :meth:`Operation.withdraw`); a message that came meanwhile is left as arrived."""
+        self.op.withdraw((self.members[peer], step, chunk))
+
     def lend_from(self, step: int) -> None:
         """This rank's sends of ``step`` and later may be lent: read by a peer on this host in
         place, each returning only once it has been read (any send's buffer stays the

@@ -154,3 +154,20 @@ def test_hosts_a_group_spans() -> None:
     assert media.hosts(layout, [0, 4]) is None  # a member the layout does not cover
     assert media.hosts(layout, []) is None
     assert media.hosts(None, [0, 1]) is None
+
+
+def test_broadcast_by_medium_and_the_roots_verdict() -> None:
+    """Only the root knows a broadcast's size: ``auto`` runs ``sized`` (the root chooses) where
+    the chain can win, the tree where it cannot (sockets on one host; fewer than 4 ranks)."""
+    from netcoll.algorithms import broadcast_chain, cost
+
+    big = table.BROADCAST_CHAIN_MIN_BYTES
+    assert choose("broadcast", 0, 4) == choose("broadcast", 0, 4, "shm") == "sized"
+    assert choose("broadcast", 0, 4, "socket") == choose("broadcast", 0, 3, "shm") == "tree"
+    assert table.broadcast_chain(big, 4, "shm") and not table.broadcast_chain(big - 1, 4, "shm")
+    assert not table.broadcast_chain(1 << 30, 4, "socket") and not table.broadcast_chain(big, 3, "shm")
+    assert broadcast_chain(big, 4, None, 4 << 20, "shm") and not broadcast_chain(big, 2, None, 4 << 20, "shm")
+    # with the model: its prediction (a slow link: the chain from a few MiB; no link cost: the tree)
+    slow = cost.Params(alpha=4e-4, overhead=1e-5, beta=8e-9, gamma=1e-10, solo=8e-9)
+    assert broadcast_chain(16 << 20, 4, slow, 4 << 20, "socket")
+    assert not broadcast_chain(4 << 10, 4, slow, 4 << 20, "socket")

@@ -1,0 +1,103 @@
+"""Broadcast by size, chosen by the root alone: the pipelined binomial tree or the
+pipelined chain, for a message whose size only the root may know.
+
+``"auto"`` must choose a collective's algorithm alike on every rank, from what every
+rank knows. A broadcast's non-roots may pass ``None`` and learn the size from the
+data, so they cannot choose by it: before this, ``auto`` always ran the tree, and on a
+1 Gbit/s link the chain was 1.5-2x faster from 64 KiB (docs/emulated-network.md). Here
+the root chooses (``chain``: the plan's verdict for this size, its links and the cost
+model) and says so by where it sends: the tree's segments go out at step 0, the
+chain's at step 1. A non-root posts a receive for segment 0 from both the parent it
+has in the tree and the one it has in the chain (two steps apart, so the two never
+match each other's message, even when they are the same rank), takes whichever
+comes, withdraws the other (:meth:`Channel.unpost`), and runs the rest of that
+algorithm (:func:`._common.relay`): it forwards to its children of the same shape,
+so every rank follows the root's choice and no rank ever hears from both parents.
+With one or two ranks the two shapes are the same, and this is the tree.
+
+Cost: the tree's or the chain's (:mod:`.tree`, :mod:`.ring`), whichever the root
+ran; every non-root posts one receive more and withdraws it (a few µs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._common import DEFAULT_SEGMENT_BYTES, as_u8, check_root, num_segments, relay, split
+from .tree import binomial_tree
+
+if TYPE_CHECKING:
+    from ..transport.base import Channel
+
+__all__ = ["broadcast"]
+
+TREE_STEP = 0
+CHAIN_STEP = 1
+
+
+def _shapes(ch: Channel, root: int) -> tuple[tuple[int | None, list[int]], tuple[int | None, list[int]]]:
+    """This rank's (parent, children) as group ranks in the tree and in the chain."""
+    P, v = ch.size, (ch.rank - root) % ch.size
+    parent, children = binomial_tree(P, v)
+    tree = (None if parent is None else (parent + root) % P), [(c + root) % P for c in children]
+    chain = (None if v == 0 else (ch.rank - 1) % P), ([(ch.rank + 1) % P] if v < P - 1 else [])
+    return tree, chain
+
+
+async def broadcast(
+    ch: Channel,
+    buf: np.ndarray | None,
+    root: int,
+    meta: dict[str, Any] | None = None,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    chain: bool = False,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Broadcast the root's ``buf`` by the tree or the chain, as the root chooses.
+
+    Args:
+        buf, root, meta: as for :func:`netcoll.algorithms.tree.broadcast` (a
+            non-root passes ``None`` or a buffer of exactly the root's size).
+        chain: read by the root only: run the chain (else the tree).
+
+    Returns:
+        ``(buf, meta)`` on every rank.
+    """
+    check_root(ch, root)
+    tree, chained = _shapes(ch, root)
+    if ch.size <= 2:
+        return await relay(ch, tree[0], tree[1], buf, meta, step=TREE_STEP, segment_bytes=segment_bytes)
+    if ch.rank == root:
+        step, (_, dsts) = (CHAIN_STEP, chained) if chain else (TREE_STEP, tree)
+        return await relay(ch, None, dsts, buf, meta, step=step, segment_bytes=segment_bytes)
+    (tree_parent, tree_children), (chain_parent, chain_children) = tree, chained
+    assert tree_parent is not None and chain_parent is not None
+    out = None if buf is None else _segment0(buf, segment_bytes)
+    by_tree = ch.post(tree_parent, step=TREE_STEP, out=out)
+    by_chain = ch.post(chain_parent, step=CHAIN_STEP, out=out)
+    try:
+        await asyncio.wait((by_tree, by_chain), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # (cancelled, or failed: the operation fails every posted receive anyway)
+        for fut, peer, step in ((by_tree, tree_parent, TREE_STEP), (by_chain, chain_parent, CHAIN_STEP)):
+            if not fut.done():
+                ch.unpost(peer, step=step)
+    won, src, step, dsts = (
+        (by_tree, tree_parent, TREE_STEP, tree_children)
+        if by_tree.done() and not by_tree.cancelled()
+        else (by_chain, chain_parent, CHAIN_STEP, chain_children)
+    )
+    payload, header = won.result()
+    return await relay(
+        ch, src, dsts, buf, None, step=step, segment_bytes=segment_bytes, first=(payload, header.get("m"))
+    )
+
+
+def _segment0(buf: np.ndarray, segment_bytes: int) -> np.ndarray:
+    """The bytes of ``buf`` segment 0 lands in, if the root's size is ``buf``'s (else the
+    receive's size check makes it a MismatchError)."""
+    data = as_u8(buf)
+    a, b = split(data.nbytes, num_segments(data.nbytes, segment_bytes))[0]
+    return data[a:b]
