@@ -136,8 +136,9 @@ def choose(
     return table.pick(collective, nbytes, world_size, medium, ranks_per_core) or next(iter(ALGORITHMS[collective]))
 
 
-#: collectives whose size only the root knows: the Communicator passes 0, so the model
-#: cannot weigh their algorithms (the table's choice, at the default segment size)
+#: collectives whose size only the root knows: the Communicator passes 0, so the ranks
+#: cannot weigh their algorithms together (the table's choice, at the default segment size;
+#: a broadcast's root chooses alone in ``sized``: :func:`broadcast_chain`)
 SIZE_UNKNOWN: Final = ("broadcast", "scatter")
 
 

@@ -10,18 +10,18 @@ model) and says so by where it sends: the tree's segments go out at step 0, the
 chain's at step 1. A non-root posts a receive for segment 0 from both the parent it
 has in the tree and the one it has in the chain (two steps apart, so the two never
 match each other's message, even when they are the same rank), takes whichever
-comes, withdraws the other (:meth:`Channel.unpost`), and runs the rest of that
+comes (one receive posted under both: :meth:`Channel.post_either`, as cheap as one),
+withdraws the other (:meth:`Channel.unpost`), and runs the rest of that
 algorithm (:func:`._common.relay`): it forwards to its children of the same shape,
 so every rank follows the root's choice and no rank ever hears from both parents.
 With one or two ranks the two shapes are the same, and this is the tree.
 
 Cost: the tree's or the chain's (:mod:`.tree`, :mod:`.ring`), whichever the root
-ran; every non-root posts one receive more and withdraws it (a few µs).
+ran; every non-root posts its first receive under two keys and withdraws one.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,20 +76,16 @@ async def broadcast(
     (tree_parent, tree_children), (chain_parent, chain_children) = tree, chained
     assert tree_parent is not None and chain_parent is not None
     out = None if buf is None else _segment0(buf, segment_bytes)
-    by_tree = ch.post(tree_parent, step=TREE_STEP, out=out)
-    by_chain = ch.post(chain_parent, step=CHAIN_STEP, out=out)
+    got = ch.post_either(((tree_parent, TREE_STEP), (chain_parent, CHAIN_STEP)), out=out)
     try:
-        await asyncio.wait((by_tree, by_chain), return_when=asyncio.FIRST_COMPLETED)
-    finally:  # (cancelled, or failed: the operation fails every posted receive anyway)
-        for fut, peer, step in ((by_tree, tree_parent, TREE_STEP), (by_chain, chain_parent, CHAIN_STEP)):
-            if not fut.done():
-                ch.unpost(peer, step=step)
-    won, src, step, dsts = (
-        (by_tree, tree_parent, TREE_STEP, tree_children)
-        if by_tree.done() and not by_tree.cancelled()
-        else (by_chain, chain_parent, CHAIN_STEP, chain_children)
-    )
-    payload, header = won.result()
+        payload, header = await got
+    finally:  # the shape that did not send (or both, if this failed or was cancelled)
+        ch.unpost(tree_parent, step=TREE_STEP)
+        ch.unpost(chain_parent, step=CHAIN_STEP)
+    if header["s"] == CHAIN_STEP:
+        src, step, dsts = chain_parent, CHAIN_STEP, chain_children
+    else:
+        src, step, dsts = tree_parent, TREE_STEP, tree_children
     return await relay(
         ch, src, dsts, buf, None, step=step, segment_bytes=segment_bytes, first=(payload, header.get("m"))
     )

@@ -202,6 +202,23 @@ class Operation:
         fut.set_result((payload, header))
         return fut
 
+    def take_either(self, keys: tuple[SlotKey, ...], out: memoryview | None) -> asyncio.Future[Any]:
+        """One future of ``(payload, header)`` for whichever of ``keys`` arrives first (its
+        header's step and sender tell which): posted under every key, so the first message
+        completes it at no more cost than one receive. The others are then the caller's to
+        :meth:`withdraw`; if another came too, it is ignored."""
+        for key in keys:
+            if key in self.arrived:
+                return self.take(key, out)
+        fut = self.take(keys[0], out)
+        if not fut.done():
+            for key in keys[1:]:
+                self.posted[key] = (fut, out)
+                if self.rts:
+                    for callback in self.rts.pop(key, ()):
+                        callback(True)
+        return fut
+
     def withdraw(self, key: SlotKey) -> None:
         """Forget the receive posted for ``key``, whose message will not come (an algorithm
         posted receives from two possible senders and heard from the other): its future is
@@ -210,8 +227,8 @@ class Operation:
         slot = self.posted.pop(key, None)
         if self.folds is not None:
             self.folds.pop(key, None)
-        if slot is not None:
-            slot[0].cancel()
+        if slot is not None and slot[0] not in (f for f, _ in self.posted.values()):
+            slot[0].cancel()  # (a future still posted under another key stays)
 
     def fold_for(self, key: SlotKey) -> Fold | None:
         """The fold posted with the receive ``key`` (taken: a link applies it at most once)."""

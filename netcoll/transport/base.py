@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -292,6 +293,16 @@ class Channel:
             self.transport.hold_spin(self.op, self.members[peer])
         fut = self._mailbox.take(self.op, (self.members[peer], step, chunk), view, fold)
         return fut if self._trace is None else self._traced(fut, peer, step, chunk)
+
+    def post_either(
+        self, sources: Sequence[tuple[int, int]], *, chunk: int = 0, out: np.ndarray | memoryview | None = None
+    ) -> asyncio.Future[tuple[memoryview, dict[str, Any]]]:
+        """Post one receive for a message from whichever of ``sources`` (``(group rank,
+        step)`` pairs) sends first; its future is :meth:`post`'s (the header's ``s`` says
+        which step came). The caller :meth:`unpost` s the others once it has its message."""
+        keys = tuple((self.members[peer], step, chunk) for peer, step in sources)
+        fut = self._mailbox.take_either(self.op, keys, None if out is None else as_bytes(out))
+        return fut if self._trace is None else self._traced(fut, sources[0][0], sources[0][1], chunk)
 
     def unpost(self, peer: int, *, step: int, chunk: int = 0) -> None:
         """Withdraw a receive :meth:`post` ed from group rank ``peer`` whose message will not

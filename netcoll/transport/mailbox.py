@@ -166,6 +166,13 @@ class Mailbox:
             op.lost(key[0], str(self.dead[key[0]]), graceful=False)
         return op.take(key, out, fold)
 
+    def take_either(self, op: Operation, keys: tuple[SlotKey, ...], out: memoryview | None) -> asyncio.Future[Any]:
+        """Post one receive for whichever of ``keys`` comes first (:meth:`Operation.take_either`)."""
+        for key in keys:
+            if key[0] in self.dead and key not in op.arrived and op.state is State.RUNNING:
+                op.lost(key[0], str(self.dead[key[0]]), graceful=False)
+        return op.take_either(keys, out)
+
     # -- the transport side ------------------------------------------------------------
     def sink(self, src: int, header: dict[str, Any], nbytes: int) -> memoryview | None:
         """Where the payload of an incoming DATA frame should be written: a

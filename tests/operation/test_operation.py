@@ -192,3 +192,44 @@ async def test_wrong_size_into_a_posted_buffer_fails_that_receive() -> None:
     mb.deliver(1, hdr(), memoryview(bytearray(6)))
     with pytest.raises(MismatchError, match="6 bytes"):
         await asyncio.wait_for(fut, 5)
+
+
+async def test_a_receive_from_either_of_two_senders() -> None:
+    """take_either posts one future under both keys: the first message completes it (its
+    header says which came), the other key is withdrawn without cancelling it, and the
+    operation closes with nothing posted; a failure reaches it once; a message that had
+    already arrived is taken at once."""
+    a, b = (1, 0, 0), (2, 1, 0)
+    op = Operation("g", 0, "fp", (0, 1, 2), "broadcast")
+    op.start()
+    fut = op.take_either((a, b), None)
+    assert op.posted[a][0] is op.posted[b][0] is fut
+    op.deliver(2, hdr(s=1), memoryview(b"chain"), held=False)
+    payload, header = await fut
+    assert bytes(payload) == b"chain" and header["s"] == 1
+    op.withdraw(a)
+    op.withdraw(b)  # (delivered already: nothing)
+    assert op.posted == {} and not fut.cancelled()
+    op.close()
+    assert op.state is State.SUCCEEDED
+
+    pending = Operation("g", 1, "fp", (0, 1, 2), "broadcast")
+    pending.start()
+    fut = pending.take_either((a, b), None)
+    pending.withdraw(a)
+    assert not fut.cancelled() and b in pending.posted  # still posted under the other key
+    pending.withdraw(b)
+    assert fut.cancelled() and pending.posted == {}
+
+    failing = Operation("g", 2, "fp", (0, 1, 2), "broadcast")
+    failing.start()
+    fut = failing.take_either((a, b), None)
+    failing.fail(Failure(Reason.PEER_LOST, "gone", (1,)))
+    with pytest.raises(PeerLost):
+        await fut
+
+    early = Operation("g", 3, "fp", (0, 1, 2), "broadcast")
+    early.start()
+    early.deliver(1, hdr(q=3, s=0), memoryview(b"tree"), held=False)
+    fut = early.take_either((a, b), None)
+    assert fut.done() and bytes(fut.result()[0]) == b"tree" and early.posted == {}
