@@ -101,16 +101,18 @@ ALL_TO_ALL_LINEAR_MAX_BYTES: Final = 4 * 1024 * 1024
 #: threshold); 3 ranks level (16 MiB, three alternating pairs of ``netcoll bench``: 6142 /
 #: 6012); over TCP, 4 ranks, 4 MiB 3581 / 4337, 3287 / 3649, 16 MiB 13736 / 14585.
 ALL_TO_ALL_LINEAR_MAX_BYTES_4_SHM: Final = 32 * 1024 * 1024
-#: broadcast of at least this many bytes uses the pipelined chain (every rank
-#: sends N once) instead of the binomial tree (the root sends N*log2 P), when
-#: there are enough ranks for that to matter and the ranks are not linked by
-#: sockets. Only the root knows N, so ``auto`` runs ``sized`` (:mod:`.sized`),
-#: where the root chooses (:func:`broadcast_chain`) and the others follow. Over
-#: shared memory, 4 ranks, 16 MiB, the chain was 1.14x and 1.29x faster in two
-#: ``versus`` runs of 2026-11-27 and the tree 1.06-1.31x at 256 KiB-64 MiB in a
-#: third; over loopback TCP the tree was ahead or level at 4 B-64 MiB (4 MiB
-#: 3010 against 3864 µs, 64 MiB 46295 against 57440), so sockets keep the tree
-#: (between hosts the cost model decides: docs/emulated-network.md).
+#: the root of a ``sized`` broadcast (:mod:`.sized`: only the root knows N, so it
+#: chooses and the others follow) runs the pipelined chain (every rank sends N
+#: once) instead of the binomial tree (the root sends N*log2 P) from this many
+#: bytes and ranks, unless sockets link the group, when it has no cost model to
+#: ask (:func:`broadcast_chain`). ``auto`` itself keeps the tree on one host: over
+#: loopback TCP the tree was ahead or level at 4 B-64 MiB (4 MiB 3010 against
+#: 3864 µs, 64 MiB 46295 against 57440); over shared memory, 4 ranks, the chain
+#: was 1.14x and 1.29x faster at 16 MiB in two ``versus`` runs of 2026-11-27, the
+#: tree 1.06-1.31x at 256 KiB-64 MiB in a third, and at 64 MiB 17.0-20.5 against
+#: 19.9-22.2 ms (three alternating ``netcoll bench`` runs); and ``sized`` costs a
+#: non-root 5-12 µs a call. With the cost model (by default between hosts),
+#: ``auto`` is ``sized`` and the model decides (docs/emulated-network.md).
 BROADCAST_CHAIN_MIN_BYTES: Final = 16 * 1024 * 1024
 BROADCAST_CHAIN_MIN_RANKS: Final = 4
 
@@ -147,8 +149,8 @@ def pick(
     if collective == "reduce":
         least = REDUCE_RING_MIN_BYTES_SOCKET if medium == SOCKET else REDUCE_RING_MIN_BYTES
         return "ring" if world_size >= 3 and nbytes >= least else "tree"
-    if collective == "broadcast":  # (the size is the root's alone: it chooses, by broadcast_chain)
-        return "sized" if medium != SOCKET and world_size >= BROADCAST_CHAIN_MIN_RANKS else "tree"
+    if collective == "broadcast":
+        return "tree"
     return None
 
 

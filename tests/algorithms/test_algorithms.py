@@ -1011,7 +1011,7 @@ def test_choose() -> None:
     assert choose("all_reduce", 1 << 24, 8) == "ring"
     assert choose("all_reduce", (4 << 20) - 1, 4) == "tree" and choose("all_reduce", 4 << 20, 3) == "ring"
     assert choose("all_reduce", (8 << 20) - 1, 5) == "tree" and choose("all_reduce", 8 << 20, 8) == "ring"
-    assert choose("broadcast", 1024, 8) == "sized" and choose("broadcast", 1024, 3) == "tree"
+    assert choose("broadcast", 1024, 8) == "tree"
     assert choose("all_gather", (16 << 20) - 1, 4) == "doubling" and choose("all_gather", 16 << 20, 4) == "ring"
     assert choose("reduce", 1 << 24, 8) == "ring" and choose("reduce", 1 << 24, 2) == "tree"
     assert choose("reduce", (4 << 20) - 1, 4) == "tree" and choose("reduce", 4 << 20, 3) == "ring"

@@ -86,9 +86,9 @@ async def test_a_size_mismatch_fails_at_once(make_group: MakeGroup, chain: bool)
 
 
 async def test_the_plan_lets_the_root_choose(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Communicator.broadcast with ``auto`` over 4 ranks (medium unknown: the link-blind
-    table) runs ``sized``; the root's verdict is the table's (the chain from 16 MiB), and a
-    non-root passing None or a buffer gets the array either way."""
+    """Communicator.broadcast with ``algorithm="sized"`` over 4 ranks and no cost model: the
+    root's verdict is the table's (the chain from 16 MiB, lowered here), everyone follows, and
+    a non-root passing None or a buffer gets the array either way."""
     from netcoll.algorithms import table
     from tests.support import run_world
 
@@ -106,10 +106,38 @@ async def test_the_plan_lets_the_root_choose(monkeypatch: pytest.MonkeyPatch) ->
 
         async def one(c: Any, x: np.ndarray = x) -> tuple[np.ndarray, str]:
             buf = x if c.rank == 2 else (np.empty_like(x) if c.rank == 1 else None)
-            got = await c.broadcast(buf, root=2)
+            got = await c.broadcast(buf, root=2, algorithm="sized")
             return got, c.model_stats["choices"]["broadcast"]["algorithm"]
 
         for got, algo in await run_world(4, one):
             np.testing.assert_array_equal(got, x)
             assert algo == "sized"
         assert steps == dict.fromkeys(range(4), step)  # the root chose, and everyone followed
+
+
+async def test_with_the_model_auto_is_sized_and_the_root_asks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a group has the cost model's parameters, a broadcast's ``auto`` is ``sized``
+    and the root runs the shape the model predicts faster for the size."""
+    from netcoll.algorithms import cost, tuning
+    from tests.support import run_world
+
+    slow = cost.Params(alpha=4e-4, overhead=1e-5, beta=8e-9, gamma=1e-10, solo=8e-9)  # 1 Gbit/s, 400 µs
+    steps: dict[int, int] = {}
+    real = sized.relay
+
+    async def spy(ch: Channel, src: int | None, *args: Any, **kw: Any) -> Any:
+        steps[ch.rank] = kw["step"]
+        return await real(ch, src, *args, **kw)
+
+    monkeypatch.setattr(sized, "relay", spy)
+    monkeypatch.setattr(tuning.Tuner, "params_at", lambda self, seq: slow)  # the group's agreed parameters
+    for n, step in ((1 << 10, 0), (1 << 22, 1)):  # 8 KiB: the tree; 32 MiB: the chain
+        x = np.ones(n, dtype=np.float64)
+
+        async def one(c: Any, x: np.ndarray = x) -> str:
+            got = await c.broadcast(x if c.rank == 0 else None, root=0)
+            np.testing.assert_array_equal(got, x)
+            return str(c.model_stats["choices"]["broadcast"]["algorithm"])
+
+        assert await run_world(4, one) == ["sized"] * 4
+        assert steps == dict.fromkeys(range(4), step)
