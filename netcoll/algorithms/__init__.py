@@ -139,7 +139,7 @@ def choose(
 #: collectives whose size only the root knows: the Communicator passes 0, so the ranks
 #: cannot weigh their algorithms together (the table's choice, at the default segment size;
 #: a broadcast's root chooses alone in ``sized``: :func:`broadcast_chain`)
-SIZE_UNKNOWN: Final = ("broadcast", "scatter")
+SIZE_UNKNOWN: Final = cost.SIZE_UNKNOWN
 
 
 def decide(

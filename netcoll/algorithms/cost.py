@@ -43,6 +43,10 @@ Terms = tuple[float, float, float, float, float]
 #: a formula's own (steps, msgs, bytes, reduced); :func:`terms` files the bytes under solo for SOLO
 Counts = tuple[float, float, float, float]
 
+#: collectives whose size only the root knows (planned as 0 bytes on every rank): the
+#: model neither weighs their algorithms nor learns from their calls
+SIZE_UNKNOWN: Final = ("broadcast", "scatter")
+
 KiB: Final = 1024
 MiB: Final = 1024 * 1024
 #: segment sizes ``best`` tries: powers of four up to the default 4 MiB (larger

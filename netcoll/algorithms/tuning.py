@@ -32,7 +32,19 @@ from typing import Any, Final
 
 import numpy as np
 
-from .cost import BOUNDS, FORMULAS, PAIR_INDEX, PAIRS, Params, Terms, band, slot, split_cost, terms
+from .cost import (
+    BOUNDS,
+    FORMULAS,
+    PAIR_INDEX,
+    PAIRS,
+    SIZE_UNKNOWN,
+    Params,
+    Terms,
+    band,
+    slot,
+    split_cost,
+    terms,
+)
 
 #: one finished call: (collective, algorithm, terms, seconds)
 Sample = tuple[str, str, Terms, float]
@@ -305,10 +317,13 @@ class Tuner:
         calibrated) a sample for the next refinement and, from
         :data:`TRIAL_MIN_BYTES` on, its time for its size band's trials (not
         the first call of an algorithm in a band, which allocates and warms up,
-        nor a call that overlapped an agreement)."""
+        nor a call that overlapped an agreement). A call whose size the ranks do not
+        all know (a broadcast's or scatter's: planned as 0 bytes) or whose algorithm
+        has no formula (``sized``: the root's choice) gives no sample: its time would
+        be charged to the wrong terms."""
         name, algo, nbytes, seg, predicted = choice
         t = None
-        if self.active:
+        if self.active and name not in SIZE_UNKNOWN and algo in FORMULAS.get(name, {}):
             t = terms(name, algo, nbytes, world_size, seg)
             if nbytes >= TRIAL_MIN_BYTES and not self.overlapped(seconds):
                 key = slot(name, algo, nbytes)

@@ -26,7 +26,10 @@ NETWORK = cm.Params(alpha=230e-6, overhead=40e-6, beta=8.4e-9, gamma=0.1e-9)
 
 
 def test_every_algorithm_has_a_formula() -> None:
-    assert {c: set(t) for c, t in cm.FORMULAS.items()} == {c: set(t) for c, t in ALGORITHMS.items()}
+    """...but ``sized``, whose shape (the tree's or the chain's, each with one) the root
+    chooses at run time."""
+    fixed = {c: set(t) - ({"sized"} if c == "broadcast" else set()) for c, t in ALGORITHMS.items()}
+    assert {c: set(t) for c, t in cm.FORMULAS.items()} == fixed
     assert len(cm.PAIRS) == len(set(cm.PAIRS))
 
 

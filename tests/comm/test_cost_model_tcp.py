@@ -18,7 +18,7 @@ pytestmark = pytest.mark.tcp
 async def test_connect_calibrates_and_auto_uses_the_model(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("NETCOLL_COST_MODEL", "1")  # opt-in (off by default)
+    monkeypatch.setenv("NETCOLL_COST_MODEL", "1")  # on one host: opt-in (by default between hosts)
     n = 3
     async with connected_world(n) as comms:
         models = [c.model_stats["model"] for c in comms]
@@ -34,3 +34,20 @@ async def test_connect_calibrates_and_auto_uses_the_model(
         r.getMessage() for r in caplog.records if "all_reduce #" in r.getMessage() and " done in " in r.getMessage()
     ]
     assert lines and all(f"({rows[0]['algorithm']}, segment_bytes=" in m and "predicted" in m for m in lines)
+
+
+async def test_with_the_model_a_broadcast_is_sized_and_gives_no_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the model a broadcast's ``auto`` is ``sized`` (the root chooses by the model);
+    non-roots passing None get the array; and the call leaves no sample for the model to fit,
+    since its size is only the root's (planned as 0 bytes, its time would be charged to the
+    wrong terms)."""
+    monkeypatch.setenv("NETCOLL_COST_MODEL", "1")
+    n = 4
+    async with connected_world(n) as comms:
+        before = [len(c._engine.tuner.samples) for c in comms]
+        for size in (10, 1 << 20):
+            x = np.arange(size, dtype=np.float32)
+            got = await asyncio.gather(*(c.broadcast(x if c.rank == 1 else None, root=1) for c in comms))
+            assert all(np.array_equal(g, x) for g in got)
+        assert {c.model_stats["choices"]["broadcast"]["algorithm"] for c in comms} == {"sized"}
+        assert [len(c._engine.tuner.samples) for c in comms] == before
