@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from .. import logs
 from ..config import CoordinatorConfig, RankConfig
 from ..logs import ContextFilter
-from ..transport import delayline
 from .metrics import coordinator_metrics, rank_metrics
 
 if TYPE_CHECKING:
@@ -134,7 +133,6 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     from .http import HttpServer, coordinator_ready
 
     cfg.require_credentials("coordinator")  # secure by default (a ConfigError: exit 2)
-    delayline.configured()  # a bad NETCOLL_EMULATE_DELAY_US is a ConfigError too, before anything listens
     started = time.time()
     state = {"stopping": False, "signals": 0}
     tls, token, client = cfg.tls_config(), cfg.token, cfg.client_token

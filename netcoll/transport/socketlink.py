@@ -447,6 +447,7 @@ class Listener:
         self.resource_errors = 0
 
     def start(self, host: str, port: int, backlog: int = 128) -> tuple[str, int]:
+        delayline.configured()  # a bad NETCOLL_EMULATE_DELAY_US: a ConfigError here, not in an accept
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host, port), family=family, backlog=backlog, reuse_port=False)
         sock.setblocking(False)

@@ -200,3 +200,11 @@ async def test_tls_over_a_delayed_connection(tmp_path: object, monkeypatch: pyte
         outs = await asyncio.wait_for(asyncio.gather(rank(0), rank(1)), 60)
     for out in outs:
         np.testing.assert_array_equal(out, np.full(100_000, 3, np.float32))
+
+
+def test_a_bad_setting_fails_before_anything_listens(monkeypatch: pytest.MonkeyPatch) -> None:
+    from netcoll.transport import socketlink
+
+    monkeypatch.setenv(delayline.DELAY_ENV, "-5")
+    with pytest.raises(ConfigError, match=delayline.DELAY_ENV):
+        socketlink.Listener(lambda: Sink()).start("127.0.0.1", 0)
