@@ -17,20 +17,26 @@ from netcoll.transport.base import Channel
 from tests.support import MakeGroup
 
 
+def follow(monkeypatch: pytest.MonkeyPatch) -> dict[int, tuple[int | None, int]]:
+    """Record, per group rank, whom it received from and at which step (the shape it ran)."""
+    followed: dict[int, tuple[int | None, int]] = {}
+    real = sized.relay
+
+    async def spy(ch: Channel, src: int | None, *args: Any, **kw: Any) -> Any:
+        followed[ch.rank] = (src, kw["step"])
+        return await real(ch, src, *args, **kw)
+
+    monkeypatch.setattr(sized, "relay", spy)
+    return followed
+
+
 @pytest.mark.parametrize("chain", [False, True])
 @pytest.mark.parametrize(("P", "count", "segment_bytes"), [(3, 10, 1 << 20), (4, 1000, 256), (5, 37, 8), (8, 0, 64)])
 async def test_every_rank_gets_the_roots_bytes_by_the_roots_choice(
     make_group: MakeGroup, monkeypatch: pytest.MonkeyPatch, chain: bool, P: int, count: int, segment_bytes: int
 ) -> None:
     group = await make_group(P)
-    followed: dict[int, tuple[int | None, int]] = {}
-    real = sized.relay
-
-    async def spy(ch: Channel, src: int | None, dsts: list[int], *args: Any, **kw: Any) -> Any:
-        followed[ch.rank] = (src, kw["step"])
-        return await real(ch, src, dsts, *args, **kw)
-
-    monkeypatch.setattr(sized, "relay", spy)
+    followed = follow(monkeypatch)
     data = np.arange(count, dtype=np.float32) * 1.5
     for root in sorted({0, P - 1, P // 2}):
         followed.clear()
@@ -93,14 +99,7 @@ async def test_the_plan_lets_the_root_choose(monkeypatch: pytest.MonkeyPatch) ->
     from tests.support import run_world
 
     monkeypatch.setattr(table, "BROADCAST_CHAIN_MIN_BYTES", 4096)
-    steps: dict[int, int] = {}
-    real = sized.relay
-
-    async def spy(ch: Channel, src: int | None, *args: Any, **kw: Any) -> Any:
-        steps[ch.rank] = kw["step"]
-        return await real(ch, src, *args, **kw)
-
-    monkeypatch.setattr(sized, "relay", spy)
+    followed = follow(monkeypatch)
     for n, step in ((100, 0), (5000, 1)):  # below and above the (lowered) threshold: the tree, the chain
         x = np.arange(n, dtype=np.float64)
 
@@ -112,7 +111,7 @@ async def test_the_plan_lets_the_root_choose(monkeypatch: pytest.MonkeyPatch) ->
         for got, algo in await run_world(4, one):
             np.testing.assert_array_equal(got, x)
             assert algo == "sized"
-        assert steps == dict.fromkeys(range(4), step)  # the root chose, and everyone followed
+        assert {r: st for r, (_, st) in followed.items()} == dict.fromkeys(range(4), step)  # all follow the root
 
 
 async def test_with_the_model_auto_is_sized_and_the_root_asks_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,14 +121,7 @@ async def test_with_the_model_auto_is_sized_and_the_root_asks_it(monkeypatch: py
     from tests.support import run_world
 
     slow = cost.Params(alpha=4e-4, overhead=1e-5, beta=8e-9, gamma=1e-10, solo=8e-9)  # 1 Gbit/s, 400 µs
-    steps: dict[int, int] = {}
-    real = sized.relay
-
-    async def spy(ch: Channel, src: int | None, *args: Any, **kw: Any) -> Any:
-        steps[ch.rank] = kw["step"]
-        return await real(ch, src, *args, **kw)
-
-    monkeypatch.setattr(sized, "relay", spy)
+    followed = follow(monkeypatch)
     monkeypatch.setattr(tuning.Tuner, "params_at", lambda self, seq: slow)  # the group's agreed parameters
     for n, step in ((1 << 10, 0), (1 << 22, 1)):  # 8 KiB: the tree; 32 MiB: the chain
         x = np.ones(n, dtype=np.float64)
@@ -140,4 +132,4 @@ async def test_with_the_model_auto_is_sized_and_the_root_asks_it(monkeypatch: py
             return str(c.model_stats["choices"]["broadcast"]["algorithm"])
 
         assert await run_world(4, one) == ["sized"] * 4
-        assert steps == dict.fromkeys(range(4), step)
+        assert {r: st for r, (_, st) in followed.items()} == dict.fromkeys(range(4), step)
