@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 T = TypeVar("T")
 DEFAULT_SPIN = 300e-6  # seconds of polling before sleeping (measured: 100 µs-1 ms all help; 300 µs best)
-#: a timer due within this is waited for by spinning, not in epoll (which rounds up to whole
-#: milliseconds): timers fire to the microsecond (the delay line of netcoll.transport.delayline)
+#: with :attr:`SpinSelector.precise`, a timer due within this is waited for by spinning, not
+#: in epoll (which rounds up to whole milliseconds), so it fires to the microsecond
 TIMER_SPIN = 1e-3
 MAX_SPIN_US = 100_000  # NETCOLL_SPIN_US above this is refused (a typo, not a setting: 0.1 s per wake-up)
 LOOPS = ("spin", "asyncio", "uvloop")
@@ -69,6 +69,11 @@ class SpinSelector(_Base):
         self.spin = spin_seconds() if spin is None else spin
         self._pollers: tuple[Poller, ...] = ()
         self.holds = 0  # :meth:`hold` calls not yet released: no spinning while any
+        #: timers to the microsecond (the delay line of :mod:`netcoll.transport.delayline` asks):
+        #: a wait of at most :data:`TIMER_SPIN` is spun through, a longer one slept in whole
+        #: milliseconds rounded down and its rest spun. Off, an idle loop spins at most ``spin``
+        #: per wake-up, as measured best for collectives, and sleeps what is left in epoll.
+        self.precise = False
 
     def hold(self) -> None:
         """Do not spin (sleep in ``epoll`` at once) until :meth:`release`: a collective is
@@ -101,8 +106,9 @@ class SpinSelector(_Base):
             if ready or self.spin <= 0 or self.holds:
                 return ready or self._block(timeout)
             start = time.monotonic()
-            # a timer due within a millisecond is spun to: epoll sleeps whole milliseconds
-            spin = timeout if timeout is not None and timeout <= TIMER_SPIN else min(self.spin, timeout or self.spin)
+            spin = min(self.spin, timeout or self.spin)
+            if self.precise and timeout is not None and timeout <= TIMER_SPIN:
+                spin = timeout
             end = start + spin
             while time.monotonic() < end:
                 os.sched_yield()
@@ -113,9 +119,9 @@ class SpinSelector(_Base):
                     return ready
             if timeout is None:
                 return self._block(None)
-            # sleep what is left of the wait, in whole milliseconds (rounded down: the loop comes
-            # back with less than one left, and spins it), not the whole wait again
-            left = int((timeout - (time.monotonic() - start)) * 1000) / 1000
+            left = timeout - (time.monotonic() - start)  # what is left of the wait, not all of it again
+            if self.precise:  # whole milliseconds, rounded down: the loop comes back and spins the rest
+                left = int(left * 1000) / 1000
             return self._block(left) if left > 0 else []
         return super().select(timeout)
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Final, Protocol
 
 from ..errors import ConfigError
+from ..loop import spin_selector
 
 DELAY_ENV: Final = "NETCOLL_EMULATE_DELAY_US"
 MAX_DELAY_US: Final = 1_000_000
@@ -84,6 +85,9 @@ class DelayLine:
         self._active = False  # the transport wants bytes (between resume and pause)
         self._watching = False  # our reader is on the socket
         self._socket_done = False  # EOF read, or closed
+        selector = spin_selector(loop)
+        if selector is not None:  # release on time: epoll alone would round every wait up to 1 ms
+            selector.precise = True
         _announce(delay)
 
     # -- the transport's side -------------------------------------------------
