@@ -77,9 +77,9 @@ def model_by_default(comm: Communicator) -> bool:
     fixed table's thresholds were measured with every rank on one host, where the model
     chooses as well as the table but its agreements act as barriers the table does not
     need (docs/performance.md, "Cost model"). Between hosts the table's loopback
-    thresholds do not hold: on an emulated 200 µs, 1 Gbit/s network the table's choices
-    were 2.4-2.8x the best at 256 KiB-4 MiB, the model's within 1.13x
-    (docs/emulated-network.md)."""
+    thresholds do not hold: on an emulated 200 µs, 1 Gbit/s network the table's all_reduce
+    and all_gather were 1.65-2.8x the best at 256 KiB-4 MiB, and the model within 10 % of
+    the best in 9 of the 10 cells from 64 KiB (docs/emulated-network.md)."""
     hosts = comm._engine.hosts
     return hosts is not None and hosts > 1
 

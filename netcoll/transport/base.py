@@ -301,7 +301,11 @@ class Channel:
         step)`` pairs) sends first; its future is :meth:`post`'s (the header's ``s`` says
         which step came). The caller :meth:`unpost` s the others once it has its message."""
         keys = tuple((self.members[peer], step, chunk) for peer, step in sources)
-        fut = self._mailbox.take_either(self.op, keys, None if out is None else as_bytes(out))
+        view = None if out is None else as_bytes(out)
+        if view is not None and view.nbytes >= QUIET_MIN:
+            for world, _, _ in keys:
+                self.transport.hold_spin(self.op, world)
+        fut = self._mailbox.take_either(self.op, keys, view)
         return fut if self._trace is None else self._traced(fut, sources[0][0], sources[0][1], chunk)
 
     def unpost(self, peer: int, *, step: int, chunk: int = 0) -> None:
