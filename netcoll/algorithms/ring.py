@@ -77,7 +77,7 @@ from ._common import (
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["all_gather", "all_reduce", "broadcast", "reduce", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "broadcast", "chain_links", "reduce", "reduce_scatter"]
 
 
 def _segments(bounds: list[tuple[int, int]], itemsize: int, segment_bytes: int) -> list[list[tuple[int, int]]]:
@@ -397,8 +397,12 @@ async def broadcast(
         ``(buf, meta)`` on every rank.
     """
     check_root(ch, root)
+    src, dsts = chain_links(ch, root)
+    return await relay(ch, src, dsts, buf, meta, step=0, segment_bytes=segment_bytes)
+
+
+def chain_links(ch: Channel, root: int) -> tuple[int | None, list[int]]:
+    """Parent and children of this rank in the chain from ``root`` (group ranks)."""
     P, r = ch.size, ch.rank
     v = (r - root) % P
-    src = None if v == 0 else (r - 1) % P
-    dsts = [(r + 1) % P] if v < P - 1 else []
-    return await relay(ch, src, dsts, buf, meta, step=0, segment_bytes=segment_bytes)
+    return (None if v == 0 else (r - 1) % P), ([(r + 1) % P] if v < P - 1 else [])

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._common import DEFAULT_SEGMENT_BYTES, as_u8, check_root, num_segments, relay, split
-from .tree import binomial_tree
+from .ring import chain_links
+from .tree import links as tree_links
 
 if TYPE_CHECKING:
     from ..transport.base import Channel
@@ -36,15 +37,6 @@ __all__ = ["broadcast"]
 
 TREE_STEP = 0
 CHAIN_STEP = 1
-
-
-def _shapes(ch: Channel, root: int) -> tuple[tuple[int | None, list[int]], tuple[int | None, list[int]]]:
-    """This rank's (parent, children) as group ranks in the tree and in the chain."""
-    P, v = ch.size, (ch.rank - root) % ch.size
-    parent, children = binomial_tree(P, v)
-    tree = (None if parent is None else (parent + root) % P), [(c + root) % P for c in children]
-    chain = (None if v == 0 else (ch.rank - 1) % P), ([(ch.rank + 1) % P] if v < P - 1 else [])
-    return tree, chain
 
 
 async def broadcast(
@@ -67,7 +59,7 @@ async def broadcast(
         ``(buf, meta)`` on every rank.
     """
     check_root(ch, root)
-    tree, chained = _shapes(ch, root)
+    tree, chained = tree_links(ch, root), chain_links(ch, root)
     if ch.size <= 2:
         return await relay(ch, tree[0], tree[1], buf, meta, step=TREE_STEP, segment_bytes=segment_bytes)
     if ch.rank == root:

@@ -66,7 +66,7 @@ from ._common import (
 if TYPE_CHECKING:
     from ..transport.base import Channel
 
-__all__ = ["all_reduce", "binomial_tree", "broadcast", "reduce"]
+__all__ = ["all_reduce", "binomial_tree", "broadcast", "links", "reduce"]
 
 
 def binomial_tree(size: int, v: int) -> tuple[int | None, list[int]]:
@@ -87,7 +87,7 @@ def binomial_tree(size: int, v: int) -> tuple[int | None, list[int]]:
     return parent, children
 
 
-def _links(ch: Channel, root: int) -> tuple[int | None, list[int]]:
+def links(ch: Channel, root: int) -> tuple[int | None, list[int]]:
     """Parent and children of this rank as group ranks."""
     P = ch.size
     parent, children = binomial_tree(P, (ch.rank - root) % P)
@@ -117,7 +117,7 @@ async def broadcast(
         ``(buf, meta)``: the filled buffer and the root's meta, on every rank.
     """
     check_root(ch, root)
-    parent, children = _links(ch, root)
+    parent, children = links(ch, root)
     return await relay(ch, parent, children, buf, meta, step=0, segment_bytes=segment_bytes)
 
 
@@ -143,7 +143,7 @@ async def reduce(
         if src is None or ch.rank == root:
             raise ValueError("reduce: the root passes buf; the others buf, src or both")
         mine = flat(src, "src", writeable=False)
-        if not _links(ch, root)[1]:  # a leaf only sends its input up
+        if not links(ch, root)[1]:  # a leaf only sends its input up
             await _reduce(ch, mine, op, root, step=0, segment_bytes=segment_bytes)
             return
         buf = np.empty_like(mine)
@@ -177,7 +177,7 @@ async def all_reduce(
             data[...] = src
         return
     await _reduce(ch, data, op, 0, step=0, segment_bytes=segment_bytes, src=src)
-    parent, children = _links(ch, 0)
+    parent, children = links(ch, 0)
     await relay(ch, parent, children, data, None, step=1, segment_bytes=segment_bytes, what="all_reduce")
 
 
@@ -198,7 +198,7 @@ async def _reduce(
     if ch.size == 1:
         return
     own = data if src is None else src
-    parent, children = _links(ch, root)
+    parent, children = links(ch, root)
     kids = children[::-1]  # fold order: smallest subtree (earliest to arrive) first
     segs = split(data.size, num_segments(data.nbytes, segment_bytes))
     S, K = len(segs), len(kids)

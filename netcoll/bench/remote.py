@@ -40,12 +40,12 @@ def _job_fields(cfg: SweepConfig, g: Geometry) -> dict[str, Any]:
 
 
 def _chosen(rec: dict[str, Any], op: str) -> dict[str, Any] | None:
-    """What ``auto`` ran for ``op`` in a job (the lowest rank's last choice in the
-    record's ``model``, as the local runner takes it from the communicator), or None."""
+    """What ``auto`` ran for ``op`` in a job (a rank's last choice in the record's ``model``,
+    the same on every rank, as the local runner takes it from the communicator), or None."""
     model = rec.get("model")
     if not isinstance(model, dict):
         return None
-    for _, stats in sorted(model.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 1 << 30):
+    for stats in model.values():
         chosen = stats.get("choices", {}).get(op) if isinstance(stats, dict) else None
         if isinstance(chosen, dict) and isinstance(chosen.get("algorithm"), str):
             return chosen

@@ -180,14 +180,11 @@ class Operation:
             return fut
         got = self.arrived.pop(key, None)
         if got is None:
-            self.posted[key] = (fut, out)
             if fold is not None and out is not None:
                 if self.folds is None:
                     self.folds = {}
                 self.folds[key] = fold
-            if self.rts:
-                for callback in self.rts.pop(key, ()):
-                    callback(True)
+            self._post(key, fut, out)
             return fut
         payload, header, held = got
         if held:
@@ -213,11 +210,15 @@ class Operation:
         fut = self.take(keys[0], out)
         if not fut.done():
             for key in keys[1:]:
-                self.posted[key] = (fut, out)
-                if self.rts:
-                    for callback in self.rts.pop(key, ()):
-                        callback(True)
+                self._post(key, fut, out)
         return fut
+
+    def _post(self, key: SlotKey, fut: asyncio.Future[Any], out: memoryview | None) -> None:
+        """``fut`` waits at slot ``key``; a sender waiting for that receive (RTS) may go."""
+        self.posted[key] = (fut, out)
+        if self.rts:
+            for callback in self.rts.pop(key, ()):
+                callback(True)
 
     def withdraw(self, key: SlotKey) -> None:
         """Forget the receive posted for ``key``, whose message will not come (an algorithm

@@ -27,7 +27,7 @@ import collections
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Final, Protocol
 
 from ..errors import ConfigError
@@ -194,9 +194,7 @@ def _announce(delay: float) -> None:
         )
 
 
-def line_for(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, host: Host, delay: Callable[[], float] = configured
-) -> DelayLine | None:
+def line_for(loop: asyncio.AbstractEventLoop, sock: socket.socket, host: Host) -> DelayLine | None:
     """A delay line for a new transport when one is configured, else None."""
-    seconds = delay()
+    seconds = configured()
     return DelayLine(loop, sock, host, seconds) if seconds > 0 else None

@@ -162,15 +162,18 @@ class Mailbox:
         self, op: Operation, key: SlotKey, out: memoryview | None, fold: Fold | None = None
     ) -> asyncio.Future[Any]:
         """Post a receive for ``key`` of ``op`` (see :meth:`Operation.take`)."""
+        self._from_dead(op, key)
+        return op.take(key, out, fold)
+
+    def _from_dead(self, op: Operation, key: SlotKey) -> None:
+        """A receive from a peer already lost (nothing of it arrived) fails ``op`` now."""
         if key[0] in self.dead and key not in op.arrived and op.state is State.RUNNING:
             op.lost(key[0], str(self.dead[key[0]]), graceful=False)
-        return op.take(key, out, fold)
 
     def take_either(self, op: Operation, keys: tuple[SlotKey, ...], out: memoryview | None) -> asyncio.Future[Any]:
         """Post one receive for whichever of ``keys`` comes first (:meth:`Operation.take_either`)."""
         for key in keys:
-            if key[0] in self.dead and key not in op.arrived and op.state is State.RUNNING:
-                op.lost(key[0], str(self.dead[key[0]]), graceful=False)
+            self._from_dead(op, key)
         return op.take_either(keys, out)
 
     # -- the transport side ------------------------------------------------------------
