@@ -170,7 +170,7 @@ class Communicator:
                 e.plan_seq = None
             assert isinstance(plan, Call)  # deferred: a group of 2+ ranks
             _torch_out(plan, io)
-            call.fp, call.body, call.post, call.choice = plan.fp, plan.body, plan.post, e.choice
+            call.fp, call.body, call.post, call.choice, call.ran = plan.fp, plan.body, plan.post, e.choice, plan.ran
 
         return rebuild
 

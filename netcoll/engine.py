@@ -65,6 +65,9 @@ class Call:
     #: world rank -> the rank errors name (point-to-point: the communicator's ranks)
     labels: dict[int, int] | None = None
     choice: Choice | None = None  # what the plan chose (algorithm, segment, prediction)
+    #: what the call ran, asked once it has run, when the plan could not know it (a
+    #: broadcast's size and a ``sized`` broadcast's shape: only its root chooses); default ``choice``
+    ran: Callable[[], Choice | None] | None = None
     waits: asyncio.Future[Any] | None = None  # deferred: ``rebuild(call)`` plans it once this is done
     rebuild: Callable[[Call], None] | None = None
 
@@ -210,17 +213,19 @@ class Engine:
             if work._driver is not None:
                 self.running.discard(work._driver)
             seconds = observe.now() - start
-            if call.choice is not None and op.failure is None:
-                self.tuner.learn(call.choice, seconds, self.world_size)
+            chosen = call.choice if call.ran is None else call.ran()
+            if chosen is not None and op.failure is None:
+                self.tuner.learn(chosen, seconds, self.world_size)
             if op.failure is None and driver is None and seconds <= self.slow_op_s and observe.TRACE.get() is None:
                 self._durations(call.name, call.fp, seconds)  # the usual case; its count is the "ok" outcome
             else:
-                self._observe(op, call, start, seconds)
+                self._observe(op, call, start, seconds, chosen)
             if driver is not None:
                 OPERATIONS.pop(driver, None)
 
-    def _observe(self, op: Operation, call: Call, start: float, seconds: float) -> None:
-        """Record how the operation ended (metrics, a traced job's span); log a slow or failed one."""
+    def _observe(self, op: Operation, call: Call, start: float, seconds: float, chosen: Choice | None) -> None:
+        """Record how the operation ended (metrics, a traced job's span); log a slow or failed one
+        (``chosen``: what it ran, for its DEBUG line)."""
         trace = observe.TRACE.get()
         if trace is not None:
             outcome = "ok" if op.failure is None else op.failure.reason.value
@@ -231,7 +236,7 @@ class Engine:
             if seconds > self.slow_op_s:
                 log.info("slow operation: %s finished after %.3fs", op.where(), seconds, extra=self._extra(call))
             elif log.isEnabledFor(logging.DEBUG):
-                log.debug("%s done in %.6fs%s", op.where(), seconds, describe(call.choice), extra=self._extra(call))
+                log.debug("%s done in %.6fs%s", op.where(), seconds, describe(chosen), extra=self._extra(call))
             return
         observe.count(call.name, op.failure.reason.value)
         level = logging.INFO if op.failure.reason is Reason.CANCELLED else logging.WARNING

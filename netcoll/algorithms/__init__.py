@@ -18,7 +18,8 @@ collective          algorithms                 call
                     allpairs, halving          bit-identical on every rank)
 ``broadcast``       tree, ring, sized          ``fn(ch, buf_or_None, root, meta=None)
                                                -> (buf, meta)`` (sized: also
-                                               ``chain=``, the root's choice)
+                                               ``chain=``, the root's choice,
+                                               and ``ran=``)
 ``reduce``          tree, ring                 ``fn(ch, buf, op, root) -> None``  (result in
                                                the root's buf; others' buf clobbered)
 ``all_gather``      ring, doubling             ``fn(ch, buf) -> None``  (P equal blocks, own
@@ -138,7 +139,7 @@ def choose(
 
 #: collectives whose size only the root knows: the Communicator passes 0, so the ranks
 #: cannot weigh their algorithms together (the table's choice, at the default segment size;
-#: a broadcast's root chooses alone in ``sized``: :func:`broadcast_chain`)
+#: a broadcast's root chooses alone in ``sized``: :func:`broadcast_shape`)
 SIZE_UNKNOWN: Final = cost.SIZE_UNKNOWN
 
 
@@ -161,25 +162,27 @@ def decide(
     agreed links and crowding, for the table (:func:`choose`). Every rank
     passing the same arguments gets the same answer."""
     if collective == "broadcast" and params is not None and world_size >= 3:
-        return "sized", None, None  # the root weighs the tree and the chain (broadcast_chain)
+        return "sized", None, None  # the root weighs the tree and the chain (broadcast_shape)
     if params is None or collective in SIZE_UNKNOWN or world_size < 2:
         return choose(collective, nbytes, world_size, medium, ranks_per_core), None, None
     return _decided(collective, nbytes, world_size, params, segment)
 
 
-def broadcast_chain(
+def broadcast_shape(
     nbytes: int, world_size: int, params: cost.Params | None, segment: int, medium: str | None = None
-) -> bool:
-    """For the root of a ``sized`` broadcast of ``nbytes`` (:mod:`.sized`): run the chain
-    rather than the tree? By the cost model's prediction when the group's parameters are
-    known, else by the table (:func:`.table.broadcast_chain`). Only the root asks, so only
-    it needs to know the size."""
+) -> tuple[str, float | None]:
+    """For the root of a ``sized`` broadcast of ``nbytes`` (:mod:`.sized`): ``("ring", predicted
+    seconds)`` to run the chain, ``("tree", ...)`` for the tree. With the group's parameters:
+    the model proposes and the agreed measured times of broadcasts in this size band decide
+    (:func:`cost.learnt`, exploring a shape not yet measured unless it is predicted far
+    slower). Without them: the table (:func:`.table.broadcast_chain`), no prediction. Only
+    the root asks, so only it needs to know the size."""
     if world_size < 3:
-        return False
+        return "tree", None
     if params is not None:
-        chain_s = cost.predict("broadcast", "ring", nbytes, world_size, params, segment)
-        return chain_s < cost.predict("broadcast", "tree", nbytes, world_size, params, segment)
-    return table.broadcast_chain(nbytes, world_size, medium)
+        shape, _, predicted = cost.learnt("broadcast", nbytes, world_size, params, segments=(segment,))
+        return shape, predicted
+    return ("ring" if table.broadcast_chain(nbytes, world_size, medium) else "tree"), None
 
 
 @functools.lru_cache(maxsize=4096)

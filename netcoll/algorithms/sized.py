@@ -22,6 +22,7 @@ ran; every non-root posts its first receive under two keys and withdraws one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,6 +48,7 @@ async def broadcast(
     *,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     chain: bool = False,
+    ran: Callable[[str], None] | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Broadcast the root's ``buf`` by the tree or the chain, as the root chooses.
 
@@ -54,16 +56,22 @@ async def broadcast(
         buf, root, meta: as for :func:`netcoll.algorithms.tree.broadcast` (a
             non-root passes ``None`` or a buffer of exactly the root's size).
         chain: read by the root only: run the chain (else the tree).
+        ran: told the shape this rank runs, once it knows it (the root at once, the
+            others when segment 0 arrives): ``"ring"`` (the chain) or ``"tree"``, the
+            names of :data:`netcoll.algorithms.cost.FORMULAS` (the model learns from it).
 
     Returns:
         ``(buf, meta)`` on every rank.
     """
     check_root(ch, root)
     tree, chained = tree_links(ch, root), chain_links(ch, root)
+    tell = ran if ran is not None else _ignore
     if ch.size <= 2:
+        tell("tree")
         return await relay(ch, tree[0], tree[1], buf, meta, step=TREE_STEP, segment_bytes=segment_bytes)
     if ch.rank == root:
         step, (_, dsts) = (CHAIN_STEP, chained) if chain else (TREE_STEP, tree)
+        tell("ring" if chain else "tree")
         return await relay(ch, None, dsts, buf, meta, step=step, segment_bytes=segment_bytes)
     (tree_parent, tree_children), (chain_parent, chain_children) = tree, chained
     assert tree_parent is not None and chain_parent is not None
@@ -78,9 +86,14 @@ async def broadcast(
         src, step, dsts = chain_parent, CHAIN_STEP, chain_children
     else:
         src, step, dsts = tree_parent, TREE_STEP, tree_children
+    tell("ring" if step == CHAIN_STEP else "tree")
     return await relay(
         ch, src, dsts, buf, None, step=step, segment_bytes=segment_bytes, first=(payload, header.get("m"))
     )
+
+
+def _ignore(shape: str) -> None:
+    """No one asked which shape ran."""
 
 
 def _segment0(buf: np.ndarray, segment_bytes: int) -> np.ndarray:

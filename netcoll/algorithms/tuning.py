@@ -70,6 +70,10 @@ TRIAL_LAG: Final = 2
 TRIAL_MIN_BYTES: Final = 256 * 1024
 #: the latest measured times kept per algorithm and size band (their median is this rank's value)
 MEASURE_KEEP: Final = 8
+#: the size :attr:`Tuner.asked` names for a broadcast: only its root knows the size when it is
+#: issued (and chooses alone, by the agreed measured times of broadcasts), so its trials follow
+#: the count of broadcasts, whatever their size, and always exchange
+ROOT_SIZED: Final = -1
 
 
 def _ridge(rows: Iterable[tuple[Sequence[float], float]], prior: np.ndarray, weight: float) -> np.ndarray:
@@ -236,19 +240,22 @@ class Tuner:
         32, 64... times that many (``again``: a re-measure). A function of the
         calls issued only (not of the parameters, which may still be being
         agreed), so the same on every rank. Returns ``(collective, nbytes,
-        again)`` or None."""
+        again)`` or None. A broadcast (``asked`` names :data:`ROOT_SIZED`) follows
+        the count of broadcasts instead, and is always ``again``: only its root
+        knows what is on trial."""
         if not self.active or self.asked is None:
             return None
         name, nbytes = self.asked
         algos = len(FORMULAS[name])
-        if algos < 2 or nbytes < TRIAL_MIN_BYTES:
+        rooted = nbytes == ROOT_SIZED
+        if algos < 2 or (nbytes < TRIAL_MIN_BYTES and not rooted):
             return None
-        key = (name, band(nbytes))
+        key = (name, ROOT_SIZED if rooted else band(nbytes))
         n = self.band_calls[key] = self.band_calls.get(key, 0) + 1
         k, rest = divmod(n, TRIAL_CALLS)
         if rest or not (k <= algos + 1 or (k >= TRIAL_AGAIN and k.bit_count() == 1)):
             return None
-        return (name, nbytes, k > algos + 1)
+        return (name, nbytes, rooted or k > algos + 1)
 
     def measured(self) -> tuple[tuple[int, float], ...]:
         """This rank's measured seconds per slot, as :attr:`Params.measured`: the
@@ -317,13 +324,15 @@ class Tuner:
         calibrated) a sample for the next refinement and, from
         :data:`TRIAL_MIN_BYTES` on, its time for its size band's trials (not
         the first call of an algorithm in a band, which allocates and warms up,
-        nor a call that overlapped an agreement). A call whose size the ranks do not
-        all know (a broadcast's or scatter's: planned as 0 bytes) or whose algorithm
-        has no formula (``sized``: the root's choice) gives no sample: its time would
-        be charged to the wrong terms."""
+        nor a call that overlapped an agreement). A broadcast's ``choice`` is what
+        it ran (:class:`~netcoll.engine.Call`'s ``ran``: its size and, for
+        ``sized``, the root's shape). A call whose size the ranks do not all know even
+        then (a scatter's: planned as 0 bytes) or whose algorithm has no formula gives
+        no sample: its time would be charged to the wrong terms."""
         name, algo, nbytes, seg, predicted = choice
         t = None
-        if self.active and name not in SIZE_UNKNOWN and algo in FORMULAS.get(name, {}):
+        known = name not in SIZE_UNKNOWN or nbytes > 0
+        if self.active and known and algo in FORMULAS.get(name, {}):
             t = terms(name, algo, nbytes, world_size, seg)
             if nbytes >= TRIAL_MIN_BYTES and not self.overlapped(seconds):
                 key = slot(name, algo, nbytes)
@@ -388,6 +397,7 @@ __all__ = [
     "TRIAL_MIN_BYTES",
     "MEASURE_KEEP",
     "Pending",
+    "ROOT_SIZED",
     "Sample",
     "Tuner",
     "Version",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import algorithms, resultpool
-from ..algorithms.tuning import Pending
+from ..algorithms.tuning import ROOT_SIZED, Choice, Pending
 from ..arrays import as_array, check_out
 from ..engine import Call, Engine
 from ..ops import BFLOAT16
@@ -56,6 +56,8 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
     if algorithm == "auto":
         if name not in algorithms.SIZE_UNKNOWN:  # the model chooses (once agreed)
             e.tuner.asked = (name, nbytes)
+        elif name == "broadcast" and e.world_size >= 3:  # its root does (sized), by size unknown here
+            e.tuner.asked = (name, ROOT_SIZED)
         try:
             params = e.tuner.params_at(e.seq if e.plan_seq is None else e.plan_seq)
         except Pending as pending:
@@ -70,11 +72,37 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
     return algorithm, seg
 
 
-def root_chooses_chain(e: Engine, nbytes: int) -> bool:
-    """A ``sized`` broadcast's root: the chain for ``nbytes`` (the cost model's verdict with
-    the group's agreed parameters for this call, else the table's)?"""
+def root_shape(e: Engine, nbytes: int) -> tuple[str, float | None]:
+    """A ``sized`` broadcast's root: ``("ring", predicted)`` for the chain or ``("tree", ...)``
+    for ``nbytes`` (the cost model with the group's agreed parameters for this call, and the
+    broadcasts it measured; else the table)."""
     params = e.tuner.params_at(e.seq if e.plan_seq is None else e.plan_seq)
-    return algorithms.broadcast_chain(nbytes, e.world_size, params, e.segment_bytes, e.medium)
+    return algorithms.broadcast_shape(nbytes, e.world_size, params, e.segment_bytes, e.medium)
+
+
+@dataclass(slots=True)
+class Ran:
+    """What a broadcast ran (:attr:`~netcoll.engine.Call.ran`), for the model and the stats: a
+    broadcast is planned as 0 bytes, since only its root knows the size, and ``sized`` as
+    neither shape, since only the root chooses; once it has run, every rank knows both."""
+
+    choice: Choice | None
+    nbytes: int = -1  # the size, once the call has it
+    shape: str | None = None  # what a sized broadcast ran (told by the algorithm)
+    predicted: float | None = None  # the root's prediction for it
+
+    def tell(self, shape: str) -> None:
+        self.shape = shape
+
+    def __call__(self) -> Choice | None:
+        if self.choice is None or self.nbytes < 0:
+            return self.choice
+        name, algo, _, seg, predicted = self.choice
+        if algo == "sized":
+            if self.shape is None:
+                return self.choice
+            algo, predicted = self.shape, self.predicted
+        return (name, algo, self.nbytes, seg, predicted)
 
 
 def pick_v(name: str, algorithm: str, only: str) -> str:

@@ -8,7 +8,7 @@ dtype (broadcast into ``None``, uneven lists) it travels with the data.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from ..tensors import from_peer
 from ._common import (
     Done,
     Plan,
+    Ran,
     array_list,
     check_root,
     check_uneven,
@@ -31,9 +32,12 @@ from ._common import (
     pick,
     pick_v,
     result,
-    root_chooses_chain,
+    root_shape,
     unaliased,
 )
+
+if TYPE_CHECKING:
+    from ..transport.base import Channel
 
 
 def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False) -> Plan:
@@ -49,9 +53,16 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False)
     if e.world_size == 1:
         return Done(arr)
     fn = algorithms.ALGORITHMS["broadcast"][algo]
+    ran = Ran(e.choice)
     if algo == "sized":  # the root chooses the tree or the chain by the size, the others follow
-        chain = e.rank == root and arr is not None and root_chooses_chain(e, arr.nbytes)
-        fn = functools.partial(fn, chain=chain)
+        if e.rank == root and arr is not None:
+            ran.shape, ran.predicted = root_shape(e, arr.nbytes)
+        fn = functools.partial(fn, chain=ran.shape == "ring", ran=ran.tell)
+
+    async def body(ch: Channel) -> tuple[np.ndarray, dict[str, Any]]:
+        data, got_meta = await fn(ch, send, root, meta=meta, segment_bytes=e.segment_bytes)
+        ran.nbytes = data.nbytes  # every rank knows the size now
+        return data, got_meta
 
     def post(got_: tuple[Any, dict[str, Any]]) -> Any:  # an array, or a tensor when a tensor was sent
         if e.rank == root:
@@ -70,12 +81,7 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False)
         return arr
 
     send = None if arr is None else flat_bytes(arr)
-    return Call(
-        "broadcast",
-        fp(e, "broadcast", root=root, algorithm=algo),
-        lambda ch: fn(ch, send, root, meta=meta, segment_bytes=e.segment_bytes),
-        post,
-    )
+    return Call("broadcast", fp(e, "broadcast", root=root, algorithm=algo), body, post, ran=ran)
 
 
 def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:

@@ -160,17 +160,19 @@ def test_broadcast_by_medium_and_the_roots_verdict() -> None:
     """Only the root knows a broadcast's size: without the model ``auto`` keeps the tree (the
     chain did not win on one host), with it ``auto`` is ``sized`` and the root asks the model;
     a forced ``sized`` without the model uses the table's verdict."""
-    from netcoll.algorithms import broadcast_chain, cost, decide
+    from netcoll.algorithms import broadcast_shape, cost, decide
 
     big = table.BROADCAST_CHAIN_MIN_BYTES
     for medium in (None, "shm", "socket"):
         assert choose("broadcast", 0, 8, medium) == "tree"
     assert table.broadcast_chain(big, 4, "shm") and not table.broadcast_chain(big - 1, 4, "shm")
     assert not table.broadcast_chain(1 << 30, 4, "socket") and not table.broadcast_chain(big, 3, "shm")
-    assert broadcast_chain(big, 4, None, 4 << 20, "shm") and not broadcast_chain(big, 2, None, 4 << 20, "shm")
+    assert broadcast_shape(big, 4, None, 4 << 20, "shm") == ("ring", None)
+    assert broadcast_shape(big, 2, None, 4 << 20, "shm") == ("tree", None)
     # with the model: its prediction (a slow link: the chain from a few MiB; no link cost: the tree)
     slow = cost.Params(alpha=4e-4, overhead=1e-5, beta=8e-9, gamma=1e-10, solo=8e-9)
-    assert broadcast_chain(16 << 20, 4, slow, 4 << 20, "socket")
-    assert not broadcast_chain(4 << 10, 4, slow, 4 << 20, "socket")
+    shape, predicted = broadcast_shape(16 << 20, 4, slow, 4 << 20, "socket")
+    assert shape == "ring" and predicted == cost.predict("broadcast", "ring", 16 << 20, 4, slow, 4 << 20)
+    assert broadcast_shape(4 << 10, 4, slow, 4 << 20, "socket")[0] == "tree"
     assert decide("broadcast", 0, 4, slow)[0] == "sized" and decide("broadcast", 0, 2, slow)[0] == "tree"
     assert decide("broadcast", 0, 4, None, medium="shm")[0] == "tree"

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from netcoll import algorithms
 from netcoll.algorithms import cost as cm
 from netcoll.algorithms import tuning
 from netcoll.algorithms.tuning import TRIAL_AGAIN, TRIAL_CALLS, TRIAL_LAG, Tuner
@@ -285,6 +286,65 @@ async def test_agreements_with_nothing_on_trial_send_nothing(monkeypatch: pytest
     assert len(comms[0]._engine.tuner.versions) == versions + 3  # three agreements, for the large calls only
     assert exchanges == []  # ...which sent nothing
     assert {c[1] for c in seen[0][: 3 * TRIAL_CALLS]} == {"ring"}
+
+
+@pytest.mark.parametrize("slow", ["first", "other"])
+async def test_a_broadcast_root_tries_both_shapes_and_settles_on_the_faster(
+    monkeypatch: pytest.MonkeyPatch, slow: str
+) -> None:
+    """Only a broadcast's root knows its size, so only it chooses (``sized``); every rank
+    still learns what ran once it has, and the group agrees on the measured times of
+    broadcasts on a schedule of broadcasts. Each rank is told its own times (rank r: r+1
+    times slower; the slow shape 100x the fast one): the root runs the model's shape
+    first, tries the other, and then runs the faster one for good, and every rank ran the
+    same shape in every call."""
+    _, comms = memory_world(4)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    params = comms[0]._engine.tuner.current()
+    assert params is not None
+    n = 1 << 20
+    seg = comms[0].segment_bytes
+    first = cm.learnt("broadcast", n, 4, params, segments=(seg,))[0]
+    other = "tree" if first == "ring" else "ring"
+    speed = {first: 100.0, other: 1.0} if slow == "first" else {first: 1.0, other: 100.0}
+    rank_of = {id(c._engine.tuner): c.rank for c in comms}
+    real = Tuner.learn
+
+    def learn(self: Tuner, choice: Any, seconds: float, world_size: int) -> None:
+        told = speed[choice[1]] * (rank_of[id(self)] + 1) * 1e-4 if choice[0] == "broadcast" else seconds
+        real(self, choice, told, world_size)
+
+    monkeypatch.setattr(Tuner, "learn", learn)
+    monkeypatch.setattr(Tuner, "overlapped", lambda self, seconds: self.agreeing > 0)
+    seen = _record_choices(comms, monkeypatch)
+    x = np.arange(n // 4, dtype=np.float32)
+    for _ in range(4 * (TRIAL_CALLS + TRIAL_LAG) + 4):
+        got = await asyncio.gather(*(c.broadcast(x if c.rank == 2 else None, root=2) for c in comms))
+        assert all(np.array_equal(g, x) for g in got)
+    assert seen[0] == seen[1] == seen[2] == seen[3]  # what ran, with its size, alike on every rank
+    ran = [c[1] for c in seen[0] if c[0] == "broadcast"]
+    assert {c[2] for c in seen[0] if c[0] == "broadcast"} == {n}
+    faster = min(speed, key=lambda s: speed[s])
+    assert ran[0] == first and other in ran  # the model's shape first, then the other was tried
+    assert ran[-4:] == [faster] * 4  # then the faster, for good
+    after = await _settled(comms)
+    assert after[0] == after[1] == after[2] == after[3] and after[0] is not None
+    assert after[0].seen("broadcast", faster, n) == pytest.approx(2.5e-4 * speed[faster], rel=0.01)
+    assert algorithms.broadcast_shape(n, 4, after[0], seg)[0] == faster
+
+
+def test_broadcast_trials_follow_the_count_of_broadcasts() -> None:
+    """A broadcast's trials cannot depend on its size (only the root knows it): they follow
+    the count of broadcasts on the usual schedule and always exchange."""
+    t = Tuner(active=True)
+    due = []
+    for i in range(1, 300):
+        t.asked = ("broadcast", tuning.ROOT_SIZED)
+        if got := t.trial_due():
+            due.append(i)
+            assert got == ("broadcast", tuning.ROOT_SIZED, True)
+    k = len(cm.FORMULAS["broadcast"]) + 1
+    assert due == [TRIAL_CALLS * j for j in range(1, k + 1)] + [TRIAL_CALLS * TRIAL_AGAIN * 2**j for j in range(3)]
 
 
 def test_trials_are_agreed_on_a_schedule_of_calls() -> None:

@@ -10,6 +10,7 @@ import logging
 import numpy as np
 import pytest
 
+from netcoll.algorithms import cost as cm
 from tests.support import connected_world
 
 pytestmark = pytest.mark.tcp
@@ -36,18 +37,26 @@ async def test_connect_calibrates_and_auto_uses_the_model(
     assert lines and all(f"({rows[0]['algorithm']}, segment_bytes=" in m and "predicted" in m for m in lines)
 
 
-async def test_with_the_model_a_broadcast_is_sized_and_gives_no_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_with_the_model_a_broadcast_is_sized_and_learns_what_ran(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the model a broadcast's ``auto`` is ``sized`` (the root chooses by the model);
-    non-roots passing None get the array; and the call leaves no sample for the model to fit,
-    since its size is only the root's (planned as 0 bytes, its time would be charged to the
-    wrong terms)."""
+    non-roots passing None get the array; and once the call has run every rank knows its
+    size and the root's shape, so each keeps a sample of what ran (the same on every rank),
+    and the stats name that shape, with the root's prediction."""
     monkeypatch.setenv("NETCOLL_COST_MODEL", "1")
     n = 4
     async with connected_world(n) as comms:
-        before = [len(c._engine.tuner.samples) for c in comms]
         for size in (10, 1 << 20):
+            before = [len(c._engine.tuner.samples) for c in comms]
             x = np.arange(size, dtype=np.float32)
             got = await asyncio.gather(*(c.broadcast(x if c.rank == 1 else None, root=1) for c in comms))
             assert all(np.array_equal(g, x) for g in got)
-        assert {c.model_stats["choices"]["broadcast"]["algorithm"] for c in comms} == {"sized"}
-        assert [len(c._engine.tuner.samples) for c in comms] == before
+            rows = [c.model_stats["choices"]["broadcast"] for c in comms]
+            shapes = {r["algorithm"] for r in rows}
+            assert len(shapes) == 1 and shapes <= {"tree", "ring"}
+            assert rows[1]["predicted_s"] > 0 and rows[0]["predicted_s"] is None  # only the root predicts
+            for c, b in zip(comms, before, strict=True):
+                samples = c._engine.tuner.samples
+                assert len(samples) == b + 1
+                name, algo, terms, _ = samples[-1]
+                assert (name, algo) == ("broadcast", rows[0]["algorithm"])
+                assert terms == cm.terms("broadcast", algo, x.nbytes, n, c.segment_bytes)
