@@ -65,9 +65,12 @@ TRIAL_CALLS: Final = 4
 TRIAL_AGAIN: Final = 16
 TRIAL_LAG: Final = 2
 #: smaller calls are not tried: an agreement (an exchange between every pair of ranks) costs
-#: about as much as the call (measured: 1-2 ms at 4 ranks on 2 cores, like a 256 KiB
-#: all_reduce), and their times are noise-bound; the model alone chooses there
-TRIAL_MIN_BYTES: Final = 256 * 1024
+#: more than the call (measured: 1-2 ms at 4 ranks on 2 cores; a 4 KiB all_reduce 0.8 ms, and
+#: trials there doubled it), and their times are noise-bound; the model alone chooses there.
+#: From 64 KiB, where the formulas' contention-free bandwidth term starts to matter: on an
+#: emulated 1 Gbit/s, 200 µs network the model alone ran all-pairs at 64 KiB, 13.1 ms against
+#: doubling's 1.4 (2026-11-27), and it was 256 KiB until then
+TRIAL_MIN_BYTES: Final = 64 * 1024
 #: the latest measured times kept per algorithm and size band (their median is this rank's value)
 MEASURE_KEEP: Final = 8
 #: the size :attr:`Tuner.asked` names for a broadcast: only its root knows the size when it is
