@@ -64,9 +64,9 @@ def configured(environ: Mapping[str, str] | None = None) -> float:
 class Host(Protocol):
     """What the line needs of its transport."""
 
-    def _feed(self, data: memoryview) -> int: ...  # bytes the protocol took (fewer once it pauses)
-    def _eof(self) -> None: ...
-    def _fatal(self, exc: BaseException) -> None: ...
+    def feed(self, data: memoryview) -> int: ...  # bytes the protocol took (fewer once it pauses)
+    def end_of_stream(self) -> None: ...
+    def fail(self, exc: BaseException) -> None: ...
 
 
 class DelayLine:
@@ -120,7 +120,7 @@ class DelayLine:
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:  # noqa: BLE001 - a reset, or the fd closed under us
-            self._host._fatal(exc)
+            self._host.fail(exc)
             return
         if not n:
             self._socket_done = True
@@ -146,9 +146,9 @@ class DelayLine:
                 due, data = self._pending[0]
                 if data is None:
                     self._pending.popleft()
-                    self._host._eof()
+                    self._host.end_of_stream()
                     return
-                took = self._host._feed(data)
+                took = self._host.feed(data)
                 self.held -= took
                 if took < len(data):  # the protocol paused reading part-way
                     self._pending[0] = (due, data[took:])
@@ -157,7 +157,7 @@ class DelayLine:
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:  # noqa: BLE001 - as a protocol error in a read: the connection fails
-            self._host._fatal(exc)
+            self._host.fail(exc)
             return
         if self.held <= HOLD_MAX // 2:
             self._watch()

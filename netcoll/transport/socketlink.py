@@ -138,12 +138,12 @@ class SocketTransport(asyncio.Transport):
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:  # noqa: BLE001 - a reset, the fd closed under us, or a protocol bug
-            self._fatal(exc)
+            self.fail(exc)
             return
         if not n:
-            self._eof()
+            self.end_of_stream()
 
-    def _feed(self, data: memoryview) -> int:
+    def feed(self, data: memoryview) -> int:
         """Hand ``data`` to the protocol as if just read (the delay line's release);
         the bytes it took, fewer if it paused reading part-way."""
         done = 0
@@ -157,7 +157,8 @@ class SocketTransport(asyncio.Transport):
             self._protocol.buffer_updated(k)
         return done
 
-    def _eof(self) -> None:
+    def end_of_stream(self) -> None:
+        """The peer's end of the stream (read now, or released by the delay line)."""
         self.pause_reading()
         keep_open = self._protocol.eof_received()
         if not keep_open:
@@ -222,7 +223,7 @@ class SocketTransport(asyncio.Transport):
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:  # noqa: BLE001 - a reset, or the fd closed under us
-            self._fatal(exc)
+            self.fail(exc)
             return None
 
     def detach(self, done: asyncio.Future[None]) -> None:
@@ -296,7 +297,7 @@ class SocketTransport(asyncio.Transport):
             self._sock.shutdown(socket.SHUT_WR)
         except OSError as exc:
             if exc.errno != errno.ENOTCONN:
-                self._fatal(exc)
+                self.fail(exc)
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         high = 64 * 1024 if high is None else high
@@ -335,9 +336,10 @@ class SocketTransport(asyncio.Transport):
         if exc is None:
             self.abort()
         else:
-            self._fatal(exc)
+            self.fail(exc)
 
-    def _fatal(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """Close at once because of ``exc`` (a broken socket; the protocol hears it next turn)."""
         self._closing = True
         self._loop.call_soon(self._finish, exc)
         self._drop()

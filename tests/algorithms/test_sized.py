@@ -94,7 +94,8 @@ async def test_a_size_mismatch_fails_at_once(make_group: MakeGroup, chain: bool)
 async def test_the_plan_lets_the_root_choose(monkeypatch: pytest.MonkeyPatch) -> None:
     """Communicator.broadcast with ``algorithm="sized"`` over 4 ranks and no cost model: the
     root's verdict is the table's (the chain from 16 MiB, lowered here), everyone follows, and
-    a non-root passing None or a buffer gets the array either way."""
+    a non-root passing None or a buffer gets the array either way; every rank's stats name the
+    shape that ran ("ring" for the chain)."""
     from netcoll.algorithms import table
     from tests.support import run_world
 
@@ -110,7 +111,7 @@ async def test_the_plan_lets_the_root_choose(monkeypatch: pytest.MonkeyPatch) ->
 
         for got, algo in await run_world(4, one):
             np.testing.assert_array_equal(got, x)
-            assert algo == "sized"
+            assert algo == ("ring" if step else "tree")
         assert {r: st for r, (_, st) in followed.items()} == dict.fromkeys(range(4), step)  # all follow the root
 
 
@@ -131,5 +132,5 @@ async def test_with_the_model_auto_is_sized_and_the_root_asks_it(monkeypatch: py
             np.testing.assert_array_equal(got, x)
             return str(c.model_stats["choices"]["broadcast"]["algorithm"])
 
-        assert await run_world(4, one) == ["sized"] * 4
+        assert await run_world(4, one) == ["ring" if step else "tree"] * 4
         assert {r: st for r, (_, st) in followed.items()} == dict.fromkeys(range(4), step)
