@@ -101,6 +101,13 @@ def _output_args(p: argparse.ArgumentParser) -> None:
         "through a sitecustomize; default: the namespaces' own, recorded with what ss shows after the sweeps)",
     )
     p.add_argument(
+        "--idle-restart",
+        choices=("keep", "off"),
+        default="keep",
+        help="TCP's slow start after an idle connection (net.ipv4.tcp_slow_start_after_idle) in the rank "
+        "namespaces: keep the kernel's default (1), or off (0, what HPC clusters often set)",
+    )
+    p.add_argument(
         "--cost-model",
         action="store_true",
         help="the rank daemons run with NETCOLL_COST_MODEL=1: auto chooses by the cost model, calibrated when "

@@ -105,6 +105,7 @@ def build(run: Run) -> None:
         h.ns(run.sw, "link", "set", port, "master", "br0")
         h.ns(run.sw, "link", "set", port, "up")
     congestion(run)
+    idle_restart(run)
 
 
 def congestion(run: Run) -> None:
@@ -119,6 +120,18 @@ def congestion(run: Run) -> None:
         f"TCP congestion control: {run.result['tcp_congestion_default']} by default in the rank namespaces"
         + (f"; the processes' sockets set {chosen} (TCP_CONGESTION)" if chosen else "")
     )
+
+
+def idle_restart(run: Run) -> None:
+    """``--idle-restart off``: no slow start after an idle period on the ranks' connections
+    (``net.ipv4.tcp_slow_start_after_idle=0`` in each rank namespace; a namespace's own
+    setting, the host's stays as it is). Recorded either way."""
+    if run.args.idle_restart == "off":
+        for ns in run.rns:
+            run.host.exec(ns, "sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0")
+    seen = {run.host.exec(ns, "sysctl", "-n", "net.ipv4.tcp_slow_start_after_idle").stdout.strip() for ns in run.rns}
+    run.result["tcp_slow_start_after_idle"] = ",".join(sorted(seen))
+    say(f"TCP slow start after idle in the rank namespaces: {run.result['tcp_slow_start_after_idle']}")
 
 
 def congestion_seen(run: Run) -> None:

@@ -210,13 +210,17 @@ def test_tiny_run_writes_results_and_leaves_nothing(tmp_path: Path) -> None:
     if why:
         pytest.skip(why)
     out = tmp_path / "netem.json"
+    idle = Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle")
+    host_idle = idle.read_text()
     res = _run(
         "--ranks", "2", "-b", "4", "-e", "64K", "-f", "16384", "-n", "2", "-w", "1", "--calib-iters", "20",
         "--algorithms", "doubling,ring,auto", "--limit", "100", "--json", str(out), "--no-plot",
+        "--idle-restart", "off",
         timeout=150,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(out.read_text())
+    assert doc["tcp_slow_start_after_idle"] == "0" and idle.read_text() == host_idle  # the namespaces' own
     assert doc["ranks"] == 2 and doc["shaping"] in ("netem", "tbf+line")
     assert doc["delay_applied_s"] == pytest.approx(200e-6)
     if doc["shaping"] == "tbf+line":  # the kernel has no netem: the daemons delay what they receive, and it says so
