@@ -79,6 +79,25 @@ async def test_calls_wait_for_parameters_being_agreed() -> None:
     assert comms[0]._engine.tuner.versions[-1].params is not None
 
 
+async def test_a_broadcast_issued_before_calibration_waits_and_then_learns_what_ran() -> None:
+    """A broadcast issued while calibration is still being agreed is planned once it is
+    (``sized``, the root's choice), and what it ran (the root's shape and the size) still
+    reaches every rank's model: the rebuilt plan keeps ``Call.ran``."""
+    _, comms = memory_world(4)
+    cal = [c.calibrate() for c in comms]
+    x = np.arange(1 << 16, dtype=np.float32)
+    works = [c.broadcast(x if c.rank == 3 else None, root=3) for c in comms]
+    got = await asyncio.gather(*works, *cal)
+    assert all(np.array_equal(g, x) for g in got[:4])
+    rows = [c.model_stats["choices"]["broadcast"] for c in comms]
+    assert len({r["algorithm"] for r in rows}) == 1 and rows[0]["algorithm"] in ("tree", "ring")
+    assert rows[3]["predicted_s"] is not None  # the root chose by the agreed parameters
+    for c in comms:
+        name, algo, terms, _ = c._engine.tuner.samples[-1]
+        assert (name, algo) == ("broadcast", rows[0]["algorithm"])
+        assert terms == cm.terms("broadcast", algo, x.nbytes, 4, c.segment_bytes)
+
+
 async def test_ranks_with_different_estimates_still_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each rank is fed different local samples (rank r: 'halving is r+1 times
     slower'); refinements every few calls, with many calls in flight at once,
