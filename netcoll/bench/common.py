@@ -170,6 +170,11 @@ class SweepConfig:
     algorithm: str = "auto"
     segment_bytes: int | None = None
     timeout: float | None = None
+    #: algorithms (``auto`` included) to alternate in one group, each size in turn: a block
+    #: of ``iters`` calls of each, ``rounds`` times, the order reversed every other round
+    #: (:func:`netcoll.bench.sweep.run_sweep`); empty: ``algorithm`` alone
+    alternate: list[str] = dataclasses.field(default_factory=list)
+    rounds: int = 1
 
     def validate(self) -> SweepConfig:
         self.ops = parse_ops(self.ops)
@@ -195,6 +200,13 @@ class SweepConfig:
                     f"--algorithm {self.algorithm!r} is not an algorithm of "
                     f"{', '.join(self.ops)}; choose auto or one of {', '.join(known)}"
                 )
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        names = {a for op in self.ops for a in collectives.get(op).algorithms}
+        unknown = [a for a in self.alternate if a not in names]
+        if unknown:
+            bad = ", ".join(map(repr, unknown))
+            raise ValueError(f"cannot alternate {bad}: choose from {', '.join(sorted(names))}")
         if self.segment_bytes is not None and self.segment_bytes < 1:
             raise ValueError(f"--segment-bytes must be >= 1, got {self.segment_bytes}")
         return self

@@ -101,6 +101,8 @@ async def run_remote(
     ``token`` / ``client_token`` / ``tls``: the credentials, as for :class:`~netcoll.Client`."""
     from ..service import Client, JobSpec
 
+    if cfg.alternate:  # a daemon runs one algorithm per job
+        raise ValueError("alternating algorithms (SweepConfig.alternate) runs in a local cluster only")
     emit = on_event or (lambda ev: None)
     rows: list[dict[str, Any]] = []
     async with Client(address, token=token, client_token=client_token, tls=tls) as client:

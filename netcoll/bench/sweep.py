@@ -195,10 +195,43 @@ async def run_sweep(comm: Any, cfg: SweepConfig, *, on_event: Event | None = Non
     for op, requested in cfg.steps():
         g = geometry(op, requested, data.dtype, n)
         emit({"event": "start", "op": op, "size": g.size, "requested": requested})
-        measured = await _measure(comm, g, cfg, data)
-        row = await _report(comm, g, cfg, measured, requested, baseline)
-        if row is not None:
-            rows.append(row)
-            emit({"event": "row", "row": row})
+        if cfg.alternate:
+            got = await _alternate(comm, g, cfg, data, requested, baseline)
+        else:
+            measured = await _measure(comm, g, cfg, data)
+            got = [await _report(comm, g, cfg, measured, requested, baseline)]
+        for row in got:
+            if row is not None:
+                rows.append(row)
+                emit({"event": "row", "row": row})
         await asyncio.sleep(0)
+    return rows
+
+
+async def _alternate(
+    comm: Any, g: Geometry, cfg: SweepConfig, data: TestData, requested: int, baseline: int
+) -> list[dict[str, Any] | None]:
+    """One size, every algorithm of ``cfg.alternate`` the collective has, in turn: a block of
+    ``iters`` calls of each (warmed up before its first), ``rounds`` times, in reverse order
+    every other round, so that the machine's drift falls on all of them alike. A row per
+    algorithm over all its calls, reported right after its last block (``auto``'s choice
+    is then still the communicator's last one); the last block is the one verified."""
+    names = [a for a in cfg.alternate if a in g.collective.algorithms]
+    blocks: dict[str, list[_Measured]] = {name: [] for name in names}
+    rows: list[dict[str, Any] | None] = []
+    last = cfg.rounds - 1
+    for r in range(cfg.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            one = dataclasses.replace(
+                cfg, algorithm=name, warmup=cfg.warmup if r == 0 else 0, check=cfg.check and r == last
+            )
+            blocks[name].append(await _measure(comm, g, one, data))
+            if r == last:
+                merged = _Measured(
+                    sum(b.total for b in blocks[name]),
+                    np.concatenate([b.durations for b in blocks[name]]),
+                    sum(b.wrong for b in blocks[name]),
+                )
+                whole = dataclasses.replace(cfg, algorithm=name, iters=cfg.iters * cfg.rounds)
+                rows.append(await _report(comm, g, whole, merged, requested, baseline))
     return rows

@@ -15,6 +15,13 @@ its own fixed run, over the best fixed time (``!``: above the tolerance):
 the choice without the noise between two runs. Exit status 1 if any cell's
 time is not ok.
 
+With ``--interleave`` everything runs in one group instead: each size runs a block of
+``-n`` calls of ``auto`` and of every fixed algorithm in turn, ``--rounds`` times, the
+order reversed every other round, and a cell's time is the statistic over all its calls.
+Then the algorithms share the machine's state and its drift, call for call, where separate
+groups a minute apart may not; ``auto`` with the cost model also learns from the fixed
+algorithms' calls there.
+
 Example: ``python -m netcoll.bench.versus all_reduce --ranks 4 -b 4K -e 64M --rounds 3``.
 """
 
@@ -51,6 +58,13 @@ def _parser() -> argparse.ArgumentParser:
         default="mean",
         help="a cell's time: the mean per call (what a user gets, stalls included) or the median (default mean)",
     )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="one group for everything: each size runs a block of -n calls of auto and of every fixed "
+        "algorithm in turn, --rounds times (reversed every other round); a cell's time is the statistic over "
+        "all its calls (default: a fresh group per algorithm and round, each cell its best round)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the cells as JSON")
     return p
 
@@ -77,9 +91,33 @@ async def _sweep(ns: argparse.Namespace, ops: list[str], algorithm: str) -> list
     return [r for r in result["rows"] if algorithm == "auto" or r["algorithm"] == algorithm]
 
 
+async def _interleaved(ns: argparse.Namespace, ops: list[str]) -> dict[Cell, dict[str, dict[str, Any]]]:
+    """``--interleave``: one group, every algorithm alternating within each size (one row each)."""
+    cfg = SweepConfig(
+        ops=ops,
+        minbytes=parse_size(ns.minbytes),
+        maxbytes=parse_size(ns.maxbytes),
+        stepfactor=ns.stepfactor,
+        iters=ns.iters,
+        warmup=ns.warmup,
+        check=False,
+        alternate=_runs(ops),
+        rounds=ns.rounds,
+    )
+    cells: dict[Cell, dict[str, dict[str, Any]]] = {}
+    for row in (await run_local(cfg, ns.ranks))["rows"]:
+        if ns.statistic == "median":
+            row["time_us"] = row["median_us"]
+        name = "auto" if row["algorithm"].startswith("auto") else row["algorithm"]
+        cells.setdefault((row["op"], row["size"]), {})[name] = row
+    return cells
+
+
 async def collect(ns: argparse.Namespace) -> dict[Cell, dict[str, dict[str, Any]]]:
     """cell -> run name -> the best row of that run over the rounds."""
     ops = [o.strip() for o in ns.ops.split(",") if o.strip()]
+    if ns.interleave:
+        return await _interleaved(ns, ops)
     cells: dict[Cell, dict[str, dict[str, Any]]] = {}
     for i in range(ns.rounds):
         names = _runs(ops)
