@@ -42,9 +42,13 @@ CROWDED_RANKS_PER_CORE: Final = 8
 #: 16 MiB 33795 / 19962; over TCP 2 MiB 5858 / 7480 and 6496 / 8750, 4 MiB 10908 / 12409 and
 #: 14586 / 12742, 8 MiB 23551 / 27049, 16 MiB 55099 / 49168; 8 ranks over shared memory 2 MiB
 #: 12624 / 25373, 4 MiB 21080 / 26214, 8 MiB 37800 / 37546; over TCP 2 MiB 13406 / 26035,
-#: 4 MiB 31437 / 36380, 8 MiB 55549 / 57318. So the tree runs below 4 MiB at 3-4 ranks (even
-#: at 4 MiB) and below 8 MiB from 5 ranks (even at 8 MiB).
-ALL_REDUCE_TREE_MAX_BYTES_4: Final = 4 * 1024 * 1024
+#: 4 MiB 31437 / 36380, 8 MiB 55549 / 57318. So the tree ran below 4 MiB at 3-4 ranks (even
+#: at 4 MiB) and below 8 MiB from 5 ranks (even at 8 MiB). Since then (the tree's folding over
+#: TCP, lent shared-memory sends) the 4 MiB all_reduce at 4 ranks ran faster as the tree in all 8
+#: of the comparisons of 2026-11-27 (ring / tree, µs: over shared memory 5044 / 4807, 6658 /
+#: 4286, 7406 / 4870, 4773 / 3846; over TCP 7356 / 6634, 9560 / 8848, 8175 / 7853, 7346 / 6617;
+#: ``versus`` and ``versus --interleave``, medians), and the ring at 16 MiB over shared memory
+#: (10788-14455 against 14602-23290), level over TCP: the tree now runs below 8 MiB from 3 ranks.
 ALL_REDUCE_TREE_MAX_BYTES: Final = 8 * 1024 * 1024
 #: reduce of at least this many bytes, with 3+ ranks, uses the ring (reduce-scatter, then
 #: chunks to the root: the root takes in (P-1)/P N instead of the tree's N per level);
@@ -133,11 +137,7 @@ def pick(
             ALL_REDUCE_DOUBLING_MAX_BYTES_4 if world_size <= 4 else ALL_REDUCE_DOUBLING_MAX_BYTES
         ):
             return "doubling"
-        return (
-            "tree"
-            if nbytes < (ALL_REDUCE_TREE_MAX_BYTES_4 if world_size <= 4 else ALL_REDUCE_TREE_MAX_BYTES)
-            else "ring"
-        )
+        return "tree" if nbytes < ALL_REDUCE_TREE_MAX_BYTES else "ring"
     if collective == "all_gather":
         least = _shm4(medium, world_size, ALL_GATHER_DOUBLING_MAX_BYTES_4_SHM, ALL_GATHER_DOUBLING_MAX_BYTES)
         return "doubling" if nbytes < least else "ring"

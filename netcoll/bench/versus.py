@@ -75,35 +75,21 @@ def _runs(ops: list[str]) -> list[str]:
     return ["auto", *sorted(names)]
 
 
+def _config(ns: argparse.Namespace, ops: list[str], **what: Any) -> SweepConfig:
+    """The sweep of the command line (unchecked: ``versus`` times, it does not verify), with ``what``."""
+    sizes = {"minbytes": parse_size(ns.minbytes), "maxbytes": parse_size(ns.maxbytes), "stepfactor": ns.stepfactor}
+    return SweepConfig(ops=ops, **sizes, iters=ns.iters, warmup=ns.warmup, check=False, **what)
+
+
 async def _sweep(ns: argparse.Namespace, ops: list[str], algorithm: str) -> list[dict[str, Any]]:
-    cfg = SweepConfig(
-        ops=ops,
-        minbytes=parse_size(ns.minbytes),
-        maxbytes=parse_size(ns.maxbytes),
-        stepfactor=ns.stepfactor,
-        iters=ns.iters,
-        warmup=ns.warmup,
-        algorithm=algorithm,
-        check=False,
-    )
     # an algorithm a collective lacks runs "auto" there: those rows are not that algorithm's
-    result = await run_local(cfg, ns.ranks)
+    result = await run_local(_config(ns, ops, algorithm=algorithm), ns.ranks)
     return [r for r in result["rows"] if algorithm == "auto" or r["algorithm"] == algorithm]
 
 
 async def _interleaved(ns: argparse.Namespace, ops: list[str]) -> dict[Cell, dict[str, dict[str, Any]]]:
     """``--interleave``: one group, every algorithm alternating within each size (one row each)."""
-    cfg = SweepConfig(
-        ops=ops,
-        minbytes=parse_size(ns.minbytes),
-        maxbytes=parse_size(ns.maxbytes),
-        stepfactor=ns.stepfactor,
-        iters=ns.iters,
-        warmup=ns.warmup,
-        check=False,
-        alternate=_runs(ops),
-        rounds=ns.rounds,
-    )
+    cfg = _config(ns, ops, alternate=_runs(ops), rounds=ns.rounds)
     cells: dict[Cell, dict[str, dict[str, Any]]] = {}
     for row in (await run_local(cfg, ns.ranks))["rows"]:
         if ns.statistic == "median":

@@ -1009,7 +1009,7 @@ def test_choose() -> None:
     assert choose("all_reduce", 64 << 10, 8) == "tree"  # from 5 ranks, log2 P rounds of the whole buffer
     assert choose("all_reduce", 1 << 20, 4) == "tree" and choose("all_reduce", 1 << 20, 2) == "ring"
     assert choose("all_reduce", 1 << 24, 8) == "ring"
-    assert choose("all_reduce", (4 << 20) - 1, 4) == "tree" and choose("all_reduce", 4 << 20, 3) == "ring"
+    assert choose("all_reduce", 4 << 20, 4) == "tree" and choose("all_reduce", 8 << 20, 3) == "ring"
     assert choose("all_reduce", (8 << 20) - 1, 5) == "tree" and choose("all_reduce", 8 << 20, 8) == "ring"
     assert choose("broadcast", 1024, 8) == "tree"
     assert choose("all_gather", (16 << 20) - 1, 4) == "doubling" and choose("all_gather", 16 << 20, 4) == "ring"
