@@ -78,6 +78,13 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         help="run every sweep this many times, interleaved; a row's time is the median (default 1)",
     )
     p.add_argument(
+        "--statistic",
+        choices=("mean", "median"),
+        default="mean",
+        help="a job's time per call: the mean over its calls of the slowest rank (default; a stall of one "
+        "call counts) or their median",
+    )
+    p.add_argument(
         "--calib-iters", type=int, default=200, help="calls of the 4-byte loopback calibration (default 200)"
     )
     p.add_argument("--limit", type=float, default=900.0, help="bound on the whole run, seconds (default 900)")

@@ -272,6 +272,7 @@ def describe(run: Run, steps: list[tuple[str, str]], t0: float, command: str) ->
         "iters": args.iters,
         "warmup": args.warmup,
         "repeats": args.repeats,
+        "statistic": args.statistic,
         "subnet": f"{args.subnet}.0/24",
         "limit_s": args.limit,
     }

@@ -9,6 +9,7 @@ runner, so the numbers compare.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -67,17 +68,28 @@ def _algorithm_fields(cfg: SweepConfig, g: Geometry, rec: dict[str, Any]) -> dic
     }
 
 
+def _slowest(timings: dict[str, list[float]]) -> list[float]:
+    """Per iteration, the slowest rank's seconds (the job's ``time_s`` is their mean); empty
+    when the ranks did not all report every iteration."""
+    runs = [t for t in timings.values() if t]
+    if not runs or len(runs) != len(timings) or len({len(t) for t in runs}) != 1:
+        return []
+    return [max(column) for column in zip(*runs, strict=True)]
+
+
 def _row(cfg: SweepConfig, g: Geometry, rec: dict[str, Any], requested: int) -> dict[str, Any]:
-    """The table row of one finished job (time: the mean of the slowest rank per iteration)."""
+    """The table row of one finished job (time: the mean of the slowest rank per iteration;
+    median and min over those iterations as well)."""
     seconds = rec["time_s"] or 0.0
     per_rank = {int(r): sum(t) / len(t) for r, t in rec["timings"].items() if t}
+    slowest = _slowest(rec["timings"])
     return make_row(
         g,
         redop=cfg.redop,
         root=cfg.root,
         seconds=seconds,
-        median_seconds=seconds,
-        min_seconds=seconds,
+        median_seconds=statistics.median(slowest) if slowest else seconds,
+        min_seconds=min(slowest) if slowest else seconds,
         wrong=None if not cfg.check else (rec.get("wrong") or 0),
         requested=requested,
         iters=cfg.iters,

@@ -576,3 +576,19 @@ def test_a_record_without_usable_model_stats_names_plain_auto() -> None:
     chosen = {"algorithm": "tree", "segment_bytes": 65536, "predicted_s": 2e-3}
     fields = _algorithm_fields(cfg, g, {"model": {"1": {"choices": {"all_reduce": chosen}}}})
     assert fields == {"algorithm": "auto:tree", "segment_bytes": 65536, "predicted_us": 2000.0}
+
+
+def test_a_coordinator_row_takes_its_median_and_min_over_the_slowest_rank_per_call() -> None:
+    """A job row's time is the mean of the slowest rank per call (the job's ``time_s``); its
+    median and min are over the same per-call maxima, not the mean again. Without every
+    rank's every call they fall back to the mean."""
+    from netcoll.bench.remote import _row
+
+    cfg = SweepConfig(ops=["all_reduce"], minbytes=4, maxbytes=4, iters=4, warmup=1).validate()
+    g = geometry("all_reduce", 4, np.dtype("float32"), 2)
+    timings = {"0": [1.0, 1.0, 30.0, 1.0], "1": [2.0, 0.5, 1.0, 3.0]}  # slowest per call: 2, 1, 30, 3
+    rec = {"id": "j1", "time_s": 9.0, "timings": timings, "model": None}
+    row = _row(cfg, g, rec, 4)
+    assert row["time_us"] == 9.0e6 and row["median_us"] == 2.5e6 and row["min_us"] == 1.0e6
+    partial = _row(cfg, g, {**rec, "timings": {"0": [1.0, 1.0, 30.0, 1.0], "1": []}}, 4)
+    assert partial["median_us"] == partial["min_us"] == 9.0e6

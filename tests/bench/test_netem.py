@@ -215,12 +215,13 @@ def test_tiny_run_writes_results_and_leaves_nothing(tmp_path: Path) -> None:
     res = _run(
         "--ranks", "2", "-b", "4", "-e", "64K", "-f", "16384", "-n", "2", "-w", "1", "--calib-iters", "20",
         "--algorithms", "doubling,ring,auto", "--limit", "100", "--json", str(out), "--no-plot",
-        "--idle-restart", "off",
+        "--idle-restart", "off", "--statistic", "median",
         timeout=150,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(out.read_text())
     assert doc["tcp_slow_start_after_idle"] == "0" and idle.read_text() == host_idle  # the namespaces' own
+    assert doc["config"]["statistic"] == "median"
     assert doc["ranks"] == 2 and doc["shaping"] in ("netem", "tbf+line")
     assert doc["delay_applied_s"] == pytest.approx(200e-6)
     if doc["shaping"] == "tbf+line":  # the kernel has no netem: the daemons delay what they receive, and it says so
