@@ -68,21 +68,14 @@ def _algorithm_fields(cfg: SweepConfig, g: Geometry, rec: dict[str, Any]) -> dic
     }
 
 
-def _slowest(timings: dict[str, list[float]]) -> list[float]:
-    """Per iteration, the slowest rank's seconds (the job's ``time_s`` is their mean); empty
-    when the ranks did not all report every iteration."""
-    runs = [t for t in timings.values() if t]
-    if not runs or len(runs) != len(timings) or len({len(t) for t in runs}) != 1:
-        return []
-    return [max(column) for column in zip(*runs, strict=True)]
-
-
 def _row(cfg: SweepConfig, g: Geometry, rec: dict[str, Any], requested: int) -> dict[str, Any]:
     """The table row of one finished job (time: the mean of the slowest rank per iteration;
     median and min over those iterations as well)."""
+    from ..service.records import slowest_per_call
+
     seconds = rec["time_s"] or 0.0
     per_rank = {int(r): sum(t) / len(t) for r, t in rec["timings"].items() if t}
-    slowest = _slowest(rec["timings"])
+    slowest = slowest_per_call(rec["timings"].values(), cfg.iters)
     return make_row(
         g,
         redop=cfg.redop,

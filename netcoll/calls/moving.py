@@ -8,7 +8,7 @@ dtype (broadcast into ``None``, uneven lists) it travels with the data.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +36,6 @@ from ._common import (
     unaliased,
 )
 
-if TYPE_CHECKING:
-    from ..transport.base import Channel
-
 
 def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False) -> Plan:
     root = check_root(e, root)
@@ -53,21 +50,22 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False)
     if e.world_size == 1:
         return Done(arr)
     fn = algorithms.ALGORITHMS["broadcast"][algo]
-    ran = Ran(e.choice)
-    if algo == "sized":  # the root chooses the tree or the chain by the size, the others follow
-        if e.rank == root and arr is not None:
+    # what ran, for the model (only it needs the size: the root's now, the others' from the
+    # data in post) and for a sized broadcast's stats; without either, nothing to keep
+    ran = Ran(e.choice) if algo == "sized" or e.tuner.active else None
+    if ran is not None and e.rank == root and arr is not None:
+        ran.nbytes = arr.nbytes
+        if algo == "sized":  # the root chooses the tree or the chain by the size, the others follow
             ran.shape, ran.predicted = root_shape(e, arr.nbytes)
+    if ran is not None and algo == "sized":
         fn = functools.partial(fn, chain=ran.shape == "ring", ran=ran.tell)
-
-    async def body(ch: Channel) -> tuple[np.ndarray, dict[str, Any]]:
-        data, got_meta = await fn(ch, send, root, meta=meta, segment_bytes=e.segment_bytes)
-        ran.nbytes = data.nbytes  # every rank knows the size now
-        return data, got_meta
 
     def post(got_: tuple[Any, dict[str, Any]]) -> Any:  # an array, or a tensor when a tensor was sent
         if e.rank == root:
             return arr
         data, got_meta = got_
+        if ran is not None:
+            ran.nbytes = data.nbytes
         got = array_from_meta(got_meta)
         if arr is None:
             return from_peer(np.frombuffer(data, dtype=got.dtype).reshape(got.shape) if got.size else got, got_meta)
@@ -81,7 +79,13 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False)
         return arr
 
     send = None if arr is None else flat_bytes(arr)
-    return Call("broadcast", fp(e, "broadcast", root=root, algorithm=algo), body, post, ran=ran)
+    return Call(
+        "broadcast",
+        fp(e, "broadcast", root=root, algorithm=algo),
+        lambda ch: fn(ch, send, root, meta=meta, segment_bytes=e.segment_bytes),
+        post,
+        ran=ran,
+    )
 
 
 def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,15 @@ from ..arrays import array_from_meta
 from ..escape import escape
 from ..rpc import Session
 from .jobs import JobSpec, JobState
+
+
+def slowest_per_call(timings: Iterable[Sequence[float]], iters: int) -> list[float]:
+    """Per call, the slowest rank's seconds, from every rank's ``iters`` call times (a job's
+    time per call is their mean); empty unless every rank timed every call."""
+    runs = list(timings)
+    if not runs or any(len(t) != iters for t in runs):
+        return []
+    return [max(column) for column in zip(*runs, strict=True)]
 
 
 @dataclass(eq=False)

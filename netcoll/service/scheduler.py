@@ -45,7 +45,7 @@ from ..rpc import Reply, Session
 from . import timeline
 from .jobs import JobSpec, JobState
 from .journal import Journal, Recovered, StoredJob
-from .records import Inputs, Job, Member, assign_ranks, split_inputs
+from .records import Inputs, Job, Member, assign_ranks, slowest_per_call, split_inputs
 
 log = logging.getLogger("netcoll.service")
 
@@ -651,11 +651,7 @@ class JobService:
                 parts += self._unresponsive(job, quiet)
             job.finish(JobState.FAILED, "; ".join(parts))
             return
-        times = (
-            [max(rep["timings"][i] for rep in job.reports.values()) for i in range(spec.iters)]
-            if all(len(rep.get("timings") or ()) == spec.iters for rep in job.reports.values())
-            else []
-        )
+        times = slowest_per_call((rep.get("timings") or () for rep in job.reports.values()), spec.iters)
         job.time_s = sum(times) / len(times) if times else None
         nbytes = job.reports[0].get("nbytes", 0)
         if job.time_s:
