@@ -123,7 +123,6 @@ class Engine:
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
         self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines
-        self.gate = Gate()  # keeps the group's calls opening in sequence order behind deferred ones
 
     def remember_fp(self, key: tuple[Any, ...], fp: str) -> str:
         if len(self.fps) >= 256:
@@ -136,25 +135,27 @@ class Engine:
         """Take the call's sequence number now and start running it: inline in
         the task that awaits the Work first, if that happens before the loop's
         next iteration (``await comm.all_reduce(x)``: no task of its own), else
-        in a task of its own (Works kept and awaited later, or never)."""
+        in a task of its own (Works kept and awaited later, or never). A call
+        deferred for parameters still being agreed (``call.waits``) is planned
+        and started once they are; the calls behind it need not wait for it
+        (operations may open in any order: the mailbox records which finished)."""
         if self.closed:
             raise CommunicatorClosed(f"the communicator of group {self.group!r} is closed")
         limit = self.timeout if timeout is None else check_timeout(timeout)
         if call.seq is None:
             call.seq, self.seq = self.seq, self.seq + 1
-        loop = asyncio.get_running_loop()
-        work = Work(call.name, call.seq, loop=loop)
-        ordered = call.group is None
-        pending = self.gate.pending(ordered, call.waits)
-        if pending is None:  # every call of a communicator that is not being tuned
+        work = Work(call.name, call.seq, loop=asyncio.get_running_loop())
+        waits = call.waits
+        if waits is None or waits.done():
             self._arm(work, call, limit, at_once=False)
         else:
-            self.gate.hold(pending, ordered, loop, functools.partial(self._arm, work, call, limit, at_once=True))
+            waits.add_done_callback(lambda _: self._arm(work, call, limit, at_once=True))
         return work
 
     def _arm(self, work: Work, call: Call, limit: float, *, at_once: bool) -> None:
         """Plan a deferred call now (its parameters are agreed), then start it:
-        ``at_once``, its task is made now (so it opens before the calls behind it)."""
+        ``at_once``, in a task made now; else on the loop's next iteration, unless a
+        task awaits the Work first and runs it inline."""
         rebuild, call.rebuild = call.rebuild, None
         if rebuild is not None:
             try:
@@ -333,51 +334,6 @@ class Engine:
             return
         await self.transport.abort(op, failure.reason.value, failure.message, failure.ranks)
         op.failure = Failure(failure.reason, failure.message, failure.ranks, told=True)
-
-
-class Gate:
-    """Keeps a group's operations opening in sequence order (the mailbox drops the
-    frames of an operation it believes finished): a call deferred for parameters
-    being agreed holds up the group's later calls until it has started."""
-
-    def __init__(self) -> None:
-        self.last: asyncio.Future[None] | None = None  # done once the last held call started
-
-    def pending(self, ordered: bool, waits: asyncio.Future[Any] | None) -> list[asyncio.Future[Any]] | None:
-        """What a call must wait for: ``waits``, and, ``ordered``, the last held
-        call's start (None: nothing, it may start at once)."""
-        last = self.last if ordered else None
-        if (last is None or last.done()) and (waits is None or waits.done()):
-            return None
-        return [f for f in (last, waits) if f is not None]  # (_when_done skips the done ones)
-
-    def hold(
-        self,
-        pending: list[asyncio.Future[Any]],
-        ordered: bool,
-        loop: asyncio.AbstractEventLoop,
-        start: Callable[[], None],
-    ) -> None:
-        """Run ``start()`` once every future of ``pending`` is done (an ``ordered``
-        call becomes the one later ordered calls wait for)."""
-        armed: asyncio.Future[None] = loop.create_future()
-        if ordered:
-            self.last = armed
-
-        def go() -> None:
-            start()
-            armed.set_result(None)
-
-        _when_done(pending, go)
-
-
-def _when_done(futures: list[asyncio.Future[Any]], fn: Callable[[], None]) -> None:
-    """Call ``fn`` once every future is done (in turn: one callback at a time)."""
-    rest = [f for f in futures if not f.done()]
-    if not rest:
-        fn()
-        return
-    rest[0].add_done_callback(lambda _: _when_done(rest[1:], fn))
 
 
 async def _raising(exc: BaseException, ch: Any) -> Any:

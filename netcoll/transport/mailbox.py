@@ -13,8 +13,9 @@ Routing:
    before reading the payload).
 2. A frame for an operation not yet opened is held, and handed to it when it
    opens; a frame for an operation that was opened and has since closed is
-   dropped (a group's operations open in ``seq`` order on every rank, so
-   ``seq < next_seq[group]`` and not open means finished).
+   dropped. Which have closed is recorded (:class:`Finished`), not inferred
+   from the order they opened in: operations in flight open in whatever order
+   their tasks run (an awaited Work runs inline, before earlier ones).
 3. An ABORT for an operation not yet opened is kept for it; one for an
    operation that already *succeeded* here (a broadcast root finishes before
    its receivers notice a mismatch) fails the group's next operation, so no
@@ -59,7 +60,10 @@ class Mailbox:
     def __init__(self, rank: int) -> None:
         self.rank = rank  # world rank of this process
         self.ops: dict[tuple[str, int], Operation] = {}
+        #: group -> one more than the highest seq opened (for the arrival board)
         self.next_seq: dict[str, int] = {}
+        #: group -> the seqs of its operations that have closed here
+        self.finished: dict[str, Finished] = {}
         self.early: dict[tuple[str, int], list[Early]] = {}
         self.early_aborts: dict[tuple[str, int], dict[str, Any]] = {}
         self.early_rts: dict[tuple[str, int], list[tuple[SlotKey, Callable[[bool], None]]]] = {}
@@ -143,7 +147,11 @@ class Mailbox:
 
     def close(self, op: Operation) -> None:
         """The engine is done with ``op``: stop in-place writes into its buffers."""
-        self.ops.pop((op.group, op.seq), None)
+        if self.ops.pop((op.group, op.seq), None) is not None:
+            finished = self.finished.get(op.group)
+            if finished is None:
+                finished = self.finished[op.group] = Finished()
+            finished.add(op.seq)
         if self.filling:
             for src in [s for s, o in self.filling.items() if o is op]:
                 del self.filling[src]  # the caller gets its buffer back: no more bytes into it
@@ -217,7 +225,7 @@ class Mailbox:
         op = self.ops.get(key)
         if op is not None:
             op.deliver(src, header, payload, held)
-        elif header["q"] >= self.next_seq.get(header["g"], 0):
+        elif not self._finished(*key):
             self.early.setdefault(key, []).append((src, header, payload))
             self.early_bytes += payload.nbytes
         elif held:  # a late frame of a finished (or failed) operation: drop it
@@ -228,7 +236,7 @@ class Mailbox:
         op = self.ops.get(key)
         if op is not None:
             op.on_abort(header, op.me(self.rank))
-        elif header["q"] >= self.next_seq.get(header["g"], 0):
+        elif not self._finished(*key):
             self.early_aborts.setdefault(key, header)
         elif header["q"] in self.succeeded.get(header["g"], {}):
             self.late_aborts.setdefault(header["g"], header)
@@ -256,7 +264,7 @@ class Mailbox:
         op = self.ops.get(key)
         if op is not None:
             op.when_posted(slot, callback)
-        elif header["q"] >= self.next_seq.get(header["g"], 0):
+        elif not self._finished(*key):
             self.early_rts.setdefault(key, []).append((slot, callback))
         else:
             callback(False)
@@ -285,6 +293,10 @@ class Mailbox:
             fut.exception()
 
     # -- internals ----------------------------------------------------------------------
+    def _finished(self, group: str, seq: int) -> bool:
+        done = self.finished.get(group)
+        return done is not None and seq in done
+
     def _release(self, src: int, nbytes: int) -> None:
         if self.released is not None and nbytes:
             self.released(src, nbytes)
@@ -309,6 +321,32 @@ class Mailbox:
             f"this rank had finished its part ({late['cause']}: {late['reason']})",
             (r,),
         )
+
+
+class Finished:
+    """The sequence numbers of one group's operations that have closed: every seq
+    below :attr:`below`, and those in :attr:`above` (closed while an earlier one
+    was still open or not yet opened: at most the operations in flight)."""
+
+    __slots__ = ("below", "above")
+
+    def __init__(self) -> None:
+        self.below = 0
+        self.above: set[int] = set()
+
+    def add(self, seq: int) -> None:
+        if seq != self.below:
+            if seq > self.below:
+                self.above.add(seq)
+            return
+        self.below += 1
+        above = self.above
+        while above and self.below in above:
+            above.remove(self.below)
+            self.below += 1
+
+    def __contains__(self, seq: int) -> bool:
+        return seq < self.below or seq in self.above
 
 
 def _reason_of_error(exc: BaseException) -> Reason:

@@ -96,6 +96,34 @@ async def test_released_once_for_every_held_payload() -> None:
     assert log[-1] == (1, 5)
 
 
+async def test_frames_for_an_operation_opened_after_a_later_one_are_kept() -> None:
+    """Operations in flight open in whatever order their tasks run: #1 awaited
+    first runs inline and opens before #0. Frames, aborts and RTSes for #0
+    arriving then are held for it, not dropped as if #0 had finished (the cause
+    of the in-flight deadlock of issue 34); once #0 closes, its late frames are."""
+    mb = Mailbox(rank=0)
+    log = ledger(mb)
+    later = mb.open("g", 1, "fp", (0, 1), "x")
+    mb.deliver(1, hdr(q=0), memoryview(bytearray(b"abcd")))
+    answers: list[bool] = []
+    mb.when_posted(1, hdr(q=0, s=1), answers.append)
+    assert log == [] and answers == []
+    earlier = mb.open("g", 0, "fp", (0, 1), "x")
+    payload, _ = await mb.take(earlier, (1, 0, 0), None)
+    assert bytes(payload) == b"abcd" and log == [(1, 4)]
+    mb.take(earlier, (1, 1, 0), None)
+    assert answers == [True]
+    mb.close(later)
+    mb.deliver(1, hdr(q=1), memoryview(bytearray(3)))  # #1 finished before #0: dropped
+    assert log[-1] == (1, 3)
+    mb.on_abort(1, {**hdr(q=0), "origin": 1, "cause": "error", "reason": "boom", "ranks": [1]})
+    assert earlier.state is State.FAILED  # #0 still open: the abort reaches it
+    mb.close(earlier)
+    mb.when_posted(1, hdr(q=0, s=2), answers.append)
+    assert answers == [True, False]  # both finished: an RTS is told so at once
+    assert mb.finished["g"].below == 2 and not mb.finished["g"].above
+
+
 async def test_payload_written_in_place_is_never_released() -> None:
     mb = Mailbox(rank=0)
     log = ledger(mb)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import netcoll
+from netcoll.comm import Communicator
 from netcoll.errors import (
     CollectiveCancelled,
     CollectiveClosed,
@@ -20,7 +21,7 @@ from netcoll.errors import (
     PeerLost,
 )
 from netcoll.operation import Reason, Work
-from tests.support import memory_world
+from tests.support import ALL_LINKS, MakeGroup, memory_world
 
 
 async def test_calls_return_work_and_await_unchanged() -> None:
@@ -58,6 +59,31 @@ async def test_many_in_flight_awaited_in_any_order() -> None:
     np.testing.assert_array_equal(await recvd, np.arange(5))
     assert await sent is None
     assert (await gathered[1]).ravel().tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("make_group", ALL_LINKS, indirect=True)
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "tree", "doubling"])
+@pytest.mark.parametrize("size", [2, 3, 4])
+async def test_the_later_of_two_issued_awaited_first(make_group: MakeGroup, size: int, algorithm: str) -> None:
+    """Issue 34's program: rank 0 issues two all_reduces and awaits the second
+    first (so it runs inline and opens before the first); the others await them
+    in order. It deadlocked at 3 ranks and more: frames for the first that
+    arrived while only the second was open were dropped as finished."""
+    comms = (await make_group(size)).communicators(timeout=10.0)
+    x1, x10 = np.ones(4, np.float32), np.ones(40_000, np.float32)
+
+    async def rank(c: Communicator) -> None:
+        for _ in range(10):
+            if c.rank == 0:
+                a, b = c.all_reduce(x1, algorithm=algorithm), c.all_reduce(x10, algorithm=algorithm)
+                vb = await b
+                va = await a
+            else:
+                va = await c.all_reduce(x1, algorithm=algorithm)
+                vb = await c.all_reduce(x10, algorithm=algorithm)
+            assert va[0] == size and vb[-1] == size
+
+    await asyncio.gather(*(rank(c) for c in comms))
 
 
 async def test_cancelled_before_it_started_keeps_later_results_right() -> None:
