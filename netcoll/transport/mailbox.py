@@ -19,7 +19,8 @@ Routing:
 3. An ABORT for an operation not yet opened is kept for it; one for an
    operation that already *succeeded* here (a broadcast root finishes before
    its receivers notice a mismatch) fails the group's next operation, so no
-   rank carries on alone.
+   rank carries on alone, unless it says the operation was cancelled: a
+   result this rank has is right, and the communicator stays usable.
 4. A crashed peer fails every open operation it is a member of, and every
    later operation that includes it fails at open; one that left in order
    (BYE) fails only operations still waiting for data from it.
@@ -238,8 +239,8 @@ class Mailbox:
             op.on_abort(header, op.me(self.rank))
         elif not self._finished(*key):
             self.early_aborts.setdefault(key, header)
-        elif header["q"] in self.succeeded.get(header["g"], {}):
-            self.late_aborts.setdefault(header["g"], header)
+        elif header["q"] in self.succeeded.get(header["g"], {}) and header["cause"] != Reason.CANCELLED.value:
+            self.late_aborts.setdefault(header["g"], header)  # (a late cancel changes nothing: ours is right)
 
     def peer_lost(self, peer: int, cause: BaseException | None = None, graceful: bool = False) -> None:
         """``peer``'s link is gone (see :meth:`Operation.lost`)."""

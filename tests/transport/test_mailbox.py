@@ -87,3 +87,14 @@ async def test_abort_for_an_op_that_succeeded_here_fails_the_next_one() -> None:
     mb.close(failed)
     mb.on_abort(1, {"g": "g", "q": 2, "reason": "r", "origin": 1, "cause": "error"})
     assert mb.open("g", 3, "fp", (0, 1), "x").error is None
+
+
+async def test_a_late_cancel_for_an_op_that_succeeded_here_changes_nothing() -> None:
+    """Rank 1 cancelled #0 after this rank had its (right) result: the next operation
+    is not failed for it (a cancel leaves the communicator usable)."""
+    mb = Mailbox(rank=0)
+    mb.close(mb.open("g", 0, "fp", (0, 1), "all_reduce"))
+    mb.on_abort(
+        1, {"g": "g", "q": 0, "reason": "all_reduce #0 was cancelled on rank 1", "origin": 1, "cause": "cancelled"}
+    )
+    assert mb.open("g", 1, "fp", (0, 1), "x").error is None
