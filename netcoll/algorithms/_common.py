@@ -48,6 +48,12 @@ DEFAULT_SEGMENT_BYTES: Final = 4 << 20  # measured: 4 MiB beats 1 MiB and 256 Ki
 #: arrived, and senders run ahead of receivers, so this is generous.
 RELAY_WINDOW: Final = 64
 
+#: :func:`exchange` keeps this many receives posted and runs its sends at most
+#: EXCHANGE_LAG segments ahead of its receives (:func:`interleaved`), so it never
+#: waits on the receive window for progress.
+EXCHANGE_DEPTH: Final = 4 * RELAY_WINDOW
+EXCHANGE_LAG: Final = RELAY_WINDOW
+
 #: Reducing algorithms receive into scratch segment buffers used round-robin;
 #: at least this many, so two receives stay posted while one is reduced.
 MIN_SCRATCH_SEGMENTS: Final = 3
@@ -116,6 +122,16 @@ def scratch_depth(want: int, segment_nbytes: int) -> int:
     clamped to ``[MIN_SCRATCH_SEGMENTS, SCRATCH_BUDGET_BYTES / segment]``."""
     cap = max(MIN_SCRATCH_SEGMENTS, SCRATCH_BUDGET_BYTES // max(1, segment_nbytes))
     return max(MIN_SCRATCH_SEGMENTS, min(want, cap))
+
+
+def slice_segments(segments: int, segment_nbytes: int) -> int:
+    """How many of each chunk's ``segments`` a ring reduction runs at once (a *slice*;
+    NCCL loops over a large buffer the same way): at most the scratch budget less two,
+    so that a slice's ``S+2`` receives posted ahead cover a whole step. With a whole
+    chunk at once and fewer receives posted, a rank's next-step send waits for a
+    receive its neighbour posts only after receiving more from this rank: a cycle once
+    the receive window is full (issue 38: 300 MiB at 4 ranks, 64 MiB window)."""
+    return max(1, min(segments, scratch_depth(segments + 2, segment_nbytes) - 2))
 
 
 class _ScratchPool:
@@ -408,15 +424,38 @@ async def exchange(
     def folds(j: int) -> Fold | None:
         return None if linked is None else linked.fold(*rsegs[j])
 
-    async with RecvWindow(ch, plan, len(rsegs), 4 * RELAY_WINDOW, folds if linked is not None else None) as window:
+    ssegs = [] if send is None else split(send.size, num_segments(send.nbytes, segment_bytes))
+    async with RecvWindow(ch, plan, len(rsegs), EXCHANGE_DEPTH, folds if linked is not None else None) as window:
         await window.start()
-        if send is not None:
-            for j, (a, b) in enumerate(split(send.size, num_segments(send.nbytes, segment_bytes))):
-                await ch.send(peer, send[a:b], step=step, chunk=j)
-        for j, (a, b) in enumerate(rsegs):
+
+        async def put(k: int) -> None:
+            a, b = ssegs[k]
+            await ch.send(peer, send[a:b], step=step, chunk=k)  # type: ignore[index]
+
+        async def get(j: int) -> None:
             await window.get(j)
             if fold is not None and not window.folded(j):
-                fold.apply(recv, a, b)  # type: ignore[arg-type]
+                fold.apply(recv, *rsegs[j])  # type: ignore[arg-type]
+
+        await interleaved(len(ssegs), put, len(rsegs), get)
+
+
+async def interleaved(
+    nsend: int, send: Callable[[int], Awaitable[None]], nrecv: int, recv: Callable[[int], Awaitable[None]]
+) -> None:
+    """``send(k)`` for ``k < nsend`` and ``recv(j)`` for ``j < nrecv`` (through a
+    :class:`RecvWindow` of at least ``EXCHANGE_LAG + 1``), the sends at most
+    ``EXCHANGE_LAG`` ahead of the receives. When every rank sends this way to a
+    rank that receives this way, every message is posted before it is sent beyond
+    the window, whatever the window: a rank stuck in a send would be waiting for a
+    peer that has received no more than was already sent to it. (All the sends
+    first deadlocks once the two sides have each sent past what the other posted.)"""
+    for k in range(nsend):
+        await send(k)
+        if EXCHANGE_LAG <= k < nrecv + EXCHANGE_LAG:
+            await recv(k - EXCHANGE_LAG)
+    for j in range(max(0, nsend - EXCHANGE_LAG), nrecv):
+        await recv(j)
 
 
 def power_of_two_below(n: int) -> int:

@@ -49,12 +49,13 @@ import numpy as np
 from ..ops import ReduceOp
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
-    RELAY_WINDOW,
+    EXCHANGE_DEPTH,
     RecvWindow,
     Reduction,
     exchange,
     fold_extra_ranks,
     gather_args,
+    interleaved,
     num_segments,
     power_of_two_below,
     reduction_args,
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 __all__ = ["all_gather", "all_reduce", "barrier"]
 
 _EMPTY = np.empty(0, dtype=np.uint8)
+Pieces = list[tuple[int, int]]  # [lo, hi) byte ranges of the buffer
 
 
 async def all_reduce(
@@ -143,7 +145,7 @@ async def all_gather(ch: Channel, buf: np.ndarray, *, segment_bytes: int = DEFAU
 
     # Every incoming piece has its own final place in buf, so the receives of
     # all rounds are posted up front; round k only waits for its own.
-    rounds: list[tuple[int, list[tuple[int, int]], int]] = []  # (dist, outgoing, #incoming)
+    rounds: list[tuple[int, Pieces, int]] = []  # (dist, outgoing, #incoming)
     incoming: list[tuple[int, int, int, int, int]] = []  # (src, step, chunk, lo, hi)
     dist = 1
     while dist < P:
@@ -158,12 +160,17 @@ async def all_gather(ch: Channel, buf: np.ndarray, *, segment_bytes: int = DEFAU
         src, step, j, a, b = incoming[i]
         return src, step, j, data[a:b]
 
-    async with RecvWindow(ch, plan, len(incoming), 4 * RELAY_WINDOW) as window:
+    async with RecvWindow(ch, plan, len(incoming), EXCHANGE_DEPTH) as window:
         await window.start()
-        i = 0
+        first = 0  # round step's first incoming piece in the window
         for step, (dist, outgoing, n_in) in enumerate(rounds):
-            for j, (a, b) in enumerate(outgoing):
-                await ch.send((r - dist) % P, data[a:b], step=step, chunk=j)
-            for _ in range(n_in):
-                await window.get(i)
-                i += 1
+
+            async def put(j: int, to: int = (r - dist) % P, out: Pieces = outgoing, step: int = step) -> None:
+                a, b = out[j]
+                await ch.send(to, data[a:b], step=step, chunk=j)
+
+            async def get(j: int, first: int = first) -> None:
+                await window.get(first + j)
+
+            await interleaved(len(outgoing), put, n_in, get)
+            first += n_in

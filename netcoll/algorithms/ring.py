@@ -70,7 +70,7 @@ from ._common import (
     reduction_args,
     relay,
     scratch,
-    scratch_depth,
+    slice_segments,
     split,
 )
 
@@ -242,9 +242,12 @@ async def _reduce_scatter_chunks(
     ch: Channel, data: np.ndarray, dst: np.ndarray, op: ReduceOp, chunks: list[list[tuple[int, int]]]
 ) -> None:
     longest = max(b - a for chunk in chunks for a, b in chunk)
-    depth = scratch_depth(len(chunks[0]) + 2, longest * data.itemsize)
-    with scratch(depth, longest, data.dtype) as bufs:
-        await _reduce_scatter_steps(ch, data, dst, op, chunks, bufs)
+    per = slice_segments(len(chunks[0]), longest * data.itemsize)
+    with scratch(per + 2, longest, data.dtype) as bufs:
+        origin = chunks[ch.rank][0][0]  # dst[0] is data element ``origin`` (block rank's first)
+        for j0 in range(0, len(chunks[0]), per):
+            part = [chunk[j0 : j0 + per] for chunk in chunks]
+            await _reduce_scatter_steps(ch, data, dst, op, part, bufs, origin, j0)
 
 
 async def _reduce_scatter_steps(
@@ -254,12 +257,15 @@ async def _reduce_scatter_steps(
     op: ReduceOp,
     chunks: list[list[tuple[int, int]]],
     scratch: list[np.ndarray],
+    base: int,
+    first_segment: int,
 ) -> None:
-    """``chunks[c]``: the ``S`` segments (element bounds in ``data``) of block
-    ``c``; blocks may differ in size. ``dst``: block ``ch.rank``'s size."""
+    """One slice of the reduce-scatter: ``chunks[c]`` are the ``S`` segments (element
+    bounds in ``data``) of block ``c`` in it, whose messages are chunks
+    ``first_segment..`` (see :func:`_ring_steps`); blocks may differ in size.
+    ``dst``: block ``ch.rank``'s size; its element 0 is data element ``base``."""
     P, r, S, depth = ch.size, ch.rank, len(chunks[0]), len(scratch)
     right, left = (r + 1) % P, (r - 1) % P
-    base = chunks[r][0][0]  # dst[0] is data element ``base`` of block r
     # Step t (0..P-2) sends block r-1-t and receives block r-2-t; the last
     # step brings block r, which is received straight into ``dst``. The
     # partial sums live in scratch (``incoming op own``), so data is read-only.
@@ -268,7 +274,7 @@ async def _reduce_scatter_steps(
         t, j = divmod(i, S)
         a, b = chunks[(r - 2 - t) % P][j]
         dest = dst[a - base : b - base] if t == P - 2 else scratch[i % depth][: b - a]
-        return left, t, j, dest
+        return left, t, first_segment + j, dest
 
     def fold(i: int) -> Fold:  # what the link may do as the payload arrives: acc = incoming op own
         t, j = divmod(i, S)
@@ -281,14 +287,14 @@ async def _reduce_scatter_steps(
             t, j = divmod(i, S)
             if t == 0:
                 a, b = chunks[(r - 1) % P][j]
-                await ch.send(right, data[a:b], step=0, chunk=j)
+                await ch.send(right, data[a:b], step=0, chunk=first_segment + j)
             await window.get(i)
             a, b = chunks[(r - 2 - t) % P][j]
             acc = plan(i)[3]
             if not window.folded(i):
                 reduce_into(op, acc, data[a:b])
             if t < P - 2:
-                await ch.send(right, acc, step=t + 1, chunk=j)
+                await ch.send(right, acc, step=t + 1, chunk=first_segment + j)
 
 
 async def _ring(
@@ -307,14 +313,15 @@ async def _ring(
     incoming segment into ``data`` (via scratch), later ones receive in place."""
     S = len(segs[0])
     longest = max(b - a for chunk in segs for a, b in chunk)
-    if reduce_steps:
-        depth = scratch_depth(S + 2, longest * data.itemsize)
-    else:  # all destinations are distinct places in ``data``: no scratch to bound
-        depth = max(S + 2, RELAY_WINDOW)
-    with scratch(depth if reduce_steps else 0, longest, data.dtype) as bufs:
-        await _ring_steps(
-            ch, data, op, segs, bufs, first, reduce_steps, total_steps, depth, data if src is None else src
-        )
+    if not reduce_steps:  # all destinations are distinct places in ``data``: no scratch to bound
+        await _ring_steps(ch, data, op, segs, [], first, 0, total_steps, max(S + 2, RELAY_WINDOW), data, 0)
+        return
+    per = slice_segments(S, longest * data.itemsize)
+    with scratch(per + 2, longest, data.dtype) as bufs:
+        for j0 in range(0, S, per):
+            part = [chunk[j0 : j0 + per] for chunk in segs]
+            own = data if src is None else src
+            await _ring_steps(ch, data, op, part, bufs, first, reduce_steps, total_steps, per + 2, own, j0)
 
 
 async def _ring_steps(
@@ -328,8 +335,15 @@ async def _ring_steps(
     total_steps: int,
     depth: int,
     src: np.ndarray,
+    first_segment: int,
 ) -> None:
-    """``src``: where this rank's own contribution is read (``data`` itself, or
+    """One slice of the ring: ``segs[c]`` are the segments of chunk ``c`` in it, whose
+    messages are chunks ``first_segment..`` (of all the chunk's segments). A slice
+    keeps at least a step's receives (``S+2``) posted, so every send's receive is
+    posted by a neighbour that has received no more than it has already been sent:
+    no send waits on this rank's own progress, whatever the receive window (with a
+    whole chunk at once and less scratch than a step, it did: issue 38).
+    ``src``: where this rank's own contribution is read (``data`` itself, or
     the caller's input: each chunk is reduced at most once per rank, so it is
     read before ``data`` holds anything there)."""
     P, r, S = ch.size, ch.rank, len(segs[0])
@@ -340,7 +354,7 @@ async def _ring_steps(
     def plan_reduce(i: int) -> tuple[int, int, int, np.ndarray]:
         t, j = divmod(i, S)
         a, b = segs[(first - t - 1) % P][j]
-        return left, t, j, scratch[i % depth][: b - a]
+        return left, t, first_segment + j, scratch[i % depth][: b - a]
 
     def fold(i: int) -> Fold:  # what the link may do as the payload arrives: data = src op incoming
         assert op is not None
@@ -351,7 +365,7 @@ async def _ring_steps(
     def plan_gather(k: int) -> tuple[int, int, int, np.ndarray]:
         t, j = divmod(R + k, S)
         a, b = segs[(first - t - 1) % P][j]
-        return left, t, j, data[a:b]
+        return left, t, first_segment + j, data[a:b]
 
     # Scratch bounds how far ahead reduced messages are posted; messages that
     # land in place are all posted at once, so a left neighbour running ahead
@@ -368,14 +382,14 @@ async def _ring_steps(
             t, j = divmod(i, S)
             if t == 0:  # the first step sends straight from the caller's buffer
                 a, b = segs[first % P][j]
-                await ch.send(right, src[a:b], step=0, chunk=j)
+                await ch.send(right, src[a:b], step=0, chunk=first_segment + j)
             await (reduced.get(i) if i < R else in_place.get(i - R))
             a, b = segs[(first - t - 1) % P][j]
             if t < reduce_steps and not reduced.folded(i):
                 assert op is not None
                 reduce_to(op, data[a:b], src[a:b], scratch[i % depth][: b - a])
             if t + 1 < total_steps:
-                await ch.send(right, data[a:b], step=t + 1, chunk=j)
+                await ch.send(right, data[a:b], step=t + 1, chunk=first_segment + j)
 
 
 async def broadcast(

@@ -1,0 +1,133 @@
+"""Large messages at any window (issue 38): one collective of ``--size`` per rank, run
+by ``netcoll run`` as a user runs it (one process per rank, ``netcoll.sync``), over
+TCP and over shared memory, with the default settings and with the receive window and
+the result pool at their smallest allowed values. Every rank checks its result.
+
+``--size`` is nccl-tests' size: the largest buffer a rank holds (all_reduce and
+broadcast: the array; all_gather: the output, each rank giving a ``1/P`` block;
+reduce_scatter: the input, each rank getting a ``1/P`` block). Reported per run: time
+(the slowest rank), bus bandwidth, every rank's peak RSS, and whether it was right.
+
+    python3 bench/bigmessage.py                                   # 1 GiB, 4 ranks, the whole matrix
+    python3 bench/bigmessage.py --size 300M --ops all_reduce --links tcp --settings default
+    python3 bench/bigmessage.py --json bench/bigmessage-results.json
+
+Loopback only: the launcher's coordinator and the ranks listen on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from netcoll.links.factory import MIN_WINDOW
+from netcoll.sizes import format_size, parse_size
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+#: (name, environment): the receive window and result pool at their defaults, or smallest
+SETTINGS = {"default": {}, "minimum": {"NETCOLL_RECV_WINDOW": str(MIN_WINDOW), "NETCOLL_RESULT_POOL": "0"}}
+BUSBW = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0}
+MARK = "BIGMESSAGE "
+
+
+def worker(op: str, size: int) -> None:
+    """One rank (under ``netcoll run``): run ``op`` once, check it, print a JSON line."""
+    import netcoll.sync
+
+    with netcoll.sync.connect(timeout=600) as comm:
+        p, r = comm.world_size, comm.rank
+        n = size // 4 // p * p  # float32 elements, a multiple of P
+        comm.barrier()
+        start = time.perf_counter()
+        if op == "all_reduce":
+            got = comm.all_reduce(np.full(n, r + 1, np.float32))
+            right = bool((got == p * (p + 1) // 2).all())
+        elif op == "broadcast":
+            got = comm.broadcast(np.arange(n, dtype=np.float32) % 1021 if r == 0 else None, root=0)
+            right = bool(np.array_equal(np.asarray(got).view(np.float32), np.arange(n, dtype=np.float32) % 1021))
+        elif op == "all_gather":
+            got = comm.all_gather(np.full(n // p, r, np.float32))
+            right = bool((got == np.arange(p, dtype=np.float32)[:, None]).all())
+        else:
+            got = comm.reduce_scatter(np.full((p, n // p), r + 1, np.float32))
+            right = bool((got == p * (p + 1) // 2).all())
+        seconds = time.perf_counter() - start
+        del got
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(MARK + json.dumps({"rank": r, "seconds": seconds, "right": right, "peak_rss": rss}), flush=True)
+
+
+def run(op: str, size: int, ranks: int, links: str, settings: str, limit: float) -> dict[str, Any]:
+    env = {**os.environ, **SETTINGS[settings], "NETCOLL_TRANSPORT": "tcp" if links == "tcp" else "auto"}
+    cmd = [sys.executable, "-m", "netcoll", "run", "-n", str(ranks), __file__, "--worker", op, "--size", str(size)]
+    start = time.perf_counter()
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit, check=False)
+        rows = [json.loads(line.split(MARK, 1)[1]) for line in out.stdout.splitlines() if MARK in line]
+        error = None if out.returncode == 0 else out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+    except subprocess.TimeoutExpired:
+        rows, error = [], [f"no result within {limit:g}s"]
+    row: dict[str, Any] = {"op": op, "bytes": size, "ranks": ranks, "links": links, "settings": settings}
+    row["wall_s"] = round(time.perf_counter() - start, 2)
+    if error or len(rows) != ranks:
+        row.update(ok=False, error=" ".join(error or ["missing rank results"]))
+        return row
+    seconds = max(x["seconds"] for x in rows)
+    row.update(
+        ok=all(x["right"] for x in rows),
+        seconds=round(seconds, 3),
+        busbw_gbs=round(size * BUSBW.get(op, lambda p: (p - 1) / p)(ranks) / seconds / 1e9, 3),
+        peak_rss=[x["peak_rss"] for x in sorted(rows, key=lambda x: x["rank"])],
+    )
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", choices=OPS, help=argparse.SUPPRESS)
+    ap.add_argument("--size", default="1G", help="bytes per rank (default 1G)")
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--links", default="tcp,shm")
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--limit", type=float, default=900.0, help="seconds one run may take")
+    ap.add_argument("--json", help="write the rows (and the machine) to this file")
+    args = ap.parse_args()
+    size = parse_size(args.size)
+    if args.worker:
+        worker(args.worker, size)
+        return
+    rows = []
+    for settings in args.settings.split(","):
+        for links in args.links.split(","):
+            for op in args.ops.split(","):
+                row = run(op, size, args.ranks, links, settings, args.limit)
+                rows.append(row)
+                rss = max(row.get("peak_rss") or [0])
+                what = (
+                    f"{row.get('seconds', '-')} s, busbw {row.get('busbw_gbs', '-')} GB/s, peak RSS {format_size(rss)}"
+                )
+                verdict = "right" if row["ok"] else f"FAILED: {row.get('error', 'wrong result')}"
+                print(f"{op:15} {format_size(size):>8} {links:4} {settings:8} {what}: {verdict}", flush=True)
+    if args.json:
+        machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine()}
+        with open(args.json, "w") as f:
+            json.dump(
+                {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine, "rows": rows},
+                f,
+                indent=1,
+            )
+    sys.exit(0 if all(r["ok"] for r in rows) else 1)
+
+
+if __name__ == "__main__":
+    main()
