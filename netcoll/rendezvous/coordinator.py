@@ -663,7 +663,7 @@ class Coordinator:
             return
         report = arrivals.parse(body["ops"], asyncio.get_running_loop().time())
         if report is not None:
-            main.data[_REPORT] = report
+            main.data[_REPORT] = arrivals.follow(main.data.get(_REPORT), report)
 
     def board(self) -> list[dict[str, Any]]:
         """The arrival board of every operation some connected rank is in (hang explainer)."""
@@ -676,7 +676,7 @@ class Coordinator:
             report.seen = report.at if holder is None else holder.last_seen
             reports.append(report)
         stale = 2 * self._liveness_timeout() / LEASE_BEATS
-        return arrivals.build(reports, asyncio.get_running_loop().time(), stale)
+        return arrivals.build(reports, asyncio.get_running_loop().time(), stale, self.limits.stuck_after_s)
 
     def _liveness_row(self, member: Member) -> dict[str, Any]:
         """``liveness`` ("ok", "unresponsive", "disconnected") and for how long its loop is quiet."""

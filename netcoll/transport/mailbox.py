@@ -133,13 +133,24 @@ class Mailbox:
     def snapshot(self, limit: int = SNAPSHOT_OPS) -> dict[str, Any]:
         """What this rank is in, for the coordinator's arrival board (called from the
         heartbeat thread: it reads copies, made atomically under the GIL):
-        ``{rank, ops: [[group, seq, name, fp, seconds running, members, waiting for]],
-        next: {group: next seq}}``, at most ``limit`` operations (the oldest)."""
+        ``{rank, ops: [[group, seq, name, fp, seconds running, members, waiting for,
+        seconds since it last received, world ranks waited for]], next: {group: next seq}}``,
+        at most ``limit`` operations (the oldest)."""
         now = time.monotonic()
         try:
             ops = sorted(self.ops.copy().values(), key=lambda op: op.opened)[:limit]
             rows = [
-                [op.group, op.seq, op.name, op.fp, round(now - op.opened, 3), list(op.members), op.waiting_for()]
+                [
+                    op.group,
+                    op.seq,
+                    op.name,
+                    op.fp,
+                    round(now - op.opened, 3),
+                    list(op.members),
+                    op.waiting_for(),
+                    round(max(now - op.moved, 0.0), 3),
+                    list(op.waiting_world()),
+                ]
                 for op in ops
             ]
             groups = {op.group for op in ops}

@@ -1,6 +1,8 @@
 """The hang explainer: the coordinator's arrival board shows who a stuck
-collective waits for (from the ranks' heartbeats), and mismatched calls side
-by side; ``netcoll status`` prints it."""
+collective waits for (from the ranks' heartbeats), a deadlock as one, and
+mismatched calls side by side; ``netcoll status`` prints it. Real hangs here;
+the rules (what counts as stuck, what is a deadlock) with injected reports in
+test_board_rules.py."""
 
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ pytestmark = pytest.mark.tcp
 @contextlib.asynccontextmanager
 async def _world(n: int) -> AsyncIterator[tuple[Client, list[netcoll.Communicator]]]:
     """A coordinator with its job service (so the client's status works) and ``n``
-    embedded ranks that heartbeat every 0.1 s."""
-    limits = Limits(liveness_timeout_s=0.4, progress_timeout_s=30.0)
+    embedded ranks that heartbeat every 0.1 s; a wait shows once 3 of them agree it
+    has had no data for 0.2 s."""
+    limits = Limits(liveness_timeout_s=0.4, progress_timeout_s=30.0, stuck_after_s=0.2)
     async with netcoll.Coordinator(limits=limits) as coord:
         svc = JobService(coord)
         async with contextlib.AsyncExitStack() as stack:
@@ -91,6 +94,26 @@ async def test_board_shows_a_mismatch_side_by_side() -> None:
         assert [c["ranks"] for c in row["calls"]] == [[0], [1]]
         assert "root=0" in row["calls"][0]["call"] and "root=1" in row["calls"][1]["call"]
         assert any("MISMATCH" in line for line in arrivals.lines(status["board"]))
+        for w in (a, b):
+            w.cancel()
+        await asyncio.gather(a, b, return_exceptions=True)
+
+
+async def test_board_names_a_deadlock_across_two_operations() -> None:
+    """Rank 0 waits in a recv for rank 1, which waits for rank 0 in an all_reduce."""
+    async with _world(2) as (client, comms):
+        a = comms[0].recv(1, timeout=60)
+        b = comms[1].all_reduce(np.ones(4, np.float32), timeout=60)
+
+        def deadlocked(board: list[dict[str, Any]]) -> bool:
+            return sum(1 for row in board if row["deadlock"]) == 2
+
+        status = await _board_until(client, deadlocked)
+        text = arrivals.lines(status["board"])
+        assert text[0] == "deadlock: rank 0 in recv #0 waits for rank 1, rank 1 in all_reduce #0 waits for rank 0"
+        assert sum(1 for line in text if line.startswith("deadlock:")) == 1  # named once
+        row = next(r for r in status["board"] if r["op"] == "all_reduce")
+        assert [m["rank"] for m in row["missing"]] == [0] and "in recv #0" in row["missing"][0]["why"]
         for w in (a, b):
             w.cancel()
         await asyncio.gather(a, b, return_exceptions=True)
