@@ -129,6 +129,7 @@ class Engine:
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
         self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines
+        self.deadlines.told = self._told  # (what the slow warnings follow the wait chain with)
         #: after a timeout, how long to listen for the other ranks' reports at most (None:
         #: TIMEOUT_GRACE, at most a tenth of the timeout); it ends once the chain is whole
         self.timeout_grace: float | None = None

@@ -275,6 +275,46 @@ def _name_deadlocks(rows: list[dict[str, Any]], stuck: list[Stuck], labels: dict
                 row["deadlock"] = text
 
 
+CHAIN_ROWS = 32  # stuck waits a heartbeat's answer names at most
+
+
+def index(reports: list[Report]) -> dict[tuple[str, int], Report]:
+    """The reports by (group family, world rank): where :func:`chain_rows` looks up a rank."""
+    out: dict[tuple[str, int], Report] = {}
+    for rep in reports:
+        for g in {row.group for row in rep.ops} | set(rep.next):
+            out[(family(g), rep.rank)] = rep
+    return out
+
+
+def chain_rows(by: dict[tuple[str, int], Report], rep: Report, stuck_after: float) -> list[list[Any]]:
+    """What a rank is told of the ranks it waits for (a heartbeat's answer): the stuck
+    waits on the chains from its own waits, each ``[world rank, name, seq, group,
+    [world ranks waited for], seconds without data, seconds running]``, at most
+    :data:`CHAIN_ROWS`. Only stuck waits (:func:`stuck_since`): a wait seen once may be
+    healthy progress."""
+    out: list[list[Any]] = []
+    todo = [(family(row.group), w) for row in rep.ops for w in row.waiting_world or () if w != rep.rank]
+    seen = {(f, rep.rank) for f, _ in todo}
+    while todo and len(out) < CHAIN_ROWS:
+        key = todo.pop(0)
+        if key in seen:
+            continue
+        seen.add(key)
+        theirs = by.get(key)
+        if theirs is None:
+            continue
+        for row in theirs.ops:
+            if family(row.group) != key[0] or not row.waiting_world:
+                continue
+            if stuck_since(theirs, row.group, row.seq, stuck_after) is None:
+                continue
+            idle = row.age if row.idle is None else row.idle
+            out.append([theirs.rank, row.name, row.seq, row.group, row.waiting_world, idle, row.age])
+            todo.extend((key[0], w) for w in row.waiting_world)
+    return out[:CHAIN_ROWS]
+
+
 def _namer(label: dict[int, int]) -> Callable[[int], str]:
     return lambda r: f"rank {label.get(r, r)}"
 
@@ -322,4 +362,17 @@ def _list(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
-__all__ = ["KEEP", "STUCK_AFTER", "Report", "Row", "build", "follow", "lines", "parse", "stuck_since"]
+__all__ = [
+    "CHAIN_ROWS",
+    "KEEP",
+    "STUCK_AFTER",
+    "Report",
+    "Row",
+    "build",
+    "chain_rows",
+    "follow",
+    "index",
+    "lines",
+    "parse",
+    "stuck_since",
+]

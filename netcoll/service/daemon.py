@@ -166,7 +166,7 @@ class RankDaemon:
             tls=self.tls,
         )
         self.rdv = rdv
-        rdv.report_with(self._in_flight)
+        rdv.report_with(self._in_flight, self._seen)
         lost = asyncio.Event()
 
         def on_event(event: dict[str, Any]) -> None:
@@ -212,6 +212,12 @@ class RankDaemon:
         """The operations this rank is in (the heartbeat thread reads it; thread-safe)."""
         transport = self.transport
         return None if transport is None else transport.mailbox.snapshot()
+
+    def _seen(self, rows: Any) -> None:
+        """What the coordinator says of the ranks this one waits for (heartbeat thread)."""
+        transport = self.transport
+        if transport is not None:
+            transport.answers.seen(rows)
 
     async def _drain(self, rdv: RendezvousClient) -> None:
         running = "no job is running" if self.current_job is None else f"finishing job {escape(self.current_job)}"

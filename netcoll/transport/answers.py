@@ -15,6 +15,11 @@ An answer names another operation than the one it is about, and is never
 answered itself (two ranks never echo each other). Every wait heard is also
 kept (:attr:`Answers.heard`), so an operation here that times out later can
 name a cycle through a rank that gave up first.
+
+The coordinator's arrival board adds what it knows: a heartbeat of a rank that
+has waited a while is answered with the stuck waits of the ranks it waits for
+(:meth:`Answers.seen`, from the heartbeat thread), so a slow-operation warning
+can say what they are in before anyone times out.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ if TYPE_CHECKING:
     from .base import Transport
 
 HEARD_KEPT = 1024  # waits heard kept at most (one per rank)
+SEEN_KEPT = 64  # waits of the board's answer read at most
+MAX_TEXT = 200  # characters kept of an operation's or group's name
 
 
 class Answers:
@@ -40,6 +47,8 @@ class Answers:
         #: world rank -> the wait its last timeout report named (an ABORT's ``w``) and when
         #: (monotonic seconds) it was heard
         self.heard: dict[int, tuple[dict[str, Any], float]] = {}
+        #: the same, from the coordinator's last answer to a heartbeat (replaced whole)
+        self.board: dict[int, tuple[dict[str, Any], float]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __call__(self, src: int, header: dict[str, Any], op: Operation | None) -> None:
@@ -78,14 +87,50 @@ class Answers:
         return min(ops, key=lambda op: op.opened) if ops else None
 
     def recent(self, since: float) -> dict[int, dict[str, Any]]:
-        """The waits heard at or after monotonic time ``since``, by world rank."""
-        return {r: w for r, (w, at) in self.heard.copy().items() if at >= since}
+        """The waits heard (from the ranks, else from the board) at or after monotonic
+        time ``since``, by world rank."""
+        out = {r: w for r, (w, at) in self.board.items() if at >= since}
+        out.update({r: w for r, (w, at) in self.heard.copy().items() if at >= since})
+        return out
+
+    def seen(self, rows: Any) -> None:
+        """The coordinator's stuck waits on this rank's chains (``board.chain_rows``:
+        ``[world rank, name, seq, group, [world ranks], seconds without data, seconds
+        running]``), checked (rows of another shape are skipped). Called from the
+        heartbeat thread: the dict is replaced whole."""
+        now = time.monotonic()
+        board: dict[int, tuple[dict[str, Any], float]] = {}
+        for row in rows[:SEEN_KEPT] if isinstance(rows, list) else ():
+            wait = _board_wait(row)
+            if wait is not None:
+                board.setdefault(row[0], (wait, now))
+        self.board = board
 
     async def _send(self, peer: int, header: dict[str, Any]) -> None:
         try:
             await self.transport.send(peer, Kind.ABORT, header)
         except Exception:  # noqa: BLE001 - best effort: the asker may be gone
             pass
+
+
+def _board_wait(row: Any) -> dict[str, Any] | None:
+    """A board row as an ABORT's ``w`` (None when it is not one)."""
+    if not isinstance(row, list) or len(row) != 7:
+        return None
+    rank, name, seq, group, ranks, idle, age = row
+    if not all(_count(v) for v in (rank, seq)) or not isinstance(name, str) or not isinstance(group, str):
+        return None
+    if not isinstance(ranks, list) or not all(_count(r) for r in ranks) or not (_secs(idle) and _secs(age)):
+        return None
+    return {"n": name[:MAX_TEXT], "q": seq, "g": group[:MAX_TEXT], "r": ranks[:64], "s": idle, "a": age}
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
+
+
+def _secs(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e12
 
 
 def _ranks(ranks: Any) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ import netcoll
 from netcoll.cli.status import print_status
 from netcoll.limits import Limits
 from netcoll.rendezvous import board as arrivals
+from netcoll.rendezvous import coordinator as coordinator_module
 from netcoll.service import Client, JobService
 
 pytestmark = pytest.mark.tcp
@@ -117,6 +120,38 @@ async def test_board_names_a_deadlock_across_two_operations() -> None:
         for w in (a, b):
             w.cancel()
         await asyncio.gather(a, b, return_exceptions=True)
+
+
+async def test_slow_warnings_name_what_the_awaited_rank_waits_for(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ring: rank 1 waits for rank 0, which waits for rank 2, which never calls. Rank 1's
+    warnings name the chain's end from the coordinator's board (its heartbeats' answers)."""
+    monkeypatch.setattr(coordinator_module, "CHAIN_AFTER", 0.1)
+    async with _world(3) as (_, comms):
+        await asyncio.gather(*(c.barrier() for c in comms))
+        for c in comms:
+            c._engine.slow_op_s = 0.2
+        x = np.ones(4, np.float32)
+        with caplog.at_level(logging.WARNING, logger="netcoll.engine"):
+            works = [comms[r].all_reduce(x, algorithm="ring", timeout=60) for r in (0, 1)]
+            chain = "rank 0 in all_reduce #1 waits for rank 2; rank 2 never delivered"
+
+            def warned() -> list[str]:
+                return [r.getMessage() for r in caplog.records if chain in r.getMessage()]
+
+            async with asyncio.timeout(30):
+                while not warned():
+                    await asyncio.sleep(0.05)
+        assert re.fullmatch(
+            r"slow operation: all_reduce #1 of group 'default' still running on rank 1 after [0-9.]+s; "
+            r"waiting for rank 0; rank 0 in all_reduce #1 waits for rank 2; "
+            r"rank 2 never delivered: not called yet, stuck, or too slow; "
+            r"(next warning at [0-9.]+s, )?timeout at 60s",
+            warned()[0],
+        ), warned()
+        await comms[2].all_reduce(x, algorithm="ring")
+        await asyncio.gather(*works)
 
 
 def test_malformed_reports_are_dropped() -> None:
