@@ -31,7 +31,7 @@ from typing import Any
 
 from . import logs
 from .operation import Operation
-from .waits import Wait, explain
+from .waits import Wait, explain, seconds
 
 log = logging.getLogger("netcoll.engine")
 
@@ -104,7 +104,7 @@ def slow_text(op: Operation, rank: int, after: float, again: float | None, limit
     our own wait is known; ``again``: when the next warning comes, None: no more)."""
     me, waiting = op.me(rank), tuple(op.waiting_for())
     text = (
-        f"slow operation: {op.where()} still running on rank {me} after {after:g}s; "
+        f"slow operation: {op.where()} still running on rank {me} after {seconds(after)}s; "
         f"waiting for {ranks_text(waiting) or 'peers to read (send blocked)'}"
     )
     if waiting and told is not None:
@@ -114,8 +114,8 @@ def slow_text(op: Operation, rank: int, after: float, again: float | None, limit
         if found.cycles or found.waits:
             text += f"; {found.text()}"
     if again is not None:
-        return f"{text}; next warning at {again:g}s, timeout at {limit:g}s"
-    return f"{text}; timeout at {limit:g}s"
+        return f"{text}; next warning at {seconds(again)}s, timeout at {seconds(limit)}s"
+    return f"{text}; timeout at {seconds(limit)}s"
 
 
 class Deadlines:

@@ -304,7 +304,7 @@ class Engine:
         me, waiting = op.me(self.transport.rank), tuple(op.waiting_for())
         op.fail_with(
             Reason.TIMEOUT,
-            f"{op.where()} timed out after {limit:g}s on rank {me}: waiting for "
+            f"{op.where()} timed out after {waits.seconds(limit)}s on rank {me}: waiting for "
             f"{_ranks(waiting) or 'peers to read (send blocked)'}",
             waiting,
         )

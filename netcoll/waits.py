@@ -35,6 +35,12 @@ STALL_S: Final = 1.0
 Label = Callable[[int], str]
 
 
+def seconds(x: float) -> str:
+    """A duration as messages show it: ``"300"``, ``"11.9"``, ``"0.3"`` (a tenth from 10 s
+    up, else at most 3 decimals)."""
+    return f"{round(x, 1 if x >= 10 else 3):g}"
+
+
 def ranks_text(ranks: Iterable[int], label: Label | None = None) -> str:
     """``"rank 1, rank 2"`` (empty when there are none)."""
     name = label or _rank
@@ -285,5 +291,6 @@ __all__ = [
     "graph",
     "op_name",
     "ranks_text",
+    "seconds",
     "summary",
 ]

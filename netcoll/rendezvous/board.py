@@ -178,13 +178,33 @@ Stuck = tuple[Wait, str]  # a stuck rank's wait (world ranks) and the group of i
 
 
 def _labels(reports: list[Report]) -> dict[str, dict[int, int]]:
-    """family -> {world rank: the rank its users know} (from operations of the group itself)."""
+    """family -> {world rank: the rank its users know}: from operations of the group
+    itself (their members in order), else from point-to-point messages, whose group
+    names the pair (``<g>/p2p/<tag>/<src>><dst>``, members ``(src, dst)`` in world ranks)."""
     out: dict[str, dict[int, int]] = {}
     for rep in reports:
         for row in rep.ops:
-            if family(row.group) == row.group:
-                out.setdefault(row.group, {w: i for i, w in enumerate(row.members)})
+            home = family(row.group)
+            if home == row.group:
+                out[home] = {w: i for i, w in enumerate(row.members)}
+    for rep in reports:
+        for row in rep.ops:
+            pair = _pair(row)
+            if pair is not None:
+                label = out.setdefault(family(row.group), {})
+                for world, rank in zip(row.members, pair, strict=True):
+                    label.setdefault(world, rank)
     return out
+
+
+def _pair(row: Row) -> tuple[int, int] | None:
+    """A point-to-point message's ``(src, dst)`` as its group names them, or None."""
+    if "/p2p/" not in row.group or len(row.members) != 2:
+        return None
+    src, sep, dst = row.group.rpartition("/")[2].partition(">")
+    if not sep or not src.isdigit() or not dst.isdigit() or len(src) > 9 or len(dst) > 9:
+        return None
+    return int(src), int(dst)
 
 
 def _board_row(
@@ -218,11 +238,12 @@ def _board_row(
         return None  # healthy progress, or not stuck for long enough yet
     arrived, missing = [], []
     for grank, world in enumerate(members):
+        shown = label.get(world, grank)  # (a point-to-point message's pair: their ranks in its group's family)
         theirs = by_rank.get((group, world)) or by_rank.get(("", world))
         if world in inside or (theirs is not None and theirs.next.get(group, 0) > seq):
-            arrived.append(grank)
+            arrived.append(shown)
         elif theirs is None or now - theirs.seen > stale_after or theirs.at >= since:
-            missing.append(_missing(grank, group, theirs, now, stale_after))
+            missing.append(_missing(shown, group, theirs, now, stale_after))
     shown = {
         "group": group,
         "seq": seq,

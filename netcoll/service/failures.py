@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..waits import Wait, from_rows, summary
+from ..waits import Wait, from_rows, seconds, summary
 
 #: errors that only echo another rank's failure
 ECHOES = ("CollectiveAborted", "PeerLost")
@@ -57,7 +57,7 @@ def wait_chain(failures: dict[int, dict[str, Any]], deadline: float) -> str | No
             merged.append(w)
     if not merged:
         return None
-    return f"job deadline ({deadline:g}s) passed: {summary(merged).text()}"
+    return f"job deadline ({seconds(deadline)}s) passed: {summary(merged).text()}"
 
 
 def grouped(reports: dict[int, dict[str, Any]]) -> list[str]:

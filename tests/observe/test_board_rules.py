@@ -151,3 +151,16 @@ def test_malformed_new_fields_drop_the_report() -> None:
     assert arrivals.parse({"rank": 0, "ops": [[*_op(1, 1, "x", [2])]]}, 0.0) is None
     assert arrivals.parse({"rank": 0, "ops": [[*_op(1, 1, 1, [2])[:8], ["2"]]]}, 0.0) is None
     assert arrivals.parse({"rank": 0, "ops": [[*_op(1, 1, float("inf"), [2])]]}, 0.0) is None
+
+
+def test_a_point_to_point_row_names_the_ranks_of_its_communicator() -> None:
+    """A recv on world rank 7 from world rank 5, which are ranks 1 and 0 of group "g"."""
+    times = [106.0, 107.0, 108.0]
+
+    def recv(t: float) -> list[Any]:
+        return ["g/p2p/0/0>1", 0, "recv", "p2p", t - 100, [5, 7], [0], t - 100, [5]]
+
+    reports = [_history(7, [(t, [recv(t)], {}) for t in times]), _history(5, [(108.2, [], {"g": 3})])]
+    (row,) = arrivals.build(reports, 108.5, STALE, AFTER)
+    assert row["arrived"] == [1] and [m["rank"] for m in row["missing"]] == [0]
+    assert row["stuck"] == [{"rank": 1, "waiting": [0], "idle_s": 8.0}]

@@ -4,7 +4,7 @@ rank as never delivered; a cycle whose ranks still received data is too slow, no
 
 from __future__ import annotations
 
-from netcoll.waits import Wait, explain, find_cycle, from_rows, graph, summary
+from netcoll.waits import Wait, explain, find_cycle, from_rows, graph, seconds, summary
 
 
 def test_a_two_rank_cycle_across_operations_is_a_deadlock() -> None:
@@ -117,3 +117,14 @@ def test_rows_from_another_process_are_checked_and_bounded() -> None:
     assert from_rows("nope") == []
     long = from_rows([[1, "o" * 999, list(range(2000)), 0.0, 1.0]])
     assert len(long[0].op) == 200 and len(long[0].ranks) == 512
+
+
+def test_durations_read_plainly() -> None:
+    assert [seconds(x) for x in (300.0, 11.9163, 0.3, 0.30000000000000004, 86400.0, 1.23456)] == [
+        "300",
+        "11.9",
+        "0.3",
+        "0.3",
+        "86400",
+        "1.235",
+    ]
