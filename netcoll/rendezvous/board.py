@@ -238,12 +238,12 @@ def _board_row(
         return None  # healthy progress, or not stuck for long enough yet
     arrived, missing = [], []
     for grank, world in enumerate(members):
-        shown = label.get(world, grank)  # (a point-to-point message's pair: their ranks in its group's family)
+        seen_as = label.get(world, grank)  # (a point-to-point message's pair: their ranks in its group's family)
         theirs = by_rank.get((group, world)) or by_rank.get(("", world))
         if world in inside or (theirs is not None and theirs.next.get(group, 0) > seq):
-            arrived.append(shown)
+            arrived.append(seen_as)
         elif theirs is None or now - theirs.seen > stale_after or theirs.at >= since:
-            missing.append(_missing(shown, group, theirs, now, stale_after))
+            missing.append(_missing(seen_as, group, theirs, now, stale_after))
     shown = {
         "group": group,
         "seq": seq,
