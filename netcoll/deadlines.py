@@ -38,6 +38,8 @@ log = logging.getLogger("netcoll.engine")
 GROWTH = 3.0  # each slow warning comes this many times later than the one before
 #: what the other ranks are known to wait for (``(op, this rank's label) -> their waits``)
 Told = Callable[[Operation, int], list[Wait]]
+#: what is known of ranks stuck in nothing (``op -> {rank: "has not called it: ..."}``)
+Notes = Callable[[Operation], dict[int, str]]
 
 
 def ranks_text(ranks: Any) -> str:
@@ -87,7 +89,7 @@ class Deadline:
         again = self.slow if self.start + self.slow < self.end else None
         log.warning(
             "%s",
-            slow_text(op, self.rank, after, again, limit, self.owner.told),
+            slow_text(op, self.rank, after, again, limit, self.owner.told, self.owner.notes),
             extra=logs.op_extra(op.name, op.seq, self.rank, self.fields or {}),
         )
 
@@ -97,7 +99,15 @@ class Deadline:
         self.op = None
 
 
-def slow_text(op: Operation, rank: int, after: float, again: float | None, limit: float, told: Told | None) -> str:
+def slow_text(
+    op: Operation,
+    rank: int,
+    after: float,
+    again: float | None,
+    limit: float,
+    told: Told | None,
+    notes: Notes | None = None,
+) -> str:
     """``"slow operation: all_reduce #7 of group 'g' still running on rank 2 after 5s;
     waiting for rank 3; rank 3 in all_reduce #7 waits for rank 0; rank 0 never
     delivered: ...; next warning at 15s, timeout at 300s"`` (the chain when more than
@@ -111,8 +121,9 @@ def slow_text(op: Operation, rank: int, after: float, again: float | None, limit
         now = time.monotonic()
         own = Wait(me, op.short(), waiting, now - op.moved, now - op.opened)
         found = explain(me, [own, *told(op, me)])
-        if found.cycles or found.waits:
-            text += f"; {found.text()}"
+        known = notes(op) if notes is not None else {}
+        if found.cycles or found.waits or any(r in known for r in found.ends):
+            text += f"; {found.text(notes=known)}"
     if again is not None:
         return f"{text}; next warning at {seconds(again)}s, timeout at {seconds(limit)}s"
     return f"{text}; timeout at {seconds(limit)}s"
@@ -121,10 +132,10 @@ def slow_text(op: Operation, rank: int, after: float, again: float | None, limit
 class Deadlines:
     """The running operations' deadlines under one timer (see the module docstring).
 
-    ``told``: what the other ranks are known to wait for (set by the engine), for the
-    slow warnings' wait chains."""
+    ``told``: what the other ranks are known to wait for, and ``notes``: what is known
+    of ranks stuck in nothing (both set by the engine), for the slow warnings' wait chains."""
 
-    __slots__ = ("active", "timer", "at", "loop", "told")
+    __slots__ = ("active", "timer", "at", "loop", "told", "notes")
 
     def __init__(self) -> None:
         self.active: set[Deadline] = set()
@@ -132,6 +143,7 @@ class Deadlines:
         self.at = math.inf  # when the timer fires (inf: not armed)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.told: Told | None = None
+        self.notes: Notes | None = None
 
     def start(self, task: asyncio.Task[Any], op: Operation, limit: float, slow: float, rank: int) -> Deadline:
         """The deadline of ``op``, run by ``task``: ``limit`` seconds from now,

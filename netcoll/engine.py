@@ -24,6 +24,7 @@ ending is reported:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import numbers
@@ -130,6 +131,7 @@ class Engine:
         self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines
         self.deadlines.told = self._told  # (what the slow warnings follow the wait chain with)
+        self.deadlines.notes = self.notes
         #: after a timeout, how long to listen for the other ranks' reports at most (None:
         #: TIMEOUT_GRACE, at most a tenth of the timeout); it ends once the chain is whole
         self.timeout_grace: float | None = None
@@ -289,8 +291,23 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - typed here; a bug in an algorithm still fails cleanly
                 _fail_from(op, exc, op.me(self.transport.rank))
         # failed: at open (dead peer, early abort, mismatch), in the body, or on the deadline
+        self._explain_told(op)
         await self._abort(op)
         raise op.error  # type: ignore[misc]
+
+    def _explain_told(self, op: Operation) -> None:
+        """A peer's timeout failed ``op`` while this rank waited in it: follow the chain
+        from this rank's own wait with what is known now (the peer's report, the waits
+        heard, the board's notes), so this rank's error too names what is stuck (it may
+        be the one that is seen first, the others still in their grace)."""
+        failure = op.failure
+        if failure is None or failure.reason is not Reason.ABORTED or not failure.waiting:
+            return
+        me = op.me(self.transport.rank)
+        text = waits.explain(me, [*failure.waits, *self._told(op, me)]).text(notes=self.notes(op))
+        if text:
+            op.failure = dataclasses.replace(failure, message=f"{failure.message}; {text}")
+            op.error = op.failure.error(op)
 
     def _cancelled(self, op: Operation) -> Failure:
         me = op.me(self.transport.rank)
@@ -321,12 +338,17 @@ class Engine:
             if not found.ends or observe.now() >= end:
                 break
             await asyncio.sleep(min(GRACE_STEP, max(end - observe.now(), 0.0)))
-        message = f"{op.error}; {found.text()}"
+        message = f"{op.error}; {found.text(notes=self.notes(op))}"
         op.failure = Failure(Reason.TIMEOUT, message, tuple(found.ends) or waiting, told=True, waits=(own, *told))
         op.error = op.failure.error(op)
 
     def _grace(self, limit: float) -> float:
         return self.timeout_grace if self.timeout_grace is not None else min(TIMEOUT_GRACE, limit / 10)
+
+    def notes(self, op: Operation) -> dict[int, str]:
+        """What the coordinator's board said, while ``op`` ran, of ranks stuck in nothing
+        ("has not called it: idle after #0; ..."), by the ranks ``op`` names."""
+        return {op.me(world): why for world, why in self.transport.answers.notes_since(op.opened).items()}
 
     def _told(self, op: Operation, me: int) -> list[waits.Wait]:
         """What the other ranks said they wait for while ``op`` ran: their timeout reports

@@ -219,12 +219,17 @@ class Explanation:
     def deadlock(self) -> bool:
         return any(all(w.stuck for w, _ in c) for c in self.cycles)
 
-    def text(self, label: Label | None = None) -> str:
-        """``"deadlock: ...; rank 1 in ... waits for rank 3; rank 3 never delivered: ..."``."""
+    def text(self, label: Label | None = None, notes: Mapping[int, str] | None = None) -> str:
+        """``"deadlock: ...; rank 1 in ... waits for rank 3; rank 3 never delivered: ..."``;
+        ``notes``: what is known of ranks at the end ("has not called it: idle after
+        #0"), said instead of the guesses."""
         parts = [_cycle_text(c, label) for c in self.cycles]
         parts += [w.text(label) for w in self.waits]
-        if self.ends:
-            parts.append(f"{ranks_text(self.ends, label)} {NEVER}")
+        told = notes or {}
+        quiet = [r for r in self.ends if r not in told]
+        if quiet:
+            parts.append(f"{ranks_text(quiet, label)} {NEVER}")
+        parts += [f"{(label or _rank)(r)} never delivered ({told[r]})" for r in self.ends if r in told]
         return "; ".join(parts)
 
 

@@ -308,32 +308,41 @@ def index(reports: list[Report]) -> dict[tuple[str, int], Report]:
     return out
 
 
-def chain_rows(by: dict[tuple[str, int], Report], rep: Report, stuck_after: float) -> list[list[Any]]:
-    """What a rank is told of the ranks it waits for (a heartbeat's answer): the stuck
-    waits on the chains from its own waits, each ``[world rank, name, seq, group,
-    [world ranks waited for], seconds without data, seconds running]``, at most
-    :data:`CHAIN_ROWS`. Only stuck waits (:func:`stuck_since`): a wait seen once may be
-    healthy progress."""
-    out: list[list[Any]] = []
-    todo = [(family(row.group), w) for row in rep.ops for w in row.waiting_world or () if w != rep.rank]
-    seen = {(f, rep.rank) for f, _ in todo}
-    while todo and len(out) < CHAIN_ROWS:
-        key = todo.pop(0)
-        if key in seen:
+def chain_answer(
+    by: dict[tuple[str, int], Report], rep: Report, stuck_after: float, now: float, stale_after: float
+) -> dict[str, list[list[Any]]]:
+    """What a rank is told of the ranks it waits for (a heartbeat's answer), following
+    the chains from its own waits: ``waits``, their stuck waits, each ``[world rank,
+    name, seq, group, [world ranks waited for], seconds without data, seconds
+    running]`` (only stuck ones, :func:`stuck_since`: a wait seen once may be healthy
+    progress); and ``ends``, ``[world rank, what it is doing]`` for the ranks reached
+    that are stuck in nothing ("has not called it: idle after #0; last heartbeat 0.4s
+    ago"). At most :data:`CHAIN_ROWS` of each."""
+    waits: list[list[Any]] = []
+    ends: list[list[Any]] = []
+    todo = [(family(row.group), w, row.group) for row in rep.ops for w in row.waiting_world or () if w != rep.rank]
+    seen = {(f, rep.rank) for f, _, _ in todo}
+    while todo and len(waits) < CHAIN_ROWS:
+        home, world, group = todo.pop(0)
+        if (home, world) in seen:
             continue
-        seen.add(key)
-        theirs = by.get(key)
+        seen.add((home, world))
+        theirs = by.get((home, world))
         if theirs is None:
             continue
+        stuck = False
         for row in theirs.ops:
-            if family(row.group) != key[0] or not row.waiting_world:
+            if family(row.group) != home or not row.waiting_world:
                 continue
             if stuck_since(theirs, row.group, row.seq, stuck_after) is None:
                 continue
+            stuck = True
             idle = row.age if row.idle is None else row.idle
-            out.append([theirs.rank, row.name, row.seq, row.group, row.waiting_world, idle, row.age])
-            todo.extend((key[0], w) for w in row.waiting_world)
-    return out[:CHAIN_ROWS]
+            waits.append([theirs.rank, row.name, row.seq, row.group, row.waiting_world, idle, row.age])
+            todo.extend((home, w, row.group) for w in row.waiting_world)
+        if not stuck and len(ends) < CHAIN_ROWS:
+            ends.append([theirs.rank, _missing(0, group, theirs, now, stale_after)["why"]])
+    return {"waits": waits[:CHAIN_ROWS], "ends": ends}
 
 
 def _namer(label: dict[int, int]) -> Callable[[int], str]:
@@ -390,7 +399,7 @@ __all__ = [
     "Report",
     "Row",
     "build",
-    "chain_rows",
+    "chain_answer",
     "follow",
     "index",
     "lines",

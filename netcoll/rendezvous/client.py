@@ -153,7 +153,7 @@ class _Lease:
         #: what each beat carries (the operations this process is in: the arrival board), or None
         self.report: Callable[[], dict[str, Any] | None] | None = None
         #: called (in this thread) with what a beat's answer says of the ranks this process
-        #: waits for: the coordinator's stuck waits on its chain (``board.chain_rows``), or None
+        #: waits for (``board.chain_answer``: their stuck waits, what the others do), or None
         self.view: Callable[[Any], None] | None = None
         self.error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -264,7 +264,7 @@ class _Lease:
         if view is None or "waits" not in body:
             return
         try:
-            view(body["waits"])
+            view(body)
         except Exception:  # a beat's answer never stops the beats (logged, so not blind)
             log.debug("the coordinator's view of the waits was not taken", exc_info=True)
 

@@ -678,7 +678,8 @@ class Coordinator:
             return None
         if self._chain_index is None or now - self._chain_index[0] > CHAIN_INDEX_AGE:
             self._chain_index = (now, arrivals.index(self._reports()))
-        return {"waits": arrivals.chain_rows(self._chain_index[1], report, self.limits.stuck_after_s)}
+        stale = 2 * self._liveness_timeout() / LEASE_BEATS
+        return arrivals.chain_answer(self._chain_index[1], report, self.limits.stuck_after_s, now, stale)
 
     def _reports(self) -> list[arrivals.Report]:
         """Every connected rank's latest in-flight report (its ``seen`` brought up to date)."""

@@ -216,11 +216,11 @@ class RankDaemon:
         transport = self.transport
         return None if transport is None else transport.mailbox.snapshot()
 
-    def _seen(self, rows: Any) -> None:
+    def _seen(self, answer: Any) -> None:
         """What the coordinator says of the ranks this one waits for (heartbeat thread)."""
         transport = self.transport
         if transport is not None:
-            transport.answers.seen(rows)
+            transport.answers.seen(answer)
 
     async def _drain(self, rdv: RendezvousClient) -> None:
         running = "no job is running" if self.current_job is None else f"finishing job {escape(self.current_job)}"

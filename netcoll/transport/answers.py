@@ -28,6 +28,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..escape import escape
 from ..operation import Operation, Reason
 from ..wire import Kind
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 HEARD_KEPT = 1024  # waits heard kept at most (one per rank)
 SEEN_KEPT = 64  # waits of the board's answer read at most
 MAX_TEXT = 200  # characters kept of an operation's or group's name
+MAX_NOTE = 300  # characters kept of what the board says a rank does
 
 
 class Answers:
@@ -49,6 +51,8 @@ class Answers:
         self.heard: dict[int, tuple[dict[str, Any], float]] = {}
         #: the same, from the coordinator's last answer to a heartbeat (replaced whole)
         self.board: dict[int, tuple[dict[str, Any], float]] = {}
+        #: world rank -> what that answer says it does, for ranks stuck in nothing (and when)
+        self.notes: dict[int, tuple[str, float]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __call__(self, src: int, header: dict[str, Any], op: Operation | None) -> None:
@@ -93,18 +97,29 @@ class Answers:
         out.update({r: w for r, (w, at) in self.heard.copy().items() if at >= since})
         return out
 
-    def seen(self, rows: Any) -> None:
-        """The coordinator's stuck waits on this rank's chains (``board.chain_rows``:
-        ``[world rank, name, seq, group, [world ranks], seconds without data, seconds
-        running]``), checked (rows of another shape are skipped). Called from the
-        heartbeat thread: the dict is replaced whole."""
+    def notes_since(self, since: float) -> dict[int, str]:
+        """What the board said at or after ``since`` of ranks stuck in nothing, by world rank."""
+        return {r: why for r, (why, at) in self.notes.items() if at >= since}
+
+    def seen(self, answer: Any) -> None:
+        """The coordinator's answer to a heartbeat (``board.chain_answer``): the stuck
+        waits on this rank's chains (``waits``: ``[world rank, name, seq, group, [world
+        ranks], seconds without data, seconds running]``) and what the other ranks
+        reached do (``ends``: ``[world rank, text]``), checked (entries of another shape
+        are skipped). Called from the heartbeat thread: the dicts are replaced whole."""
         now = time.monotonic()
         board: dict[int, tuple[dict[str, Any], float]] = {}
+        notes: dict[int, tuple[str, float]] = {}
+        rows = answer.get("waits") if isinstance(answer, dict) else None
         for row in rows[:SEEN_KEPT] if isinstance(rows, list) else ():
             wait = _board_wait(row)
             if wait is not None:
                 board.setdefault(row[0], (wait, now))
-        self.board = board
+        ends = answer.get("ends") if isinstance(answer, dict) else None
+        for end in ends[:SEEN_KEPT] if isinstance(ends, list) else ():
+            if isinstance(end, list) and len(end) == 2 and _count(end[0]) and isinstance(end[1], str):
+                notes.setdefault(end[0], (escape(end[1], MAX_NOTE), now))
+        self.board, self.notes = board, notes
 
     async def _send(self, peer: int, header: dict[str, Any]) -> None:
         try:

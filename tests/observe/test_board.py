@@ -126,7 +126,8 @@ async def test_slow_warnings_name_what_the_awaited_rank_waits_for(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Ring: rank 1 waits for rank 0, which waits for rank 2, which never calls. Rank 1's
-    warnings name the chain's end from the coordinator's board (its heartbeats' answers)."""
+    warnings name the chain and what its end is doing, from the coordinator's board (its
+    heartbeats' answers)."""
     monkeypatch.setattr(coordinator_module, "CHAIN_AFTER", 0.1)
     async with _world(3) as (_, comms):
         await asyncio.gather(*(c.barrier() for c in comms))
@@ -135,7 +136,7 @@ async def test_slow_warnings_name_what_the_awaited_rank_waits_for(
         x = np.ones(4, np.float32)
         with caplog.at_level(logging.WARNING, logger="netcoll.engine"):
             works = [comms[r].all_reduce(x, algorithm="ring", timeout=60) for r in (0, 1)]
-            chain = "rank 0 in all_reduce #1 waits for rank 2; rank 2 never delivered"
+            chain = "rank 0 in all_reduce #1 waits for rank 2; rank 2 never delivered ("
 
             def warned() -> list[str]:
                 return [r.getMessage() for r in caplog.records if chain in r.getMessage()]
@@ -146,7 +147,7 @@ async def test_slow_warnings_name_what_the_awaited_rank_waits_for(
         assert re.fullmatch(
             r"slow operation: all_reduce #1 of group 'default' still running on rank 1 after [0-9.]+s; "
             r"waiting for rank 0; rank 0 in all_reduce #1 waits for rank 2; "
-            r"rank 2 never delivered: not called yet, stuck, or too slow; "
+            r"rank 2 never delivered \(has not called it: idle after #0; last heartbeat [0-9.]+s ago\); "
             r"(next warning at [0-9.]+s, )?timeout at 60s",
             warned()[0],
         ), warned()

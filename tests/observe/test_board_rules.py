@@ -164,3 +164,24 @@ def test_a_point_to_point_row_names_the_ranks_of_its_communicator() -> None:
     (row,) = arrivals.build(reports, 108.5, STALE, AFTER)
     assert row["arrived"] == [1] and [m["rank"] for m in row["missing"]] == [0]
     assert row["stuck"] == [{"rank": 1, "waiting": [0], "idle_s": 8.0}]
+
+
+def test_a_waiting_ranks_heartbeat_is_answered_with_its_chain() -> None:
+    """What the coordinator tells rank 1 (waiting for rank 0): rank 0's stuck wait, and
+    what rank 2, where the chain ends, is doing."""
+    times = [106.0, 107.0, 108.0]
+    reports = [
+        _history(0, _waiting_in(1, [2], times, 100.0)),
+        _history(1, _waiting_in(1, [0], times, 100.0)),
+        _history(2, [(t, [], {"default": 1}) for t in times]),
+    ]
+    answer = arrivals.chain_answer(arrivals.index(reports), reports[1], AFTER, 108.5, STALE)
+    assert answer == {
+        "waits": [[0, "all_reduce", 1, "default", [2], 8.0, 8.0]],
+        "ends": [[2, "has not called it: idle after #0; last heartbeat 0.5s ago"]],
+    }
+    young = _history(0, _waiting_in(1, [2], [104.0], 100.0))  # one report: not stuck yet
+    assert arrivals.chain_answer(arrivals.index([young, *reports[1:]]), reports[1], AFTER, 108.5, STALE) == {
+        "waits": [],
+        "ends": [[0, "in all_reduce #1; no heartbeat for 4s"]],  # (its only report is old)
+    }

@@ -85,8 +85,12 @@ async def test_a_chain_that_ends_at_a_rank_that_never_called_names_it() -> None:
         f"rank 0 in all_reduce #0 waits for rank 2; rank 2 {NEVER}"
     )
     assert res[1].ranks == (2,)
-    assert isinstance(res[0], CollectiveAborted), res[0]
-    assert str(res[0]).endswith("(rank 0 itself was waiting for rank 2)")
+    assert isinstance(res[0], CollectiveAborted), res[0]  # the victim names the culprit too
+    assert str(res[0]) == (
+        "all_reduce #0 of group 'default' aborted by rank 1 (timeout): all_reduce #0 of group 'default' "
+        "timed out after 0.3s on rank 1: waiting for rank 0 (rank 0 itself was waiting for rank 2); "
+        f"rank 2 {NEVER}"
+    )
     # the rank that never called is told when it does (its deadline is far away)
     with pytest.raises(CollectiveAborted, match="aborted by rank 1 \\(timeout\\)"):
         await asyncio.wait_for(comms[2].all_reduce(x, algorithm="ring", timeout=3600), 30)
@@ -116,3 +120,20 @@ def test_an_answer_is_never_answered() -> None:
     }
     answers(0, header, None)  # (no loop here: an attempt to send would raise)
     assert answers.heard[0][0] == header["w"]
+
+
+def test_the_coordinators_answer_is_checked() -> None:
+    transport = SimpleNamespace(rank=1, closed=False, mailbox=SimpleNamespace(ops={}))
+    answers = Answers(transport)  # type: ignore[arg-type]
+    answers.seen(
+        {
+            "waits": [[0, "all_reduce", 1, "default", [2], 8.0, 8.0], [0, "x"], [-1, "a", 1, "g", [2], 1.0, 1.0], "no"],
+            "ends": [[2, "has not called it\x1b[2J"], [3], [True, "x"], [4, 5]],
+        }
+    )
+    assert {r: w for r, (w, _) in answers.board.items()} == {
+        0: {"n": "all_reduce", "q": 1, "g": "default", "r": [2], "s": 8.0, "a": 8.0}
+    }
+    assert answers.notes_since(0.0) == {2: "has not called it\\x1b[2J"}  # (escaped)
+    answers.seen("nonsense")
+    assert answers.board == {} and answers.notes == {}

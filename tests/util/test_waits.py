@@ -128,3 +128,12 @@ def test_durations_read_plainly() -> None:
         "86400",
         "1.235",
     ]
+
+
+def test_what_is_known_of_a_silent_rank_is_said_instead_of_the_guesses() -> None:
+    waits = [Wait(1, "all_reduce #1", (0,)), Wait(0, "all_reduce #1", (2, 3))]
+    notes = {3: "has not called it: idle after #0; last heartbeat 0.4s ago"}
+    assert explain(1, waits).text(notes=notes) == (
+        "rank 0 in all_reduce #1 waits for rank 2, rank 3; rank 2 never delivered: not called yet, stuck, or too slow; "
+        "rank 3 never delivered (has not called it: idle after #0; last heartbeat 0.4s ago)"
+    )
