@@ -221,10 +221,10 @@ def _board_row(
     no rank is stuck in it and its calls agree."""
     first = next(iter(inside.values()))[0]
     name, members = first.name, first.members
+    label = labels.get(family(group), {})
     calls: dict[str, list[int]] = {}
     for world, (row, _) in inside.items():
-        calls.setdefault(row.fp, []).append(members.index(world) if world in members else world)
-    label = labels.get(family(group), {})
+        calls.setdefault(row.fp, []).append(label.get(world, members.index(world) if world in members else world))
     stuck, waits, since = [], [], math.inf
     for world, (row, rep) in sorted(inside.items()):
         at = stuck_since(rep, group, seq, stuck_after)

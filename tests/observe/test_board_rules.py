@@ -163,6 +163,7 @@ def test_a_point_to_point_row_names_the_ranks_of_its_communicator() -> None:
     reports = [_history(7, [(t, [recv(t)], {}) for t in times]), _history(5, [(108.2, [], {"g": 3})])]
     (row,) = arrivals.build(reports, 108.5, STALE, AFTER)
     assert row["arrived"] == [1] and [m["rank"] for m in row["missing"]] == [0]
+    assert row["calls"] == [{"call": "p2p", "ranks": [1]}]
     assert row["stuck"] == [{"rank": 1, "waiting": [0], "idle_s": 8.0}]
 
 
