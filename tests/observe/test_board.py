@@ -147,7 +147,8 @@ async def test_slow_warnings_name_what_the_awaited_rank_waits_for(
         assert re.fullmatch(
             r"slow operation: all_reduce #1 of group 'default' still running on rank 1 after [0-9.]+s; "
             r"waiting for rank 0; rank 0 in all_reduce #1 waits for rank 2; "
-            r"rank 2 never delivered \(has not called it: idle after #0; last heartbeat [0-9.]+s ago\); "
+            r"rank 2 never delivered \(has not called it: idle after #0; "
+            r"(last heartbeat [0-9.]+s ago|no heartbeat for [0-9]+s)\); "  # (heartbeats every 0.1 s: may be late)
             r"(next warning at [0-9.]+s, )?timeout at 60s",
             warned()[0],
         ), warned()
