@@ -11,8 +11,11 @@ ending is reported:
   error) fails the operation and sends ABORT to every other member, so no rank
   waits for its own deadline;
 * on the deadline the error names the ranks this rank was waiting for; after a
-  short grace the timeout reports of the others name the rank at the end of
-  the wait chain ("rank 1 was waiting for rank 0; rank 0 was waiting for rank 2");
+  short grace the timeout reports of the others (and the answers of ranks
+  waiting in another operation, :mod:`netcoll.transport.answers`) follow the
+  wait chain (:mod:`netcoll.waits`): to a cycle, named a deadlock ("deadlock:
+  rank 0 in all_reduce #1 waits for rank 2, rank 2 in all_reduce #0 waits for
+  rank 0"), or to the ranks that never delivered;
 * a cancelled Work (before or while it runs) aborts the operation everywhere
   with a ``cancelled`` cause naming this rank; the sequence stays aligned, so
   the next collective is correct.
@@ -21,6 +24,7 @@ ending is reported:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import numbers
@@ -28,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import algorithms, observe, resultpool
+from . import algorithms, observe, resultpool, waits
 from .algorithms.tuning import Choice, describe
 from .deadlines import Deadlines
 from .deadlines import ranks_text as _ranks
@@ -42,6 +46,7 @@ log = logging.getLogger("netcoll.engine")
 
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_GRACE = 0.2  # after a deadline, how long to listen for peers' own timeout reports
+GRACE_STEP = 0.01  # ... looking again this often whether every rank on the chain has told
 
 Body = Callable[[Channel], Awaitable[Any]]
 
@@ -100,6 +105,8 @@ class Engine:
         self.group = group
         self.members = tuple(members) if members is not None else tuple(range(transport.size))
         self.rank = self.members.index(transport.rank)
+        #: world rank -> its rank in this group (how a point-to-point message's errors name ranks)
+        self.rank_labels = {w: r for r, w in enumerate(self.members)}
         self.world_size = len(self.members)
         self.timeout = check_timeout(timeout)
         self.segment_bytes = segment_bytes or algorithms.DEFAULT_SEGMENT_BYTES
@@ -123,6 +130,11 @@ class Engine:
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
         self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines
+        self.deadlines.told = self._told  # (what the slow warnings follow the wait chain with)
+        self.deadlines.notes = self.notes
+        #: after a timeout, how long to listen for the other ranks' reports at most (None:
+        #: TIMEOUT_GRACE, at most a tenth of the timeout); it ends once the chain is whole
+        self.timeout_grace: float | None = None
 
     def remember_fp(self, key: tuple[Any, ...], fp: str) -> str:
         if len(self.fps) >= 256:
@@ -279,8 +291,23 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - typed here; a bug in an algorithm still fails cleanly
                 _fail_from(op, exc, op.me(self.transport.rank))
         # failed: at open (dead peer, early abort, mismatch), in the body, or on the deadline
+        self._explain_told(op)
         await self._abort(op)
         raise op.error  # type: ignore[misc]
+
+    def _explain_told(self, op: Operation) -> None:
+        """A peer's timeout failed ``op`` while this rank waited in it: follow the chain
+        from this rank's own wait with what is known now (the peer's report, the waits
+        heard, the board's notes), so this rank's error too names what is stuck (it may
+        be the one that is seen first, the others still in their grace)."""
+        failure = op.failure
+        if failure is None or failure.reason is not Reason.ABORTED or not failure.waiting:
+            return
+        me = op.me(self.transport.rank)
+        text = waits.explain(me, [*failure.waits, *self._told(op, me)]).text(notes=self.notes(op))
+        if text:
+            op.failure = dataclasses.replace(failure, message=f"{failure.message}; {text}")
+            op.error = op.failure.error(op)
 
     def _cancelled(self, op: Operation) -> Failure:
         me = op.me(self.transport.rank)
@@ -288,36 +315,50 @@ class Engine:
 
     async def _time_out(self, op: Operation, limit: float) -> None:
         """Fail ``op`` on its deadline, tell the peers (with what we waited for),
-        and listen briefly for theirs, so the error names the rank at the end
-        of the wait chain rather than just our neighbour."""
-        me, waiting = op.me(self.transport.rank), op.waiting_for()
+        and listen briefly for theirs, so the error follows the wait chain to its
+        end (a cycle: a deadlock; else the ranks that never delivered) rather than
+        naming just our neighbour."""
+        me, waiting = op.me(self.transport.rank), tuple(op.waiting_for())
         op.fail_with(
             Reason.TIMEOUT,
-            f"{op.where()} timed out after {limit:g}s on rank {me}: waiting for "
+            f"{op.where()} timed out after {waits.seconds(limit)}s on rank {me}: waiting for "
             f"{_ranks(waiting) or 'peers to read (send blocked)'}",
             waiting,
         )
         await self._abort(op)
-        await asyncio.sleep(min(TIMEOUT_GRACE, limit / 10))  # peers' own timeouts arrive as reports
-        reports = op.reports or {}
-        chain, root, todo, seen = [], [], list(waiting), {me}
-        while todo:
-            w = todo.pop(0)
-            if w in seen:
-                continue
-            seen.add(w)
-            if w in reports:
-                chain.append(f"rank {w} was waiting for {_ranks(reports[w])}")
-                todo.extend(reports[w])
-            else:
-                root.append(w)
-        if chain:
-            message = (
-                f"{op.error}; {'; '.join(chain)}; so {_ranks(sorted(root)) or 'no rank'} never delivered "
-                "(not called yet, stuck, or too slow)"
-            )
-            op.failure = Failure(Reason.TIMEOUT, message, tuple(sorted(root)) or tuple(waiting), told=True)
-            op.error = op.failure.error(op)
+        if not waiting:
+            await asyncio.sleep(self._grace(limit))  # (the peers learn of it; nothing to follow)
+            return
+        blocked = op.blocked
+        own = waits.Wait(me, op.short(), waiting, *((blocked[1], blocked[2]) if blocked else (None, None)))
+        end = observe.now() + self._grace(limit)
+        while True:  # peers' own timeouts (and answers) arrive as reports: until the chain is whole
+            told = self._told(op, me)
+            found = waits.explain(me, [own, *told])
+            if not found.ends or observe.now() >= end:
+                break
+            await asyncio.sleep(min(GRACE_STEP, max(end - observe.now(), 0.0)))
+        message = f"{op.error}; {found.text(notes=self.notes(op))}"
+        op.failure = Failure(Reason.TIMEOUT, message, tuple(found.ends) or waiting, told=True, waits=(own, *told))
+        op.error = op.failure.error(op)
+
+    def _grace(self, limit: float) -> float:
+        return self.timeout_grace if self.timeout_grace is not None else min(TIMEOUT_GRACE, limit / 10)
+
+    def notes(self, op: Operation) -> dict[int, str]:
+        """What the coordinator's board said, while ``op`` ran, of ranks stuck in nothing
+        ("has not called it: idle after #0; ..."), by the ranks ``op`` names."""
+        return {op.me(world): why for world, why in self.transport.answers.notes_since(op.opened).items()}
+
+    def _told(self, op: Operation, me: int) -> list[waits.Wait]:
+        """What the other ranks said they wait for while ``op`` ran: their timeout reports
+        for it, else the last wait heard from them (a timeout or an answer elsewhere)."""
+        told = dict(op.reports or {})
+        for world, wait in self.transport.answers.recent(op.opened).items():
+            r = op.me(world)
+            if r != me and r not in told:
+                told[r] = op.told_wait(r, {"w": wait})
+        return list(told.values())
 
     async def _abort(self, op: Operation) -> None:
         """Tell the other members how ``op`` failed here (unless they told us)."""
@@ -329,10 +370,12 @@ class Engine:
                 Reason.TIMEOUT.value,
                 f"rank {op.me(self.transport.rank)} was waiting for {_ranks(failure.waiting)}",
                 failure.waiting,
+                op.wait_field(),
             )
         if failure.told:
             return
-        await self.transport.abort(op, failure.reason.value, failure.message, failure.ranks)
+        wait = op.wait_field() if failure.reason is Reason.TIMEOUT else None
+        await self.transport.abort(op, failure.reason.value, failure.message, failure.ranks, wait)
         op.failure = Failure(failure.reason, failure.message, failure.ranks, told=True)
 
 

@@ -86,6 +86,9 @@ class CollectiveError(NetcollError):
         self.ranks = tuple(ranks)
         #: how the operation ended (a :class:`netcoll.operation.Reason`); set by the operation
         self.reason: Any = None
+        #: on a timeout, what this rank and those it heard from were waiting for
+        #: (:class:`netcoll.waits.Wait`; a job's error merges every rank's)
+        self.waits: tuple[Any, ...] = ()
 
 
 class CollectiveTimeout(CollectiveError, TimeoutError):

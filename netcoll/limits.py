@@ -40,6 +40,9 @@ liveness_timeout_s                  4            a member whose heartbeat thread
                                                  (dropped; its job fails); it beats every timeout / 4
 progress_timeout_s                  12           a member that heartbeats but whose event loop is silent
                                                  this long is reported unresponsive (kept in its group)
+stuck_after_s                       5            a rank shows on the arrival board (``netcoll status``)
+                                                 once 3 heartbeats in a row find it in one operation,
+                                                 waiting for the same ranks, with no data for this long
 ==================================  ===========  ==================================================
 """
 
@@ -87,6 +90,7 @@ class Limits:
     #: (or holding the GIL in C code) for 4 s would be taken for gone. Raise it for such hosts.
     liveness_timeout_s: float = 4.0
     progress_timeout_s: float = 12.0
+    stuck_after_s: float = 5.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -39,9 +39,18 @@ ENV_FORMAT = "NETCOLL_LOG_FORMAT"
 OPERATIONS: dict[object, tuple[str, int, int]] = {}
 
 
-def op_extra(name: str, seq: int, rank: int) -> dict[str, Any]:
-    """``extra=`` for a line about operation ``name #seq`` on world rank ``rank``."""
-    return {"netcoll_op": (name, seq, rank)}
+def op_extra(name: str, seq: int, rank: int, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``extra=`` for a line about operation ``name #seq`` on world rank ``rank``;
+    ``fields``: the context the operation runs in (:func:`fields`), for a line logged
+    outside it (a timer's: its context is whichever task armed the timer)."""
+    if fields is None:
+        return {"netcoll_op": (name, seq, rank)}
+    return {"netcoll_op": (name, seq, rank), "netcoll_fields": fields}
+
+
+def fields() -> dict[str, Any] | None:
+    """The context fields bound here (:func:`bind`), to log with later elsewhere."""
+    return FIELDS.get()
 
 
 #: ``rank``/``epoch``/``job`` (and other fields) bound by the service around a job
@@ -70,10 +79,10 @@ def bind(**fields: Any) -> Iterator[None]:
         FIELDS.reset(token)
 
 
-def context(current: tuple[str, int, int] | None = None) -> dict[str, Any]:
+def context(current: tuple[str, int, int] | None = None, bound: dict[str, Any] | None = None) -> dict[str, Any]:
     """The context fields in effect here (only those known); ``current``: the operation
-    a line names itself."""
-    out = dict(FIELDS.get() or {})
+    a line names itself; ``bound``: the fields it runs with, when not those here."""
+    out = dict((FIELDS.get() if bound is None else bound) or {})
     if current is None and OPERATIONS:
         try:
             current = OPERATIONS.get(asyncio.current_task())
@@ -94,7 +103,7 @@ class ContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.who = self.who
-        record.netcoll = context(getattr(record, "netcoll_op", None))
+        record.netcoll = context(getattr(record, "netcoll_op", None), getattr(record, "netcoll_fields", None))
         return True
 
 
@@ -176,6 +185,7 @@ __all__ = [
     "TextFormatter",
     "bind",
     "context",
+    "fields",
     "op_extra",
     "log_format",
     "setup",

@@ -134,8 +134,9 @@ class RpcServer:
         self.role = role
         self.on_open = on_open
         self.on_close = on_close
-        #: called with each PING's session and body (a heartbeat may carry a report)
-        self.on_ping: Callable[[Session, dict[str, Any]], None] | None = None
+        #: called with each PING's session and body (a heartbeat may carry a report); what it
+        #: returns is the PONG's body (None: empty)
+        self.on_ping: Callable[[Session, dict[str, Any]], dict[str, Any] | None] | None = None
         self.sessions: set[Session] = set()
         self._server = Server(self._serve, settings=self.limits, tls=tls)
         self.address: tuple[str, int] = ("", 0)
@@ -184,9 +185,10 @@ class RpcServer:
                     return
                 session.last_seen = asyncio.get_running_loop().time()
                 if frame.kind == Kind.PING:
+                    answer = None
                     if frame.header and self.on_ping is not None:
-                        self.on_ping(session, frame.header)
-                    await proto.send(Kind.PONG, {})
+                        answer = self.on_ping(session, frame.header)
+                    await proto.send(Kind.PONG, answer or {})
                 elif frame.kind != Kind.REQUEST:
                     proto.fail(ProtocolError(f"expected REQUEST, got {frame.kind.name}"), tell_peer=True)
                     return
@@ -261,6 +263,8 @@ class RpcClient:
         self.proto = proto
         self.welcome = welcome
         self.events: asyncio.Queue[tuple[dict[str, Any], memoryview]] = asyncio.Queue()
+        #: called with the body of each PONG that has one (a heartbeat's answer)
+        self.on_pong: Callable[[dict[str, Any]], None] | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[tuple[Any, memoryview]]] = {}
         proto.on_frame = self._on_frame
@@ -319,7 +323,10 @@ class RpcClient:
                 fut.set_exception(error_from_wire(frame.header.get("error")))
         elif frame.kind == Kind.EVENT:
             self.events.put_nowait((frame.header, frame.payload))
-        elif frame.kind != Kind.PONG:
+        elif frame.kind == Kind.PONG:
+            if frame.header and self.on_pong is not None:
+                self.on_pong(frame.header)
+        else:
             self.proto.fail(ProtocolError(f"unexpected {frame.kind.name} frame from server"), tell_peer=True)
 
     async def _ping(self, interval: float) -> None:

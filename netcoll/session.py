@@ -186,7 +186,8 @@ async def connect(
         )
         stack.push_async_callback(transport.close)
         await transport.connect(timeout)
-        rdv.report_with(transport.mailbox.snapshot)  # heartbeats carry what we are in (the arrival board)
+        # heartbeats carry what we are in (the arrival board); their answers, what those we wait for are in
+        rdv.report_with(transport.mailbox.snapshot, transport.answers.seen)
         comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
         stack.push_async_callback(comm.close)
         await form_group(comm)  # link kinds agreed, the cost model calibrated if on (docs/algorithms.md)

@@ -34,7 +34,7 @@ def _route(e: Engine, src: Any, dst: Any, tag: Any) -> tuple[str, int, tuple[int
     group = f"{e.group}/p2p/{tag}/{src}>{dst}"
     seq = e.p2p_seq.get(group, 0)
     e.p2p_seq[group] = seq + 1
-    return group, seq, (e.members[src], e.members[dst]), {e.members[src]: int(src), e.members[dst]: int(dst)}
+    return group, seq, (e.members[src], e.members[dst]), e.rank_labels
 
 
 def send(e: Engine, x: Any, dst: Any, tag: Any, torch: bool = False) -> Call:

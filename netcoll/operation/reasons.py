@@ -20,6 +20,7 @@ from ..errors import (
 )
 
 if TYPE_CHECKING:
+    from ..waits import Wait
     from .state import Operation
 
 
@@ -75,6 +76,8 @@ class Failure:
             told them), so no ABORT is sent for it.
         waiting: on a timeout reported by a peer, the group ranks *this* rank was
             itself waiting for (sent on, so the chain of waits can be explained).
+        waits: on a timeout, what this rank and the others it heard from waited for
+            (:class:`netcoll.waits.Wait`; the error carries them as ``.waits``).
     """
 
     reason: Reason
@@ -82,8 +85,10 @@ class Failure:
     ranks: tuple[int, ...] = ()
     told: bool = False
     waiting: tuple[int, ...] = ()
+    waits: tuple[Wait, ...] = ()
 
     def error(self, op: Operation) -> CollectiveError:
         exc = ERROR_CLASSES[self.reason](self.message, op=op.name, seq=op.seq, ranks=self.ranks)
         exc.reason = self.reason
+        exc.waits = self.waits
         return exc

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from ..errors import CollectiveClosed
 from ..ops import Fold
+from ..waits import MAX_OP, Wait, op_name
 from .reasons import Failure, Reason, State, reason_of
 
 SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
@@ -20,6 +21,8 @@ SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
 RING_ONLY = frozenset({"all_reduce", "reduce", "reduce_scatter", "calibrate"})
 NO_STEP: Final = sys.maxsize  # (no step is that late)
 Release = Callable[[int, int], None]  # (src world rank, payload bytes) no longer held
+WAIT_RANKS_MAX: Final = 64  # ranks an ABORT's wait (``w``) names at most
+_now = time.monotonic
 
 
 def _ranks(ranks: Any) -> str:
@@ -48,6 +51,8 @@ class Operation:
         "waiters",
         "rts",
         "opened",
+        "moved",
+        "blocked",
         "lends_from",
         "sync_from",
         "_loop",
@@ -81,13 +86,19 @@ class Operation:
         self.posted: dict[SlotKey, tuple[asyncio.Future[Any], memoryview | None]] = {}
         #: posted receives that a link may reduce as their payload arrives (``ops.Fold``; made when needed)
         self.folds: dict[SlotKey, Fold] | None = None
-        #: group rank -> the group ranks it was waiting for when it timed out (made when needed)
-        self.reports: dict[int, list[int]] | None = None
+        #: group rank -> what it was waiting for when it timed out or was told so (made when needed)
+        self.reports: dict[int, Wait] | None = None
         #: futures (a link's wait for credit, say) failed with the operation (made when needed)
         self.waiters: list[asyncio.Future[Any]] | None = None
         #: slot -> callbacks waiting for a receive to be posted there (a sender's RTS; made when needed)
         self.rts: dict[SlotKey, list[Callable[[bool], None]]] | None = None
-        self.opened = time.monotonic()  # for the arrival board (how long it has been running)
+        self.opened = _now()  # for the arrival board (how long it has been running)
+        #: when a receive of this operation last completed here (or when it opened): a wait whose
+        #: operation still receives is slow, not stuck (:mod:`netcoll.waits`)
+        self.moved = self.opened
+        #: on failure, the world ranks it was still waiting for, for how long it had received
+        #: nothing, and how long it had run (:meth:`wait_field`)
+        self.blocked: tuple[tuple[int, ...], float, float] | None = None
         #: the first step whose large sends may be *lent*: a peer on this host reads them in
         #: place (``links/cma.py``) and the send returns once it has. 0 for operations that only
         #: move data; a reduction's ranks mostly reduce while their peers would be reading, and
@@ -110,6 +121,10 @@ class Operation:
     def where(self) -> str:
         return f"{self.name} #{self.seq} of group {self.group!r}"
 
+    def short(self) -> str:
+        """``"all_reduce #3"``: how a wait chain names it."""
+        return f"{self.name} #{self.seq}"
+
     def me(self, world_rank: int) -> int:
         """The rank messages and errors name for ``world_rank``."""
         if self.labels is not None:
@@ -130,6 +145,9 @@ class Operation:
         cause wins); every posted receive and waiter raises its error."""
         if self.failure is not None or self.state is State.SUCCEEDED:
             return False
+        if self.posted:
+            now = _now()
+            self.blocked = (self.waiting_world(), now - self.moved, now - self.opened)
         self.failure, self.state = failure, State.FAILED
         exc = self.error = failure.error(self)
         for fut, _ in self.posted.values():
@@ -187,6 +205,7 @@ class Operation:
             self._post(key, fut, out)
             return fut
         payload, header, held = got
+        self.moved = _now()
         if held:
             self._released(key[0], payload)
         if out is not None:
@@ -262,6 +281,7 @@ class Operation:
             self.arrived[key] = (payload, header, True) if held else (memoryview(bytearray(payload)), header, False)
             return
         fut, out = slot
+        self.moved = _now()
         if held:
             self._released(src, payload)
         if out is not None and out is not payload:
@@ -275,18 +295,23 @@ class Operation:
             fut.set_result((payload, header))
 
     def on_abort(self, header: dict[str, Any], me: int) -> None:
-        """Member ``header['origin']`` failed this operation and says why."""
+        """Member ``header['origin']`` failed this operation and says why (a timeout:
+        what it waits for, kept in :attr:`reports`)."""
         r = self.me(header["origin"])
         cause = reason_of(header["cause"])
         ranks = tuple(header.get("ranks") or (r,))
+        told: tuple[Wait, ...] = ()
         if cause is Reason.TIMEOUT:
             if self.reports is None:
                 self.reports = {}
-            self.reports[r] = list(ranks)
+            report = self.reports[r] = self.told_wait(r, header)
+            told = (report,)
         waiting = tuple(self.waiting_for())
         also = ""
         if waiting and cause is Reason.TIMEOUT:
             also = f" (rank {me} itself was waiting for {_ranks(waiting)})"
+            now = _now()
+            told = (Wait(me, self.short(), waiting, now - self.moved, now - self.opened), *told)
         reason = cause if cause in (Reason.MISMATCH, Reason.CANCELLED) else Reason.ABORTED
         self.fail(
             Failure(
@@ -295,8 +320,42 @@ class Operation:
                 waiting if also else ranks,
                 told=True,
                 waiting=waiting if also else (),
+                waits=told,
             )
         )
+
+    def told_wait(self, r: int, header: dict[str, Any]) -> Wait:
+        """What rank ``r``'s timeout ABORT says it waits for: in the operation its ``w``
+        names (world ranks, shown as this operation names them), else in this one
+        (``ranks``, from a sender that names no operation)."""
+        w = header.get("w")
+        if w is None:
+            return Wait(r, self.short(), tuple(header.get("ranks") or ()), None)
+        op = op_name(w["n"][:MAX_OP], w["q"], w["g"][:MAX_OP], self.group)
+        return Wait(r, op, tuple(self.me(x) for x in w["r"]), float(w["s"]), float(w["a"]))
+
+    def waiting_world(self) -> tuple[int, ...]:
+        """World ranks this operation is currently blocked on (at most :data:`WAIT_RANKS_MAX`)."""
+        return tuple(sorted({src for (src, _, _) in self.posted.copy()})[:WAIT_RANKS_MAX])
+
+    def wait_field(self) -> dict[str, Any] | None:
+        """What this operation waits for, as an ABORT's ``w`` (docs/protocol.md): now, or
+        when it failed; None when it waits for no one."""
+        if self.posted:
+            now = _now()
+            ranks, stalled, age = self.waiting_world(), now - self.moved, now - self.opened
+        elif self.blocked is not None:
+            ranks, stalled, age = self.blocked
+        else:
+            return None
+        return {
+            "n": self.name[:MAX_OP],
+            "q": self.seq,
+            "g": self.group[:MAX_OP],
+            "r": list(ranks),
+            "s": round(max(stalled, 0.0), 3),
+            "a": round(max(age, 0.0), 3),
+        }
 
     def lost(self, peer: int, why: str, graceful: bool) -> None:
         """World rank ``peer``'s link is gone. A crash fails the operation; an

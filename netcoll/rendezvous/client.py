@@ -152,6 +152,9 @@ class _Lease:
         self.beats = 0
         #: what each beat carries (the operations this process is in: the arrival board), or None
         self.report: Callable[[], dict[str, Any] | None] | None = None
+        #: called (in this thread) with what a beat's answer says of the ranks this process
+        #: waits for (``board.chain_answer``: their stuck waits, what the others do), or None
+        self.view: Callable[[Any], None] | None = None
         self.error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -256,6 +259,15 @@ class _Lease:
             return {}
         return {} if ops is None else {"ops": ops}
 
+    def _on_pong(self, body: dict[str, Any]) -> None:
+        view = self.view
+        if view is None or "waits" not in body:
+            return
+        try:
+            view(body)
+        except Exception:  # a beat's answer never stops the beats (logged, so not blind)
+            log.debug("the coordinator's view of the waits was not taken", exc_info=True)
+
     async def _run(self) -> None:
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -266,6 +278,7 @@ class _Lease:
             rpc = await self._connect()
             if rpc is None:
                 return
+            rpc.on_pong = self._on_pong
             granted = await self._stoppable(rpc.call("lease", {"lease": self.lease_id}, timeout=self.timeout))
             if granted is None:
                 return
@@ -515,12 +528,17 @@ class RendezvousClient:
         if name == self.group:
             self.group = None
 
-    def report_with(self, report: Callable[[], dict[str, Any] | None]) -> None:
+    def report_with(
+        self, report: Callable[[], dict[str, Any] | None], view: Callable[[Any], None] | None = None
+    ) -> None:
         """Let every heartbeat carry ``report()`` (called from the heartbeat thread: it must
         be thread-safe), e.g. ``transport.mailbox.snapshot``: the operations this rank is
-        in, from which the coordinator builds its arrival board."""
+        in, from which the coordinator builds its arrival board. ``view`` (also called in
+        that thread) gets what the coordinator answers of the ranks this one waits for,
+        e.g. ``transport.answers.seen``."""
         if self.lease is not None:
             self.lease.report = report
+            self.lease.view = view
 
     async def status(self) -> dict[str, Any]:
         """The coordinator's ``{groups: [...]}``."""

@@ -106,6 +106,10 @@ PENDING, RUNNING = "pending", "running"
 LIVENESS_FACTOR = 3.0
 #: a lease holder PINGs this many times per ``liveness_timeout_s``
 LEASE_BEATS = 4
+#: a heartbeat whose rank has waited this long without data is answered with the stuck waits
+#: of the ranks it waits for; the index of reports that answer reads is rebuilt this often
+CHAIN_AFTER = 1.0
+CHAIN_INDEX_AGE = 0.5
 MIN_LIVENESS = 0.05  # seconds: the shortest liveness timeout honoured
 _LEASE_KEY = "lease.holder"  # main Session.data[...] -> the heartbeat thread's Session
 _LEASE_OF = "lease.of"  # heartbeat Session.data[...] -> the main Session
@@ -201,6 +205,8 @@ class Coordinator:
         self.groups: dict[str, _Group] = {}
         self._generations: dict[str, int] = {}
         self._leases: dict[str, Session] = {}  # lease id -> the main session that declared it
+        #: (when built, the reports by (group family, world rank)) for heartbeats' answers
+        self._chain_index: tuple[float, dict[tuple[str, int], arrivals.Report]] | None = None
         self._rpc: RpcServer | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._stopped: asyncio.Event | None = None
@@ -656,17 +662,27 @@ class Coordinator:
             )
         return {"groups": out, "board": self.board()}
 
-    def _on_ping(self, session: Session, body: dict[str, Any]) -> None:
-        """A heartbeat thread's PING: keep the in-flight report it carries for its main connection."""
+    def _on_ping(self, session: Session, body: dict[str, Any]) -> dict[str, Any] | None:
+        """A heartbeat thread's PING: keep the in-flight report it carries for its main
+        connection; when the rank has waited a while, answer with the stuck waits of the
+        ranks it waits for (what its slow-operation warnings and timeouts can name)."""
         main = session.data.get(_LEASE_OF)
         if main is None or "ops" not in body:
-            return
-        report = arrivals.parse(body["ops"], asyncio.get_running_loop().time())
-        if report is not None:
-            main.data[_REPORT] = report
+            return None
+        now = asyncio.get_running_loop().time()
+        report = arrivals.parse(body["ops"], now)
+        if report is None:
+            return None
+        main.data[_REPORT] = arrivals.follow(main.data.get(_REPORT), report)
+        if not any(row.waiting_world and (row.idle or 0.0) >= CHAIN_AFTER for row in report.ops):
+            return None
+        if self._chain_index is None or now - self._chain_index[0] > CHAIN_INDEX_AGE:
+            self._chain_index = (now, arrivals.index(self._reports()))
+        stale = 2 * self._liveness_timeout() / LEASE_BEATS
+        return arrivals.chain_answer(self._chain_index[1], report, self.limits.stuck_after_s, now, stale)
 
-    def board(self) -> list[dict[str, Any]]:
-        """The arrival board of every operation some connected rank is in (hang explainer)."""
+    def _reports(self) -> list[arrivals.Report]:
+        """Every connected rank's latest in-flight report (its ``seen`` brought up to date)."""
         reports = []
         for session in self.sessions:
             report: arrivals.Report | None = session.data.get(_REPORT)
@@ -675,8 +691,13 @@ class Coordinator:
             holder: Session | None = session.data.get(_LEASE_KEY)
             report.seen = report.at if holder is None else holder.last_seen
             reports.append(report)
+        return reports
+
+    def board(self) -> list[dict[str, Any]]:
+        """The arrival board of every operation some connected rank is in (hang explainer)."""
+        reports = self._reports()
         stale = 2 * self._liveness_timeout() / LEASE_BEATS
-        return arrivals.build(reports, asyncio.get_running_loop().time(), stale)
+        return arrivals.build(reports, asyncio.get_running_loop().time(), stale, self.limits.stuck_after_s)
 
     def _liveness_row(self, member: Member) -> dict[str, Any]:
         """``liveness`` ("ok", "unresponsive", "disconnected") and for how long its loop is quiet."""

@@ -38,6 +38,9 @@ Outcome = tuple[dict[str, Any], bytes | None, bool, observe.Recorder | None]
 
 RETRY = 1.0  # first reconnect delay; doubles up to RETRY_MAX
 RETRY_MAX = 10.0
+#: past a job's deadline, how long its collective has to time out by itself (and say what it
+#: waited for: the error's wait chain) before the job is cancelled from outside
+JOB_GRACE = 2.0
 
 
 def _reason(exc: BaseException) -> str:
@@ -166,7 +169,7 @@ class RankDaemon:
             tls=self.tls,
         )
         self.rdv = rdv
-        rdv.report_with(self._in_flight)
+        rdv.report_with(self._in_flight, self._seen)
         lost = asyncio.Event()
 
         def on_event(event: dict[str, Any]) -> None:
@@ -212,6 +215,12 @@ class RankDaemon:
         """The operations this rank is in (the heartbeat thread reads it; thread-safe)."""
         transport = self.transport
         return None if transport is None else transport.mailbox.snapshot()
+
+    def _seen(self, answer: Any) -> None:
+        """What the coordinator says of the ranks this one waits for (heartbeat thread)."""
+        transport = self.transport
+        if transport is not None:
+            transport.answers.seen(answer)
 
     async def _drain(self, rdv: RendezvousClient) -> None:
         running = "no job is running" if self.current_job is None else f"finishing job {escape(self.current_job)}"
@@ -336,18 +345,23 @@ class RankDaemon:
         payload: bytes | None = None
         broken = False
         recorder: observe.Recorder | None = None
+        phase = "checking the job"
         try:
             spec = JobSpec.model_validate(event["spec"])
             if spec.trace:  # this task's context: every operation of the job records spans
                 recorder = observe.Recorder()
                 observe.TRACE.set(recorder)
-            async with asyncio.timeout(float(event["deadline"])):
+            end = asyncio.get_running_loop().time() + float(event["deadline"])
+            async with asyncio.timeout(float(event["deadline"]) + JOB_GRACE):
+                phase = "linking to its peers"
                 comm = await self._ensure_links(event)
                 # Generating and checking data of a large job takes seconds of numpy work:
                 # in a thread (numpy releases the GIL), so heartbeats and links stay served.
+                phase = "making its input"
                 x = await asyncio.to_thread(self._input, spec, event, rank, world)
+                phase = f"running {spec.op}"
                 async with ProgressReporter(self._progress_sender(job_id, rank), comm, spec.iters) as progress:
-                    y, timings, nbytes = await run_collective(comm, spec, x, progress.step)
+                    y, timings, nbytes = await run_collective(comm, spec, x, progress.step, end)
             report.update(timings=timings, nbytes=nbytes, links=_link_kinds(comm), model=comm.model_stats)
             if spec.data == "generated" and spec.op not in ("barrier",):
                 report["verified"], report["wrong"] = await asyncio.to_thread(verify, spec, rank, world, y)
@@ -357,13 +371,19 @@ class RankDaemon:
         except asyncio.CancelledError:
             report = _cancelled(job_id, rank)
             self.jobs_failed += 1
-        except TimeoutError:
-            report.update(error=f"job deadline passed on rank {rank}", error_type="CollectiveTimeout")
+        except CollectiveError as exc:  # (a CollectiveTimeout too: the job's deadline, as the call's)
+            report.update(error=str(exc), error_type=type(exc).__name__)
+            if exc.waits:  # what it (and those it heard from) waited for: the job's error merges them
+                report["waits"] = [w.row() for w in exc.waits]
+            self.jobs_failed += 1
+            broken = isinstance(exc, PeerLost)
+        except TimeoutError:  # (before OSError, its base class)
+            report.update(error=f"job deadline passed while {phase}", error_type="CollectiveTimeout")
             self.jobs_failed += 1
         except (NetcollError, ValueError, TypeError, KeyError, OSError) as exc:
             report.update(error=str(exc), error_type=type(exc).__name__)
             self.jobs_failed += 1
-            broken = isinstance(exc, (PeerLost, OSError)) or not isinstance(exc, CollectiveError)
+            broken = True
         except Exception as exc:  # report, never crash the daemon
             log.exception("job %s failed", escape(job_id))
             report.update(error=f"internal error: {exc!r}", error_type="RpcError")

@@ -19,6 +19,7 @@ from .jobs import JobSpec
 Progress = Callable[[int, int], Awaitable[None]]
 #: how often a rank reports its progress in a job (when it has changed)
 PROGRESS_INTERVAL = 0.5
+MIN_CALL_TIMEOUT = 0.001  # a call made at (or past) the job's deadline still gets a positive one
 
 
 def bytes_sent(comm: Communicator) -> int:
@@ -75,16 +76,24 @@ class ProgressReporter:
             await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def call(comm: Communicator, spec: JobSpec, x: np.ndarray | None, out: np.ndarray | None = None) -> Any:
+async def call(
+    comm: Communicator,
+    spec: JobSpec,
+    x: np.ndarray | None,
+    out: np.ndarray | None = None,
+    timeout: float | None = None,
+) -> Any:
     """One call of the job's collective with this rank's input ``x``; ``out``
-    (optional): the result buffer of an earlier call, reused. Buffer jobs
-    (put / get / delete) return ``x``."""
+    (optional): the result buffer of an earlier call, reused; ``timeout``: the
+    call's own (None: the communicator's). Buffer jobs (put / get / delete) return ``x``."""
     coll = spec.collective
     if coll is None:
         return x
     if coll.takes_root and spec.root >= comm.world_size:
         raise ValueError(f"root {spec.root} is out of range for {comm.world_size} ranks")
-    return await coll.call(comm, x, op=spec.reduce_op, root=spec.root, out=out, algorithm=spec.algorithm)
+    return await coll.call(
+        comm, x, op=spec.reduce_op, root=spec.root, out=out, algorithm=spec.algorithm, timeout=timeout
+    )
 
 
 def moved_bytes(spec: JobSpec, x: np.ndarray | None, y: Any, world: int) -> int:
@@ -104,9 +113,15 @@ def moved_bytes(spec: JobSpec, x: np.ndarray | None, y: Any, world: int) -> int:
 
 
 async def run_collective(
-    comm: Communicator, spec: JobSpec, x: np.ndarray | None, progress: Progress | None = None
+    comm: Communicator,
+    spec: JobSpec,
+    x: np.ndarray | None,
+    progress: Progress | None = None,
+    end: float | None = None,
 ) -> tuple[Any, list[float], int]:
-    """Run the job: ``warmup`` untimed calls, then ``iters`` timed ones.
+    """Run the job: ``warmup`` untimed calls, then ``iters`` timed ones; ``end`` (loop
+    time): the job's deadline, each call's own (so a call still waiting then times out
+    as a collective does, naming what it waits for, rather than being cancelled).
 
     Returns:
         (the last call's result, per-iteration seconds, bytes moved per iteration).
@@ -121,8 +136,9 @@ async def run_collective(
         # broadcast root's result is its input: that one is not reused. (scatter
         # wants out= on every rank or none: every rank has a result after call one.)
         out = y if isinstance(y, np.ndarray) and y is not x else None
+        timeout = None if end is None else max(end - asyncio.get_running_loop().time(), MIN_CALL_TIMEOUT)
         t0 = time.perf_counter()
-        y = await call(comm, spec, x, out)
+        y = await call(comm, spec, x, out, timeout)
         if i < 0:
             continue
         timings.append(time.perf_counter() - t0)

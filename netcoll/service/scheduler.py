@@ -43,6 +43,7 @@ from ..rendezvous.coordinator import Coordinator
 from ..rendezvous.groups import is_loopback
 from ..rpc import Reply, Session
 from . import timeline
+from .failures import job_error
 from .jobs import JobSpec, JobState
 from .journal import Journal, Recovered, StoredJob
 from .records import Inputs, Job, Member, assign_ranks, slowest_per_call, split_inputs
@@ -639,12 +640,7 @@ class JobService:
             if job.id in self._cancel_now:  # we cancelled the others for a lost rank: their errors follow
                 failures = {}
             parts = [job.lost[r] for r in sorted(job.lost)]
-            primary = [
-                f"rank {r}: {rep.get('error')}"
-                for r, rep in sorted(failures.items())
-                if rep.get("error_type") not in ("CollectiveAborted", "PeerLost")
-            ]
-            parts += primary or [f"rank {r}: {rep.get('error')}" for r, rep in sorted(failures.items())][:2]
+            parts += job_error(failures, spec.deadline)  # once, with the wait chain when ranks timed out
             quiet = [r for r in missing if r not in job.lost]
             if quiet:
                 parts.append(f"ranks {quiet} never reported within the deadline")

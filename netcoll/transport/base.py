@@ -24,6 +24,7 @@ from ..links.base import Link, LinkStats, Quiet
 from ..operation import Operation
 from ..ops import Fold
 from ..wire import Kind
+from .answers import Answers
 from .mailbox import Mailbox
 
 log = logging.getLogger("netcoll.transport")
@@ -67,6 +68,9 @@ class Transport:
         self.mailbox.divert = self._divert
         self.mailbox.released = self._released
         self.mailbox.on_close = self._closed_op
+        #: answers a peer's timeout with where this rank waits, and keeps the waits heard
+        self.answers = Answers(self)
+        self.mailbox.asked = self.answers
         self._holding: dict[tuple[str, int], Quiet] = {}  # operations that hold the loop's polling off
         #: every rank's link kinds and host, agreed by the world group when it formed
         #: (:class:`netcoll.algorithms.media.Layout`); None before that
@@ -140,9 +144,12 @@ class Transport:
         """Each peer's link: its kind, traffic, held bytes and credit."""
         return {peer: link.stats() for peer, link in sorted(self.links.items())}
 
-    async def abort(self, op: Operation, cause: str, reason: str, ranks: tuple[int, ...] = ()) -> None:
-        """Tell every other live member of ``op`` that it failed here."""
-        header = {
+    async def abort(
+        self, op: Operation, cause: str, reason: str, ranks: tuple[int, ...] = (), wait: dict[str, Any] | None = None
+    ) -> None:
+        """Tell every other live member of ``op`` that it failed here (``wait``: on a
+        timeout, what this rank waits for, :meth:`Operation.wait_field`)."""
+        header: dict[str, Any] = {
             "g": op.group,
             "q": op.seq,
             "reason": reason,
@@ -150,6 +157,8 @@ class Transport:
             "cause": cause,
             "ranks": list(ranks),
         }
+        if wait is not None:
+            header["w"] = wait
         for peer in op.members:
             if peer != self.rank and peer not in self.mailbox.dead:
                 try:

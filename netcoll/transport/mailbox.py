@@ -83,6 +83,9 @@ class Mailbox:
         self.released: Callable[[int, int], None] | None = None
         #: set by a transport that keeps state per operation: called as each one closes
         self.on_close: Callable[[Operation], None] | None = None
+        #: set by a transport that answers a peer's timeout: ``asked(src, header, op)`` for
+        #: every TIMEOUT ABORT, after it is routed (``op``: the operation open here, or None)
+        self.asked: Callable[[int, dict[str, Any], Operation | None], None] | None = None
         self._direct: set[int] = set()  # srcs whose current payload goes into a posted buffer
         self._rank_of: dict[tuple[int, ...], dict[int, int]] = {}  # members -> {world rank: group rank}
 
@@ -130,13 +133,24 @@ class Mailbox:
     def snapshot(self, limit: int = SNAPSHOT_OPS) -> dict[str, Any]:
         """What this rank is in, for the coordinator's arrival board (called from the
         heartbeat thread: it reads copies, made atomically under the GIL):
-        ``{rank, ops: [[group, seq, name, fp, seconds running, members, waiting for]],
-        next: {group: next seq}}``, at most ``limit`` operations (the oldest)."""
+        ``{rank, ops: [[group, seq, name, fp, seconds running, members, waiting for,
+        seconds since it last received, world ranks waited for]], next: {group: next seq}}``,
+        at most ``limit`` operations (the oldest)."""
         now = time.monotonic()
         try:
             ops = sorted(self.ops.copy().values(), key=lambda op: op.opened)[:limit]
             rows = [
-                [op.group, op.seq, op.name, op.fp, round(now - op.opened, 3), list(op.members), op.waiting_for()]
+                [
+                    op.group,
+                    op.seq,
+                    op.name,
+                    op.fp,
+                    round(now - op.opened, 3),
+                    list(op.members),
+                    op.waiting_for(),
+                    round(max(now - op.moved, 0.0), 3),
+                    list(op.waiting_world()),
+                ]
                 for op in ops
             ]
             groups = {op.group for op in ops}
@@ -241,6 +255,8 @@ class Mailbox:
             self.early_aborts.setdefault(key, header)
         elif header["q"] in self.succeeded.get(header["g"], {}) and header["cause"] != Reason.CANCELLED.value:
             self.late_aborts.setdefault(header["g"], header)  # (a late cancel changes nothing: ours is right)
+        if self.asked is not None and header["cause"] == Reason.TIMEOUT.value:
+            self.asked(src, header, op)
 
     def peer_lost(self, peer: int, cause: BaseException | None = None, graceful: bool = False) -> None:
         """``peer``'s link is gone (see :meth:`Operation.lost`)."""

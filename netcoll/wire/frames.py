@@ -183,4 +183,49 @@ def decode_header(kind: Kind, data: bytes | memoryview) -> dict[str, Any]:
         value = header.get(key)
         if value.__class__ not in types:  # exact types: bool is not an int here
             raise ProtocolError(f"{kind.name} header field {key!r} missing or of wrong type ({value!r})")
+    if kind is Kind.ABORT and ("ranks" in header or "w" in header):
+        check_abort(header)
     return header
+
+
+#: an ABORT's optional ``w`` (the sender's wait, docs/protocol.md): field -> exact types
+ABORT_WAIT: Final[dict[str, tuple[type, ...]]] = {
+    "n": _STR,
+    "q": _INT,
+    "g": _STR,
+    "r": (list,),
+    "s": (int, float),
+    "a": (int, float),
+}
+ABORT_RANKS_MAX: Final = 512  # entries of an ABORT's ``ranks`` and of its wait's ``r``
+
+
+def check_abort(header: dict[str, Any]) -> None:
+    """Check an ABORT's optional fields: ``ranks`` (a list of ranks) and ``w`` (the wait
+    the sender is in: ``{n: name, q: seq, g: group, r: [world ranks], s: seconds
+    without data, a: seconds running}``).
+    Absent fields are fine (older senders); present ones of the wrong shape are a
+    :class:`ProtocolError`."""
+    ranks = header.get("ranks")
+    if ranks is not None:
+        _check_ranks("ranks", ranks)
+    wait = header.get("w")
+    if wait is None:
+        return
+    if wait.__class__ is not dict:
+        raise ProtocolError(f"ABORT header field 'w' must be a map, got {type(wait).__name__}")
+    for key, types in ABORT_WAIT.items():
+        value = wait.get(key)
+        if value.__class__ not in types:
+            raise ProtocolError(f"ABORT header field 'w.{key}' missing or of wrong type ({value!r})")
+    if wait["q"] < 0 or not 0 <= wait["s"] < 1e12 or not 0 <= wait["a"] < 1e12:  # (a NaN fails this too)
+        raise ProtocolError(f"ABORT header field 'w' holds a negative or unreadable number ({wait!r})")
+    _check_ranks("w.r", wait["r"])
+
+
+def _check_ranks(key: str, ranks: Any) -> None:
+    if ranks.__class__ is not list or len(ranks) > ABORT_RANKS_MAX:
+        raise ProtocolError(f"ABORT header field {key!r} must be a list of at most {ABORT_RANKS_MAX} ranks")
+    for r in ranks:
+        if r.__class__ is not int or r < 0:
+            raise ProtocolError(f"ABORT header field {key!r} holds {r!r}, not a rank")

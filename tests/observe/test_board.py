@@ -1,12 +1,16 @@
 """The hang explainer: the coordinator's arrival board shows who a stuck
-collective waits for (from the ranks' heartbeats), and mismatched calls side
-by side; ``netcoll status`` prints it."""
+collective waits for (from the ranks' heartbeats), a deadlock as one, and
+mismatched calls side by side; ``netcoll status`` prints it. Real hangs here;
+the rules (what counts as stuck, what is a deadlock) with injected reports in
+test_board_rules.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import io
+import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,6 +21,7 @@ import netcoll
 from netcoll.cli.status import print_status
 from netcoll.limits import Limits
 from netcoll.rendezvous import board as arrivals
+from netcoll.rendezvous import coordinator as coordinator_module
 from netcoll.service import Client, JobService
 
 pytestmark = pytest.mark.tcp
@@ -25,8 +30,9 @@ pytestmark = pytest.mark.tcp
 @contextlib.asynccontextmanager
 async def _world(n: int) -> AsyncIterator[tuple[Client, list[netcoll.Communicator]]]:
     """A coordinator with its job service (so the client's status works) and ``n``
-    embedded ranks that heartbeat every 0.1 s."""
-    limits = Limits(liveness_timeout_s=0.4, progress_timeout_s=30.0)
+    embedded ranks that heartbeat every 0.1 s; a wait shows once 3 of them agree it
+    has had no data for 0.2 s."""
+    limits = Limits(liveness_timeout_s=0.4, progress_timeout_s=30.0, stuck_after_s=0.2)
     async with netcoll.Coordinator(limits=limits) as coord:
         svc = JobService(coord)
         async with contextlib.AsyncExitStack() as stack:
@@ -94,6 +100,60 @@ async def test_board_shows_a_mismatch_side_by_side() -> None:
         for w in (a, b):
             w.cancel()
         await asyncio.gather(a, b, return_exceptions=True)
+
+
+async def test_board_names_a_deadlock_across_two_operations() -> None:
+    """Rank 0 waits in a recv for rank 1, which waits for rank 0 in an all_reduce."""
+    async with _world(2) as (client, comms):
+        a = comms[0].recv(1, timeout=60)
+        b = comms[1].all_reduce(np.ones(4, np.float32), timeout=60)
+
+        def deadlocked(board: list[dict[str, Any]]) -> bool:
+            return sum(1 for row in board if row["deadlock"]) == 2
+
+        status = await _board_until(client, deadlocked)
+        text = arrivals.lines(status["board"])
+        assert text[0] == "deadlock: rank 0 in recv #0 waits for rank 1, rank 1 in all_reduce #0 waits for rank 0"
+        assert sum(1 for line in text if line.startswith("deadlock:")) == 1  # named once
+        row = next(r for r in status["board"] if r["op"] == "all_reduce")
+        assert [m["rank"] for m in row["missing"]] == [0] and "in recv #0" in row["missing"][0]["why"]
+        for w in (a, b):
+            w.cancel()
+        await asyncio.gather(a, b, return_exceptions=True)
+
+
+async def test_slow_warnings_name_what_the_awaited_rank_waits_for(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ring: rank 1 waits for rank 0, which waits for rank 2, which never calls. Rank 1's
+    warnings name the chain and what its end is doing, from the coordinator's board (its
+    heartbeats' answers)."""
+    monkeypatch.setattr(coordinator_module, "CHAIN_AFTER", 0.1)
+    async with _world(3) as (_, comms):
+        await asyncio.gather(*(c.barrier() for c in comms))
+        for c in comms:
+            c._engine.slow_op_s = 0.2
+        x = np.ones(4, np.float32)
+        with caplog.at_level(logging.WARNING, logger="netcoll.engine"):
+            works = [comms[r].all_reduce(x, algorithm="ring", timeout=60) for r in (0, 1)]
+            chain = "rank 0 in all_reduce #1 waits for rank 2; rank 2 never delivered ("
+
+            def warned() -> list[str]:
+                return [r.getMessage() for r in caplog.records if chain in r.getMessage()]
+
+            async with asyncio.timeout(30):
+                while not warned():
+                    await asyncio.sleep(0.05)
+        assert re.fullmatch(
+            r"slow operation: all_reduce #1 of group 'default' still running on rank 1 after [0-9.]+s; "
+            r"waiting for rank 0; rank 0 in all_reduce #1 waits for rank 2; "
+            r"rank 2 never delivered \(has not called it: idle after #0; "
+            r"(last heartbeat [0-9.]+s ago|no heartbeat for [0-9]+s)\); "  # (heartbeats every 0.1 s: may be late)
+            r"(next warning at [0-9.]+s, )?timeout at 60s",
+            warned()[0],
+        ), warned()
+        await comms[2].all_reduce(x, algorithm="ring")
+        await asyncio.gather(*works)
 
 
 def test_malformed_reports_are_dropped() -> None:

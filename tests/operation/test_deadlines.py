@@ -12,6 +12,7 @@ import pytest
 
 from netcoll.deadlines import Deadlines
 from netcoll.errors import CollectiveTimeout
+from netcoll.logs import ContextFilter, bind
 from tests.support.worlds import memory_world
 
 
@@ -19,8 +20,12 @@ class _Op:
     """What a deadline reads of its operation (for the slow warning)."""
 
     name, seq = "all_reduce", 7
+    opened = moved = 0.0
 
     def where(self) -> str:
+        return "all_reduce #7"
+
+    def short(self) -> str:
         return "all_reduce #7"
 
     def me(self, rank: int) -> int:
@@ -91,18 +96,49 @@ async def test_a_timer_that_fires_with_nothing_due_rearms_or_rests() -> None:
     await _cancel(first_task)
 
 
-async def test_the_slow_warning_comes_first_then_the_end(caplog: pytest.LogCaptureFixture) -> None:
+async def test_slow_warnings_come_at_growing_intervals_then_the_end(caplog: pytest.LogCaptureFixture) -> None:
     deadlines = Deadlines()
     task = _task()
     with caplog.at_level(logging.WARNING, logger="netcoll.engine"):
         deadline = deadlines.start(task, _Op(), 1.5, 0.1, 2)  # type: ignore[arg-type]
-        await asyncio.sleep(0.3)
-        assert not task.done() and not deadline.expired
-        warned = [r.getMessage() for r in caplog.records]
-        assert warned == ["slow operation: all_reduce #7 still running on rank 2 after 0.1s; waiting for rank 3"]
         with pytest.raises(asyncio.CancelledError):
             await task
-    assert deadline.expired and len(caplog.records) == 1
+    assert deadline.expired
+    assert [r.getMessage() for r in caplog.records] == [
+        "slow operation: all_reduce #7 still running on rank 2 after 0.1s; waiting for rank 3; "
+        "next warning at 0.3s, timeout at 1.5s",
+        "slow operation: all_reduce #7 still running on rank 2 after 0.3s; waiting for rank 3; "
+        "next warning at 0.9s, timeout at 1.5s",
+        "slow operation: all_reduce #7 still running on rank 2 after 0.9s; waiting for rank 3; timeout at 1.5s",
+    ]
+
+
+async def test_a_slow_warning_carries_the_job_of_its_operation() -> None:
+    """The timer is shared: armed in one job's context, it still fires for the next job's
+    operation, whose warning must name that job (not the one that armed the timer)."""
+    deadlines = Deadlines()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    handler.addFilter(ContextFilter("test"))
+    logger = logging.getLogger("netcoll.engine")
+    logger.addHandler(handler)
+    try:
+        with bind(job=8):  # an operation of job 8 arms the timer for its warning, and ends
+            early = deadlines.start(_task(), _Op(), 60.0, 0.05, 0)  # type: ignore[arg-type]
+            early.cancel()
+        with bind(job=9):  # job 9's comes later: the timer armed in job 8 serves it
+            task = _task()
+            deadlines.start(task, _Op(), 0.4, 0.1, 0)  # type: ignore[arg-type]
+        assert deadlines.at < deadlines.loop.time() + 0.08  # type: ignore[union-attr]  # (not re-armed)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        logger.removeHandler(handler)
+    jobs = [r.netcoll.get("job") for r in records if r.getMessage().startswith("slow operation")]  # type: ignore[attr-defined]
+    assert jobs == [9, 9]
+    await _cancel(early.task)
+    deadlines.close()
 
 
 async def test_collectives_time_out_on_their_own_deadlines_one_after_another() -> None:

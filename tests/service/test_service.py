@@ -304,8 +304,8 @@ async def test_job_iterations_reuse_the_first_result_buffer(op: str, monkeypatch
     seen: dict[int, list[int]] = {}
     real = runner.call
 
-    async def spy(comm, s, x, out=None):  # type: ignore[no-untyped-def]
-        y = await real(comm, s, x, out)
+    async def spy(comm, s, x, out=None, timeout=None):  # type: ignore[no-untyped-def]
+        y = await real(comm, s, x, out, timeout)
         seen.setdefault(comm.rank, []).append(0 if y is None else id(y))
         return y
 

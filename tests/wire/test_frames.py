@@ -44,6 +44,7 @@ FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCh
 SMALL = Limits(max_header=4096, max_payload=1 << 16)
 
 GIB = 1 << 30
+ABORT_OPTIONAL = ("ranks", "w")  # an ABORT's optional fields the wire checks (check_abort)
 
 # --------------------------------------------------------------------------- helpers
 
@@ -69,6 +70,7 @@ def valid_header(kind: Kind) -> dict[str, Any]:
             "origin": 1,
             "cause": "timeout",
             "ranks": [2],
+            "w": {"n": "all_reduce", "q": 7, "g": "default", "r": [2], "s": 4.5, "a": 5.0},
         },
         Kind.REQUEST: {"id": 1, "method": "submit", "params": {"op": "all_reduce"}},
         Kind.RESPONSE: {"id": 1, "ok": False, "error": {"type": "ValueError", "message": "no"}},
@@ -177,7 +179,8 @@ payloads = st.one_of(
 @st.composite
 def frames(draw: st.DrawFn) -> tuple[Kind, dict[str, Any], bytes, int]:
     kind = draw(kinds)
-    header = {**draw(extras), **required_only(kind)}
+    checked = ABORT_OPTIONAL if kind is Kind.ABORT else ()  # optional fields the wire checks
+    header = {**{k: v for k, v in draw(extras).items() if k not in checked}, **required_only(kind)}
     payload = b"" if kind in CONTROL_KINDS else draw(payloads)  # control kinds carry no payload
     return kind, header, payload, draw(st.integers(0, 0xFFFF))
 
