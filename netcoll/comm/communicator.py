@@ -1,0 +1,277 @@
+"""The :class:`Communicator`: a group of ranks, its state and sub-groups, and
+the cost model's group operations. Its collectives come from the method groups
+it inherits (:mod:`.reducing`, :mod:`.gathering`, :mod:`.moving`,
+:mod:`.p2p`); the package docstring (:mod:`netcoll.comm`) says how calls behave."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import numbers
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import resultpool
+from ..calls import moving, tune
+from ..calls._common import Done
+from ..engine import DEFAULT_TIMEOUT, Engine
+from ..errors import CollectiveError
+from ..operation import Work
+from ..transport.base import Transport, as_bytes
+from .gathering import Gathering
+from .issuing import log_model
+from .moving import Moving
+from .p2p import PointToPoint
+from .reducing import Reducing
+from .types import Array
+
+COST_MODEL_ENV = "NETCOLL_COST_MODEL"
+
+
+def cost_model_enabled(env: Mapping[str, str] | None = None, *, default: bool = False) -> bool:
+    """Whether groups calibrate when they form (``NETCOLL_COST_MODEL=1``; ``0`` never;
+    unset or empty: ``default``, see :func:`model_by_default`)."""
+    raw = (os.environ if env is None else env).get(COST_MODEL_ENV, "").strip().lower()
+    return default if not raw else raw in ("1", "on", "true", "yes")
+
+
+async def form_group(comm: Communicator) -> None:
+    """What a new world group does before its first collective (``connect()``
+    and the rank daemons): agree on every rank's link kinds, so that ``auto``
+    chooses by them (:meth:`Communicator.agree_links`), then calibrate the cost
+    model if it is on (:func:`calibrate_if_enabled`)."""
+    await comm.agree_links()
+    await calibrate_if_enabled(comm)
+
+
+def model_by_default(comm: Communicator) -> bool:
+    """Whether ``auto`` chooses by the cost model when ``NETCOLL_COST_MODEL`` is unset:
+    when the group spans more than one host (by the hosts agreed when it formed). The
+    fixed table's thresholds were measured with every rank on one host, where the model
+    chooses as well as the table but its agreements act as barriers the table does not
+    need (docs/performance.md, "Cost model"). Between hosts the table's loopback
+    thresholds do not hold: on an emulated 200 µs, 1 Gbit/s network the table's all_reduce
+    and all_gather were 1.65-2.8x the best at 256 KiB-4 MiB, and the model within 10 % of
+    the best in 9 of the 10 cells from 64 KiB (docs/emulated-network.md)."""
+    hosts = comm._engine.hosts
+    return hosts is not None and hosts > 1
+
+
+async def calibrate_if_enabled(comm: Communicator) -> None:
+    """A new group's calibration when :func:`cost_model_enabled` (what ``connect()``
+    and the rank daemons do, after the group agreed on its links and hosts). A failure
+    is logged and leaves the fixed table."""
+    if cost_model_enabled(default=model_by_default(comm)):
+        with contextlib.suppress(CollectiveError):
+            await comm.calibrate()
+
+
+log = logging.getLogger("netcoll.comm")
+
+
+class Communicator(Reducing, Gathering, Moving, PointToPoint):
+    """A group of ranks that run collectives together (what
+    :func:`netcoll.connect` yields).
+
+    Every collective (``all_reduce``, ``broadcast``, ``reduce``,
+    ``all_gather``, ``gather``, ``scatter``, ``reduce_scatter``,
+    ``all_to_all``, ``barrier``) and ``send``/``recv`` is *issued when it is
+    called* and returns a :class:`~netcoll.Work`; see each method's docstring,
+    and :mod:`netcoll.comm` for what they share.
+
+    Attributes:
+        rank: this process's rank in the group (0..world_size-1).
+        world_size: the number of ranks in the group.
+        group: the group's name (sub-groups from :meth:`split` get derived names).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        group: str = "default",
+        members: tuple[int, ...] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        segment_bytes: int | None = None,
+    ) -> None:
+        self._engine = Engine(transport, group=group, members=members, timeout=timeout, segment_bytes=segment_bytes)
+        self._splits = 0
+        self._on_close: list[Callable[[], Awaitable[None]]] = []
+
+    def __repr__(self) -> str:
+        return f"<Communicator group={self.group!r} rank={self.rank} world_size={self.world_size}>"
+
+    @property
+    def rank(self) -> int:
+        """This rank in the group (``0 <= rank < world_size``)."""
+        return self._engine.rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks in the group."""
+        return self._engine.world_size
+
+    @property
+    def group(self) -> str:
+        """The group's name."""
+        return self._engine.group
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The group's world ranks, in group rank order."""
+        return self._engine.members
+
+    @property
+    def transport(self) -> Transport:
+        """The process's transport (its links to every world rank)."""
+        return self._engine.transport
+
+    @property
+    def timeout(self) -> float:
+        """The default deadline of each call, in seconds (``timeout=`` overrides it)."""
+        return self._engine.timeout
+
+    @property
+    def segment_bytes(self) -> int:
+        """The message segment size, in bytes."""
+        return self._engine.segment_bytes
+
+    @property
+    def closed(self) -> bool:
+        """True once closed."""
+        return self._engine.closed
+
+    def agree_links(self, *, timeout: float | None = None) -> Work[str | None]:
+        """Collective: agree on the kind of every rank's links and on its host
+        and cores, so that ``algorithm="auto"`` chooses by them (shared memory
+        and sockets, crowded and roomy hosts favour different algorithms:
+        docs/algorithms.md, "Choosing by link kind").
+        :func:`form_group` does it when ``connect()`` forms the world group;
+        sub-groups made afterwards know theirs without talking. The Work's
+        result is the group's medium (``"shm"``, ``"socket"``, or None when
+        unknown); once agreed, it completes at once. Only a group of every
+        world rank agrees (ValueError otherwise, before anything is sent)."""
+        e = self._engine
+        if e.members != tuple(range(e.transport.size)):
+            raise ValueError(
+                f"agree_links is for a group of every rank ({e.transport.size}); group {self.group!r} has "
+                f"{e.world_size}: a sub-group knows its links from the world group's agreement"
+            )
+        if e.world_size < 2 or e.transport.layout is not None:
+            return Work.completed("agree_links", e.medium)
+        work = e.issue(tune.agree_links(e), timeout)
+        work.add_done_callback(self._log_links)
+        return work
+
+    def _log_links(self, work: Work[str | None]) -> None:
+        if not work.cancelled() and work.exception() is None:
+            e = self._engine
+            kinds, crowd = work.result() or "of an unknown kind", e.ranks_per_core
+            per_core = "unknown" if crowd is None else f"{crowd:.3g}"
+            hosts = "unknown hosts" if e.hosts is None else f"{e.hosts} host" + ("s" if e.hosts > 1 else "")
+            model = cost_model_enabled(default=model_by_default(self))
+            chooser = "the cost model chooses" if model else "auto's table chooses"
+            log.info(
+                "group %s: links %s, %s ranks per core, %s; %s for them", self.group, kinds, per_core, hosts, chooser
+            )
+
+    @property
+    def medium(self) -> str | None:
+        """The group's agreed links (:meth:`agree_links`): ``"shm"``, ``"socket"``, or None."""
+        return self._engine.medium
+
+    def calibrate(self, *, timeout: float | None = None) -> Work:
+        """Collective: measure the group's links and agree on the cost model's
+        parameters (``docs/algorithms.md``, "Cost model"); calls issued after it
+        choose with them (and wait for them if needed). ``connect()`` and the
+        rank daemons call it when :func:`cost_model_enabled`;
+        ``NETCOLL_COST_MODEL=0`` turns it into a no-op (the fixed table stays)."""
+        e = self._engine
+        if e.world_size < 2 or not cost_model_enabled(default=True):
+            return Work.completed("calibrate", None)
+        call = tune.calibrate(e)
+        work = self._engine.issue(call, timeout)
+        work.add_done_callback(log_model)
+        e.tuner.add(e.seq, work)
+        return work
+
+    @property
+    def model_stats(self) -> dict[str, Any]:
+        """The cost model's parameters (None before calibration), per collective the
+        last choice (algorithm, segment size) with its predicted and measured seconds,
+        and what the table chooses for: the group's agreed links (``links``, :attr:`medium`),
+        the most rank processes per core on its hosts (``ranks_per_core``) and how many
+        hosts it spans (``hosts``; the model chooses by default over more than one)."""
+        e = self._engine
+        return {**e.tuner.stats(), "links": e.medium, "ranks_per_core": e.ranks_per_core, "hosts": e.hosts}
+
+    # -- groups -----------------------------------------------------------------------
+    def split(self, color: int | None, key: int = 0, *, timeout: float | None = None) -> Work[Communicator | None]:
+        """Collective: ranks passing the same ``color`` form a sub-group over the
+        same links, ordered by (``key``, rank); the Work's result is the new
+        Communicator (``None`` for ``color=None``, which joins none)."""
+        for what, v in (("color", color), ("key", key)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0):
+                raise ValueError(f"{what} must be a non-negative int{' or None' if what == 'color' else ''}, got {v!r}")
+        row = np.array([-1 if color is None else color, key, self.rank], np.int64)
+        index = self._splits
+        self._splits += 1
+        # a fixed algorithm: the sub-group is made from the result, whatever the model's state
+        plan = moving.all_gather(self._engine, row, False, None, "doubling")
+        if isinstance(plan, Done):
+            return Work.completed("split", self._sub(plan.value, color, index, self._engine.seq))
+        gathered = plan.post
+        assert gathered is not None
+        seq = self._engine.seq
+
+        def finish(value: Any) -> Communicator | None:
+            return self._sub(gathered(value), color, index, seq)
+
+        plan.name, plan.post = "split", finish
+        return self._engine.issue(plan, timeout)
+
+    def _sub(self, table: Array, color: int | None, index: int, seq: int) -> Communicator | None:
+        if color is None:
+            return None
+        mine = sorted((int(k), int(r)) for c, k, r in table if c == color)
+        sub = Communicator(
+            self.transport,
+            group=f"{self.group}/split{index}:{color}",
+            members=tuple(self.members[r] for _, r in mine),
+            timeout=self.timeout,
+            segment_bytes=self.segment_bytes if self._engine.fixed_segment else None,
+        )
+        sub._engine.tuner.inherit(self._engine.tuner, seq)  # the parent's parameters at the split
+        return sub
+
+    def link_stats(self) -> dict[int, dict[str, Any]]:
+        """This rank's link to each other member, by group rank: its kind
+        (``"tcp"``, ``"memory"``, ...), traffic, bytes held for receives not yet
+        posted, and flow-control credit (:class:`netcoll.links.base.LinkStats`)."""
+        stats = self.transport.link_stats()
+        return {r: stats[w].as_dict() for r, w in enumerate(self.members) if w in stats}
+
+    async def close(self) -> None:
+        """Close the communicator (and, for the one :func:`connect` made, its links)."""
+        if self._engine.closed:
+            return
+        self._engine.closed = True
+        if not self._engine.deadlines.active:  # (running operations keep their deadlines)
+            self._engine.deadlines.close()
+        resultpool.RESULTS.clear()  # done with collectives: no result memory kept for reuse
+        for hook in reversed(self._on_close):
+            await hook()
+
+
+__all__ = [
+    "COST_MODEL_ENV",
+    "DEFAULT_TIMEOUT",
+    "Communicator",
+    "as_bytes",
+    "calibrate_if_enabled",
+    "cost_model_enabled",
+    "form_group",
+]
