@@ -131,6 +131,7 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     """Run a coordinator with the job service until SIGTERM/SIGINT; return 0."""
     from ..rendezvous.coordinator import Coordinator
     from .http import HttpServer, coordinator_ready
+    from .views import coordinator_views
 
     cfg.require_credentials("coordinator")  # secure by default (a ConfigError: exit 2)
     started = time.time()
@@ -144,6 +145,7 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
         metrics=coordinator_metrics(coord, svc, started),
         name="netcoll coordinator",
         tls=tls,
+        views=coordinator_views(svc),
     )
     stop = asyncio.Event()
 
@@ -169,7 +171,7 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
             "coordinator ready at %s%s; HTTP %s; jobs %s",
             coord.address,
             _credentials(cfg),
-            f"{url}/metrics" if url else "off",
+            f"{url}/metrics, /jobs, /status" if url else "off",
             f"journaled in {journal.directory}" if journal else "in memory only (no --state-dir)",
         )
         write_ready_file(
