@@ -28,11 +28,13 @@ returned as the caller's tensor itself). ``op`` may be a
 The methods are thin: the plans in :mod:`netcoll.calls` check arguments and
 build the algorithm call, :class:`~netcoll.engine.Engine` sequences and runs it.
 
-The methods are grouped in modules (:mod:`.reducing`, :mod:`.gathering`,
-:mod:`.moving`, :mod:`.p2p`), each a base class of :class:`Communicator`, over
-:class:`.issuing.Issuing`; :mod:`.types` has the types of their arguments and
-results (``Op``, ``ArrayIn``, ``TensorLike``, the ``*Algorithm`` literals) for
-annotating code that calls them.
+The collectives are written, with their typed overloads and reference
+docstrings, as functions of ``self: Communicator`` in :mod:`.reducing`,
+:mod:`.gathering`, :mod:`.moving` and :mod:`.p2p`, and made methods by name in
+:class:`Communicator`'s body (it has no base class: it holds an engine);
+:mod:`.types` has the types of their arguments and results (``Op``,
+``ArrayIn``, ``TensorLike``, the ``*Algorithm`` literals) for annotating code
+that calls them.
 """
 
 from __future__ import annotations

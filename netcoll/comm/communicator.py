@@ -15,17 +15,16 @@ from typing import Any
 import numpy as np
 
 from .. import resultpool
+from ..algorithms.tuning import TRIAL_LAG, Pending
 from ..calls import moving, tune
-from ..calls._common import Done
-from ..engine import DEFAULT_TIMEOUT, Engine
+from ..calls._common import Done, Plan
+from ..engine import DEFAULT_TIMEOUT, Call, Engine
 from ..errors import CollectiveError
 from ..operation import Work
+from ..tensors import TorchIO
 from ..transport.base import Transport, as_bytes
-from .gathering import Gathering
-from .issuing import log_model
-from .moving import Moving
-from .p2p import PointToPoint
-from .reducing import Reducing
+from . import gathering, p2p, reducing
+from . import moving as moving_
 from .types import Array
 
 COST_MODEL_ENV = "NETCOLL_COST_MODEL"
@@ -72,7 +71,7 @@ async def calibrate_if_enabled(comm: Communicator) -> None:
 log = logging.getLogger("netcoll.comm")
 
 
-class Communicator(Reducing, Gathering, Moving, PointToPoint):
+class Communicator:
     """A group of ranks that run collectives together (what
     :func:`netcoll.connect` yields).
 
@@ -80,7 +79,10 @@ class Communicator(Reducing, Gathering, Moving, PointToPoint):
     ``all_gather``, ``gather``, ``scatter``, ``reduce_scatter``,
     ``all_to_all``, ``barrier``) and ``send``/``recv`` is *issued when it is
     called* and returns a :class:`~netcoll.Work`; see each method's docstring,
-    and :mod:`netcoll.comm` for what they share.
+    and :mod:`netcoll.comm` for what they share. The methods are written in
+    :mod:`.reducing`, :mod:`.gathering`, :mod:`.moving` and :mod:`.p2p` (typed
+    overloads and reference docstrings) and are this class's own: it has no
+    base class; it holds the group's engine.
 
     Attributes:
         rank: this process's rank in the group (0..world_size-1).
@@ -144,6 +146,71 @@ class Communicator(Reducing, Gathering, Moving, PointToPoint):
         """True once closed."""
         return self._engine.closed
 
+    # -- the collectives: thin, typed, documented where they are written ----------------
+    all_reduce = reducing.all_reduce
+    reduce = reducing.reduce
+    reduce_scatter = reducing.reduce_scatter
+    all_gather = gathering.all_gather
+    gather = gathering.gather
+    broadcast = moving_.broadcast
+    scatter = moving_.scatter
+    all_to_all = moving_.all_to_all
+    barrier = moving_.barrier
+    send = p2p.send
+    recv = p2p.recv
+
+    # -- issuing: a plan to the engine ---------------------------------------------------
+    def _issue(self, plan: Plan, timeout: float | None, io: TorchIO | None = None) -> Work:
+        _torch_out(plan, io)
+        if isinstance(plan, Done):
+            return Work.completed(getattr(plan, "name", "local"), plan.value)
+        return self._engine.issue(plan, timeout)
+
+    def _plan(self, make: Callable[[Engine], Plan], timeout: float | None, io: TorchIO | None = None) -> Work:
+        """Plan and issue a collective; a call whose cost-model parameters are still
+        being agreed is issued now (its sequence number) and planned once they are."""
+        e = self._engine
+        e.choice, e.tuner.asked = None, None
+        try:
+            plan = make(e)
+        except Pending as pending:
+            plan = Call(pending.name, "", _never, waits=pending.future, rebuild=self._rebuilder(make, io))
+            io = None
+        if isinstance(plan, Done):
+            return self._issue(plan, timeout, io)
+        if plan.rebuild is None:
+            plan.choice = e.choice
+        work = self._issue(plan, timeout, io)
+        tuner = e.tuner
+        tuner.collectives += 1
+        if tuner.due():
+            self._model_op(tune.refine(e), e.seq + tuner.lag)
+        elif trial := tuner.trial_due():  # the times of this size band's trial so far, agreed soon
+            self._model_op(tune.refine(e, trial, after=[work]), e.seq + TRIAL_LAG)
+        return work
+
+    def _rebuilder(self, make: Callable[[Engine], Plan], io: TorchIO | None) -> Callable[[Call], None]:
+        e = self._engine
+
+        def rebuild(call: Call) -> None:
+            e.plan_seq, e.choice = call.seq, None
+            try:
+                plan = make(e)
+            finally:
+                e.plan_seq = None
+            assert isinstance(plan, Call)  # deferred: a group of 2+ ranks
+            _torch_out(plan, io)
+            call.fp, call.body, call.post, call.choice, call.ran = plan.fp, plan.body, plan.post, e.choice, plan.ran
+
+        return rebuild
+
+    def _model_op(self, call: Call, start: int) -> Work:
+        """Issue a model operation whose parameters apply from sequence number ``start``."""
+        work = self._engine.issue(call, None)
+        work.add_done_callback(_log_model)
+        self._engine.tuner.add(start, work)
+        return work
+
     def agree_links(self, *, timeout: float | None = None) -> Work[str | None]:
         """Collective: agree on the kind of every rank's links and on its host
         and cores, so that ``algorithm="auto"`` chooses by them (shared memory
@@ -194,7 +261,7 @@ class Communicator(Reducing, Gathering, Moving, PointToPoint):
             return Work.completed("calibrate", None)
         call = tune.calibrate(e)
         work = self._engine.issue(call, timeout)
-        work.add_done_callback(log_model)
+        work.add_done_callback(_log_model)
         e.tuner.add(e.seq, work)
         return work
 
@@ -264,6 +331,32 @@ class Communicator(Reducing, Gathering, Moving, PointToPoint):
         resultpool.RESULTS.clear()  # done with collectives: no result memory kept for reuse
         for hook in reversed(self._on_close):
             await hook()
+
+
+def _torch_out(plan: Plan, io: TorchIO | None) -> None:
+    """torch tensors in: torch tensors out."""
+    if io is None:
+        return
+    if isinstance(plan, Done):
+        plan.value = io.result(plan.value)
+    else:
+        post = plan.post
+        plan.post = io.result if post is None else lambda value: io.result(post(value))
+
+
+async def _never(ch: Any) -> None:
+    raise AssertionError("a deferred call ran before it was planned")
+
+
+def _log_model(work: Work) -> None:
+    """A model operation ended: its new parameters, or why the old ones stay."""
+    if work.cancelled():
+        return
+    exc = work.exception()
+    if exc is not None:
+        log.warning("%s #%s failed; the previous cost-model parameters stay: %s", work.name, work.seq, exc)
+    elif work.result() is not None:
+        log.info("%s #%s: cost-model parameters %s", work.name, work.seq, work.result())
 
 
 __all__ = [
