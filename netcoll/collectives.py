@@ -57,12 +57,14 @@ Uneven = Literal["no", "flag", "lists"]
 
 @dataclasses.dataclass(frozen=True)
 class CallArgs:
-    """The arguments of one call; each collective passes on those it takes."""
+    """The arguments of one call; each collective passes on those it takes. ``op`` and
+    ``algorithm`` are names from a job or a command line (the Communicator's typed
+    literals cannot be known statically here: the plans check them, ValueError)."""
 
-    op: str = "sum"
+    op: Any = "sum"
     root: int = 0
     out: Any = None
-    algorithm: str = "auto"
+    algorithm: Any = "auto"
     timeout: float | None = None
 
 
@@ -186,39 +188,39 @@ class Collective:
 
 
 # -- dispatch, one function per Communicator method ------------------------------------------------
-def _all_reduce(comm: Communicator, x: Any, a: CallArgs) -> Awaitable[Any]:
+def _all_reduce(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
     return comm.all_reduce(x, op=a.op, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
 
 
-def _all_gather(comm: Communicator, x: Any, a: CallArgs) -> Awaitable[Any]:
+def _all_gather(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
     return comm.all_gather(x, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
 
 
-def _reduce_scatter(comm: Communicator, x: Any, a: CallArgs) -> Awaitable[Any]:
+def _reduce_scatter(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
     return comm.reduce_scatter(x, op=a.op, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
 
 
-def _all_to_all(comm: Communicator, x: Any, a: CallArgs) -> Awaitable[Any]:
+def _all_to_all(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
     return comm.all_to_all(x, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
 
 
 def _broadcast(comm: Communicator, x: Any, a: CallArgs) -> Awaitable[Any]:
     """Non-roots receive into ``out`` (None: a new array)."""
-    buf = x if comm.rank == a.root else a.out
+    buf: np.ndarray | None = x if comm.rank == a.root else a.out
     return comm.broadcast(buf, root=a.root, timeout=a.timeout, algorithm=a.algorithm)
 
 
-def _reduce(comm: Communicator, x: Any, a: CallArgs) -> Awaitable[Any]:
+def _reduce(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
     return comm.reduce(x, op=a.op, root=a.root, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
 
 
-def _gather(comm: Communicator, x: Any, a: CallArgs) -> Awaitable[Any]:
+def _gather(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
     return comm.gather(x, root=a.root, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
 
 
 def _scatter(comm: Communicator, x: Any, a: CallArgs) -> Awaitable[Any]:
     """Only the root's ``x`` is sent; every rank receives into ``out`` (None: a new array)."""
-    buf = x if comm.rank == a.root else None
+    buf: np.ndarray | None = x if comm.rank == a.root else None
     return comm.scatter(buf, root=a.root, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
 
 

@@ -5,7 +5,8 @@ context a line was logged in (rank, epoch, job, operation, sequence).
 ``fmt`` is ``"text"`` (``2026-01-02T03:04:05.678Z INFO [who] logger: msg``)
 or ``"json"`` (one object a line: ``ts``, ``level``, ``logger``, ``msg``,
 ``who``, and ``rank``, ``epoch``, ``job``, ``op``, ``seq`` when known, plus
-``exc`` for an exception); the default comes from ``NETCOLL_LOG_FORMAT``.
+``exc`` for an exception, and the fields a line passes as ``extra={DATA: {...}}``);
+the default comes from ``NETCOLL_LOG_FORMAT``.
 
 The job context lives in :mod:`contextvars`, so it follows asyncio tasks: the
 rank daemon sets ``rank``/``epoch``/``job`` with :func:`bind` while it runs a
@@ -112,6 +113,11 @@ def _utc(created: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{ms:03d}Z"
 
 
+#: ``extra={DATA: {...}}``: fields a JSON line carries beside its message (a job's id, op,
+#: size, state, ...: ``netcoll.service.joblog``); never over the fields above, and not in text
+DATA = "netcoll_data"
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object a line; every string JSON-encoded (control characters escaped)."""
 
@@ -130,6 +136,10 @@ class JsonFormatter(logging.Formatter):
             for key in _CONTEXT_KEYS:
                 if key in fields:
                     doc[key] = fields[key]
+        data = getattr(record, DATA, None)
+        if isinstance(data, dict):
+            for key, value in data.items():
+                doc.setdefault(key, value)
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:

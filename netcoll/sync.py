@@ -47,10 +47,23 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .comm import DEFAULT_TIMEOUT, Communicator
+from .comm.types import (
+    AllGatherAlgorithm,
+    AllReduceAlgorithm,
+    AllToAllAlgorithm,
+    ArrayIn,
+    BarrierAlgorithm,
+    BroadcastAlgorithm,
+    GatherAlgorithm,
+    Op,
+    ReduceAlgorithm,
+    ReduceScatterAlgorithm,
+    ScatterAlgorithm,
+    TensorLike,
+)
 from .errors import CollectiveCancelled, CommunicatorClosed
 from .loop import new_event_loop
 from .operation import Work
-from .ops import ReduceOp
 from .session import connect as _connect
 from .session import record_failure
 
@@ -238,12 +251,12 @@ class SyncCommunicator:
     @_blocking
     def all_reduce(
         self,
-        x: Any,
-        op: str | ReduceOp = "sum",
+        x: ArrayIn | TensorLike[Any],
+        op: Op = "sum",
         *,
         out: Array | None = None,
         timeout: float | None = None,
-        algorithm: str = "auto",
+        algorithm: AllReduceAlgorithm = "auto",
         async_op: bool = False,
     ) -> Any:
         return self._call(self._comm.all_reduce, async_op, x, op, out=out, timeout=timeout, algorithm=algorithm)
@@ -251,11 +264,11 @@ class SyncCommunicator:
     @_blocking
     def broadcast(
         self,
-        x: Any = None,
+        x: ArrayIn | TensorLike[Any] | None = None,
         root: int = 0,
         *,
         timeout: float | None = None,
-        algorithm: str = "auto",
+        algorithm: BroadcastAlgorithm = "auto",
         async_op: bool = False,
     ) -> Any:
         return self._call(self._comm.broadcast, async_op, x, root, timeout=timeout, algorithm=algorithm)
@@ -263,13 +276,13 @@ class SyncCommunicator:
     @_blocking
     def reduce(
         self,
-        x: Any,
-        op: str | ReduceOp = "sum",
+        x: ArrayIn | TensorLike[Any],
+        op: Op = "sum",
         root: int = 0,
         *,
         out: Array | None = None,
         timeout: float | None = None,
-        algorithm: str = "auto",
+        algorithm: ReduceAlgorithm = "auto",
         async_op: bool = False,
     ) -> Any:
         return self._call(self._comm.reduce, async_op, x, op, root, out=out, timeout=timeout, algorithm=algorithm)
@@ -277,12 +290,12 @@ class SyncCommunicator:
     @_blocking
     def all_gather(
         self,
-        x: Any,
+        x: ArrayIn | TensorLike[Any],
         *,
         uneven: bool = False,
         out: Array | None = None,
         timeout: float | None = None,
-        algorithm: str = "auto",
+        algorithm: AllGatherAlgorithm = "auto",
         async_op: bool = False,
     ) -> Any:
         return self._call(
@@ -292,13 +305,13 @@ class SyncCommunicator:
     @_blocking
     def gather(
         self,
-        x: Any,
+        x: ArrayIn | TensorLike[Any],
         root: int = 0,
         *,
         uneven: bool = False,
         out: Array | None = None,
         timeout: float | None = None,
-        algorithm: str = "auto",
+        algorithm: GatherAlgorithm = "auto",
         async_op: bool = False,
     ) -> Any:
         return self._call(
@@ -308,12 +321,12 @@ class SyncCommunicator:
     @_blocking
     def scatter(
         self,
-        x: Any = None,
+        x: ArrayIn | TensorLike[Any] | None = None,
         root: int = 0,
         *,
         out: Array | None = None,
         timeout: float | None = None,
-        algorithm: str = "auto",
+        algorithm: ScatterAlgorithm = "auto",
         async_op: bool = False,
     ) -> Any:
         return self._call(self._comm.scatter, async_op, x, root, out=out, timeout=timeout, algorithm=algorithm)
@@ -321,12 +334,12 @@ class SyncCommunicator:
     @_blocking
     def reduce_scatter(
         self,
-        x: Any,
-        op: str | ReduceOp = "sum",
+        x: ArrayIn | TensorLike[Any],
+        op: Op = "sum",
         *,
         out: Array | None = None,
         timeout: float | None = None,
-        algorithm: str = "auto",
+        algorithm: ReduceScatterAlgorithm = "auto",
         async_op: bool = False,
     ) -> Any:
         return self._call(self._comm.reduce_scatter, async_op, x, op, out=out, timeout=timeout, algorithm=algorithm)
@@ -334,17 +347,19 @@ class SyncCommunicator:
     @_blocking
     def all_to_all(
         self,
-        x: Any,
+        x: ArrayIn | TensorLike[Any],
         *,
         out: Array | None = None,
         timeout: float | None = None,
-        algorithm: str = "auto",
+        algorithm: AllToAllAlgorithm = "auto",
         async_op: bool = False,
     ) -> Any:
         return self._call(self._comm.all_to_all, async_op, x, out=out, timeout=timeout, algorithm=algorithm)
 
     @_blocking
-    def barrier(self, *, timeout: float | None = None, algorithm: str = "auto", async_op: bool = False) -> Any:
+    def barrier(
+        self, *, timeout: float | None = None, algorithm: BarrierAlgorithm = "auto", async_op: bool = False
+    ) -> Any:
         return self._call(self._comm.barrier, async_op, timeout=timeout, algorithm=algorithm)
 
     @_blocking
@@ -358,7 +373,15 @@ class SyncCommunicator:
         return self._call(self._comm.calibrate, async_op, timeout=timeout)
 
     @_blocking
-    def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None, async_op: bool = False) -> Any:
+    def send(
+        self,
+        x: ArrayIn | TensorLike[Any],
+        dst: int,
+        tag: int = 0,
+        *,
+        timeout: float | None = None,
+        async_op: bool = False,
+    ) -> Any:
         return self._call(self._comm.send, async_op, x, dst, tag, timeout=timeout)
 
     @_blocking

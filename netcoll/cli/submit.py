@@ -290,3 +290,5 @@ def print_job(rec: dict[str, Any]) -> None:
         for r in sorted(timings, key=int):
             address = escape(addresses.get(r) or "-", 60)
             print(f"  {escape(r, 8):>4}  {address:<22}{human_time(mean(timings[r])):>12}")
+        if state == "succeeded":  # why the time above exceeds each mean below
+            print("  (time/iter is the mean of each iteration's slowest rank, so it is at least every rank's mean)")

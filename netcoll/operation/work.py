@@ -5,17 +5,29 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .state import Operation
+
+if TYPE_CHECKING:  # PEP 696 defaults (typing.TypeVar has them from 3.13): a bare ``Work`` is ``Work[Any]``
+    from typing_extensions import TypeVar
+
+    T = TypeVar("T", default=Any)
+else:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 _future_init = asyncio.Future.__init__
 _running_loop = asyncio._get_running_loop  # in asyncio.events.__all__: the running loop or None (no raise)
 
 
-class Work(asyncio.Future[Any]):
+class Work(asyncio.Future[T]):
     """An issued operation (``netcoll.Work``): its place in the group's
-    sequence was fixed when the collective was called.
+    sequence was fixed when the collective was called. Generic in its
+    result: ``comm.all_reduce(x)`` is a ``Work[np.ndarray]``, ``barrier()`` a
+    ``Work[None]`` (``Work[np.ndarray]`` also works at run time: it is
+    ``asyncio.Future``'s subscription, with nothing added to the class).
 
     Await it (``y = await comm.all_reduce(x)``), or keep it and await it
     later, in any order with other Works. ``done()``, ``result()``,
@@ -57,7 +69,7 @@ class Work(asyncio.Future[Any]):
         )
         return f"<Work {self.name} #{self.seq} {state}>"
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[Any, None, T]:
         drive = self._drive
         if drive is None or self.done():
             return (yield from super().__await__())
@@ -66,9 +78,9 @@ class Work(asyncio.Future[Any]):
         return self.result()
 
     @classmethod
-    def completed(cls, name: str, value: Any) -> Work:
+    def completed(cls, name: str, value: T) -> Work[T]:
         """A Work that needed no communication, done with ``value``."""
-        work = cls(name, None, loop=asyncio.get_running_loop())
+        work: Work[T] = cls(name, None, loop=asyncio.get_running_loop())
         work.set_result(value)
         return work
 
@@ -92,7 +104,7 @@ class Work(asyncio.Future[Any]):
             return True
         return super().cancel(msg)  # not started: it aborts on the peers when it starts
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None) -> T:
         """Block this thread until the operation ends; return its result or
         raise its error (``TimeoutError`` if ``timeout`` seconds pass first:
         the operation goes on). Not from the event loop's own thread: there,

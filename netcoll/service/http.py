@@ -10,10 +10,18 @@ GET        answer
 /readyz    ``200 ok`` when ready (coordinator: listening; rank: registered
            with the coordinator), else ``503`` and the reason
 /metrics   Prometheus text exposition (``503`` and why without ``prometheus_client``)
+/jobs      coordinator only: the running job, the queue and recent jobs, as JSON
+/status    coordinator only: members, queue, recent jobs and the arrival board
+           (what ``netcoll status`` shows), as JSON
 ========== ==================================================================
 
-``HEAD`` works too; anything else is ``404`` / ``405``. No token is needed:
-these are health endpoints and expose no data or control. Requests are
+(``/jobs`` and ``/status``: :mod:`netcoll.service.views`, bounded in size.)
+``HEAD`` works too; anything else is ``404`` / ``405``. No token is needed, as
+for a Prometheus scrape: the endpoints are read-only (no control, no job
+arrays, no secrets), but ``/jobs`` and ``/status`` show job errors and member
+addresses, so an HTTP port reachable from untrusted networks wants TLS or
+``--http-host`` on a private address (the port binds the listener's host by
+default). Requests are
 bounded (8 KiB of request line and headers, ``http_timeout_s`` to send them
 and to take the answer, ``http_max_conns`` connections at once: see
 :mod:`netcoll.limits`), every response closes the connection, and nothing a
@@ -35,13 +43,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..escape import escape
 from ..limits import DEFAULT as DEFAULT_LIMITS
 from ..limits import Limits
 from .metrics import MetricsUnavailable
+from .views import JSON_TYPE, render
 
 if TYPE_CHECKING:
     from ..rendezvous.coordinator import Coordinator
@@ -58,6 +67,8 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Ready = Callable[[], "tuple[bool, str]"]
 #: ``/metrics``: the exposition text, or (content type, text)
 Metrics = Callable[[], "str | tuple[str, str]"]
+#: a read-only JSON view (``/jobs``, ``/status``): the document to serve
+View = Callable[[], Any]
 
 _REASONS = {
     200: "OK",
@@ -79,9 +90,11 @@ class _BadRequest(Exception):
 
 
 class HttpServer:
-    """Serves ``/livez``, ``/readyz`` (``ready()`` -> (ok, reason)) and
+    """Serves ``/livez``, ``/readyz`` (``ready()`` -> (ok, reason)),
     ``/metrics`` (``metrics()`` -> exposition text, or (content type, text); it
-    raises :class:`MetricsUnavailable` for a 503)."""
+    raises :class:`MetricsUnavailable` for a 503) and ``views``: path -> a
+    function returning the JSON document to serve there (the coordinator's
+    ``/jobs`` and ``/status``)."""
 
     def __init__(
         self,
@@ -91,10 +104,13 @@ class HttpServer:
         name: str = "netcoll",
         limits: Limits | None = None,
         tls: TlsConfig | None = None,
+        views: Mapping[str, View] | None = None,
     ) -> None:
         self.tls = tls
         self.ready = ready
         self.metrics = metrics
+        self.views = dict(views or {})
+        self.paths = (*PATHS, *self.views)
         self.name = name
         self.limits = DEFAULT_LIMITS if limits is None else limits
         self.address: tuple[str, int] = ("", 0)
@@ -271,15 +287,18 @@ class HttpServer:
         text = "text/plain; charset=utf-8"
         if path != "/" and path.endswith("/"):
             path = path.rstrip("/")
-        if path not in PATHS and path != "/":
-            return 404, f"not found: {path} (try {', '.join(PATHS)})\n", text
+        if path not in self.paths and path != "/":
+            return 404, f"not found: {escape(path, 100)} (try {', '.join(self.paths)})\n", text
         if method not in ("GET", "HEAD"):
             return 405, f"method {method} not allowed\n", text
         if path == "/":
-            return 200, f"{self.name}: {' '.join(PATHS)}\n", text
+            return 200, f"{self.name}: {' '.join(self.paths)}\n", text
         if path == "/livez":
             return 200, "ok\n", text
         try:
+            view = self.views.get(path)
+            if view is not None:
+                return 200, render(view()), JSON_TYPE
             if path == "/readyz":
                 ok, reason = self.ready()
                 return (200, "ok\n", text) if ok else (503, f"not ready: {reason}\n", text)

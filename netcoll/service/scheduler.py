@@ -42,7 +42,7 @@ from ..escape import escape
 from ..rendezvous.coordinator import Coordinator
 from ..rendezvous.groups import is_loopback
 from ..rpc import Reply, Session
-from . import timeline
+from . import joblog, timeline
 from .failures import job_error
 from .jobs import JobSpec, JobState
 from .journal import Journal, Recovered, StoredJob
@@ -176,6 +176,7 @@ class JobService:
 
     def _on_finish(self, job: Job) -> None:
         self.finished[job.state.value] += 1
+        joblog.ended(job)
         self._members_changed.set()  # the scheduler looks again (ranks may be free)
         if self.journal is not None:
             self.journal.post(self.journal.write_finish, job.id, job.state.value, job.record(), self.history)
@@ -289,6 +290,7 @@ class JobService:
         self.submitted += 1
         self.jobs[job.id] = job
         self.pending[job.id] = job
+        joblog.submitted(job, sum(j.state == JobState.QUEUED for j in self.pending.values()))
         self._trim()
         self._members_changed.set()
         return {"id": job.id, "state": job.state.value}
@@ -428,6 +430,11 @@ class JobService:
         return self._member_rows()
 
     async def _rpc_cluster(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
+        return self.cluster()
+
+    def cluster(self) -> dict[str, Any]:
+        """What ``netcoll status`` shows (the ``cluster`` RPC, and ``/status`` on the HTTP port):
+        epoch, members, queue length, the running job, recent jobs and the arrival board."""
         # a summary: per-rank timings and model stats stay in the job's own record (``job``)
         recent = [_summary(j.record()) for j in list(self.jobs.values())[-20:]]
         return {
@@ -564,6 +571,7 @@ class JobService:
             self.epoch_members = ids
             log.info("epoch %d: %d ranks: %s", self.epoch, len(ids), ", ".join(m.describe() for m in members))
         job.start(self.epoch, members)
+        joblog.started(job)
         if self.journal is not None:
             self.journal.post(self.journal.write_start, job.id, job.started_at)
         peers = [[m.host, m.port] for m in members]

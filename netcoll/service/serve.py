@@ -30,6 +30,7 @@ from .metrics import coordinator_metrics, rank_metrics
 
 if TYPE_CHECKING:
     from ..rendezvous.coordinator import Coordinator
+    from ..transport.tls import TlsConfig
     from .scheduler import JobService
 
 log = logging.getLogger("netcoll.serve")
@@ -127,24 +128,31 @@ def _job_service(cfg: CoordinatorConfig, coord: Coordinator) -> JobService:
         raise
 
 
+def _coordinator_http(coord: Coordinator, svc: JobService, stopping: Callable[[], bool], tls: TlsConfig | None) -> Any:
+    """The coordinator's HTTP server: health, metrics, and the ``/jobs`` and ``/status`` views."""
+    from .http import HttpServer, coordinator_ready
+    from .views import coordinator_views
+
+    return HttpServer(
+        ready=coordinator_ready(coord, stopping),
+        metrics=coordinator_metrics(coord, svc, time.time()),
+        name="netcoll coordinator",
+        tls=tls,
+        views=coordinator_views(svc),
+    )
+
+
 async def serve_coordinator(cfg: CoordinatorConfig) -> int:
     """Run a coordinator with the job service until SIGTERM/SIGINT; return 0."""
     from ..rendezvous.coordinator import Coordinator
-    from .http import HttpServer, coordinator_ready
 
     cfg.require_credentials("coordinator")  # secure by default (a ConfigError: exit 2)
-    started = time.time()
     state = {"stopping": False, "signals": 0}
     tls, token, client = cfg.tls_config(), cfg.token, cfg.client_token
     coord = Coordinator(cfg.host, cfg.port, token=token, client_token=client, tls=tls, insecure=cfg.insecure)
     svc = _job_service(cfg, coord)
     journal = svc.journal
-    http = HttpServer(
-        ready=coordinator_ready(coord, lambda: bool(state["stopping"])),
-        metrics=coordinator_metrics(coord, svc, started),
-        name="netcoll coordinator",
-        tls=tls,
-    )
+    http = _coordinator_http(coord, svc, lambda: bool(state["stopping"]), tls)
     stop = asyncio.Event()
 
     def on_signal(sig: int) -> None:
@@ -169,7 +177,7 @@ async def serve_coordinator(cfg: CoordinatorConfig) -> int:
             "coordinator ready at %s%s; HTTP %s; jobs %s",
             coord.address,
             _credentials(cfg),
-            f"{url}/metrics" if url else "off",
+            f"{url}/metrics, /jobs, /status" if url else "off",
             f"journaled in {journal.directory}" if journal else "in memory only (no --state-dir)",
         )
         write_ready_file(

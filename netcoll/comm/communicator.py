@@ -1,33 +1,7 @@
-"""The public :class:`Communicator`: every collective is *issued when it is
-called* and returns a :class:`~netcoll.operation.Work`.
-
-Each call checks its arguments (``ValueError``/``TypeError`` are raised at
-the call, before any byte is sent), takes the group's next sequence number,
-and starts running; ``await comm.all_reduce(x)`` is the common use, and
-several Works may be in flight and awaited in any order. Ranks must issue the
-same collectives in the same order (concurrent calls are fine, as in NCCL).
-Each call sends a fingerprint of itself (name, dtype, shape, op, root,
-algorithm, segment size) with every frame, so ranks that disagree fail with a
-:class:`~netcoll.errors.MismatchError` naming both calls. One deadline covers
-a whole call; when it passes, the error names the ranks that never delivered,
-and every other rank is told to abort. Cancelling a Work (or the task that
-awaits it) aborts that collective on every rank, and the next one is correct.
-
-Uneven sizes ("v" collectives, as MPI's ``alltoallv``/``gatherv``/...):
-``all_to_all``, ``scatter`` and ``reduce_scatter`` also take a *list* (or
-tuple) of ``world_size`` arrays of one dtype and any shapes instead of one
-array with a leading rank axis, and ``gather``/``all_gather`` take
-``uneven=True`` for per-rank different shapes; these return lists.
-
-torch: every call also takes CPU torch tensors (and lists of them) wherever
-it takes arrays, and then returns tensors of the same dtype and shape over the
-result's memory (:mod:`netcoll.tensors`; ``out=`` / a broadcast buffer is
-returned as the caller's tensor itself). ``op`` may be a
-``torch.distributed.ReduceOp``.
-
-The methods are thin: the plans in :mod:`netcoll.calls` check arguments and
-build the algorithm call, :class:`~netcoll.engine.Engine` sequences and runs it.
-"""
+"""The :class:`Communicator`: a group of ranks, its state and sub-groups, and
+the cost model's group operations. Its collectives come from the method groups
+it inherits (:mod:`.reducing`, :mod:`.gathering`, :mod:`.moving`,
+:mod:`.p2p`); the package docstring (:mod:`netcoll.comm`) says how calls behave."""
 
 from __future__ import annotations
 
@@ -40,18 +14,19 @@ from typing import Any
 
 import numpy as np
 
-from . import resultpool
-from .algorithms.tuning import TRIAL_LAG, Pending
-from .calls import moving, p2p, reducing, tune
-from .calls._common import Done, Plan
-from .engine import DEFAULT_TIMEOUT, Call, Engine
-from .errors import CollectiveError
-from .operation import Work
-from .ops import ReduceOp
-from .tensors import TorchIO, inputs
-from .transport.base import Transport, as_bytes
+from .. import resultpool
+from ..algorithms.tuning import TRIAL_LAG, Pending
+from ..calls import moving, tune
+from ..calls._common import Done, Plan
+from ..engine import DEFAULT_TIMEOUT, Call, Engine
+from ..errors import CollectiveError
+from ..operation import Work
+from ..tensors import TorchIO
+from ..transport.base import Transport, as_bytes
+from . import gathering, p2p, reducing
+from . import moving as moving_
+from .types import Array
 
-Array = np.ndarray[Any, Any]
 COST_MODEL_ENV = "NETCOLL_COST_MODEL"
 
 
@@ -97,7 +72,17 @@ log = logging.getLogger("netcoll.comm")
 
 
 class Communicator:
-    """A group of ranks that run collectives together.
+    """A group of ranks that run collectives together (what
+    :func:`netcoll.connect` yields).
+
+    Every collective (``all_reduce``, ``broadcast``, ``reduce``,
+    ``all_gather``, ``gather``, ``scatter``, ``reduce_scatter``,
+    ``all_to_all``, ``barrier``) and ``send``/``recv`` is *issued when it is
+    called* and returns a :class:`~netcoll.Work`; see each method's docstring,
+    and :mod:`netcoll.comm` for what they share. The methods are written in
+    :mod:`.reducing`, :mod:`.gathering`, :mod:`.moving` and :mod:`.p2p` (typed
+    overloads and reference docstrings) and are this class's own: it has no
+    base class; it holds the group's engine.
 
     Attributes:
         rank: this process's rank in the group (0..world_size-1).
@@ -121,15 +106,60 @@ class Communicator:
     def __repr__(self) -> str:
         return f"<Communicator group={self.group!r} rank={self.rank} world_size={self.world_size}>"
 
-    rank = property(lambda self: self._engine.rank, doc="this rank in the group")
-    world_size = property(lambda self: self._engine.world_size, doc="ranks in the group")
-    group = property(lambda self: self._engine.group, doc="the group's name")
-    members = property(lambda self: self._engine.members, doc="the group's world ranks")
-    transport = property(lambda self: self._engine.transport, doc="the process's transport")
-    timeout = property(lambda self: self._engine.timeout, doc="the default deadline (s)")
-    segment_bytes = property(lambda self: self._engine.segment_bytes, doc="message segment size")
-    closed = property(lambda self: self._engine.closed, doc="True once closed")
+    @property
+    def rank(self) -> int:
+        """This rank in the group (``0 <= rank < world_size``)."""
+        return self._engine.rank
 
+    @property
+    def world_size(self) -> int:
+        """The number of ranks in the group."""
+        return self._engine.world_size
+
+    @property
+    def group(self) -> str:
+        """The group's name."""
+        return self._engine.group
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The group's world ranks, in group rank order."""
+        return self._engine.members
+
+    @property
+    def transport(self) -> Transport:
+        """The process's transport (its links to every world rank)."""
+        return self._engine.transport
+
+    @property
+    def timeout(self) -> float:
+        """The default deadline of each call, in seconds (``timeout=`` overrides it)."""
+        return self._engine.timeout
+
+    @property
+    def segment_bytes(self) -> int:
+        """The message segment size, in bytes."""
+        return self._engine.segment_bytes
+
+    @property
+    def closed(self) -> bool:
+        """True once closed."""
+        return self._engine.closed
+
+    # -- the collectives: thin, typed, documented where they are written ----------------
+    all_reduce = reducing.all_reduce
+    reduce = reducing.reduce
+    reduce_scatter = reducing.reduce_scatter
+    all_gather = gathering.all_gather
+    gather = gathering.gather
+    broadcast = moving_.broadcast
+    scatter = moving_.scatter
+    all_to_all = moving_.all_to_all
+    barrier = moving_.barrier
+    send = p2p.send
+    recv = p2p.recv
+
+    # -- issuing: a plan to the engine ---------------------------------------------------
     def _issue(self, plan: Plan, timeout: float | None, io: TorchIO | None = None) -> Work:
         _torch_out(plan, io)
         if isinstance(plan, Done):
@@ -181,7 +211,7 @@ class Communicator:
         self._engine.tuner.add(start, work)
         return work
 
-    def agree_links(self, *, timeout: float | None = None) -> Work:
+    def agree_links(self, *, timeout: float | None = None) -> Work[str | None]:
         """Collective: agree on the kind of every rank's links and on its host
         and cores, so that ``algorithm="auto"`` chooses by them (shared memory
         and sockets, crowded and roomy hosts favour different algorithms:
@@ -203,7 +233,7 @@ class Communicator:
         work.add_done_callback(self._log_links)
         return work
 
-    def _log_links(self, work: Work) -> None:
+    def _log_links(self, work: Work[str | None]) -> None:
         if not work.cancelled() and work.exception() is None:
             e = self._engine
             kinds, crowd = work.result() or "of an unknown kind", e.ranks_per_core
@@ -215,7 +245,10 @@ class Communicator:
                 "group %s: links %s, %s ranks per core, %s; %s for them", self.group, kinds, per_core, hosts, chooser
             )
 
-    medium = property(lambda self: self._engine.medium, doc="the group's agreed links (agree_links)")
+    @property
+    def medium(self) -> str | None:
+        """The group's agreed links (:meth:`agree_links`): ``"shm"``, ``"socket"``, or None."""
+        return self._engine.medium
 
     def calibrate(self, *, timeout: float | None = None) -> Work:
         """Collective: measure the group's links and agree on the cost model's
@@ -242,136 +275,8 @@ class Communicator:
         e = self._engine
         return {**e.tuner.stats(), "links": e.medium, "ranks_per_core": e.ranks_per_core, "hosts": e.hosts}
 
-    # -- collectives ----------------------------------------------------------------
-    def all_reduce(
-        self,
-        x: Any,
-        op: str | ReduceOp = "sum",
-        *,
-        out: Any = None,
-        timeout: float | None = None,
-        algorithm: str = "auto",
-    ) -> Work:
-        """Reduce ``x`` over all ranks; every rank gets the bit-identical result
-        (``out`` if given: a C-contiguous array of ``x``'s shape and dtype)."""
-        x, out, io = inputs(x, out)
-        return self._plan(lambda e: reducing.all_reduce(e, x, op, out, algorithm), timeout, io)
-
-    def broadcast(self, x: Any = None, root: int = 0, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
-        """Root's ``x`` to every rank. Non-roots pass ``None`` (shape and dtype
-        travel with the data) or a buffer to receive into, which is returned.
-        The root's result is ``x`` itself (sent without a copy, never
-        modified) when it is a C-contiguous numpy array, else a contiguous copy."""
-        x, _, io = inputs(x)
-        return self._plan(lambda e: moving.broadcast(e, x, root, algorithm, io is not None), timeout, io)
-
-    def reduce(
-        self,
-        x: Any,
-        op: str | ReduceOp = "sum",
-        root: int = 0,
-        *,
-        out: Any = None,
-        timeout: float | None = None,
-        algorithm: str = "auto",
-    ) -> Work:
-        """Reduce ``x`` over all ranks into ``root``; others get ``None``.
-        ``out`` (optional; used at the root, ignored elsewhere): a C-contiguous
-        array of ``x``'s shape and dtype that receives and is the result."""
-        x, out, io = inputs(x, out)
-        return self._plan(lambda e: reducing.reduce(e, x, op, root, out, algorithm), timeout, io)
-
-    def all_gather(
-        self,
-        x: Any,
-        *,
-        uneven: bool = False,
-        out: Any = None,
-        timeout: float | None = None,
-        algorithm: str = "auto",
-    ) -> Work:
-        """Every rank's ``x`` stacked: an array of shape ``(world_size, *x.shape)``
-        whose row ``r`` comes from rank ``r`` (``out`` if given; ``x`` may be
-        ``out[rank]``, in place). ``uneven=True`` lets ranks pass different
-        shapes (one dtype; every rank passes the same value): the result is
-        then a list of ``world_size`` arrays."""
-        x, out, io = inputs(x, out)
-        return self._plan(lambda e: moving.all_gather(e, x, uneven, out, algorithm, io is not None), timeout, io)
-
-    def gather(
-        self,
-        x: Any,
-        root: int = 0,
-        *,
-        uneven: bool = False,
-        out: Any = None,
-        timeout: float | None = None,
-        algorithm: str = "auto",
-    ) -> Work:
-        """Every rank's ``x`` stacked at ``root`` (shape ``(world_size, *x.shape)``,
-        ``out`` if given there); others get ``None``. ``uneven=True``: per-rank
-        shapes may differ and the root gets a list of arrays."""
-        x, out, io = inputs(x, out)
-        return self._plan(lambda e: moving.gather(e, x, root, uneven, out, algorithm, io is not None), timeout, io)
-
-    def scatter(
-        self,
-        x: Any = None,
-        root: int = 0,
-        *,
-        out: Any = None,
-        timeout: float | None = None,
-        algorithm: str = "auto",
-    ) -> Work:
-        """Row ``rank`` of the root's ``x`` to each rank.
-
-        The root passes an array of shape ``(world_size, *s)`` or a list of
-        ``world_size`` arrays of one dtype and any shapes (rank ``k`` gets
-        ``x[k]``); others pass ``None`` (shape and dtype travel with the data).
-        ``out``: a C-contiguous array of one row's shape and dtype to receive
-        into; every rank passes one or none (the root's ``x`` then an array)."""
-        x, out, io = inputs(x, out)
-        return self._plan(lambda e: moving.scatter(e, x, root, out, algorithm, io is not None), timeout, io)
-
-    def reduce_scatter(
-        self,
-        x: Any,
-        op: str | ReduceOp = "sum",
-        *,
-        out: Any = None,
-        timeout: float | None = None,
-        algorithm: str = "auto",
-    ) -> Work:
-        """Reduce ``x`` (shape ``(world_size, *s)``) over ranks; rank ``r`` gets
-        reduced row ``r`` (``out`` if given). A list of ``world_size`` arrays of
-        one dtype (``x[j]`` of one shape on every rank) reduces uneven rows, in
-        the fixed order ``((x[r+1] op x[r+2]) op ...) op x[r]``."""
-        x, out, io = inputs(x, out)
-        return self._plan(lambda e: reducing.reduce_scatter(e, x, op, out, algorithm), timeout, io)
-
-    def all_to_all(self, x: Any, *, out: Any = None, timeout: float | None = None, algorithm: str = "auto") -> Work:
-        """``y[j]`` = rank ``j``'s ``x[rank]``, for ``x`` of shape ``(world_size, *s)``
-        (``out`` if given), or for a list of ``world_size`` arrays of one dtype
-        and any shapes (as MPI's ``alltoallv``; shapes travel with the data)."""
-        x, out, io = inputs(x, out)
-        return self._plan(lambda e: moving.all_to_all(e, x, out, algorithm, io is not None), timeout, io)
-
-    def barrier(self, *, timeout: float | None = None, algorithm: str = "auto") -> Work:
-        """Done once every rank has entered the barrier."""
-        return self._plan(lambda e: moving.barrier(e, algorithm), timeout)
-
-    # -- point to point -------------------------------------------------------------
-    def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> Work:
-        """Send ``x`` to rank ``dst``; matched by ``dst``'s ``recv(src, tag)`` calls in order."""
-        x, _, io = inputs(x)
-        return self._issue(p2p.send(self._engine, x, dst, tag, io is not None), timeout, io)
-
-    def recv(self, src: int, tag: int = 0, *, timeout: float | None = None) -> Work:
-        """Receive the next array rank ``src`` sent with ``tag``."""
-        return self._issue(p2p.recv(self._engine, src, tag), timeout)
-
     # -- groups -----------------------------------------------------------------------
-    def split(self, color: int | None, key: int = 0, *, timeout: float | None = None) -> Work:
+    def split(self, color: int | None, key: int = 0, *, timeout: float | None = None) -> Work[Communicator | None]:
         """Collective: ranks passing the same ``color`` form a sub-group over the
         same links, ordered by (``key``, rank); the Work's result is the new
         Communicator (``None`` for ``color=None``, which joins none)."""
