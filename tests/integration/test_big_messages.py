@@ -25,7 +25,21 @@ def test_a_300_mib_all_reduce_at_4_ranks_completes_with_the_default_window(trans
     env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
     env["NETCOLL_TRANSPORT"] = transport
     script = str(REPO / "bench" / "bigmessage.py")
-    cmd = [sys.executable, "-m", "netcoll", "run", "-n", "4", script, "--worker", "all_reduce", "--size", "300M"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "netcoll",
+        "run",
+        "-n",
+        "4",
+        script,
+        "--worker",
+        "all_reduce",
+        "--size",
+        "300M",
+        "--iters",
+        "1",
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540, check=False, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line.split(MARK, 1)[1]) for line in out.stdout.splitlines() if MARK in line]
