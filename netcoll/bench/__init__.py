@@ -321,6 +321,7 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m netcoll.bench``."""
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m netcoll.bench",
         description="nccl-tests-style collective benchmark over a local cluster of netcoll rank processes.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

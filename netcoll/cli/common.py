@@ -29,7 +29,12 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (plus a pointer to --help)."""
+    """argparse, but a usage error is one line (plus a pointer to --help), and no
+    abbreviated options: ``--token`` is an error, never a prefix of ``--token-file``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
