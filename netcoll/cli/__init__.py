@@ -2,7 +2,7 @@
 
 Servers (what the containers run)::
 
-    netcoll coordinator [--host H] [--port 29400] [--http-port 29401]
+    netcoll coordinator [--host H] [--port 29400] [--http-port PORT+1]
     netcoll rank [--coordinator HOST:PORT] [--host H] [--port 0] [--http-port 0]
                  [--rank-hint I] [--advertise-host A]
     netcoll up --ranks N [--host H] [--port P] [--demo]      # coordinator + N daemons, locally
