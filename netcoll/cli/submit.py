@@ -67,7 +67,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "--size",
         type=size_arg,
         metavar="SIZE",
-        help="bytes per rank: 4096, 4KiB, 64MiB, 1.5M, 1G (units are powers of 1024; default 1MiB)",
+        help="bytes per rank: 4096, 4KiB, 64MiB, 1.5M, 1G, 12MB (K/M/G and KiB/MiB/GiB are powers of 1024, "
+        "KB/MB/GB of 1000; default 1MiB)",
     )
     sp.add_argument("--dtype", help="float32 (default), float64, float16, bfloat16, int32, int8, bool, ...")
     sp.add_argument(
