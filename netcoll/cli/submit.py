@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from .. import collectives
-from ..choices import REDUCE_OPS, check_algorithm, check_collective, check_reduce_op, check_root
+from ..choices import REDUCE_OPS, check_algorithm, check_arguments, check_collective, check_reduce_op, check_root
 from ..escape import escape
 from ..sizes import format_size, size_arg
 from .common import FORMATTER, CliError, add_client_arguments, flags, mean, print_json, run_client
@@ -128,10 +128,12 @@ def run(ns: argparse.Namespace) -> int:
 
 def job_spec(cfg: SubmitConfig, *, trace: bool = False) -> JobSpec:
     """The job, checked before anything is sent (exit 2): the names first, which need no
-    numpy (collective, algorithm, root against --world-size), then all of it (dtype,
-    reduction, size ...) as the coordinator will check it (:mod:`netcoll.choices`)."""
+    numpy (collective, flags it does not take, algorithm, root against --world-size), then
+    all of it (dtype, reduction, size ...) as the coordinator will check it
+    (:mod:`netcoll.choices`)."""
     try:
         coll = check_collective(cfg.op)
+        check_arguments(coll, given_arguments(cfg))
         check_algorithm(coll, cfg.algorithm)
         check_root(coll, cfg.root, cfg.world_size)
         from ..service.jobs import JobSpec
@@ -139,6 +141,26 @@ def job_spec(cfg: SubmitConfig, *, trace: bool = False) -> JobSpec:
         return JobSpec(**cfg.job_fields(), trace=trace)
     except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         raise CliError(f"invalid job: {one_line(exc)}", 2) from None
+
+
+#: SubmitConfig field -> (the argument of choices.check_arguments, its flag)
+_ARGUMENT_FLAGS = {
+    "reduce_op": ("op", "--op"),
+    "root": ("root", "--root"),
+    "size": ("data", "--size"),
+    "dtype": ("data", "--dtype"),
+    "input": ("data", "--input"),
+    "output": ("data", "--output"),
+}
+
+
+def given_arguments(cfg: SubmitConfig) -> dict[str, str]:
+    """The job arguments given on the command line, by argument (``{"op": "--op"}``)."""
+    given: dict[str, str] = {}
+    for field, (arg, flag) in _ARGUMENT_FLAGS.items():
+        if field in cfg.model_fields_set:
+            given.setdefault(arg, flag)
+    return given
 
 
 async def _submit(
