@@ -177,6 +177,30 @@ def print_json(doc: Any) -> None:
     sys.stdout.flush()
 
 
+class JsonDoc:
+    """``with JsonDoc(enabled, coordinator=...) as doc:`` -- with ``--json``, stdout gets one
+    JSON object whatever happens: the command prints its own on success; when it fails
+    (cannot connect, a job that cannot be waited for, Ctrl-C...), this prints
+    ``{..., "state": "error" | "interrupted", "error": message, "exit_code": n}`` with the
+    fields noted in ``doc`` so far (a job's ``id``...), and the error still goes its way
+    (one line on stderr, the exit code)."""
+
+    def __init__(self, enabled: bool, **fields: Any) -> None:
+        self.enabled, self.fields = enabled, dict(fields)
+
+    def __enter__(self) -> dict[str, Any]:
+        return self.fields
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        from .errors import json_failure
+
+        failure = None if exc is None or not self.enabled else json_failure(exc)
+        if failure is not None:
+            message, code = failure
+            state = "interrupted" if code == 130 else "error"
+            print_json({**self.fields, "state": state, "error": message, "exit_code": code})
+
+
 def mean(values: list[float]) -> float | None:
     """The mean of ``values`` (None for none)."""
     return sum(values) / len(values) if values else None

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ..escape import escape
-from .common import FORMATTER, add_client_arguments, flags, print_json, run_client
+from .common import FORMATTER, JsonDoc, add_client_arguments, flags, print_json, run_client
 from .connect import connected
 
 if TYPE_CHECKING:
@@ -32,8 +32,10 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace) -> int:
     from ..config import StatusConfig
 
-    cfg = StatusConfig.load(flags(ns))
-    status = run_client(_status(cfg))
+    with JsonDoc(bool(ns.json_output), coordinator=ns.coordinator) as doc:  # --json: one object, whatever happens
+        cfg = StatusConfig.load(flags(ns))
+        doc["coordinator"] = cfg.coordinator
+        status = run_client(_status(cfg))
     if cfg.json_output:
         print_json({"coordinator": cfg.coordinator, **status})
     else:
