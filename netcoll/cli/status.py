@@ -109,3 +109,5 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
             f"{human_time(j.get('time_s')):>12}{gbps(j.get('busbw')):>12}  {verified:<8}  "
             f"{err[:100] + ('...' if len(err) > 100 else '')}"
         )
+    if any(j.get("time_s") is not None for j in jobs):
+        print("  (time/iter: the mean of each iteration's slowest rank; netcoll submit shows each rank's own)")

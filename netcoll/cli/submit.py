@@ -305,7 +305,17 @@ def _job_data_line(rec: dict[str, Any]) -> str | None:
     warmup = f" + {spec.get('warmup')} warm-up" if spec.get("warmup") else ""
     iters = spec.get("iters")
     count = plural(iters, "iteration") if isinstance(iters, int) else f"{iters} iterations"
-    return f"  {data}{extra}, algorithm {spec.get('algorithm')}, {count}{warmup}"
+    return f"  {data}{extra}, algorithm {_algorithm(rec, spec)}, {count}{warmup}"
+
+
+def _algorithm(rec: dict[str, Any], spec: dict[str, Any]) -> str:
+    """``ring``, or for ``auto`` what it ran: ``auto (ran ring)`` (``auto`` when the record
+    does not say: the job did not run)."""
+    from ..service.records import chosen
+
+    asked = escape(spec.get("algorithm"), 40)
+    ran = chosen(rec, rec["op"]) if asked == "auto" and rec.get("state") == "succeeded" else None
+    return f"auto (ran {escape(ran['algorithm'], 40)})" if ran else asked
 
 
 def print_job(rec: dict[str, Any]) -> None:
