@@ -107,7 +107,8 @@ def final_bar(rec: dict[str, Any]) -> str:
     from ..service.local import gbps, human_time
 
     spec = rec.get("spec") or {}
-    of = spec.get("iters") if isinstance(spec.get("iters"), int) else 0
+    iters = spec.get("iters")
+    of = iters if isinstance(iters, int) else 0
     world = rec.get("world_size") or 0
     started, finished = rec.get("started_at"), rec.get("finished_at")
     ran = f"  {finished - started:.1f} s" if isinstance(started, float) and isinstance(finished, float) else ""
