@@ -10,6 +10,7 @@ see an orderly BYE, not a crash) and leaves the group.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import numbers
@@ -21,7 +22,7 @@ from typing import Any
 from .comm import DEFAULT_TIMEOUT, Communicator, form_group
 from .errors import ConfigError
 from .links.factory import LinkConfig
-from .rendezvous import RendezvousClient
+from .rendezvous import dial
 from .transport import auth
 from .transport.tcp import Listener, TcpTransport
 from .transport.tls import TlsConfig
@@ -32,6 +33,7 @@ WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"
 RANK_ENV = "NETCOLL_RANK"
 LOCAL_HOST_ENV = "NETCOLL_LOCAL_HOST"
 ERROR_FILE_ENV = "NETCOLL_ERROR_FILE"
+MIN_STEP = 1.0  # seconds a step of the rendezvous gets at least, however little of the timeout is left
 
 
 def record_failure(exc: BaseException) -> None:
@@ -136,7 +138,10 @@ async def connect(
         token: the member token (default: ``$NETCOLL_TOKEN``, else the contents of the
             file ``$NETCOLL_TOKEN_FILE``); every link is authenticated. A client token
             (``NETCOLL_CLIENT_TOKEN``) cannot join a group.
-        timeout: seconds for the whole rendezvous (joining and linking to peers).
+        timeout: seconds for the whole rendezvous: reaching the coordinator (a refused
+            connection is tried again with backoff: it may not be up yet), joining and
+            linking to peers. No coordinator within it: :class:`~netcoll.RendezvousTimeout`
+            naming the address.
         collective_timeout: default deadline of each collective (each call may pass ``timeout=``).
         listen_host / listen_port: where to open this rank's peer port (default: the
             local address of the coordinator connection, an ephemeral port).
@@ -160,8 +165,14 @@ async def connect(
     if token is None:
         token = auth.token_from_env(auth.MEMBER_TOKEN_ENV)
     secure = TlsConfig.from_env() if tls is None else coerce_tls(tls)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout  # the whole rendezvous: reaching the coordinator, joining, linking
+
+    def left() -> float:
+        return max(deadline - loop.time(), MIN_STEP)
+
     async with contextlib.AsyncExitStack() as stack:
-        rdv = await RendezvousClient.connect(address, token=token, timeout=timeout, local_host=local_host, tls=secure)
+        rdv = await dial(address, token=token, timeout=timeout, local_host=local_host, tls=secure)
         stack.push_async_callback(rdv.close)
         listener = Listener(token=token, tls=secure, insecure=insecure)
         await listener.start(listen_host or rdv.local_address[0], listen_port)
@@ -173,7 +184,7 @@ async def connect(
             member_id=member_id,
             listen_port=listener.address[1],
             advertise_host=advertise_host,
-            timeout=timeout,
+            timeout=left(),
         )
         transport = TcpTransport(
             listener,
@@ -185,7 +196,7 @@ async def connect(
             links=links,
         )
         stack.push_async_callback(transport.close)
-        await transport.connect(timeout)
+        await transport.connect(left())
         # heartbeats carry what we are in (the arrival board); their answers, what those we wait for are in
         rdv.report_with(transport.mailbox.snapshot, transport.answers.seen)
         comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
