@@ -56,6 +56,17 @@ ERROR_CLASSES: dict[Reason, type[CollectiveError]] = {
 }
 
 
+def detail(message: str, where: str) -> str:
+    """``message`` without the ``where`` it begins with (``"all_reduce #1 of group 'g'
+    failed: lost ..."`` -> ``"lost ..."``), for text that names the operation already:
+    a log line, another rank's reason inside an abort. Never "X failed: X failed: ...".
+    """
+    for prefix in (f"{where} failed: ", f"{where} "):
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message
+
+
 def reason_of(cause: str) -> Reason:
     """The :class:`Reason` an ABORT frame's ``cause`` names (unknown: ERROR)."""
     try:
