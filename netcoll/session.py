@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import numbers
 import os
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from .comm import DEFAULT_TIMEOUT, Communicator, form_group
 from .errors import ConfigError
+from .launched import install_excepthook, record_failure
 from .links.factory import LinkConfig
 from .rendezvous import dial
 from .transport import auth
@@ -32,24 +31,7 @@ COORDINATOR_ENV = "NETCOLL_COORDINATOR"
 WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"
 RANK_ENV = "NETCOLL_RANK"
 LOCAL_HOST_ENV = "NETCOLL_LOCAL_HOST"
-ERROR_FILE_ENV = "NETCOLL_ERROR_FILE"
 MIN_STEP = 1.0  # seconds a step of the rendezvous gets at least, however little of the timeout is left
-
-
-def record_failure(exc: BaseException) -> None:
-    """Note the error that ended a communicator's block, with the time, in the file
-    ``$NETCOLL_ERROR_FILE`` if set and not written yet. ``netcoll run`` sets one per
-    rank: the rank that failed first wrote first (the others failed after it left),
-    whichever process exited first."""
-    path = os.environ.get(ERROR_FILE_ENV)
-    if not path or isinstance(exc, GeneratorExit):
-        return
-    record = {"time": time.time(), "error": f"{type(exc).__name__}: {exc}"[:1000]}
-    try:
-        with open(path, "x", encoding="utf-8") as f:
-            json.dump(record, f)
-    except OSError:
-        pass
 
 
 def _env_int(env: Mapping[str, str], name: str, low: int) -> int | None:
@@ -159,6 +141,7 @@ async def connect(
             a token nor TLS (else :class:`~netcoll.InsecureListenerError`).
     """
     address, world_size, rank = from_env(address, world_size, rank)
+    install_excepthook()  # under netcoll run: failures caused elsewhere leave their one line to the launcher
     local_host = local_host or os.environ.get(LOCAL_HOST_ENV, "").strip() or None
     _check_args(world_size, rank, group, timeout)
     links = LinkConfig.from_env(window=recv_window)  # a bad window or NETCOLL_TRANSPORT fails before any I/O

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ..escape import escape
 from .common import FORMATTER, JsonDoc, add_client_arguments, flags, print_json, run_client
 from .connect import connected
+from .progress import plural
 
 if TYPE_CHECKING:
     from ..config import StatusConfig
@@ -44,12 +45,23 @@ def run(ns: argparse.Namespace) -> int:
 
 
 async def _status(cfg: StatusConfig) -> dict[str, Any]:
+    """The job service's view; at a coordinator without one (``netcoll run``'s, an embedded
+    one), the rendezvous' (groups, members, the arrival board) under ``"rendezvous_only"``."""
     async with connected(cfg) as client:
-        return await client.status()
+        try:
+            return await client.status()
+        except ValueError as exc:
+            if "unknown method" not in str(exc):
+                raise
+        return {"rendezvous_only": True, **await client.groups()}
 
 
 def print_status(status: dict[str, Any], coordinator: str, njobs: int) -> None:
-    """The cluster as text: a summary line, the members, the recent jobs."""
+    """The cluster as text: a summary line, the members, the recent jobs (at a coordinator
+    without a job service: its groups and their members)."""
+    if status.get("rendezvous_only"):
+        print_groups(status, coordinator)
+        return
     members = status.get("members") or []
     jobs = status.get("jobs") or []
     current = status.get("current_job")
@@ -65,6 +77,32 @@ def print_status(status: dict[str, Any], coordinator: str, njobs: int) -> None:
     if shown:
         _print_jobs(shown)
     _print_board(status.get("board") or [])
+
+
+def print_groups(status: dict[str, Any], coordinator: str) -> None:
+    """A coordinator without a job service (``netcoll run``'s, an embedded one): each group,
+    its members (rank, address, liveness), then the arrival board."""
+    groups = status.get("groups") or []
+    print(f"coordinator {coordinator}: no job service (netcoll run's, or embedded); {plural(len(groups), 'group')}")
+    for g in groups:
+        members = g.get("members") or []
+        name, state = escape(g.get("name"), 100), escape(g.get("state"), 20)
+        print(
+            f"group {name!r}: {len(members)} of {g.get('world_size')} ranks, {state}, generation {g.get('generation')}"
+        )
+        if members:
+            print(f"  {'rank':>4}  {'member':<34}{'address':<22}liveness")
+        for m in sorted(members, key=lambda m: (m.get("rank") is None, m.get("rank") or 0)):
+            rank = "-" if m.get("rank") is None else str(m.get("rank"))
+            address = escape(f"{m.get('host')}:{m.get('port')}", 60)
+            quiet = f" ({m['unresponsive_s']:g}s)" if isinstance(m.get("unresponsive_s"), (int, float)) else ""
+            print(
+                f"  {rank:>4}  {escape(m.get('member_id'), 32):<34}{address:<22}{escape(m.get('liveness'), 20)}{quiet}"
+            )
+    board = status.get("board") or []
+    _print_board(board)
+    if not board and groups:
+        print("nothing stuck in flight (an operation shows here once ranks have waited in it for a few seconds)")
 
 
 def _print_board(board: list[dict[str, Any]]) -> None:

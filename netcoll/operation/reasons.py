@@ -102,4 +102,7 @@ class Failure:
         exc = ERROR_CLASSES[self.reason](self.message, op=op.name, seq=op.seq, ranks=self.ranks)
         exc.reason = self.reason
         exc.waits = self.waits
+        names = {w: op.me(w) for w in op.members}
+        if any(w != r for w, r in names.items()):  # a sub-group (or a pair): its ranks are not the world's
+            exc.world_ranks = {r: w for w, r in names.items()}
         return exc
