@@ -102,6 +102,52 @@ def test_the_docs_show_only_flags_the_commands_have() -> None:
     assert not wrong, "documented flags that do not exist:\n" + "\n".join(wrong)
 
 
+def _table_flags() -> list[tuple[str, str | None, str]]:
+    """(where, command or None, flag) for every flag in a table row of the docs whose first
+    cell is a flag (``| `--port` / ...``) or names a command (``| `netcoll run` |``, and the
+    rows below it with an empty first cell). The command: the row's, else the one the
+    section's heading names (``## The launcher (`netcoll run`)``), else None (any)."""
+    found: list[tuple[str, str | None, str]] = []
+    for path in DOCS:
+        heading: str | None = None
+        row: str | None = None
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.startswith("#"):
+                named = re.search(r"`netcoll (\w+)`", line)
+                heading = named.group(1) if named and named.group(1) in COMMANDS else None
+                continue
+            if not line.startswith("|"):
+                row = None
+                continue
+            first = line.strip("|").split("|")[0].strip()
+            named = re.match(r"`netcoll (\w+)", first)
+            if named and named.group(1) in COMMANDS:
+                row = named.group(1)
+            elif first:
+                row = None
+                if not first.startswith("`-"):
+                    continue  # a row about something else (a script of bench/, a tool)
+            for flag in re.findall(r"`(--[a-z][a-z0-9-]*)", line):
+                found.append((f"{path.relative_to(REPO)}:{n}", row or heading, flag))
+    return found
+
+
+def test_the_docs_tables_name_real_flags() -> None:
+    """Each flag in a docs table is a flag of the command the row or its section names
+    (README's settings table: of some command, and of each command its last column names)."""
+    all_parsers = parsers()
+    found = _table_flags()
+    assert len(found) > 30
+    wrong = []
+    for where, command, flag in found:
+        having = [name for name, p in all_parsers.items() if flag in options(p)]
+        if command is not None and command not in having:
+            wrong.append(f"{where}: `netcoll {command}` has no {flag}")
+        elif not having:
+            wrong.append(f"{where}: no command has {flag}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_readme_flag_table_names_real_flags() -> None:
     """Each flag in the first cell of a README table row (``| `--port` / ...``): a flag of
     some command, and of each command the row's last cell names."""
