@@ -63,6 +63,27 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         + collectives.algorithms_help(),
     )
     sp.add_argument("op", type=collective_arg, metavar="OP", help=" | ".join(names))
+    _add_job_arguments(sp)
+    sp.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="show progress on stderr while the job waits and runs: a bar on a terminal, else a "
+        "line per update (default: on when stderr is a terminal; elsewhere only what a queued job "
+        "waits for; --no-progress: nothing)",
+    )
+    add_client_arguments(sp)
+    sp.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="record the job's timeline on every rank and write it to FILE as a Chrome trace "
+        "(open it in https://ui.perfetto.dev)",
+    )
+    sp.set_defaults(handler=run)
+    return sp
+
+
+def _add_job_arguments(sp: argparse.ArgumentParser) -> None:
+    """The flags of the job itself: data, reduction, root, algorithm, iterations, ranks, deadline."""
     sp.add_argument(
         "--size",
         type=size_arg,
@@ -97,22 +118,6 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     )
     sp.add_argument("--input", metavar="NAME", help="use the named tensor kept on the ranks instead of generated data")
     sp.add_argument("--output", metavar="NAME", help="keep the result on the ranks under this name")
-    sp.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        help="show progress on stderr while the job waits and runs: a bar on a terminal, else a "
-        "line per update (default: on when stderr is a terminal; elsewhere only what a queued job "
-        "waits for; --no-progress: nothing)",
-    )
-    add_client_arguments(sp)
-    sp.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="record the job's timeline on every rank and write it to FILE as a Chrome trace "
-        "(open it in https://ui.perfetto.dev)",
-    )
-    sp.set_defaults(handler=run)
-    return sp
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -373,6 +373,8 @@ def test_up_demo_runs_every_collective_and_exits_0() -> None:
     for op in OPS:
         assert any(line.split()[:2] == [op, "succeeded"] for line in proc.stdout.splitlines()), proc.stdout
     assert "demo passed" in proc.stdout and "== numpy" in proc.stdout
+    assert "time/iter: the mean of each iteration's slowest rank" in proc.stdout  # what the numbers are
+    assert "busbw: algbw x the collective's bus factor" in proc.stdout
     assert "netcoll up: stopped" in proc.stdout
 
 
