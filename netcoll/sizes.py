@@ -19,9 +19,9 @@ optional unit ``K``, ``M``, ``G`` or ``T`` (any case), optionally followed by
 A decimal must come out a whole number of bytes (``1.5K`` is 1536; ``1.5`` and
 ``0.1K`` are errors).
 
-:func:`format_size` is the inverse for display: the shortest exact form with
-at most three decimals, binary on a tie (``64 KiB``, ``1.5 MiB``, ``12 MB``), else
-plain bytes (``1000001 B``).
+:func:`format_size` is the inverse for display: the shortest exact form (at most
+three decimals in a binary unit, one in an SI unit), binary on a tie (``64 KiB``,
+``1.5 MiB``, ``12 MB``), else plain bytes (``1001 B``).
 
 No imports beyond the standard library: the command line parses sizes before
 it loads numpy.
@@ -100,20 +100,21 @@ def size_arg(text: str) -> int:
 
 
 def format_size(n: int | None) -> str:
-    """``4 B``, ``64 KiB``, ``1.5 MiB``, ``12 MB``, ``1000001 B``; ``-`` for None (unknown).
+    """``4 B``, ``64 KiB``, ``1.5 MiB``, ``12 MB``, ``1001 B``; ``-`` for None (unknown).
 
     Exact: of the binary units in which ``n`` has at most three decimals and the largest
-    SI unit below ``n`` if it does too, the shortest (binary on a tie: ``1.125 KiB``,
-    ``12 MB``, never ``11718.75 KiB`` or ``1048.572 KB``); else bytes. So
-    ``parse_size(format_size(n)) == n`` for every size this prints.
+    SI unit below ``n`` if it has at most one there, the shortest (binary on a tie:
+    ``1.125 KiB``, ``12 MB``, ``1.5 GB``, never ``11718.75 KiB`` or ``1.001 KB``); else
+    bytes. So ``parse_size(format_size(n)) == n`` for every size this prints.
     """
     if n is None:
         return "-"
     si = next(((u, scale) for u, scale in _DISPLAY_SI if n >= scale), None)  # only the largest SI unit
     shown = []
     for unit, scale in (*_DISPLAY, *([si] if si else [])):
-        if n >= scale and (n * 1000) % scale == 0:
-            text = f"{Decimal(n * 1000 // scale) / 1000:f}"
+        places = 1 if unit.endswith("B") and "i" not in unit else 3  # SI: "12 MB", "1.5 GB", never "1.001 KB"
+        if n >= scale and (n * 10**places) % scale == 0:
+            text = f"{Decimal(n * 10**places // scale) / 10**places:f}"
             shown.append((text.rstrip("0").rstrip(".") if "." in text else text, unit))
     number, unit = min(shown, key=lambda s: len(s[0]), default=(str(n), "B"))  # the shortest; binary on a tie
     return f"{number} {unit}"

@@ -94,7 +94,8 @@ def test_iec_units_and_bare_letters_are_powers_of_1024_si_units_of_1000() -> Non
 def test_format_size() -> None:
     assert format_size(4) == "4 B" and format_size(65536) == "64 KiB" and format_size(64 << 20) == "64 MiB"
     assert format_size(1000) == "1 KB" and format_size(3 << 19) == "1.5 MiB" and format_size(1152) == "1.125 KiB"
-    assert format_size(12_000_000) == "12 MB" and format_size(1_000_001) == "1000001 B"
+    assert format_size(12_000_000) == "12 MB" and format_size(1001) == "1001 B"
+    assert format_size(1_500_000_000) == "1.5 GB" and format_size(1_048_572) == "1048572 B"
     assert format_size(1048572) == "1048572 B"  # never a rounded "1024 KiB"
     assert format_size(1 << 40) == "1 TiB" and format_size(None) == "-"
 
