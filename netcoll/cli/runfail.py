@@ -66,15 +66,21 @@ def _unnoted_causes(notes: Mapping[int, Note]) -> dict[int, list[int]]:
 
 def _pointing(notes: Mapping[int, Note], ranks: list[int]) -> str:
     """How the ranks pointing at a silent rank failed: ``"ranks 0, 1 timed out waiting for
-    it in all_reduce #0"`` or ``"rank 3 lost its connection to it"``."""
-    timed = sorted(r for r in ranks if notes[r].kind in ("timeout", "aborted", "cancelled"))
-    lost = sorted(r for r in ranks if notes[r].kind == "lost")
+    it in all_reduce #0"``, ``"rank 3 lost its connection to it"``, ``"rank 2 was aborted
+    because of it"``."""
     parts = []
-    if timed:
-        op = next((notes[r].op for r in timed if notes[r].op), "")
-        parts.append(f"{_ranks(timed)} timed out waiting for it{' in ' + op if op else ''}")
-    if lost:
-        parts.append(f"{_ranks(lost)} lost {'its' if len(lost) == 1 else 'their'} connection to it")
+    for kinds, said in (
+        (("timeout",), "timed out waiting for it"),
+        (("lost",), "lost {its} connection to it"),
+        (("aborted", "cancelled"), "{was} aborted because of it"),
+    ):
+        these = sorted(r for r in ranks if notes[r].kind in kinds)
+        if not these:
+            continue
+        one = len(these) == 1
+        text = said.format(its="its" if one else "their", was="was" if one else "were")
+        op = next((notes[r].op for r in these if notes[r].op), "") if kinds == ("timeout",) else ""
+        parts.append(f"{_ranks(these)} {text}{' in ' + op if op else ''}")
     return "; ".join(parts)
 
 

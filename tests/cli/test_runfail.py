@@ -62,6 +62,15 @@ def test_a_rank_that_died_is_named_with_how_it_ended() -> None:
     assert cause is not None and cause.text == "rank 1 was lost (ranks 0, 2 lost their connection to it)"
 
 
+def test_each_kind_of_pointing_is_said_as_what_it_was() -> None:
+    aborted = Note(1.0, "CollectiveAborted: x", "aborted", (3,), "all_reduce #1")
+    cause = find_cause({0: lost(1.0, 3), 1: aborted, 2: timed(1.0, 3)}, {}, failed=[0])
+    assert cause is not None and cause.text == (
+        "rank 3 never arrived (rank 2 timed out waiting for it in all_reduce #0; rank 0 lost its connection to it; "
+        "rank 1 was aborted because of it)"
+    )
+
+
 def test_without_notes_the_first_failure_is_the_cause() -> None:
     cause = find_cause({}, {2: "exited with status 3"}, failed=[2])
     assert cause is not None and cause.text == "rank 2 exited with status 3"
