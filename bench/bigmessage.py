@@ -112,7 +112,9 @@ def run(op: str, size: int, ranks: int, links: str, settings: str, limit: float,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--worker", choices=OPS, help=argparse.SUPPRESS)
     ap.add_argument("--size", default="1G", help="bytes per rank (default 1G)")
     ap.add_argument("--ranks", type=int, default=4)

@@ -379,7 +379,7 @@ async def ending(cluster: ChaosCluster, client: Any, baseline: dict[str, Any], t
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=200, help="jobs in all (default 200)")
     ap.add_argument("--kills", type=int, default=20, help="jobs with a SIGKILLed daemon (default 20)")
     ap.add_argument("--stops", type=int, default=20, help="jobs with a SIGSTOPped daemon (default 20)")

@@ -70,7 +70,7 @@ def measure(size: int, iters: int) -> dict[str, float] | str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="4M", help="bytes per copy (default 4M)")
     ap.add_argument("--iters", type=int, default=200, help="copies of each kind (default 200)")
     args = ap.parse_args(argv)

@@ -236,7 +236,7 @@ async def collect(ns: argparse.Namespace, cfg: SweepConfig) -> dict[str, Any]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[4], help="world sizes to run (default 4)")
     p.add_argument("-b", "--minbytes", type=size_arg, default=4)
     p.add_argument("-e", "--maxbytes", type=size_arg, default=64 << 20)

@@ -216,7 +216,7 @@ async def _timed(peers: list[int], exchange: Any, iters: int, size: int, results
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4, help="processes, a power of two (default 4)")
     parser.add_argument("--iters", type=int, default=2000, help="timed calls (default 2000)")
     parser.add_argument("--shm", action="store_true", help="shared-memory slots polled by the loop, not TCP")

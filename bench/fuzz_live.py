@@ -795,7 +795,7 @@ def _report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--frames", type=int, default=100_000, help="malformed frames to send in all (default 100000)")
     ap.add_argument("--seconds", type=float, default=900.0, help="stop after this long whatever the count")
     ap.add_argument("--daemons", type=int, default=2)

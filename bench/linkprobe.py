@@ -35,7 +35,7 @@ async def probe(address: str, world_size: int, rank: int, timeout: float) -> dic
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--address", required=True)
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--rank", type=int, required=True)

@@ -261,7 +261,7 @@ def mpi(ns: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("peer", choices=("gloo", "mpi"))
     p.add_argument("--config", required=True)
     p.add_argument("--rank", type=int, default=0)

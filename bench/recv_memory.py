@@ -181,7 +181,9 @@ async def run(scenario: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--scenario", choices=["ahead", "declare", "both"], default="both")
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--size", type=int, default=MIB)

@@ -141,7 +141,7 @@ async def soak(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=1000, help="jobs measured after the warm-up (default 1000)")
     ap.add_argument("--size-mib", type=float, default=4.0, help="inline input per rank, MiB (default 4)")
     ap.add_argument("--daemons", type=int, default=3, help="rank daemon processes (default 3)")

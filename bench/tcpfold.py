@@ -97,7 +97,7 @@ def measure(size: int, iters: int, piece: int, rounds: int = 3) -> dict[str, tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=parse_size, default=4 << 20, help="bytes per segment (default 4M)")
     ap.add_argument("--iters", type=int, default=100, help="segments per mode and round (default 100)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, the order swapped each (default 3)")

@@ -360,7 +360,7 @@ def summarize(results: list[dict[str, Any]], elapsed: float) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--ranks", type=int, default=4, help="number of rank processes (default 4)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds for rendezvous and each collective")

@@ -10,19 +10,21 @@ valid choices and, for a near miss, says "did you mean ...?" (:mod:`difflib`)::
     all_reduce has no algorithm 'rign'; did you mean 'ring'? choose from auto, ring, tree, ...
     unknown dtype 'float33'; did you mean 'float32'? choose from bool, int8, ...
     root 4 is out of range for 4 ranks (valid roots are 0..3)
+    all_gather takes no --op: it reduces nothing (collectives with a reduction: all_reduce, ...)
 
 The dtype check loads numpy (the others do not).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from . import collectives
 from .collectives import Collective, did_you_mean
 
 __all__ = [
     "check_algorithm",
+    "check_arguments",
     "check_collective",
     "check_dtype_name",
     "check_reduce_op",
@@ -62,6 +64,25 @@ def check_root(coll: Collective, root: int, world_size: int | None) -> None:
             f"root {root} is out of range for {world_size} rank{'s' if world_size != 1 else ''} "
             f"(valid roots are 0..{world_size - 1})"
         )
+
+
+#: argument -> (whether a collective takes it, why one does not, who does: "" for none)
+_TAKES: dict[str, tuple[Callable[[Collective], bool], str, str]] = {
+    "op": (lambda c: c.takes_op, "it reduces nothing", "collectives with a reduction"),
+    "root": (lambda c: c.takes_root, "every rank gets the result", "collectives with a root"),
+    "data": (lambda c: c.has_data, "it moves no data", ""),
+}
+
+
+def check_arguments(coll: Collective, given: Mapping[str, str]) -> None:
+    """ValueError for an argument ``coll`` does not take, rather than ignoring it (what ran
+    would not be what was asked). ``given``: each argument passed (``op``, ``root``,
+    ``data``) and how the caller spelled it (``{"op": "--op"}``)."""
+    for arg, spelled in given.items():
+        takes, why, who = _TAKES[arg]
+        if not takes(coll):
+            others = f" ({who}: {', '.join(c.name for c in collectives.REGISTRY.values() if takes(c))})" if who else ""
+            raise ValueError(f"{coll.name} takes no {spelled}: {why}{others}")
 
 
 def dtype_names() -> tuple[str, ...]:

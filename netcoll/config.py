@@ -30,7 +30,8 @@ NETCOLL_PORT             port to listen on (RPC / peer traffic;    coordinator, 
                          rank default ``0``: any free port)
 NETCOLL_HTTP_PORT        HTTP ``/livez /readyz /metrics`` port     coordinator, rank
                          (``off`` disables it, ``0`` = any free;
-                         rank default ``0``)
+                         coordinator default: its port + 1,
+                         29401; rank default ``0``)
 NETCOLL_HTTP_HOST        address of the HTTP port (default: the    coordinator, rank
                          main listener's host)
 NETCOLL_RANK_HINT        preferred rank (a pod index)              rank
@@ -71,7 +72,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .transport.auth import is_loopback
@@ -132,6 +133,17 @@ def check_address(value: str, default_port: int = COORDINATOR_PORT) -> str:
     if not port_s.isdigit() or not 0 < int(port_s) < 65536:
         raise ValueError(f"address must be HOST:PORT with a port in 1..65535, got {value!r}")
     return f"{host_out}:{int(port_s)}"
+
+
+def http_port_after(port: Any) -> Any:
+    """The HTTP port that goes with RPC port ``port`` when none is given: ``port + 1``
+    (29400 -> 29401), any free port (0) for ``port`` 0 or 65535; ``port`` itself when it
+    is not a number (its own check then says so)."""
+    try:
+        number = int(str(port).strip())
+    except ValueError:
+        return port
+    return number + 1 if 0 < number < 65535 else 0
 
 
 def _port(value: Any, *, allow_off: bool) -> Any:
@@ -361,6 +373,7 @@ class CoordinatorConfig(Settings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=COORDINATOR_PORT, ge=0, le=65535)
+    #: not given: ``port + 1`` (:func:`http_port_after`), as ``netcoll up`` does; None: off
     http_port: int | None = Field(default=COORDINATOR_HTTP_PORT, ge=0, le=65535)
     http_host: str | None = None
     token: str | None = None
@@ -374,6 +387,14 @@ class CoordinatorConfig(Settings):
     state_dir: str | None = Field(default=None, min_length=1)
     #: finished jobs kept queryable (in memory and in the journal)
     keep_jobs: int = Field(default=1000, ge=0, le=1_000_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _http_port_follows_port(cls, values: Any) -> Any:
+        """``--port 29700`` alone serves HTTP on 29701, never on the default 29401."""
+        if isinstance(values, dict) and "http_port" not in values and "port" in values:
+            return {**values, "http_port": http_port_after(values["port"])}
+        return values
 
 
 class RankConfig(Settings):
@@ -541,7 +562,7 @@ class UpConfig(Settings):
     def coordinator_http_port(self) -> int | None:
         if "http_port" in self.model_fields_set:
             return self.http_port
-        return self.port + 1 if 0 < self.port < 65535 else 0
+        return int(http_port_after(self.port))
 
 
 __all__ = [
@@ -556,4 +577,5 @@ __all__ = [
     "SubmitConfig",
     "UpConfig",
     "check_address",
+    "http_port_after",
 ]

@@ -39,7 +39,7 @@ from .deadlines import ranks_text as _ranks
 from .errors import CollectiveError, CommunicatorClosed
 from .escape import escape
 from .logs import OPERATIONS, op_extra
-from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work
+from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work, detail
 from .transport.base import Channel, Transport
 
 log = logging.getLogger("netcoll.engine")
@@ -252,9 +252,10 @@ class Engine:
                 log.debug("%s done in %.6fs%s", op.where(), seconds, describe(chosen), extra=self._extra(call))
             return
         observe.count(call.name, op.failure.reason.value)
-        level = logging.INFO if op.failure.reason is Reason.CANCELLED else logging.WARNING
+        # told by another rank (which logged it itself), or cancelled here: INFO; the rest, WARNING
+        level = logging.INFO if op.failure.reason in (Reason.CANCELLED, Reason.ABORTED) else logging.WARNING
         if log.isEnabledFor(level):
-            message = escape(op.failure.message, 500)
+            message = escape(detail(op.failure.message, op.where()), 500)
             log.log(level, "%s failed after %.3fs: %s", op.where(), seconds, message, extra=self._extra(call))
 
     def _extra(self, call: Call) -> dict[str, Any]:

@@ -89,6 +89,9 @@ class CollectiveError(NetcollError):
         #: on a timeout, what this rank and those it heard from were waiting for
         #: (:class:`netcoll.waits.Wait`; a job's error merges every rank's)
         self.waits: tuple[Any, ...] = ()
+        #: the rank of the communicator ``connect()`` made (its transport's) of each rank
+        #: ``ranks`` and ``waits`` name, where they differ (a sub-group's); empty: the same
+        self.world_ranks: dict[int, int] = {}
 
 
 class CollectiveTimeout(CollectiveError, TimeoutError):

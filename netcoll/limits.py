@@ -54,7 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .sizes import parse_size
+from .sizes import format_size, parse_size
 
 ENV_PREFIX: Final = "NETCOLL_LIMIT_"
 
@@ -125,7 +125,15 @@ def _parse(name: str, kind: Any, raw: str) -> int | float:
         raise ValueError(f"{variable}: {exc}") from None
 
 
+def exceeded(what: str, name: str, limit: float, where: str = "") -> str:
+    """The one way to say a limit was hit: ``"64 GiB per rank exceeds the limit of 16 GiB
+    (max_job_bytes: NETCOLL_LIMIT_MAX_JOB_BYTES raises it)"`` (sizes in units, never
+    a bare 17179869184); ``where``: where to set it, said after "raises it"."""
+    shown = format_size(int(limit)) if name.endswith("_bytes") else f"{limit:g}"
+    return f"{what} exceeds the limit of {shown} ({name}: {ENV_PREFIX}{name.upper()} raises it{where})"
+
+
 #: the limits from the environment of this process
 DEFAULT: Final = Limits.load()
 
-__all__ = ["DEFAULT", "ENV_PREFIX", "Limits"]
+__all__ = ["DEFAULT", "ENV_PREFIX", "Limits", "exceeded"]

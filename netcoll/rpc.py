@@ -300,7 +300,7 @@ class RpcClient:
             raise ConnectionRefusedError(f"could not connect to {address}: {why}") from None
         try:
             welcome = await client_handshake(
-                proto, token=token, role=role, hello=hello, timeout=timeout, credential=credential
+                proto, token=token, role=role, hello=hello, timeout=timeout, credential=credential, probe=True
             )
         except BaseException:
             proto.close()

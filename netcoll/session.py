@@ -10,18 +10,18 @@ see an orderly BYE, not a crash) and leaves the group.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import json
 import numbers
 import os
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from .comm import DEFAULT_TIMEOUT, Communicator, form_group
 from .errors import ConfigError
+from .launched import install_excepthook, record_failure
 from .links.factory import LinkConfig
-from .rendezvous import RendezvousClient
+from .rendezvous import dial
 from .transport import auth
 from .transport.tcp import Listener, TcpTransport
 from .transport.tls import TlsConfig
@@ -31,23 +31,7 @@ COORDINATOR_ENV = "NETCOLL_COORDINATOR"
 WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"
 RANK_ENV = "NETCOLL_RANK"
 LOCAL_HOST_ENV = "NETCOLL_LOCAL_HOST"
-ERROR_FILE_ENV = "NETCOLL_ERROR_FILE"
-
-
-def record_failure(exc: BaseException) -> None:
-    """Note the error that ended a communicator's block, with the time, in the file
-    ``$NETCOLL_ERROR_FILE`` if set and not written yet. ``netcoll run`` sets one per
-    rank: the rank that failed first wrote first (the others failed after it left),
-    whichever process exited first."""
-    path = os.environ.get(ERROR_FILE_ENV)
-    if not path or isinstance(exc, GeneratorExit):
-        return
-    record = {"time": time.time(), "error": f"{type(exc).__name__}: {exc}"[:1000]}
-    try:
-        with open(path, "x", encoding="utf-8") as f:
-            json.dump(record, f)
-    except OSError:
-        pass
+MIN_STEP = 1.0  # seconds a step of the rendezvous gets at least, however little of the timeout is left
 
 
 def _env_int(env: Mapping[str, str], name: str, low: int) -> int | None:
@@ -136,7 +120,10 @@ async def connect(
         token: the member token (default: ``$NETCOLL_TOKEN``, else the contents of the
             file ``$NETCOLL_TOKEN_FILE``); every link is authenticated. A client token
             (``NETCOLL_CLIENT_TOKEN``) cannot join a group.
-        timeout: seconds for the whole rendezvous (joining and linking to peers).
+        timeout: seconds for the whole rendezvous: reaching the coordinator (a refused
+            connection is tried again with backoff: it may not be up yet), joining and
+            linking to peers. No coordinator within it: :class:`~netcoll.RendezvousTimeout`
+            naming the address.
         collective_timeout: default deadline of each collective (each call may pass ``timeout=``).
         listen_host / listen_port: where to open this rank's peer port (default: the
             local address of the coordinator connection, an ephemeral port).
@@ -154,14 +141,21 @@ async def connect(
             a token nor TLS (else :class:`~netcoll.InsecureListenerError`).
     """
     address, world_size, rank = from_env(address, world_size, rank)
+    install_excepthook()  # under netcoll run: failures caused elsewhere leave their one line to the launcher
     local_host = local_host or os.environ.get(LOCAL_HOST_ENV, "").strip() or None
     _check_args(world_size, rank, group, timeout)
     links = LinkConfig.from_env(window=recv_window)  # a bad window or NETCOLL_TRANSPORT fails before any I/O
     if token is None:
         token = auth.token_from_env(auth.MEMBER_TOKEN_ENV)
     secure = TlsConfig.from_env() if tls is None else coerce_tls(tls)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout  # the whole rendezvous: reaching the coordinator, joining, linking
+
+    def left() -> float:
+        return max(deadline - loop.time(), MIN_STEP)
+
     async with contextlib.AsyncExitStack() as stack:
-        rdv = await RendezvousClient.connect(address, token=token, timeout=timeout, local_host=local_host, tls=secure)
+        rdv = await dial(address, token=token, timeout=timeout, local_host=local_host, tls=secure)
         stack.push_async_callback(rdv.close)
         listener = Listener(token=token, tls=secure, insecure=insecure)
         await listener.start(listen_host or rdv.local_address[0], listen_port)
@@ -173,7 +167,7 @@ async def connect(
             member_id=member_id,
             listen_port=listener.address[1],
             advertise_host=advertise_host,
-            timeout=timeout,
+            timeout=left(),
         )
         transport = TcpTransport(
             listener,
@@ -185,7 +179,7 @@ async def connect(
             links=links,
         )
         stack.push_async_callback(transport.close)
-        await transport.connect(timeout)
+        await transport.connect(left())
         # heartbeats carry what we are in (the arrival board); their answers, what those we wait for are in
         rdv.report_with(transport.mailbox.snapshot, transport.answers.seen)
         comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)

@@ -5,19 +5,23 @@ Every size netcoll reads — ``netcoll submit --size``, ``netcoll up --size``,
 goes through :func:`parse_size`, so they all accept the same text and reject
 bad text with the same message::
 
-    4096  4K  4KiB  4KB  64M  64MiB  1G  1.5M  0.5GiB  16B  2T
+    4096  4K  4KiB  64M  64MiB  1G  1.5M  0.5GiB  16B  2T  12MB  1.5GB
 
 Grammar: a number (digits, optionally with a decimal part), optional spaces, an
 optional unit ``K``, ``M``, ``G`` or ``T`` (any case), optionally followed by
-``iB`` or ``B``; or a bare ``B``. **Every unit is a power of two** (``K`` = 1024,
-``M`` = 1024², ``G`` = 1024³, ``T`` = 1024⁴), with or without ``i``, as in
-nccl-tests: ``64M``, ``64MB`` and ``64MiB`` are all 67108864 bytes. A decimal
-must come out a whole number of bytes (``1.5K`` is 1536; ``1.5`` and
+``iB`` or ``B``; or a bare ``B``. What a unit means follows how people write it:
+
+* ``KiB``, ``MiB``, ``GiB``, ``TiB`` are powers of 1024 (IEC), and so is a bare
+  letter, as in nccl-tests (``-e 64M``): ``64M`` and ``64MiB`` are 67108864 bytes;
+* ``KB``, ``MB``, ``GB``, ``TB`` are powers of 1000 (SI), as in every other tool:
+  ``12MB`` is 12000000 bytes, ``1GB`` is 10⁹.
+
+A decimal must come out a whole number of bytes (``1.5K`` is 1536; ``1.5`` and
 ``0.1K`` are errors).
 
-:func:`format_size` is the inverse for display: the largest binary unit in
-which the size is written exactly with at most three decimals (``64 KiB``,
-``1.5 MiB``), else plain bytes (``1000 B``).
+:func:`format_size` is the inverse for display: the shortest exact form (at most
+three decimals in a binary unit, one in an SI unit), binary on a tie (``64 KiB``,
+``1.5 MiB``, ``12 MB``), else plain bytes (``1001 B``).
 
 No imports beyond the standard library: the command line parses sizes before
 it loads numpy.
@@ -30,14 +34,20 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Final
 
-__all__ = ["UNITS", "format_size", "parse_size", "size_arg", "size_error"]
+__all__ = ["SI_UNITS", "UNITS", "format_size", "parse_size", "size_arg", "size_error"]
 
-#: Unit letter -> bytes. All binary (powers of 1024), with or without ``iB``/``B``.
+#: Unit letter -> bytes of the binary unit (``K``, ``KiB``: powers of 1024).
 UNITS: Final[dict[str, int]] = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+#: Unit letter -> bytes of the SI unit (``KB``: powers of 1000).
+SI_UNITS: Final[dict[str, int]] = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_HINT: Final = "use bytes with an optional K/M/G/T unit: 4096, 4K, 4KiB, 64MiB, 1.5M, 1G; units are powers of 1024"
+_HINT: Final = (
+    "use bytes with an optional unit: 4096, 4K, 4KiB, 64MiB, 1.5M, 1G, 12MB; "
+    "K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000"
+)
 _DISPLAY: Final = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+_DISPLAY_SI: Final = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
 
 
 def size_error(text: object, reason: str = "") -> str:
@@ -57,7 +67,7 @@ def _from_number(value: float) -> int:
 
 
 def parse_size(text: str | float) -> int:
-    """Bytes from ``4096``, ``4K``, ``4KiB``, ``64MiB``, ``1.5M``, ``1G`` ... (or an int).
+    """Bytes from ``4096``, ``4K``, ``4KiB``, ``64MiB``, ``1.5M``, ``1G``, ``12MB`` ... (or an int).
 
     Raises:
         ValueError: with :func:`size_error`'s message for anything else, so that
@@ -72,7 +82,7 @@ def parse_size(text: str | float) -> int:
     if suffix == "i" or (suffix == "ib" and not unit):
         raise ValueError(size_error(text))  # "4Ki", "4iB": an i needs a unit before and a B after
     try:
-        exact = Decimal(number) * UNITS[unit]
+        exact = Decimal(number) * (SI_UNITS if suffix == "b" and unit else UNITS)[unit]
     except InvalidOperation:  # pragma: no cover - the pattern only lets numbers through
         raise ValueError(size_error(text)) from None
     if exact != exact.to_integral_value():
@@ -90,15 +100,21 @@ def size_arg(text: str) -> int:
 
 
 def format_size(n: int | None) -> str:
-    """``4 B``, ``64 KiB``, ``1.5 MiB``, ``1000 B``; ``-`` for None (unknown).
+    """``4 B``, ``64 KiB``, ``1.5 MiB``, ``12 MB``, ``1001 B``; ``-`` for None (unknown).
 
-    Exact: the largest binary unit in which ``n`` has at most three decimals, so
-    ``parse_size(format_size(n)) == n`` for every size this prints with a unit.
+    Exact: of the binary units in which ``n`` has at most three decimals and the largest
+    SI unit below ``n`` if it has at most one there, the shortest (binary on a tie:
+    ``1.125 KiB``, ``12 MB``, ``1.5 GB``, never ``11718.75 KiB`` or ``1.001 KB``); else
+    bytes. So ``parse_size(format_size(n)) == n`` for every size this prints.
     """
     if n is None:
         return "-"
-    for unit, scale in _DISPLAY:
-        if n >= scale and (n * 1000) % scale == 0:
-            text = f"{Decimal(n * 1000 // scale) / 1000:f}"
-            return f"{text.rstrip('0').rstrip('.') if '.' in text else text} {unit}"
-    return f"{n} B"
+    si = next(((u, scale) for u, scale in _DISPLAY_SI if n >= scale), None)  # only the largest SI unit
+    shown = []
+    for unit, scale in (*_DISPLAY, *([si] if si else [])):
+        places = 1 if unit.endswith("B") and "i" not in unit else 3  # SI: "12 MB", "1.5 GB", never "1.001 KB"
+        if n >= scale and (n * 10**places) % scale == 0:
+            text = f"{Decimal(n * 10**places // scale) / 10**places:f}"
+            shown.append((text.rstrip("0").rstrip(".") if "." in text else text, unit))
+    number, unit = min(shown, key=lambda s: len(s[0]), default=(str(n), "B"))  # the shortest; binary on a tie
+    return f"{number} {unit}"

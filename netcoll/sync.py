@@ -62,10 +62,10 @@ from .comm.types import (
     TensorLike,
 )
 from .errors import CollectiveCancelled, CommunicatorClosed
+from .launched import record_failure
 from .loop import new_event_loop
 from .operation import Work
 from .session import connect as _connect
-from .session import record_failure
 
 Array = np.ndarray[Any, Any]
 F = TypeVar("F", bound=Callable[..., Any])

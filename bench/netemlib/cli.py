@@ -147,6 +147,7 @@ def _mode_args(p: argparse.ArgumentParser) -> None:
 def build_parser(description: str) -> argparse.ArgumentParser:
     """The parser; ``description``: the first paragraph of ``bench/netem.py``'s docstring."""
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python3 bench/netem.py",
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,

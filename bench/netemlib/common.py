@@ -86,12 +86,15 @@ def parse_rate(text: str) -> float:
 
 
 def parse_size(text: str) -> int:
-    """``4``, ``4K``, ``4KiB``, ``16M``, ``1G``: powers of 1024, as netcoll's sizes (no netcoll
-    import here, so the "not allowed here" path needs nothing but Python)."""
+    """``4``, ``4K``, ``4KiB``, ``16M``, ``1G``: powers of 1024, ``4KB``, ``16MB``: powers of
+    1000, as netcoll's sizes (no netcoll import here, so the "not allowed here" path needs
+    nothing but Python)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib)\s*", text.lower())
     if not m:
         raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 4, 4K, 64KiB, 16M")
-    scale = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)[:1]]
+    unit = m.group(2)
+    binary = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit[:1]]
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9}[unit[0]] if len(unit) == 2 else binary  # KB, MB, GB: SI
     return int(float(m.group(1)) * scale)
 
 

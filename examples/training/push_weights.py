@@ -54,7 +54,7 @@ async def push(address, token, replicas):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=3)
     args = parser.parse_args()
     token = secrets.token_urlsafe(24)

@@ -58,7 +58,8 @@ def _add_sweep_arguments(g: argparse._ArgumentGroup) -> None:
         type=size_arg,
         default=4,
         metavar="SIZE",
-        help="smallest size, e.g. 4, 4K, 4KiB, 1.5M, 64M, 1G (units are powers of 1024; default 4)",
+        help="smallest size, e.g. 4, 4K, 4KiB, 1.5M, 64M, 1G (K/M/G, KiB/MiB/GiB: powers of 1024; KB/MB/GB: "
+        "of 1000; default 4)",
     )
     g.add_argument(
         "-e", "--maxbytes", type=size_arg, default=64 << 20, metavar="SIZE", help="largest size (default 64M)"
@@ -321,6 +322,7 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m netcoll.bench``."""
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m netcoll.bench",
         description="nccl-tests-style collective benchmark over a local cluster of netcoll rank processes.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

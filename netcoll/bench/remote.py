@@ -40,24 +40,13 @@ def _job_fields(cfg: SweepConfig, g: Geometry) -> dict[str, Any]:
     }
 
 
-def _chosen(rec: dict[str, Any], op: str) -> dict[str, Any] | None:
-    """What ``auto`` ran for ``op`` in a job (a rank's last choice in the record's ``model``,
-    the same on every rank, as the local runner takes it from the communicator), or None."""
-    model = rec.get("model")
-    if not isinstance(model, dict):
-        return None
-    for stats in model.values():
-        chosen = stats.get("choices", {}).get(op) if isinstance(stats, dict) else None
-        if isinstance(chosen, dict) and isinstance(chosen.get("algorithm"), str):
-            return chosen
-    return None
-
-
 def _algorithm_fields(cfg: SweepConfig, g: Geometry, rec: dict[str, Any]) -> dict[str, Any]:
     """``algorithm`` (``auto:ring`` for what auto ran), and for auto the segment size and
     predicted time the record names, as in the local runner's rows."""
+    from ..service.records import chosen as what_ran
+
     algo = cfg.algorithm_for(g.op)
-    chosen = _chosen(rec, g.op) if algo == "auto" else None
+    chosen = what_ran(rec, g.op) if algo == "auto" else None
     if chosen is None:
         return {"algorithm": algo}
     seg, predicted = chosen.get("segment_bytes"), chosen.get("predicted_s")

@@ -42,7 +42,9 @@ Cell = tuple[str, int]  # (collective, size)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m netcoll.bench.versus", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m netcoll.bench.versus", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("ops", nargs="?", default="all_reduce", help="collective(s), comma-separated (default all_reduce)")
     p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
     p.add_argument("-e", "--maxbytes", default="16M", help="largest size (default 16M)")

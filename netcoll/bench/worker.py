@@ -105,7 +105,9 @@ def new_event_loop(name: str) -> asyncio.AbstractEventLoop:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m netcoll.bench.worker", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m netcoll.bench.worker", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--address", required=True)
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--rank", type=int, default=None)

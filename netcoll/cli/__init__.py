@@ -2,7 +2,7 @@
 
 Servers (what the containers run)::
 
-    netcoll coordinator [--host H] [--port 29400] [--http-port 29401]
+    netcoll coordinator [--host H] [--port 29400] [--http-port PORT+1]
     netcoll rank [--coordinator HOST:PORT] [--host H] [--port 0] [--http-port 0]
                  [--rank-hint I] [--advertise-host A]
     netcoll up --ranks N [--host H] [--port P] [--demo]      # coordinator + N daemons, locally
@@ -22,9 +22,10 @@ Clients::
 Client commands take ``--coordinator HOST:PORT`` (default ``$NETCOLL_COORDINATOR``,
 else ``127.0.0.1:29400``); every command reads ``NETCOLL_*`` variables (see
 :mod:`netcoll.config`), and a flag wins over its variable. Sizes (``--size``,
-``bench -b/-e``) take ``4096``, ``4KiB``, ``64MiB``, ``1.5M``, ``1G``: units are
-powers of 1024 (:mod:`netcoll.sizes`). Collectives and their algorithms come
-from :mod:`netcoll.collectives`.
+``bench -b/-e``) take ``4096``, ``4KiB``, ``64MiB``, ``1.5M``, ``1G``, ``12MB``:
+KiB/MiB/GiB and a bare K/M/G are powers of 1024, KB/MB/GB of 1000
+(:mod:`netcoll.sizes`). Collectives and their algorithms come from
+:mod:`netcoll.collectives`.
 
 Exit codes: 0 success; 1 failure (a job that did not succeed, an unreachable
 coordinator...); 2 bad arguments or configuration; 130 interrupted. Every

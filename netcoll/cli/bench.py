@@ -23,14 +23,14 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     return sp
 
 
-def run(argv: list[str]) -> int:
-    """Parse ``argv`` with :func:`netcoll.bench.add_arguments` and run the sweep."""
-    import asyncio
+def bench_parser() -> argparse.ArgumentParser:
+    """The parser of ``netcoll bench``: :func:`netcoll.bench.add_arguments` plus the
+    credential and TLS flags of the other client commands."""
     import importlib
 
     try:
         bench = importlib.import_module("..bench", __package__)
-        add_arguments, run_bench = bench.add_arguments, bench.run
+        add_arguments = bench.add_arguments
     except ImportError as exc:
         raise CliError(f"netcoll bench is not available in this installation ({one_line(exc)})") from None
     except AttributeError:
@@ -45,5 +45,14 @@ def run(argv: list[str]) -> int:
     # NETCOLL_CLIENT_TOKEN, their _FILE variants and NETCOLL_TLS_* otherwise)
     add_token_arguments(parser, client=True)
     add_tls_arguments(parser)
-    args = parser.parse_args(argv)
-    return int(asyncio.run(run_bench(args)))
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    """Parse ``argv`` with :func:`bench_parser` and run the sweep."""
+    import asyncio
+
+    from .. import bench
+
+    args = bench_parser().parse_args(argv)
+    return int(asyncio.run(bench.run(args)))

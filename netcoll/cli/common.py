@@ -29,7 +29,12 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (plus a pointer to --help)."""
+    """argparse, but a usage error is one line (plus a pointer to --help), and no
+    abbreviated options: ``--token`` is an error, never a prefix of ``--token-file``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -170,6 +175,30 @@ def print_json(doc: Any) -> None:
     """One JSON object on one line of stdout."""
     sys.stdout.write(json.dumps(doc, default=str) + "\n")
     sys.stdout.flush()
+
+
+class JsonDoc:
+    """``with JsonDoc(enabled, coordinator=...) as doc:`` -- with ``--json``, stdout gets one
+    JSON object whatever happens: the command prints its own on success; when it fails
+    (cannot connect, a job that cannot be waited for, Ctrl-C...), this prints
+    ``{..., "state": "error" | "interrupted", "error": message, "exit_code": n}`` with the
+    fields noted in ``doc`` so far (a job's ``id``...), and the error still goes its way
+    (one line on stderr, the exit code)."""
+
+    def __init__(self, enabled: bool, **fields: Any) -> None:
+        self.enabled, self.fields = enabled, dict(fields)
+
+    def __enter__(self) -> dict[str, Any]:
+        return self.fields
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        from .errors import json_failure
+
+        failure = None if exc is None or not self.enabled else json_failure(exc)
+        if failure is not None:
+            message, code = failure
+            state = "interrupted" if code == 130 else "error"
+            print_json({**self.fields, "state": state, "error": message, "exit_code": code})
 
 
 def mean(values: list[float]) -> float | None:

@@ -35,7 +35,7 @@ def describe_unreachable(address: str, exc: BaseException) -> str:
 
 async def _open(cfg: ClientConfig) -> Client:
     """A connected Client, or a CliError saying why not."""
-    from ..errors import AuthenticationError, NetcollError
+    from ..errors import AuthenticationError, NetcollError, ProtocolError
     from ..service.client import Client
 
     client = Client(
@@ -59,6 +59,8 @@ async def _open(cfg: ClientConfig) -> Client:
         raise CliError(
             f"cannot reach the coordinator at {cfg.coordinator}: {describe_unreachable(cfg.coordinator, exc)}"
         ) from None
+    except ProtocolError as exc:  # not a netcoll server there (an HTTP port, TLS...): the message says what
+        raise CliError(f"cannot talk to the coordinator at {cfg.coordinator}: {one_line(exc)}") from None
     except NetcollError as exc:
         raise CliError(f"the coordinator at {cfg.coordinator} refused the connection: {one_line(exc)}") from None
     return client

@@ -38,7 +38,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     )
     sp.add_argument("--port", help="RPC port (env NETCOLL_PORT; default 29400; 0 = any free port)")
     sp.add_argument(
-        "--http-port", help="HTTP health/metrics port (env NETCOLL_HTTP_PORT; default 29401; 'off' disables it)"
+        "--http-port",
+        help="HTTP health/metrics port (env NETCOLL_HTTP_PORT; default: --port + 1, so 29401; 'off' disables it)",
     )
     sp.add_argument("--http-host", help="address of the HTTP port (env NETCOLL_HTTP_HOST; default: --host)")
     sp.add_argument(

@@ -64,6 +64,21 @@ def classify(exc: BaseException) -> tuple[str, int]:
     return f"internal error: {type(exc).__name__}: {one_line(exc)} (NETCOLL_DEBUG=1 for a traceback)", 1
 
 
+def json_failure(exc: BaseException) -> tuple[str, int] | None:
+    """How a ``--json`` command's failure reads in its JSON object: (message, exit code);
+    None for what is not a failure (``--help``, a clean exit)."""
+    if isinstance(exc, SystemExit):
+        code = exit_code(exc)
+        return None if code == 0 else (f"exit status {code}", code)
+    if isinstance(exc, CliError):
+        return str(exc), exc.code
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", 130
+    if isinstance(exc, Exception):
+        return classify(exc)
+    return None
+
+
 def _quiet_stdout() -> None:
     """stdout was closed by the reader: point it at /dev/null so the exit is quiet."""
     try:

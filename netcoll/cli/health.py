@@ -109,6 +109,8 @@ def _get(scheme: str, host: str, port: int, path: str, timeout: float, tls: TlsC
     import socket
     import ssl
 
+    from ..transport.sniff import TLS_SETTINGS, http_met
+
     url = f"{scheme}://{host}:{port}{path}"
     conn: http.client.HTTPConnection
     if tls is not None:
@@ -133,9 +135,16 @@ def _get(scheme: str, host: str, port: int, path: str, timeout: float, tls: TlsC
                 f"{url}: the TLS server closed the connection unanswered (is this certificate of its CA?)"
             ) from None
         if isinstance(exc, http.client.RemoteDisconnected):
-            raise CliError(f"{url}: not an HTTP response (closed without answering)") from None
+            raise CliError(
+                f"{url}: not an HTTP response (closed without answering; does it require TLS? "
+                f"pass the TLS files: {TLS_SETTINGS})"
+            ) from None
         raise _Unreachable(f"{url}: {_reason(exc)}") from None
     except http.client.HTTPException as exc:
+        line = exc.args[0] if isinstance(exc, http.client.BadStatusLine) and exc.args else ""
+        met = http_met(f"{host}:{port}", str(line).encode("latin-1", "replace"), tls is not None)
+        if met is not None:
+            raise CliError(f"{url}: not an HTTP response: {met}") from None
         raise CliError(f"{url}: not an HTTP response ({type(exc).__name__}: {str(exc)[:60]!r})") from None
     except OSError as exc:
         raise _Unreachable(f"{url}: {_reason(exc)}") from None

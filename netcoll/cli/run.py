@@ -8,22 +8,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
-import os
 import secrets
-import shutil
-import signal
 import sys
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..escape import escape
 from .common import FORMATTER, CliError, run_client
-from .lines import pump_until_shutdown
 from .ports import free_port
+from .runcheck import check_module, check_script
+from .supervisor import Supervisor, say
 
 if TYPE_CHECKING:
     from ..rendezvous import RendezvousClient
@@ -38,8 +32,11 @@ NETCOLL_WORLD_SIZE, NETCOLL_RANK, NETCOLL_TOKEN and torchrun's RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT set (so
 netcoll.sync.connect() and init_process_group(init_method="env://") need no arguments).
 A coordinator runs inside the launcher (loopback, fresh token) unless --coordinator is given.
-Output lines are prefixed "[rank R] ". When a rank fails the others get SIGTERM (SIGKILL after
---grace) and the exit status is the first failure's (128+N for a death by signal N).
+Output lines are prefixed "[rank R] ". The first line says where the coordinator is and the
+`netcoll status` command that shows the ranks and what each waits for. When a rank fails the
+launcher names the rank that failed first and its error (a rank that raised, died, or never
+arrived), gives each other failed rank one line, stops the others (SIGTERM, SIGKILL after
+--grace), and exits with the first failure's status (128+N for a death by signal N).
 Several nodes: run on each with the same --nnodes and --coordinator (node 0 starts the
 coordinator there) and its own --node-rank; set the same NETCOLL_TOKEN on every node.
 
@@ -102,6 +99,7 @@ class Plan:
 def plan_of(ns: argparse.Namespace) -> Plan:
     """Check the flags (CliError, exit 2) and build the command."""
     from ..config import check_address
+    from ..transport.auth import MEMBER_TOKEN_ENV, token_from_env
 
     if ns.nprocs < 1 or ns.nnodes < 1:
         raise CliError("-n and --nnodes must be at least 1", 2)
@@ -115,6 +113,8 @@ def plan_of(ns: argparse.Namespace) -> Plan:
         raise CliError("--grace must be >= 0 and --join-timeout > 0", 2)
     if ns.master_port is not None and not 0 < ns.master_port < 65536:
         raise CliError(f"--master-port must be in 1..65535, got {ns.master_port}", 2)
+    if ns.nnodes > 1 and token_from_env(MEMBER_TOKEN_ENV) is None:
+        raise CliError(f"several nodes need a shared member token: set {MEMBER_TOKEN_ENV} on every node", 2)
     try:
         coordinator = check_address(ns.coordinator) if ns.coordinator else None
     except ValueError as exc:
@@ -122,6 +122,7 @@ def plan_of(ns: argparse.Namespace) -> Plan:
     if ns.no_python:
         command = [ns.target, *ns.args]
     else:
+        check_module(ns.target) if ns.module else check_script(ns.target)  # once, not once per rank
         command = [sys.executable, *(["-m"] if ns.module else []), ns.target, *ns.args]
     fields = (ns.nprocs, ns.nnodes, ns.node_rank, command, coordinator, ns.local_addr, ns.master_port)
     return Plan(*fields, ns.grace, ns.join_timeout)
@@ -141,16 +142,15 @@ async def launch(plan: Plan) -> int:
     token = token_from_env(MEMBER_TOKEN_ENV)
     supervisor = Supervisor(plan)
     _log_to_stderr(supervisor)
-    if plan.nnodes > 1 and token is None:
-        raise CliError(f"several nodes need a shared member token: set {MEMBER_TOKEN_ENV} on every node", 2)
     async with contextlib.AsyncExitStack() as stack:
-        address = plan.coordinator
+        address, watcher = plan.coordinator, None
         if address is None or (plan.nnodes > 1 and plan.node_rank == 0):
-            token = token or secrets.token_urlsafe(24)
+            token, watcher = token or secrets.token_urlsafe(24), secrets.token_urlsafe(24)
             host, _, port = (address or "127.0.0.1:0").rpartition(":")
-            coord = Coordinator(host.strip("[]"), int(port), token=token)
+            coord = Coordinator(host.strip("[]"), int(port), token=token, client_token=watcher)
             await stack.enter_async_context(coord)
             address = coord.address
+        supervisor.announce(address, watcher)
         master_addr = split_address(address)[0] if plan.nnodes > 1 else (plan.local_addr or "127.0.0.1")
         master_port = plan.master_port
         if plan.nnodes > 1:
@@ -177,24 +177,22 @@ async def launch(plan: Plan) -> int:
             try:
                 await rdv.barrier("exit", EXIT_TIMEOUT)
             except (NetcollError, OSError, TimeoutError) as exc:
-                _say(f"not every node finished cleanly: {exc}")
+                say(f"not every node finished cleanly: {exc}")
         return status
 
 
 async def _meet(plan: Plan, address: str, token: str | None) -> RendezvousClient:
-    """Join the launchers' group (one member per node); retries until node 0 is up."""
-    from ..rendezvous import RendezvousClient
+    """Join the launchers' group (one member per node); waits for node 0's coordinator
+    (:func:`netcoll.rendezvous.dial`) within --join-timeout."""
+    from ..errors import RendezvousTimeout
+    from ..rendezvous import dial
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + plan.join_timeout
-    while True:
-        try:
-            rdv = await RendezvousClient.connect(address, token=token, local_host=plan.local_addr, heartbeat=None)
-            break
-        except OSError as exc:
-            if loop.time() > deadline:
-                raise CliError(f"no coordinator at {address} within {plan.join_timeout:g}s: {exc}") from None
-            await asyncio.sleep(0.2)
+    try:
+        rdv = await dial(address, timeout=plan.join_timeout, token=token, local_host=plan.local_addr, heartbeat=None)
+    except RendezvousTimeout as exc:
+        raise CliError(str(exc)) from None
     try:
         await rdv.join(
             LAUNCH_GROUP, world_size=plan.nnodes, rank=plan.node_rank, timeout=max(1.0, deadline - loop.time())
@@ -203,163 +201,6 @@ async def _meet(plan: Plan, address: str, token: str | None) -> RendezvousClient
         await rdv.close()
         raise
     return rdv
-
-
-@dataclass
-class Rank:
-    """One started copy of the script."""
-
-    rank: int
-    proc: asyncio.subprocess.Process
-    pumps: list[asyncio.Task[None]] = field(default_factory=list)
-
-
-class Supervisor:
-    """Starts the ranks, prefixes their output, stops them all when one fails
-    or a signal arrives, and works out the exit status."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        self.env: dict[str, str] = {}  # what every rank gets besides its own rank variables
-        self.ranks: list[Rank] = []
-        self.status: int | None = None  # the first failure's (or the signal's) exit status
-        self.signalled = 0
-        self._kill: asyncio.TimerHandle | None = None
-        self.output = ThreadPoolExecutor(1, thread_name_prefix="netcoll-run-output")
-        self.failed: dict[int, int] = {}  # rank -> exit status, in the order they exited
-        self.errors = tempfile.mkdtemp(prefix="netcoll-run-")  # NETCOLL_ERROR_FILE of each rank
-
-    def child_env(self, local: int) -> dict[str, str]:
-        from ..session import ERROR_FILE_ENV
-
-        rank = self.plan.node_rank * self.plan.nprocs + local
-        env = {**os.environ, **self.env, "NETCOLL_RANK": str(rank), "RANK": str(rank), "LOCAL_RANK": str(local)}
-        env[ERROR_FILE_ENV] = self.note_path(rank)  # see first_cause
-        env.setdefault("PYTHONUNBUFFERED", "1")  # lines show up as they are printed
-        return env
-
-    def note_path(self, rank: int) -> str:
-        return os.path.join(self.errors, f"rank{rank}.json")
-
-    async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.on_signal, sig)
-        try:
-            for local in range(self.plan.nprocs):
-                if self.status is not None:  # a rank could not start, or a signal came
-                    break
-                await self.start(local)
-            await self.wait_all()
-            self.first_cause()
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-            self.kill_all(signal.SIGKILL)  # none is left running, whatever happened
-            if self._kill is not None:
-                self._kill.cancel()
-            self.output.shutdown(wait=False, cancel_futures=True)
-            shutil.rmtree(self.errors, ignore_errors=True)
-        return self.status or 0
-
-    def first_cause(self) -> None:
-        """The first rank to *exit* failing may have failed because another one did
-        (PeerLost): if both noted their errors (``NETCOLL_ERROR_FILE``), the earlier
-        note is the cause, and its status is the exit status."""
-        notes = {r: _note(self.note_path(r)) for r in self.failed}
-        first = next(iter(self.failed), None)
-        if self.signalled or first is None or notes[first] is None:
-            return  # no failure, a signal, or a rank that died without a word: that one it is
-        cause = min((note[0], r) for r, note in notes.items() if note is not None)[1]
-        if cause != first:
-            self.status = self.failed[cause]
-            _say(f"rank {cause} failed first ({escape(notes[cause][1])}); exit status {self.status}")  # type: ignore[index]
-
-    async def start(self, local: int) -> None:
-        rank = self.plan.node_rank * self.plan.nprocs + local
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.plan.command,
-                env=self.child_env(local),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                process_group=0,  # its own group: the terminal's Ctrl-C reaches it once, through us
-            )
-        except OSError as exc:
-            self.fail(127, f"cannot start rank {rank}: {exc}")
-            return
-        prefix = f"[rank {rank}] ".encode()
-        started = Rank(rank, proc)
-        assert proc.stdout is not None and proc.stderr is not None
-        for stream, out in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-            started.pumps.append(asyncio.create_task(pump_until_shutdown(stream, out, prefix, self.output)))
-        self.ranks.append(started)
-
-    async def wait_all(self) -> None:
-        waits = {asyncio.create_task(self.reap(r)) for r in self.ranks}
-        if waits:
-            await asyncio.wait(waits)
-
-    async def reap(self, r: Rank) -> None:
-        code = await r.proc.wait()
-        if code != 0:  # the first rank to exit with a failure is "the" failure (see first_cause)
-            status = 128 - code if code < 0 else code
-            self.failed[r.rank] = status
-            how = f"was killed by {_signame(-code)}" if code < 0 else f"exited with status {code}"
-            self.fail(status, f"rank {r.rank} {how}")
-        with contextlib.suppress(TimeoutError):  # a grandchild holding the pipe open: stop waiting
-            await asyncio.wait_for(asyncio.gather(*r.pumps), max(self.plan.grace, 1.0))
-
-    def fail(self, status: int, message: str) -> None:
-        if self.status is not None:
-            return
-        self.status = status
-        alive = sum(r.proc.returncode is None for r in self.ranks)
-        _say(message + (f"; stopping the other {alive} rank(s)" if alive else ""))
-        self.stop_all(signal.SIGTERM, spare_noted=True)
-
-    def on_signal(self, sig: int) -> None:
-        self.signalled += 1
-        if self.signalled > 1:
-            self.kill_all(signal.SIGKILL)
-            return
-        _say(f"got {_signame(sig)}; passing it to the ranks")
-        if self.status is None:
-            self.status = 128 + sig
-        self.stop_all(sig)
-
-    def stop_all(self, sig: int, spare_noted: bool = False) -> None:
-        self.kill_all(sig, spare_noted)
-        if self._kill is None:
-            self._kill = asyncio.get_running_loop().call_later(self.plan.grace, self.kill_all, signal.SIGKILL)
-
-    def kill_all(self, sig: int, spare_noted: bool = False) -> None:
-        """``sig`` to every running rank (``spare_noted``: not to those that noted a
-        failure, so leaving on their own with their own status; SIGKILL comes later)."""
-        for r in self.ranks:
-            if spare_noted and os.path.exists(self.note_path(r.rank)):
-                continue
-            if r.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(r.proc.pid, sig)
-
-
-def _note(path: str) -> tuple[float, str] | None:
-    """(time, error) from a rank's error file, or None."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            note = json.load(f)
-        return float(note["time"]), str(note["error"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _signame(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 def _log_to_stderr(supervisor: Supervisor) -> None:
@@ -372,11 +213,6 @@ def _log_to_stderr(supervisor: Supervisor) -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING)
     logger.propagate = False
-
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"netcoll run: {message}\n")
-    sys.stderr.flush()
 
 
 __all__ = ["HELP", "Plan", "Supervisor", "add_parser", "free_port", "launch", "plan_of", "run"]

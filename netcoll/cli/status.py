@@ -6,8 +6,9 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ..escape import escape
-from .common import FORMATTER, add_client_arguments, flags, print_json, run_client
+from .common import FORMATTER, JsonDoc, add_client_arguments, flags, print_json, run_client
 from .connect import connected
+from .progress import plural
 
 if TYPE_CHECKING:
     from ..config import StatusConfig
@@ -32,8 +33,10 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace) -> int:
     from ..config import StatusConfig
 
-    cfg = StatusConfig.load(flags(ns))
-    status = run_client(_status(cfg))
+    with JsonDoc(bool(ns.json_output), coordinator=ns.coordinator) as doc:  # --json: one object, whatever happens
+        cfg = StatusConfig.load(flags(ns))
+        doc["coordinator"] = cfg.coordinator
+        status = run_client(_status(cfg))
     if cfg.json_output:
         print_json({"coordinator": cfg.coordinator, **status})
     else:
@@ -42,12 +45,23 @@ def run(ns: argparse.Namespace) -> int:
 
 
 async def _status(cfg: StatusConfig) -> dict[str, Any]:
+    """The job service's view; at a coordinator without one (``netcoll run``'s, an embedded
+    one), the rendezvous' (groups, members, the arrival board) under ``"rendezvous_only"``."""
     async with connected(cfg) as client:
-        return await client.status()
+        try:
+            return await client.status()
+        except ValueError as exc:
+            if "unknown method" not in str(exc):
+                raise
+        return {"rendezvous_only": True, **await client.groups()}
 
 
 def print_status(status: dict[str, Any], coordinator: str, njobs: int) -> None:
-    """The cluster as text: a summary line, the members, the recent jobs."""
+    """The cluster as text: a summary line, the members, the recent jobs (at a coordinator
+    without a job service: its groups and their members)."""
+    if status.get("rendezvous_only"):
+        print_groups(status, coordinator)
+        return
     members = status.get("members") or []
     jobs = status.get("jobs") or []
     current = status.get("current_job")
@@ -63,6 +77,32 @@ def print_status(status: dict[str, Any], coordinator: str, njobs: int) -> None:
     if shown:
         _print_jobs(shown)
     _print_board(status.get("board") or [])
+
+
+def print_groups(status: dict[str, Any], coordinator: str) -> None:
+    """A coordinator without a job service (``netcoll run``'s, an embedded one): each group,
+    its members (rank, address, liveness), then the arrival board."""
+    groups = status.get("groups") or []
+    print(f"coordinator {coordinator}: no job service (netcoll run's, or embedded); {plural(len(groups), 'group')}")
+    for g in groups:
+        members = g.get("members") or []
+        name, state = escape(g.get("name"), 100), escape(g.get("state"), 20)
+        print(
+            f"group {name!r}: {len(members)} of {g.get('world_size')} ranks, {state}, generation {g.get('generation')}"
+        )
+        if members:
+            print(f"  {'rank':>4}  {'member':<34}{'address':<22}liveness")
+        for m in sorted(members, key=lambda m: (m.get("rank") is None, m.get("rank") or 0)):
+            rank = "-" if m.get("rank") is None else str(m.get("rank"))
+            address = escape(f"{m.get('host')}:{m.get('port')}", 60)
+            quiet = f" ({m['unresponsive_s']:g}s)" if isinstance(m.get("unresponsive_s"), (int, float)) else ""
+            print(
+                f"  {rank:>4}  {escape(m.get('member_id'), 32):<34}{address:<22}{escape(m.get('liveness'), 20)}{quiet}"
+            )
+    board = status.get("board") or []
+    _print_board(board)
+    if not board and groups:
+        print("nothing stuck in flight (an operation shows here once ranks have waited in it for a few seconds)")
 
 
 def _print_board(board: list[dict[str, Any]]) -> None:
@@ -107,3 +147,5 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
             f"{human_time(j.get('time_s')):>12}{gbps(j.get('busbw')):>12}  {verified:<8}  "
             f"{err[:100] + ('...' if len(err) > 100 else '')}"
         )
+    if any(j.get("time_s") is not None for j in jobs):
+        print("  (time/iter: the mean of each iteration's slowest rank; netcoll submit shows each rank's own)")

@@ -13,10 +13,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from .. import collectives
-from ..choices import REDUCE_OPS, check_algorithm, check_collective, check_reduce_op, check_root
+from ..choices import REDUCE_OPS, check_algorithm, check_arguments, check_collective, check_reduce_op, check_root
 from ..escape import escape
 from ..sizes import format_size, size_arg
-from .common import FORMATTER, CliError, add_client_arguments, flags, mean, print_json, run_client
+from .common import FORMATTER, CliError, JsonDoc, add_client_arguments, flags, mean, print_json, run_client
 from .connect import connected
 from .errors import one_line
 from .progress import ProgressDisplay, plural
@@ -63,11 +63,33 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         + collectives.algorithms_help(),
     )
     sp.add_argument("op", type=collective_arg, metavar="OP", help=" | ".join(names))
+    _add_job_arguments(sp)
+    sp.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="show progress on stderr while the job waits and runs: a bar on a terminal, else a "
+        "line per update (default: on when stderr is a terminal; elsewhere only what a queued job "
+        "waits for; --no-progress: nothing)",
+    )
+    add_client_arguments(sp)
+    sp.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="record the job's timeline on every rank and write it to FILE as a Chrome trace "
+        "(open it in https://ui.perfetto.dev)",
+    )
+    sp.set_defaults(handler=run)
+    return sp
+
+
+def _add_job_arguments(sp: argparse.ArgumentParser) -> None:
+    """The flags of the job itself: data, reduction, root, algorithm, iterations, ranks, deadline."""
     sp.add_argument(
         "--size",
         type=size_arg,
         metavar="SIZE",
-        help="bytes per rank: 4096, 4KiB, 64MiB, 1.5M, 1G (units are powers of 1024; default 1MiB)",
+        help="bytes per rank: 4096, 4KiB, 64MiB, 1.5M, 1G, 12MB (K/M/G and KiB/MiB/GiB are powers of 1024, "
+        "KB/MB/GB of 1000; default 1MiB)",
     )
     sp.add_argument("--dtype", help="float32 (default), float64, float16, bfloat16, int32, int8, bool, ...")
     sp.add_argument(
@@ -87,34 +109,26 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         metavar="N",
         help="run on exactly N ranks, waiting for them (default: every ready rank daemon)",
     )
-    sp.add_argument("--deadline", type=float, metavar="SECONDS", help="the job's deadline once started (300)")
+    sp.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="how long the job may take from when the coordinator takes it up, waiting for its ranks "
+        "included: a job whose ranks never come fails then, saying what it waited for (default 300)",
+    )
     sp.add_argument("--input", metavar="NAME", help="use the named tensor kept on the ranks instead of generated data")
     sp.add_argument("--output", metavar="NAME", help="keep the result on the ranks under this name")
-    sp.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        help="show progress on stderr while the job waits and runs: a bar on a terminal, else a "
-        "line per update (default: on when stderr is a terminal)",
-    )
-    add_client_arguments(sp)
-    sp.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="record the job's timeline on every rank and write it to FILE as a Chrome trace "
-        "(open it in https://ui.perfetto.dev)",
-    )
-    sp.set_defaults(handler=run)
-    return sp
 
 
 def run(ns: argparse.Namespace) -> int:
     from ..config import SubmitConfig
 
     trace_file = vars(ns).pop("trace", None)
-    cfg = SubmitConfig.load(flags(ns))
-    spec = job_spec(cfg, trace=trace_file is not None)
-    show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
-    rec = run_client(_submit(cfg, spec, show, trace_file))
+    with JsonDoc(bool(ns.json_output), coordinator=ns.coordinator) as doc:  # --json: one object, whatever happens
+        cfg = SubmitConfig.load(flags(ns))
+        doc["coordinator"] = cfg.coordinator
+        spec = job_spec(cfg, trace=trace_file is not None)
+        rec = run_client(_submit(cfg, spec, progress_mode(cfg.progress, sys.stderr.isatty()), trace_file, doc))
     if cfg.json_output:
         print_json(job_json(rec, cfg.coordinator))
     else:
@@ -125,12 +139,23 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
+def progress_mode(flag: bool | None, tty: bool) -> str:
+    """What shows on stderr while the job waits and runs: ``"all"`` (``--progress``, or a
+    terminal), ``"waiting"`` (the default elsewhere: what a queued job waits for, so a job
+    waiting for ranks never waits silently), ``"none"`` (``--no-progress``)."""
+    if flag is None:
+        return "all" if tty else "waiting"
+    return "all" if flag else "none"
+
+
 def job_spec(cfg: SubmitConfig, *, trace: bool = False) -> JobSpec:
     """The job, checked before anything is sent (exit 2): the names first, which need no
-    numpy (collective, algorithm, root against --world-size), then all of it (dtype,
-    reduction, size ...) as the coordinator will check it (:mod:`netcoll.choices`)."""
+    numpy (collective, flags it does not take, algorithm, root against --world-size), then
+    all of it (dtype, reduction, size ...) as the coordinator will check it
+    (:mod:`netcoll.choices`)."""
     try:
         coll = check_collective(cfg.op)
+        check_arguments(coll, given_arguments(cfg))
         check_algorithm(coll, cfg.algorithm)
         check_root(coll, cfg.root, cfg.world_size)
         from ..service.jobs import JobSpec
@@ -140,24 +165,47 @@ def job_spec(cfg: SubmitConfig, *, trace: bool = False) -> JobSpec:
         raise CliError(f"invalid job: {one_line(exc)}", 2) from None
 
 
+#: SubmitConfig field -> (the argument of choices.check_arguments, its flag)
+_ARGUMENT_FLAGS = {
+    "reduce_op": ("op", "--op"),
+    "root": ("root", "--root"),
+    "size": ("data", "--size"),
+    "dtype": ("data", "--dtype"),
+    "input": ("data", "--input"),
+    "output": ("data", "--output"),
+}
+
+
+def given_arguments(cfg: SubmitConfig) -> dict[str, str]:
+    """The job arguments given on the command line, by argument (``{"op": "--op"}``)."""
+    given: dict[str, str] = {}
+    for field, (arg, flag) in _ARGUMENT_FLAGS.items():
+        if field in cfg.model_fields_set:
+            given.setdefault(arg, flag)
+    return given
+
+
 async def _submit(
-    cfg: SubmitConfig, spec: JobSpec, show_progress: bool, trace_file: str | None = None
+    cfg: SubmitConfig, spec: JobSpec, progress: str, trace_file: str | None = None, doc: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Check the root against the ranks, submit, then wait for the job's record
-    (Ctrl-C / SIGTERM cancel it), showing its progress on stderr if asked to; with
-    ``trace_file``, write the job's Chrome trace there."""
+    (Ctrl-C / SIGTERM cancel it), showing on stderr what :func:`progress_mode` says; with
+    ``trace_file``, write the job's Chrome trace there. ``doc`` notes the job's id."""
     async with connected(cfg) as client:
         await _check_root(client, spec)
         job_id = await client.submit(spec)
-        rec = await (_watch(client, job_id, spec) if show_progress else _wait_or_cancel(client, job_id))
+        if doc is not None:
+            doc["id"] = job_id
+        rec = await (_watch(client, job_id, spec, progress) if progress != "none" else _wait_or_cancel(client, job_id))
         if trace_file is not None:
             _write_trace(trace_file, await client.trace(job_id))
         return rec
 
 
-async def _watch(client: Client, job_id: int, spec: JobSpec) -> dict[str, Any]:
-    """Wait for the job's record while its progress shows on stderr."""
-    display = ProgressDisplay(job_id, spec.op)
+async def _watch(client: Client, job_id: int, spec: JobSpec, progress: str = "all") -> dict[str, Any]:
+    """Wait for the job's record while its progress (or, ``"waiting"``, only what it waits
+    for) shows on stderr."""
+    display = ProgressDisplay(job_id, spec.op, waiting_only=progress == "waiting")
     watching = asyncio.ensure_future(_show_progress(client, job_id, display))
     rec: dict[str, Any] | None = None
     try:
@@ -165,7 +213,7 @@ async def _watch(client: Client, job_id: int, spec: JobSpec) -> dict[str, Any]:
     finally:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
-        display.finish(None if rec is None else str(rec["state"]))  # before any error line
+        display.finish(None if rec is None else str(rec["state"]), rec)  # before any error line
     return rec
 
 
@@ -262,7 +310,17 @@ def _job_data_line(rec: dict[str, Any]) -> str | None:
     warmup = f" + {spec.get('warmup')} warm-up" if spec.get("warmup") else ""
     iters = spec.get("iters")
     count = plural(iters, "iteration") if isinstance(iters, int) else f"{iters} iterations"
-    return f"  {data}{extra}, algorithm {spec.get('algorithm')}, {count}{warmup}"
+    return f"  {data}{extra}, algorithm {_algorithm(rec, spec)}, {count}{warmup}"
+
+
+def _algorithm(rec: dict[str, Any], spec: dict[str, Any]) -> str:
+    """``ring``, or for ``auto`` what it ran: ``auto (ran ring)`` (``auto`` when the record
+    does not say: the job did not run)."""
+    from ..service.records import chosen
+
+    asked = escape(spec.get("algorithm"), 40)
+    ran = chosen(rec, rec["op"]) if asked == "auto" and rec.get("state") == "succeeded" else None
+    return f"auto (ran {escape(ran['algorithm'], 40)})" if ran else asked
 
 
 def print_job(rec: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "--size",
         type=size_arg,
         metavar="SIZE",
-        help="--demo: bytes per rank, e.g. 64KiB, 1.5M (units are powers of 1024; default 1MiB)",
+        help="--demo: bytes per rank, e.g. 64KiB, 1.5M (K/M and KiB/MiB: powers of 1024, KB/MB: 1000; default 1MiB)",
     )
     sp.add_argument("--iters", type=int, metavar="K", help="--demo: iterations per collective (default 3)")
     sp.add_argument("--ready-timeout", type=float, metavar="SECONDS", help="default 60")

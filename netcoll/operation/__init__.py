@@ -24,8 +24,8 @@ and a thread-safe blocking :meth:`Work.wait`.
 
 from __future__ import annotations
 
-from .reasons import ERROR_CLASSES, Failure, Reason, State, reason_of
+from .reasons import ERROR_CLASSES, Failure, Reason, State, detail, reason_of
 from .state import Operation, SlotKey
 from .work import Work
 
-__all__ = ["ERROR_CLASSES", "Failure", "Operation", "Reason", "SlotKey", "State", "Work", "reason_of"]
+__all__ = ["ERROR_CLASSES", "Failure", "Operation", "Reason", "SlotKey", "State", "Work", "detail", "reason_of"]

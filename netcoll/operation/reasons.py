@@ -56,6 +56,17 @@ ERROR_CLASSES: dict[Reason, type[CollectiveError]] = {
 }
 
 
+def detail(message: str, where: str) -> str:
+    """``message`` without the ``where`` it begins with (``"all_reduce #1 of group 'g'
+    failed: lost ..."`` -> ``"lost ..."``), for text that names the operation already:
+    a log line, another rank's reason inside an abort. Never "X failed: X failed: ...".
+    """
+    for prefix in (f"{where} failed: ", f"{where} "):
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message
+
+
 def reason_of(cause: str) -> Reason:
     """The :class:`Reason` an ABORT frame's ``cause`` names (unknown: ERROR)."""
     try:
@@ -91,4 +102,7 @@ class Failure:
         exc = ERROR_CLASSES[self.reason](self.message, op=op.name, seq=op.seq, ranks=self.ranks)
         exc.reason = self.reason
         exc.waits = self.waits
+        names = {w: op.me(w) for w in op.members}
+        if any(w != r for w, r in names.items()):  # a sub-group (or a pair): its ranks are not the world's
+            exc.world_ranks = {r: w for w, r in names.items()}
         return exc

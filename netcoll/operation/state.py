@@ -12,7 +12,7 @@ from typing import Any, Final
 from ..errors import CollectiveClosed
 from ..ops import Fold
 from ..waits import MAX_OP, Wait, op_name
-from .reasons import Failure, Reason, State, reason_of
+from .reasons import Failure, Reason, State, detail, reason_of
 
 SlotKey = tuple[int, int, int]  # (src world rank, step, chunk)
 #: operations whose sends are not lent to a peer on this host (:attr:`Operation.lends_from`)
@@ -313,10 +313,11 @@ class Operation:
             now = _now()
             told = (Wait(me, self.short(), waiting, now - self.moved, now - self.opened), *told)
         reason = cause if cause in (Reason.MISMATCH, Reason.CANCELLED) else Reason.ABORTED
+        told_why = detail(header["reason"], self.where())  # the sender's words without its "<op> failed: "
         self.fail(
             Failure(
                 reason,
-                f"{self.where()} aborted by rank {r} ({header['cause']}): {header['reason']}{also}",
+                f"{self.where()} aborted by rank {r} ({header['cause']}): {told_why}{also}",
                 waiting if also else ranks,
                 told=True,
                 waiting=waiting if also else (),

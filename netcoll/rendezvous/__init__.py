@@ -20,5 +20,6 @@ that group instance, and tells its members when one of them is lost. See
 
 from .client import JoinResult, Peer, RendezvousClient
 from .coordinator import Coordinator
+from .dialing import dial
 
-__all__ = ["Coordinator", "RendezvousClient", "JoinResult", "Peer"]
+__all__ = ["Coordinator", "RendezvousClient", "JoinResult", "Peer", "dial"]

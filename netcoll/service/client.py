@@ -158,6 +158,13 @@ class Client:
         """Members (rank, address, epoch, state, current job), queue and recent jobs."""
         return await self._rpc().call("cluster", {})  # type: ignore[no-any-return]
 
+    async def groups(self) -> dict[str, Any]:
+        """The rendezvous' own view, which every coordinator serves (one without a job
+        service too: ``netcoll run``'s, an embedded :class:`~netcoll.Coordinator`):
+        ``{"groups": [{name, world_size, state, generation, members: [{rank, member_id,
+        host, port, connected, liveness}]}], "board": [...]}`` (the arrival board)."""
+        return await self._rpc().call("status", {})  # type: ignore[no-any-return]
+
     async def progress(self, job_id: int) -> AsyncIterator[dict[str, Any]]:
         """The job's progress as it happens, then its final record::
 

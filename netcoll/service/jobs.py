@@ -21,8 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import choices, collectives
 from ..collectives import Collective
+from ..limits import DEFAULT as LIMITS
+from ..limits import exceeded
 from ..ops import BFLOAT16, ReduceOp, check_dtype, check_op_dtype
-from ..sizes import parse_size
+from ..sizes import format_size, parse_size
 from ..testdata import TestData
 
 __all__ = [
@@ -40,7 +42,11 @@ __all__ = [
 COLLECTIVES: Final = collectives.NAMES
 #: Jobs that manage named tensors kept on the ranks, not collectives.
 BUFFER_OPS: Final = ("put", "get", "delete")
-MAX_JOB_BYTES: Final = 1 << 34  # 16 GiB per rank
+MAX_JOB_BYTES: Final = 1 << 34  # 16 GiB per rank: the default of max_job_bytes (netcoll.limits)
+
+
+#: where a job limit must be raised: every process checks the job against its own
+_EVERY_PROCESS: Final = " where you submit, on the coordinator and on the rank daemons"
 
 
 class JobState(str, enum.Enum):
@@ -141,8 +147,9 @@ class JobSpec(BaseModel):
             raise ValueError(
                 f"size {self.size} is not a whole number of {self.dtype} elements ({self.np_dtype.itemsize} bytes each)"
             )
-        if self.nbytes > MAX_JOB_BYTES:
-            raise ValueError(f"job of {self.nbytes} bytes per rank exceeds the limit of {MAX_JOB_BYTES}")
+        if self.nbytes > LIMITS.max_job_bytes:  # each process's own (submitter, coordinator, daemons)
+            what = f"a job of {format_size(self.nbytes)} per rank"
+            raise ValueError(exceeded(what, "max_job_bytes", LIMITS.max_job_bytes, _EVERY_PROCESS))
 
     @property
     def collective(self) -> Collective | None:

@@ -311,6 +311,15 @@ async def _supervise(coord: _Child, ranks: list[_Child], stop: asyncio.Event, ou
     return 0
 
 
+#: what the demo's columns mean, said once under them (a newcomer's first numbers)
+DEMO_COLUMNS = (
+    "\ntime/iter: the mean of each iteration's slowest rank. algbw: bytes per rank / time/iter;\n"
+    "busbw: algbw x the collective's bus factor (nccl-tests' busbw: what each link carried, so\n"
+    "collectives and rank counts compare). In GB/s (10^9 bytes/s). Python over loopback with more\n"
+    "ranks than cores stays below 1 GB/s at these sizes; docs/benchmarks.md has the measured range."
+)
+
+
 async def _demo(address: str, cfg: UpConfig, out: IO[str], stop: asyncio.Event) -> int:
     """Run every collective of the registry once on generated, verified data, and one
     all_reduce on your own arrays; exit 0 iff all passed."""
@@ -337,6 +346,7 @@ async def _demo(address: str, cfg: UpConfig, out: IO[str], stop: asyncio.Event) 
             ok &= rec["state"] == "succeeded" and (not coll.has_data or rec["verified"] is True)
             _say(out, _demo_row(coll.name, rec))
         ok &= await _demo_own_arrays(client, cfg.ranks, out)
+    _say(out, DEMO_COLUMNS)
     _say(out, "\ndemo " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
 

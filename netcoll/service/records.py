@@ -283,3 +283,17 @@ class Job:
         rec["results"] = results
         rec["results_expired"] = self.results_expired
         return rec, b"".join(blobs)
+
+
+def chosen(rec: dict[str, Any], op: str) -> dict[str, Any] | None:
+    """What ``auto`` ran for ``op`` in a finished job, from its record (a rank's last choice
+    in ``model``, the same on every rank: ``{"algorithm": "ring", "segment_bytes": ...}``),
+    or None when the record does not say."""
+    model = rec.get("model")
+    if not isinstance(model, dict):
+        return None
+    for stats in model.values():
+        choice = stats.get("choices", {}).get(op) if isinstance(stats, dict) else None
+        if isinstance(choice, dict) and isinstance(choice.get("algorithm"), str):
+            return choice
+    return None

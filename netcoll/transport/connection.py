@@ -35,7 +35,7 @@ from ..escape import escape
 from ..limits import DEFAULT as DEFAULT_SETTINGS
 from ..limits import Limits
 from ..wire import Frame, Kind
-from . import auth, socketlink
+from . import auth, sniff, socketlink
 from .tls import SHUTDOWN_TIMEOUT as TLS_SHUTDOWN_TIMEOUT
 from .tls import TlsConfig, describe_failure
 
@@ -52,6 +52,7 @@ HIGH_WATER = 4 * 1024 * 1024
 HANDSHAKE_TIMEOUT = DEFAULT_SETTINGS.handshake_timeout_s
 HANDSHAKE_LIMITS = wire.Limits(max_header=4096, max_payload=0)
 ERROR_MESSAGE_MAX = 4096  # characters of an ERROR frame's message (a control frame: small header)
+MAX_PROBES = 2  # PING frames a server skips before the HELLO (a client's probe: .sniff)
 
 
 class FramedProtocol(asyncio.BufferedProtocol):
@@ -79,6 +80,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         #: None until :func:`server_handshake` has checked its HELLO
         self.credential: str | None = None
         self._names = [("?", 0), ("?", 0)]  # peername, sockname
+        #: the first bytes of a read the decoder refused (what kind of server sent them: .sniff)
+        self.refused: bytes = b""
 
     # -- asyncio callbacks ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -105,6 +108,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
             else:  # each frame is handled before the next one's header reaches the sink
                 self.decoder.feed_each(self._scratch[:nbytes], self._dispatch)
         except ProtocolError as exc:
+            if not self._direct:
+                self.refused = bytes(self._scratch[: min(nbytes, 16)])
             self.fail(exc, tell_peer=True)
         except Exception as exc:  # noqa: BLE001 - a handler bug must not kill the loop's reader
             self.fail(ProtocolError(f"error handling a frame: {exc!r}"), tell_peer=True)
@@ -316,23 +321,39 @@ def _is_tls(proto: FramedProtocol) -> bool:
     return proto.transport is not None and proto.transport.get_extra_info("ssl_object") is not None
 
 
-async def _challenge(proto: FramedProtocol) -> Frame:
-    """The server's first frame, which must be its CHALLENGE."""
+async def _challenge(proto: FramedProtocol, probe: bool = False) -> Frame:
+    """The server's first frame, which must be its CHALLENGE. ``probe``: after
+    :data:`~.sniff.PROBE_AFTER` seconds of silence send the probe PING, which an HTTP or
+    TLS server answers (or refuses) at once, so a wrong port is named at once."""
+    where = f"server {proto.peername[0]}:{proto.peername[1]}"
     try:
-        challenge = await proto.next_frame()
+        challenge = await _first_frame(proto, probe)
+    except ProtocolError as exc:
+        met = sniff.rpc_met(where, proto.refused)
+        raise ProtocolError(met or str(exc)) from None
     except ConnectionResetError as exc:
         hint = (
             "it refused the TLS session: is this process's certificate signed by the CA the server trusts? "
             if _is_tls(proto)
-            else "does it require TLS (NETCOLL_TLS_CERT/KEY/CA)? "
+            else f"does it require TLS ({sniff.TLS_SETTINGS})? "
         )
-        raise ConnectionResetError(
-            f"server {proto.peername[0]}:{proto.peername[1]} closed the connection before the handshake "
-            f"({hint}see its log)"
-        ) from exc
+        raise ConnectionResetError(f"{where} closed the connection before the handshake ({hint}see its log)") from exc
     if challenge.kind != Kind.CHALLENGE:
         raise ProtocolError(f"expected CHALLENGE from the server, got {challenge.kind.name}")
     return challenge
+
+
+async def _first_frame(proto: FramedProtocol, probe: bool) -> Frame:
+    if not probe:
+        return await proto.next_frame()
+    first = asyncio.ensure_future(proto.next_frame())
+    try:
+        done, _ = await asyncio.wait({first}, timeout=sniff.PROBE_AFTER)
+        if not done and proto.lost is None:
+            proto.write(Kind.PING, dict(sniff.PROBE))  # a netcoll server ignores it before the HELLO
+        return await first
+    finally:
+        first.cancel()
 
 
 async def client_handshake(
@@ -343,13 +364,17 @@ async def client_handshake(
     hello: dict[str, Any] | None = None,
     timeout: float = HANDSHAKE_TIMEOUT,
     credential: str = auth.MEMBER,
+    probe: bool = False,
 ) -> dict[str, Any]:
     """Answer the server's CHALLENGE; return the WELCOME header (raises on refusal).
-    ``credential`` is the role ``token`` stands for (a client token: ``auth.CLIENT``)."""
+    ``credential`` is the role ``token`` stands for (a client token: ``auth.CLIENT``).
+    ``probe``: find out soon what a silent server speaks (:func:`_challenge`): for clients
+    a user points at an address (RPC), not for peer links (their addresses are the
+    coordinator's)."""
     challenge: Frame | None = None
     try:
         async with asyncio.timeout(timeout):
-            challenge = await _challenge(proto)
+            challenge = await _challenge(proto, probe)
             mine = auth.new_nonce()
             header = dict(hello or {}, role=role, nonce=mine)
             if token is not None:
@@ -413,6 +438,10 @@ async def server_handshake(
         await proto.send(Kind.CHALLENGE, {"nonce": mine, "role": role, "auth": has_auth})
         async with asyncio.timeout(timeout):
             hello = await proto.next_frame()
+            for _ in range(MAX_PROBES):  # a client's probe (.sniff): ignored
+                if hello.kind != Kind.PING:
+                    break
+                hello = await proto.next_frame()
         if hello.kind != Kind.HELLO:
             raise ProtocolError(f"expected HELLO, got {hello.kind.name}")
         who = f"client {proto.peername[0]}:{proto.peername[1]}"

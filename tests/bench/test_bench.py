@@ -36,7 +36,7 @@ def test_sweep_sizes_and_format() -> None:
     with pytest.raises(ValueError):
         sweep_sizes(4, 8, 1)
     assert format_size(4) == "4 B" and format_size(65536) == "64 KiB" and format_size(64 << 20) == "64 MiB"
-    assert format_size(1000) == "1000 B"
+    assert format_size(1000) == "1 KB" and format_size(1001) == "1001 B"  # KB: 1000 bytes (netcoll.sizes)
 
 
 def test_parse_ops() -> None:

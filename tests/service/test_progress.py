@@ -144,34 +144,114 @@ async def test_netcoll_submit_prints_progress_lines_when_not_a_terminal() -> Non
         assert "SUCCEEDED" not in out.decode() and "succeeded on 3 ranks" in out.decode()
 
 
+RUNNING = {
+    "topic": "progress",
+    "state": "running",
+    "iteration": 5,
+    "of": 10,
+    "bytes_sent": 3 << 30,
+    "ranks_reporting": 4,
+    "world_size": 4,
+    "elapsed_s": 2.0,
+}
+#: the first report: the data made, 1 GiB sent (the rate counts from here)
+FIRST = {**RUNNING, "iteration": 1, "bytes_sent": 1 << 30, "elapsed_s": 1.0}
+DONE = {
+    "topic": "done",
+    "state": "succeeded",
+    "spec": {"iters": 10},
+    "world_size": 4,
+    "time_s": 0.25,
+    "busbw": 1.5,
+    "started_at": 1000.0,
+    "finished_at": 1003.5,
+}
+
+
 def test_the_display_draws_a_bar_on_a_terminal_and_lines_elsewhere() -> None:
-    running = {
-        "topic": "progress",
-        "state": "running",
-        "iteration": 5,
-        "of": 10,
-        "bytes_sent": 3 << 30,
-        "ranks_reporting": 4,
-        "world_size": 4,
-        "elapsed_s": 2.0,
-    }
-    assert bar(running).startswith("[##########..........] 5/10 iters  3.0 GiB sent  1.5 GiB/s  4/4 ranks")
-    assert describe({**running, "of": 1, "iteration": 1}).startswith("running: 1/1 iteration, ")
+    # the rate is what was sent between two reports over the time between them: 2 GiB in 1 s
+    assert bar(RUNNING, FIRST).startswith("[##########..........] 5/10 iters  3.0 GiB sent  2.0 GiB/s  4/4 ranks")
+    assert " 3.0 GiB sent  -  4/4 ranks" in bar(RUNNING)  # one report: no rate yet (not bytes / time since start)
+    assert describe({**RUNNING, "of": 1, "iteration": 1}).startswith("running: 1/1 iteration, ")
     tty = io.StringIO()
     shown = ProgressDisplay(7, "all_reduce", tty, tty=True)
     shown.show({"topic": "progress", "state": "queued", "waiting": "waiting for 2 more ranks (has 2 of 4)"})
-    shown.show(running)
-    shown.show({"topic": "done", "state": "succeeded"})
+    shown.show(FIRST)
+    shown.show(RUNNING)
+    shown.show(DONE)
     text = tty.getvalue()
     assert text.startswith("\rjob 7 all_reduce queued: waiting for 2 more ranks") and text.endswith("\n")
     assert "\rjob 7 all_reduce [##########.........." in text and text.count("\n") == 1
-    full = "[####################] 10/10 iters  3.0 GiB sent  1.5 GiB/s  4/4 ranks  2.0 s  succeeded"
+    # the last line: the job's own numbers (its record), never the last report's bytes
+    full = "[####################] 10/10 iters  250.00 ms/iter  busbw 1.500 GB/s  4/4 ranks  3.5 s  succeeded"
     assert text.rstrip().endswith(full), text
     lines = io.StringIO()
     shown = ProgressDisplay(7, "all_reduce", lines, tty=False)
-    for event in (running, running, {**running, "iteration": 6}, {"topic": "done", "state": "failed"}):
+    for event in (RUNNING, RUNNING, {**RUNNING, "iteration": 6}, {"topic": "done", "state": "failed"}):
         shown.show(event)  # the same state again within a second: not repeated
     assert lines.getvalue().splitlines() == [
-        "netcoll submit: job 7 running: 5/10 iterations, 3.0 GiB sent, 1.5 GiB/s, 4/4 ranks reporting, 2.0 s",
+        "netcoll submit: job 7 running: 5/10 iterations, 3.0 GiB sent, -, 4/4 ranks reporting, 2.0 s",
         "netcoll submit: job 7 failed",
     ]
+
+
+def test_a_failed_job_ends_its_bar_as_far_as_it_went() -> None:
+    tty = io.StringIO()
+    shown = ProgressDisplay(7, "all_reduce", tty, tty=True)
+    shown.show(FIRST)
+    shown.show(RUNNING)
+    shown.finish("failed", {"state": "failed", "error": "boom"})
+    assert tty.getvalue().rstrip().endswith("5/10 iters  3.0 GiB sent  2.0 GiB/s  4/4 ranks  2.0 s  failed")
+
+
+def test_off_a_terminal_a_waiting_job_says_what_it_waits_for_and_nothing_else() -> None:
+    """``netcoll submit`` without --progress, stderr a file: a job waiting for ranks that
+    never come is not silent (issue 38); a job that runs at once prints nothing."""
+    from netcoll.cli.submit import progress_mode
+
+    assert progress_mode(None, tty=False) == "waiting" and progress_mode(None, tty=True) == "all"
+    assert progress_mode(False, tty=True) == "none" and progress_mode(True, tty=False) == "all"
+    out = io.StringIO()
+    shown = ProgressDisplay(3, "all_reduce", out, waiting_only=True)
+    shown.show({"topic": "progress", "state": "queued", "waiting": "waiting for 2 more ranks (has 2 of 4)"})
+    shown.show(RUNNING)
+    shown.show({"topic": "done", "state": "failed"})
+    assert out.getvalue().splitlines() == [
+        "netcoll submit: job 3 queued: waiting for 2 more ranks (has 2 of 4)",
+        "netcoll submit: job 3 failed",
+    ]
+    quiet = io.StringIO()
+    shown = ProgressDisplay(4, "all_reduce", quiet, waiting_only=True)
+    shown.show(RUNNING)
+    shown.show(DONE)
+    assert quiet.getvalue() == ""
+
+
+async def test_a_job_waiting_for_ranks_that_never_come_says_so_and_gives_up() -> None:
+    """No --progress, stderr a pipe: the waiting line still shows, and the job fails at its
+    --deadline saying what it waited for; --json gives the job's record (issue 38)."""
+    import json
+
+    async with service(1) as (c, _):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "netcoll", "submit", "all_reduce", "--world-size", "2", "--deadline", "1"),
+            *("--json", "--coordinator", c.coord.address),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), 120)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    lines = err.decode().splitlines()
+    assert proc.returncode == 1, lines
+    assert lines[0].endswith("queued: waiting for 1 more rank (has 1 of 2)"), lines
+    assert "waited 1s for 2 rank daemon(s)" in lines[-1], lines
+    doc = json.loads(out)
+    assert doc["state"] == "failed" and doc["error"].startswith("waited 1s for 2 rank daemon(s)"), doc

@@ -18,11 +18,14 @@ GOOD = [
     ("4K", 4096),
     ("4k", 4096),
     ("4KiB", 4096),
-    ("4KB", 4096),
-    ("4kb", 4096),
+    ("4KB", 4000),
+    ("4kb", 4000),
     ("64M", 64 << 20),
     ("64MiB", 64 << 20),
-    ("64MB", 64 << 20),
+    ("64MB", 64_000_000),
+    ("12MB", 12_000_000),
+    ("1.5GB", 1_500_000_000),
+    ("2TB", 2 * 10**12),
     ("1G", 1 << 30),
     ("1GiB", 1 << 30),
     ("2T", 2 << 40),
@@ -71,7 +74,7 @@ def test_parse_size_rejects_with_one_message(text: str) -> None:
     message = str(info.value)
     assert message.startswith(f"not a size: {text!r}")
     assert message.endswith(size_error(text).rpartition(" (")[2])  # the accepted forms, and how units count
-    assert "powers of 1024" in message
+    assert "powers of 1024" in message and "powers of 1000" in message
 
 
 @pytest.mark.parametrize("value", [True, False, -1, 1.5, float("nan"), float("inf")])
@@ -80,19 +83,27 @@ def test_parse_size_rejects_bad_numbers(value: float) -> None:
         parse_size(value)
 
 
-def test_units_are_powers_of_1024_with_or_without_i() -> None:
+def test_iec_units_and_bare_letters_are_powers_of_1024_si_units_of_1000() -> None:
+    """``12MB`` means what it means everywhere else (12 000 000 bytes); ``MiB`` and,
+    as in nccl-tests, a bare ``M`` are 1024**2 (issue 38)."""
     for unit, power in (("K", 1), ("M", 2), ("G", 3), ("T", 4)):
-        assert parse_size(f"1{unit}") == parse_size(f"1{unit}B") == parse_size(f"1{unit}iB") == 1024**power
+        assert parse_size(f"1{unit}") == parse_size(f"1{unit}iB") == 1024**power
+        assert parse_size(f"1{unit}B") == parse_size(f"1{unit.lower()}b") == 1000**power
 
 
 def test_format_size() -> None:
     assert format_size(4) == "4 B" and format_size(65536) == "64 KiB" and format_size(64 << 20) == "64 MiB"
-    assert format_size(1000) == "1000 B" and format_size(3 << 19) == "1.5 MiB" and format_size(1152) == "1.125 KiB"
+    assert format_size(1000) == "1 KB" and format_size(3 << 19) == "1.5 MiB" and format_size(1152) == "1.125 KiB"
+    assert format_size(12_000_000) == "12 MB" and format_size(1001) == "1001 B"
+    assert format_size(1_500_000_000) == "1.5 GB" and format_size(1_048_572) == "1048572 B"
     assert format_size(1048572) == "1048572 B"  # never a rounded "1024 KiB"
     assert format_size(1 << 40) == "1 TiB" and format_size(None) == "-"
 
 
-@pytest.mark.parametrize("n", [0, 1, 4, 1000, 1024, 1536, 1152, 65536, 3 << 19, 1048572, 5 << 30, 1 << 40])
+@pytest.mark.parametrize(
+    "n",
+    [0, 1, 4, 1000, 1001, 1_000_001, 1024, 1536, 1152, 65536, 3 << 19, 1048572, 12_000_000, 5 << 30, 1 << 40, 10**12],
+)
 def test_format_size_round_trips(n: int) -> None:
     assert parse_size(format_size(n)) == n
 
@@ -137,3 +148,26 @@ def test_submit_and_bench_reject_a_bad_size_with_the_same_message(bad: str) -> N
         with pytest.raises(ValueError) as info:
             parse_size(bad)
         assert str(info.value) in lines[0], (lines[0], str(info.value))
+
+
+def test_a_size_over_a_limit_is_said_in_units_naming_the_setting() -> None:
+    """``--size 40G``: "exceeds the limit of 16 GiB (max_job_bytes: NETCOLL_LIMIT_MAX_JOB_BYTES
+    raises it ...)", never "of 17179869184" (issue 38)."""
+    from netcoll.limits import exceeded
+    from netcoll.service.jobs import JobSpec
+
+    with pytest.raises(ValueError) as info:
+        JobSpec(op="all_reduce", size=40 << 30)
+    message = str(info.value)
+    assert "a job of 40 GiB per rank exceeds the limit of 16 GiB" in message
+    assert "NETCOLL_LIMIT_MAX_JOB_BYTES raises it" in message and "17179869184" not in message
+    assert exceeded("a deadline of 90000s", "max_deadline_s", 86400.0) == (
+        "a deadline of 90000s exceeds the limit of 86400 (max_deadline_s: NETCOLL_LIMIT_MAX_DEADLINE_S raises it)"
+    )
+
+
+def test_submit_reads_mb_as_megabytes() -> None:
+    from netcoll.cli import build_parser
+
+    assert build_parser().parse_args(["submit", "all_reduce", "--size", "12MB"]).size == 12_000_000
+    assert build_parser().parse_args(["submit", "all_reduce", "--size", "12MiB"]).size == 12 << 20
