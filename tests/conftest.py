@@ -4,6 +4,7 @@ shared-memory links too, id ``shm``: ``tests.support.ALL_LINKS``). Helpers: test
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -35,3 +36,13 @@ async def make_group(request: pytest.FixtureRequest) -> AsyncIterator[MakeGroup]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move everything collection loaded (torch, matplotlib, every test module: millions of
+    objects) out of the cyclic garbage collector's sight: a full collection then walks only
+    what the tests make. Tests that collect garbage to see what leaked (`gc.collect()`)
+    took 130 ms each in a whole-suite run instead of 30 ms, and every automatic
+    collection paid the same."""
+    gc.collect()
+    gc.freeze()
