@@ -46,8 +46,8 @@ pytestmark = [
 ]
 
 TOKEN = "cli-test-" + secrets.token_hex(8)
-#: the tests on the module's one cluster: under pytest-xdist (``--dist loadgroup``) they run on
-#: one worker, so the cluster is started once, not once per worker that gets one of them
+#: the tests on the module's one cluster: under pytest-xdist with ``--dist loadgroup`` (the
+#: README's command) they run on one worker, so the cluster starts once, not once per worker
 ON_THE_CLUSTER = pytest.mark.xdist_group("cli-cluster")
 
 
