@@ -4,6 +4,8 @@ shared-memory links too, id ``shm``: ``tests.support.ALL_LINKS``). Helpers: test
 
 from __future__ import annotations
 
+import gc
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -35,3 +37,26 @@ async def make_group(request: pytest.FixtureRequest) -> AsyncIterator[MakeGroup]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move everything collection loaded (torch, matplotlib, every test module: millions of
+    objects) out of the cyclic garbage collector's sight: a full collection then walks only
+    what the tests make. Tests that collect garbage to see what leaked (`gc.collect()`)
+    took 130 ms each in a whole-suite run instead of 30 ms, and every automatic
+    collection paid the same."""
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the README's test command): two pytest-xdist workers per core this
+    process may run on, at most 16. A quarter of the suite's time is spent waiting (for rank
+    processes to start, heartbeats, timeouts the tests provoke), during which a second
+    worker on the core runs other tests; on a 2-core machine that took the suite from
+    336 s to 318 s while other jobs loaded it (more when the cores are otherwise idle).
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides (pytest-xdist's own setting)."""
+    if raw := os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(raw)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(2 * cores, 16)

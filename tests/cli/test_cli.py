@@ -46,6 +46,9 @@ pytestmark = [
 ]
 
 TOKEN = "cli-test-" + secrets.token_hex(8)
+#: the tests on the module's one cluster: under pytest-xdist with ``--dist loadgroup`` (the
+#: README's command) they run on one worker, so the cluster starts once, not once per worker
+ON_THE_CLUSTER = pytest.mark.xdist_group("cli-cluster")
 
 
 def netcoll_cmd(*args: str) -> list[str]:
@@ -379,6 +382,7 @@ def test_up_demo_runs_every_collective_and_exits_0() -> None:
 
 
 # -- against the cluster ----------------------------------------------------------------------------
+@ON_THE_CLUSTER
 def test_health_endpoints_and_metrics(cluster: Cluster) -> None:
     cluster.ensure(4)
     for url in (
@@ -420,6 +424,7 @@ def test_health_endpoints_and_metrics(cluster: Cluster) -> None:
     assert http_get(f"{cluster.http}/livez") == (200, "ok\n")
 
 
+@ON_THE_CLUSTER
 def test_every_collective_through_the_cli(cluster: Cluster) -> None:
     cluster.ensure(4)
     jobs = [[op, *(["--size", "256KiB"] if op != "barrier" else []), "--iters", "2"] for op in OPS] + [
@@ -450,6 +455,7 @@ def test_every_collective_through_the_cli(cluster: Cluster) -> None:
     assert sum(1 for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 ", "3 "))) == 4, out
 
 
+@ON_THE_CLUSTER
 async def test_every_collective_through_the_client(cluster: Cluster) -> None:
     await asyncio.to_thread(cluster.ensure, 4)
     n = 4
@@ -493,6 +499,7 @@ async def test_every_collective_through_the_client(cluster: Cluster) -> None:
         np.testing.assert_array_equal(await run("all_reduce", data="buffer", input="w"), np.sum(per_rank, axis=0))
 
 
+@ON_THE_CLUSTER
 def test_status_json_and_text(cluster: Cluster, tmp_path: Path) -> None:
     cluster.ensure(4)
     proc = cluster.cli("submit", "barrier")  # a job, so that the current members have ranks
@@ -532,6 +539,7 @@ def test_status_json_and_text(cluster: Cluster, tmp_path: Path) -> None:
     assert wrong.returncode == 1 and "authentication" in one_error_line(wrong), wrong.stderr
 
 
+@ON_THE_CLUSTER
 async def test_bad_requests_get_clear_errors_and_the_coordinator_keeps_serving(cluster: Cluster) -> None:
     from netcoll.rpc import RpcClient
     from netcoll.wire import MAGIC, PREFIX, VERSION, Kind
@@ -590,6 +598,7 @@ async def test_bad_requests_get_clear_errors_and_the_coordinator_keeps_serving(c
     assert cluster.coord is not None and cluster.coord.alive
 
 
+@ON_THE_CLUSTER
 async def test_killed_daemon_fails_the_job_then_the_rest_then_a_new_one(cluster: Cluster, tmp_path: Path) -> None:
     await asyncio.to_thread(cluster.ensure, 4)
     submit = await asyncio.create_subprocess_exec(
@@ -659,6 +668,7 @@ async def test_killed_daemon_fails_the_job_then_the_rest_then_a_new_one(cluster:
     assert newcomer.info["member_id"] in {r["member_id"] for r in rec["ranks"]}, rec
 
 
+@ON_THE_CLUSTER
 def test_sigterm_drains_the_running_job_then_leaves(cluster: Cluster) -> None:
     cluster.ensure(4)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

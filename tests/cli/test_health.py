@@ -66,8 +66,10 @@ def test_retries_only_what_may_pass_later() -> None:
             except CliError as exc:
                 assert "not an HTTP response" in str(exc)
         finally:
+            srv.shutdown(socket.SHUT_RDWR)  # wakes serve()'s accept (closing alone leaves it waiting 5 s)
             srv.close()
             t.join(5)
+        assert not t.is_alive()
         assert len(accepts) == want, (reply, accepts)
 
 

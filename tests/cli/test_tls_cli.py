@@ -19,6 +19,8 @@ from tests.cli.test_cli import pytestmark as cli_marks
 from tests.support.tlsca import issue, make_ca
 
 pytestmark = cli_marks
+#: the tests on the module's one cluster run on one pytest-xdist worker (see test_cli.ON_THE_CLUSTER)
+ON_THE_CLUSTER = pytest.mark.xdist_group("cli-tls-cluster")
 
 
 class TlsCluster(Cluster):
@@ -54,6 +56,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster
         c.close()
 
 
+@ON_THE_CLUSTER
 def test_job_over_tls(tls_cluster: TlsCluster) -> None:
     assert tls_cluster.http.startswith("https://")
     proc, record = tls_cluster.submit_json("all_reduce", "--size", "1MiB")
@@ -63,6 +66,7 @@ def test_job_over_tls(tls_cluster: TlsCluster) -> None:
     assert kinds and kinds <= {"tls", "shm"}, record["links"]
 
 
+@ON_THE_CLUSTER
 def test_health_over_tls(tls_cluster: TlsCluster) -> None:
     url = f"{tls_cluster.http}/readyz"
     ok = run_cli("health", url, "--timeout", "5", env=tls_cluster.env)
@@ -76,6 +80,7 @@ def test_health_over_tls(tls_cluster: TlsCluster) -> None:
         http_get(url, 5.0)
 
 
+@ON_THE_CLUSTER
 def test_bad_tls_files_exit_2(tls_cluster: TlsCluster, tmp_path: Path) -> None:
     files = tls_cluster.files
     proc = run_cli(

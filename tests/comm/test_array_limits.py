@@ -35,10 +35,10 @@ def test_over_limit_is_refused_before_any_copy() -> None:
     assert x.strides == (0,) and x.nbytes > DEFAULT.max_array_bytes
     tracemalloc.start()
     try:
-        start = time.perf_counter()
+        start = time.thread_time()  # CPU time: no pass over the 4 G elements (waits for a core do not count)
         with pytest.raises(ValueError, match=r"max_array_bytes=17179869184.*NETCOLL_LIMIT_MAX_ARRAY_BYTES") as info:
             as_array(x)
-        took = time.perf_counter() - start
+        took = time.thread_time() - start
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -65,13 +65,13 @@ async def test_collectives_refuse_a_huge_view_at_the_call_and_stay_usable(call: 
     group = memory_group(2)
     try:
         c0, c1 = group.communicators()
-        start = time.perf_counter()
+        start = time.thread_time()  # CPU time, as above
         with pytest.raises(ValueError, match="max_array_bytes"):
             if call == "send":
                 c0.send(_huge_view(), 1)
             else:
                 getattr(c0, call)(_huge_view())
-        assert time.perf_counter() - start < 0.05
+        assert time.thread_time() - start < 0.05
         x = np.arange(4, dtype=np.float64)
         a, b = c0.all_reduce(x), c1.all_reduce(x * 2)
         np.testing.assert_array_equal(await a, x * 3)

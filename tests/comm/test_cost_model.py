@@ -19,6 +19,7 @@ from netcoll.algorithms.tuning import TRIAL_AGAIN, TRIAL_CALLS, TRIAL_LAG, Tuner
 from netcoll.calls import tune
 from netcoll.comm import Communicator
 from netcoll.errors import ConfigError
+from tests.support.calibration import tell_calibration
 from tests.support.worlds import memory_world
 
 
@@ -65,6 +66,17 @@ async def test_calibration_is_agreed() -> None:
     assert {s["choices"]["all_reduce"]["algorithm"] for s in stats} == {row["algorithm"]}
 
 
+async def test_calibration_agrees_on_what_the_probe_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Told what the probe measures (the samples of a machine of ``told``, not the
+    model's prior), calibration finds exactly that machine on every rank: what the
+    tests that tell calibration rely on to keep the model's predictions fixed."""
+    told = tell_calibration(monkeypatch)
+    assert told != cm.DEFAULT_PARAMS
+    _, comms = memory_world(4)
+    got = await asyncio.gather(*(c.calibrate() for c in comms))
+    assert got == [told] * 4 == _params(comms)
+
+
 async def test_calls_wait_for_parameters_being_agreed() -> None:
     """Issued before calibration is done, an auto call waits for it and then
     chooses with the agreed parameters (a prediction is the sign)."""
@@ -102,6 +114,7 @@ async def test_ranks_with_different_estimates_still_agree(monkeypatch: pytest.Mo
     """Each rank is fed different local samples (rank r: 'halving is r+1 times
     slower'); refinements every few calls, with many calls in flight at once,
     still give every rank the same parameters and the same choice per call."""
+    tell_calibration(monkeypatch)
     _, comms = memory_world(4)
     await asyncio.gather(*(c.calibrate() for c in comms))
     base = comms[0]._engine.tuner.current()
@@ -233,7 +246,10 @@ async def test_trials_measure_close_candidates_and_settle_on_the_fastest(monkeyp
     times (rank r: every algorithm r+1 times slower, and the model's first
     choice slowest of all); the group tries the algorithms the model finds
     close, agrees on their times, and then every call runs the fastest of
-    them, on every rank alike, with no more trials."""
+    them, on every rank alike, with no more trials. Calibration is told its machine
+    (:func:`~tests.support.calibration.tell_calibration`): the model's predictions,
+    which decide what is close, are this test's numbers, not this machine's speed."""
+    tell_calibration(monkeypatch)
     _, comms = memory_world(4)
     await asyncio.gather(*(c.calibrate() for c in comms))
     params = comms[0]._engine.tuner.current()
@@ -316,21 +332,27 @@ async def test_a_broadcast_root_tries_both_shapes_and_settles_on_the_faster(
     broadcasts on a schedule of broadcasts. Each rank is told its own times (rank r: r+1
     times slower; the slow shape 100x the fast one): the root runs the model's shape
     first, tries the other, and then runs the faster one for good, and every rank ran the
-    same shape in every call."""
+    same shape in every call. Calibration is told its machine, so both shapes are
+    predicted close enough to the told times to be tried (on a machine whose measured
+    parameters predicted the other shape beyond ``EXPLORE`` times the first's told time,
+    it was never tried)."""
+    params = tell_calibration(monkeypatch)
     _, comms = memory_world(4)
     await asyncio.gather(*(c.calibrate() for c in comms))
-    params = comms[0]._engine.tuner.current()
-    assert params is not None
+    assert comms[0]._engine.tuner.current() == params
     n = 1 << 20
     seg = comms[0].segment_bytes
     first = cm.learnt("broadcast", n, 4, params, segments=(seg,))[0]
     other = "tree" if first == "ring" else "ring"
     speed = {first: 100.0, other: 1.0} if slow == "first" else {first: 1.0, other: 100.0}
+    unit = 1e-3  # told seconds of the fast shape on rank 0: the agreed time (the median) is 2.5 units
+    predicted = {s: cm.predict("broadcast", s, n, 4, params, seg) for s in speed}
+    assert max(predicted.values()) < cm.EXPLORE * 2.5 * unit  # so the model lets each be tried
     rank_of = {id(c._engine.tuner): c.rank for c in comms}
     real = Tuner.learn
 
     def learn(self: Tuner, choice: Any, seconds: float, world_size: int) -> None:
-        told = speed[choice[1]] * (rank_of[id(self)] + 1) * 1e-4 if choice[0] == "broadcast" else seconds
+        told = speed[choice[1]] * (rank_of[id(self)] + 1) * unit if choice[0] == "broadcast" else seconds
         real(self, choice, told, world_size)
 
     monkeypatch.setattr(Tuner, "learn", learn)
@@ -348,7 +370,7 @@ async def test_a_broadcast_root_tries_both_shapes_and_settles_on_the_faster(
     assert ran[-4:] == [faster] * 4  # then the faster, for good
     after = await _settled(comms)
     assert after[0] == after[1] == after[2] == after[3] and after[0] is not None
-    assert after[0].seen("broadcast", faster, n) == pytest.approx(2.5e-4 * speed[faster], rel=0.01)
+    assert after[0].seen("broadcast", faster, n) == pytest.approx(2.5 * unit * speed[faster], rel=0.01)
     assert algorithms.broadcast_shape(n, 4, after[0], seg)[0] == faster
 
 

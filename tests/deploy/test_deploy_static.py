@@ -473,6 +473,22 @@ def test_readme_commands_exist_in_the_cli(readme: str) -> None:
         check_command(argv, {}, readme, secure=False)  # tokens come from the reader's environment
 
 
+def test_the_readmes_test_commands_are_what_ci_runs() -> None:
+    """README.md's "Run the tests": the install and the test run (one line), then the slow
+    tests' command in the words after it, are the commands .ci/run runs (its install quiet)."""
+    readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+    section = readme.split("**Run the tests**", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)\n```", section, re.DOTALL)
+    assert block, section
+    install, tests = block.group(1).split(" && ")
+    slow = re.findall(r"`(python3 -m pytest [^`]*)`", section)
+    assert len(slow) == 1 and "-m slow" in slow[0] and '-m "not slow"' in tests, section
+    lines = {line.strip() for line in ci.splitlines()}
+    assert install.replace(" install ", " install -q ") in lines, install
+    for command in (tests, slow[0]):
+        assert f"{command} 2>&1 | tee" in ci, command
+
+
 def test_submit_choices_match_the_job_model() -> None:
     from netcoll.service.jobs import COLLECTIVES
 

@@ -30,6 +30,7 @@ from netcoll.transport.base import Channel, Transport
 from netcoll.transport.memory import MemoryHub
 from netcoll.wire import CHUNK, FrameDecoder, Kind, Limits, encode, encode_header
 from tests.support import tcp_group
+from tests.support.waiting import until
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -221,9 +222,10 @@ async def test_frames_arriving_together_are_accounted_one_by_one(make_pair: Make
     pair = await make_pair(MIB)
     headers = [{"g": "g", "q": 0, "s": s, "c": 0, "f": "fp"} for s in range(4)]
     payloads = [bytes([s]) * (100 + s) for s in range(4)]
+    posted = asyncio.Event()
 
     async def sender(ch: Channel) -> None:
-        await asyncio.sleep(0.1)  # the receiver posts first
+        await posted.wait()  # the receiver posts first
         link = pair.link(0)
         if isinstance(link, TcpLink):  # one write: the frames arrive in one read
             assert link.transport is not None
@@ -236,8 +238,9 @@ async def test_frames_arriving_together_are_accounted_one_by_one(make_pair: Make
 
     async def receiver(ch: Channel) -> list[bytes]:
         outs = {s: np.zeros(100 + s, np.uint8) for s in (1, 2)}
-        posted = {s: ch.post(0, step=s, out=outs[s]) for s in (1, 2)}
-        for fut in posted.values():
+        futs = {s: ch.post(0, step=s, out=outs[s]) for s in (1, 2)}
+        posted.set()
+        for fut in futs.values():
             await fut
         link = pair.link(1)
         assert link.stats().unexpected_bytes == 100 + 103  # steps 0 and 3 are held
@@ -296,8 +299,12 @@ async def test_a_synchronous_send_waits_for_its_receive_though_it_has_credit(mak
         sent.append("big")
 
     async def receiver(ch: Channel) -> list[np.ndarray]:
-        await asyncio.sleep(0.3)
         synced = pair.kind != "shm"
+        # the sender got as far as it can without this receive (to the big synchronous send's
+        # RTS, or over shared memory to the end), and what it sent eagerly is held here
+        eager = 2 * SYNC_MIN - 1 if synced else 3 * SYNC_MIN - 1
+        await until(lambda: pair.link(0).stats().waiting == 1 if synced else len(sent) == 3)
+        await until(lambda: pair.link(1).stats().unexpected_bytes == eager)
         assert sent == (["early", "small"] if synced else ["early", "small", "big"])
         outs = [np.zeros(n, np.uint8) for n in (SYNC_MIN - 1, SYNC_MIN, SYNC_MIN)]
         for step, out in ((1, outs[0]), (2, outs[1]), (0, outs[2])):
@@ -333,7 +340,7 @@ async def test_a_large_eager_payload_ahead_of_its_receive_is_held_in_one_buffer(
             await ch.send(1, d, step=i)
 
     async def receiver(ch: Channel) -> list[np.ndarray]:
-        await asyncio.sleep(0.3)  # both arrive first
+        await until(lambda: pair.link(1).stats().bytes_received == sum(d.nbytes for d in data))  # both arrive first
         held = pair.link(1).stats().unexpected_bytes
         out = np.zeros_like(data[0])
         await ch.recv(0, step=0, out=out)
@@ -411,8 +418,8 @@ async def test_a_send_waiting_for_clearance_fails_with_its_operation(make_pair: 
 
     async def sender(ch: Channel) -> str:
         sending = asyncio.ensure_future(ch.send(1, filled(4 * MIB, 1), step=0))
-        await asyncio.sleep(0.1)
-        assert not sending.done() and pair.link(0).stats().waiting == 1
+        await until(lambda: pair.link(0).stats().waiting == 1)  # its RTS is out
+        assert not sending.done()
         ch.op.fail_with(Reason.ERROR, "boom here")
         with pytest.raises(CollectiveError, match="boom here"):
             await sending

@@ -23,6 +23,7 @@ from netcoll.transport.base import Channel
 from netcoll.transport.tcp import TcpTransport
 from netcoll.wire import Kind
 from tests.links.test_shm_links import broken, kinds, leftovers, mesh, on_comms, pattern
+from tests.support.waiting import until
 
 pytestmark = [
     pytest.mark.tcp,
@@ -199,8 +200,10 @@ async def test_direct_data_never_asked_for_is_read_when_its_operation_ends(monke
     wait_long(monkeypatch)
     async with mesh(2) as ts:
         ops = [t.mailbox.open("g", 0, "fp", (0, 1), "broadcast") for t in ts]
+        receiver = ts[1].links[0]
+        assert isinstance(receiver, ShmLink)
         send = asyncio.ensure_future(Channel(ts[0], ops[0]).send(1, pattern(2 * MIB, 12), step=0))
-        await asyncio.sleep(0.1)
+        await until(lambda: receiver._waiting is not None)  # the direct DATA arrived and waits
         assert not send.done()
         ts[1].mailbox.close(ops[1])  # never posted: the operation ends
         async with asyncio.timeout(5):

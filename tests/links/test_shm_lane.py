@@ -330,12 +330,17 @@ async def test_eager_data_in_a_polled_lane_is_folded_as_it_is_read(first: bool, 
             own = rng.standard_normal(n).astype(dt)
             landing, out = np.full(n, 7, dt), np.zeros(n, dt)
             fold = Fold(ReduceOp.SUM, out, own, incoming_first=first)
+            posted = asyncio.Event()
 
-            async def receive(ch: Channel, fold: Fold = fold, landing: np.ndarray = landing) -> None:
-                await ch.post(0, step=0, out=landing, fold=fold)
+            async def receive(
+                ch: Channel, fold: Fold = fold, landing: np.ndarray = landing, posted: asyncio.Event = posted
+            ) -> None:
+                fut = ch.post(0, step=0, out=landing, fold=fold)
+                posted.set()
+                await fut
 
-            async def send(ch: Channel, data: np.ndarray = theirs) -> None:
-                await asyncio.sleep(0.01)  # the receive is posted first
+            async def send(ch: Channel, data: np.ndarray = theirs, posted: asyncio.Event = posted) -> None:
+                await posted.wait()  # the receive is posted first
                 await ch.send(1, data, step=0)
 
             before = b.lane_received

@@ -32,6 +32,7 @@ from netcoll.transport.tls import TlsConfig
 from netcoll.wire import Kind
 from tests.support.groups import tcp_mesh
 from tests.support.tlsca import issue, make_ca
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.tcp, pytest.mark.skipif(not shm.possible(), reason="no /dev/shm here")]
 
@@ -372,7 +373,7 @@ async def test_held_messages_and_a_burst_of_concurrent_sends_arrive_whole() -> N
             await asyncio.gather(*(ch.send(1, pattern(n, k), step=0, chunk=k) for k, n in enumerate(sizes)))
 
         async def receiver(ch: Channel) -> list[bool]:
-            await asyncio.sleep(0.2)
+            await until(lambda: ts[1].link_stats()[0].unexpected_bytes == sum(sizes))  # every one held first
             got = [await ch.recv(0, step=0, chunk=k) for k in reversed(range(len(sizes)))][::-1]
             return [
                 np.array_equal(np.frombuffer(g, np.uint8), pattern(n, k))

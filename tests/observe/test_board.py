@@ -64,7 +64,15 @@ async def test_board_names_the_rank_that_did_not_call() -> None:
         works = [comms[r].all_reduce(np.ones(4, np.float32)) for r in (0, 1)]  # rank 2 never calls #1
 
         def stuck(board: list[dict[str, Any]]) -> bool:
-            return any(row["seq"] == 1 and len(row["arrived"]) == 2 for row in board)
+            """#1 waits, with rank 2 judged by a heartbeat it sent after the barrier: one from
+            before (up to 0.1 s old when #1 starts) still says it had no operation yet, which
+            is what a loaded machine's board showed when the test read it that early."""
+            return any(
+                row["seq"] == 1
+                and len(row["arrived"]) == 2
+                and not any("no operation in this group yet" in m["why"] for m in row["missing"])
+                for row in board
+            )
 
         status = await _board_until(client, stuck)
         row = next(r for r in status["board"] if r["seq"] == 1)
