@@ -58,8 +58,8 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
             e.tuner.asked = (name, nbytes)
         elif name == "broadcast" and e.world_size >= 3:  # its root does (sized), by size unknown here
             e.tuner.asked = (name, ROOT_SIZED)
-        try:
-            params = e.tuner.params_at(e.seq if e.plan_seq is None else e.plan_seq)
+        try:  # (a group of one chooses nothing: it never waits for parameters)
+            params = None if e.world_size < 2 else e.tuner.params_at(e.seq if e.plan_seq is None else e.plan_seq)
         except Pending as pending:
             pending.name = name
             raise

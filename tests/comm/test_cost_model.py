@@ -144,6 +144,26 @@ async def test_split_inherits_the_parameters() -> None:
     assert all(np.array_equal(r, 2 * np.ones(10)) for r in res)
 
 
+async def test_a_group_of_one_never_waits_for_parameters() -> None:
+    """A sub-group of one rank made while its parent's parameters are being agreed runs
+    its calls at once: it has nothing to choose. (Such a call was deferred behind the
+    agreement and then failed its rebuild with an AssertionError, since its plan needs
+    no communication: found by the schedule explorer, 4 ranks with tuning, seed 53.)"""
+    _, comms = memory_world(2)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    agreement: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    for c in comms:
+        c._engine.tuner.add(c._engine.seq, agreement)  # an agreement still running
+    subs = await asyncio.gather(*(c.split(c.rank) for c in comms))
+    x = np.arange(5.0)
+    for s in subs:
+        assert s is not None and s.world_size == 1
+        works = [s.all_reduce(x, "avg"), s.broadcast(x), s.all_gather(x), s.barrier()]
+        assert all(w.done() for w in works), works
+        assert np.array_equal(works[0].result(), x) and np.array_equal(works[2].result(), x[None])
+    agreement.set_result(None)
+
+
 async def test_split_leaves_the_measured_times_behind() -> None:
     """Times measured at 4 ranks say nothing of a 2-rank sub-group: it starts without them."""
     _, comms = memory_world(4)
