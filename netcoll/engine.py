@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import algorithms, observe, resultpool
-from .algorithms.tuning import Choice, describe
+from .algorithms.tuning import Choice, Version, describe
 from .deadlines import Deadlines
 from .deadlines import ranks_text as _ranks
 from .errors import CollectiveError, CommunicatorClosed
@@ -121,7 +121,7 @@ class Engine:
         self.ranks_per_core = algorithms.media.ranks_per_core(transport.layout, self.members)
         self.hosts = algorithms.media.hosts(transport.layout, self.members)
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
-        self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
+        self.plan_version: Version | None = None  # a deferred call's parameters, while it is planned
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines
 
     def remember_fp(self, key: tuple[Any, ...], fp: str) -> str:

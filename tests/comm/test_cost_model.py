@@ -144,6 +144,45 @@ async def test_split_inherits_the_parameters() -> None:
     assert all(np.array_equal(r, 2 * np.ones(10)) for r in res)
 
 
+async def test_a_deferred_call_plans_with_the_agreement_it_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call deferred behind an agreement chooses with that agreement's parameters
+    however many versions were added before it ran: rank 0 defers its call and adds
+    many more versions (agreements scheduled by the calls it issued meanwhile), rank 1
+    issues it once the agreement is done. (The Tuner dropped all but its 8 newest
+    versions, so rank 0 found none for the call's sequence number and chose by the
+    table: a MismatchError, found by the schedule explorer at 2 and 4 ranks with
+    refinements every 2 calls: seeds 1100, 1691, 1470.)"""
+    _, comms = memory_world(2)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    params = comms[0]._engine.tuner.current()
+    assert params is not None
+    n = tuning.TRIAL_MIN_BYTES
+    fast = tuple(
+        sorted((cm.slot("all_reduce", a, n), 1.0 if a == "allpairs" else 2.0) for a in cm.FORMULAS["all_reduce"])
+    )
+    agreed = dataclasses.replace(params, measured=fast)  # all_reduce of n bytes: allpairs
+    table = algorithms.decide("all_reduce", n, 2, None)[0]
+    assert table != "allpairs"
+    loop = asyncio.get_running_loop()
+    agreements = [loop.create_future() for _ in comms]
+    for c, f in zip(comms, agreements, strict=True):
+        c._engine.tuner.add(c._engine.seq, f)
+    x = np.ones(n // 4, np.float32)
+    first = comms[0].all_reduce(x)  # deferred behind the agreement
+    sub = comms[0].split(0)  # a sub-group made now starts from the same agreement, once made
+    e = comms[0]._engine
+    for k in range(2 * tuning.VERSIONS_KEPT):  # versions for later calls pile up meanwhile
+        e.tuner.add(e.seq + k, loop.create_future())
+    agreements[0].set_result(agreed)
+    agreements[1].set_result(agreed)
+    second = comms[1].all_reduce(x)
+    got = await asyncio.gather(first, second)
+    assert all(np.array_equal(g, 2 * x) for g in got)
+    assert [c.model_stats["choices"]["all_reduce"]["algorithm"] for c in comms] == ["allpairs", "allpairs"]
+    subs = await asyncio.gather(sub, comms[1].split(0))
+    assert [s._engine.tuner.current() for s in subs if s is not None] == [dataclasses.replace(agreed, measured=())] * 2
+
+
 async def test_a_group_of_one_never_waits_for_parameters() -> None:
     """A sub-group of one rank made while its parent's parameters are being agreed runs
     its calls at once: it has nothing to choose. (Such a call was deferred behind the
@@ -190,7 +229,7 @@ async def test_a_split_during_an_agreement_waits_for_it_without_its_measured_tim
     agreement: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     parent.add(5, agreement)
     child = Tuner()
-    child.inherit(parent, seq=7)
+    child.inherit(parent, parent.version_at(7))
     assert child.active
     with pytest.raises(tuning.Pending):
         child.params_at(0)  # every call of the sub-group comes after the split
@@ -199,7 +238,7 @@ async def test_a_split_during_an_agreement_waits_for_it_without_its_measured_tim
     assert got == dataclasses.replace(newer, measured=())
     assert parent.params_at(5) == newer  # the parent keeps its own
     early = Tuner()
-    early.inherit(parent, seq=3)  # made before the agreement applies: the settled version
+    early.inherit(parent, parent.version_at(3))  # made before the agreement applies: the settled version
     assert early.params_at(0) == base and early.pending() == []
 
 
