@@ -250,10 +250,10 @@ class Engine:
         return op_extra(call.name, call.seq, self.transport.rank)
 
     async def _run(self, op: Operation, work: Work, body: Body, limit: float) -> Any:
-        if self.closed:
-            op.fail_with(Reason.CLOSED, f"{op.where()} not started: the communicator is closed")
-        elif work.cancelled():  # cancelled before it started
+        if work.cancelled():  # cancelled before it started (the first cause, if it was closed since)
             op.fail(self._cancelled(op))
+        elif self.closed:
+            op.fail_with(Reason.CLOSED, f"{op.where()} not started: the communicator is closed")
         if op.failure is None:
             loop = work.get_loop()
             task = asyncio.current_task(loop)
