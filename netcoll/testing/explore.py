@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .. import loop as loops
+from ..sizes import size_arg
 from .processes import run_world
 from .worlds import LINKS, LOOPS, SCENARIOS, Config, Verdict, run_memory
 
@@ -121,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=20.0, help="each collective's deadline, s (default 20)")
     p.add_argument("--per-world", type=int, default=PER_WORLD, help="seeds per world of processes (default 10)")
     p.add_argument("--scenario", default="explore", choices=SCENARIOS, help="a seed's program, or issue 34's")
+    p.add_argument("--window", type=size_arg, help="every link's receive window (e.g. 64K; default 64 MiB)")
+    p.add_argument("--segment", type=size_arg, help="the communicators' segment size (e.g. 16K; default 4 MiB)")
+    p.add_argument("--env", action="append", default=[], help="NAME=VALUE for rank processes (repeatable)")
     p.add_argument("--stop", action="store_true", help="stop at the first failure")
     p.add_argument("--show", action="store_true", help="print each seed's program before running it")
     p.add_argument("--json", help="write the summary and every failure here")
@@ -133,9 +137,9 @@ def configs(args: argparse.Namespace) -> list[Config]:
     ranks = [int(r) for r in args.ranks.split(",") if r.strip()]
     tunings = [t == "on" for t in _names(args.tuning, ("on", "off"), "tuning")]
     combos = itertools.product(ranks, _names(args.links, LINKS, "links"), _names(args.loop, LOOPS, "loop"), tunings)
-    return [
-        Config(r, links, loop, tuning, args.steps, args.timeout, args.scenario) for r, links, loop, tuning in combos
-    ]
+    env = tuple((k, v) for k, _, v in (kv.partition("=") for kv in args.env))
+    more = {"scenario": args.scenario, "window": args.window, "segment": args.segment, "env": env}
+    return [Config(r, links, loop, tuning, args.steps, args.timeout, **more) for r, links, loop, tuning in combos]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

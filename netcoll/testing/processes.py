@@ -63,6 +63,10 @@ def environment(config: Config) -> dict[str, str]:
         env["NETCOLL_TRANSPORT"] = "tcp"
     env["NETCOLL_COST_MODEL"] = "1" if config.tuning else "0"
     env["NETCOLL_LOOP"] = "spin" if config.loop == "netcoll" else "asyncio"
+    env.pop("NETCOLL_RECV_WINDOW", None)
+    if config.window is not None:
+        env["NETCOLL_RECV_WINDOW"] = str(config.window)
+    env.update(config.env)
     return env
 
 
@@ -197,6 +201,7 @@ async def _rank(address: str, index: int, config: Config, seeds: list[int]) -> i
             local_host=f"127.0.0.{index + 2}",
             timeout=60,
             collective_timeout=config.timeout,
+            segment_bytes=config.segment,
         ) as comm:
             _emit({"rank": comm.rank, "links": sorted({s["kind"] for s in comm.link_stats().values()})})
             for seed in seeds:
@@ -213,7 +218,8 @@ async def _rank(address: str, index: int, config: Config, seeds: list[int]) -> i
 def main(argv: list[str]) -> int:
     """The rank process (see the module docstring)."""
     address, index, raw, seeds = argv
-    config = Config(**json.loads(raw))
+    fields = json.loads(raw)
+    config = Config(**{**fields, "env": tuple(tuple(kv) for kv in fields["env"])})
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s [{index}] %(name)s %(levelname)s %(message)s")
     kind = "spin" if config.loop == "netcoll" else "asyncio"
     return loops.run(_rank(address, int(index), config, [int(s) for s in seeds.split(",") if s]), kind)

@@ -69,6 +69,8 @@ MAX_SPLITS: Final = 2
 BURST: Final = (4, 9)  # with tuning, a run of 4 to 9 calls alike (:func:`_burst`)
 CANCEL_CHANCE: Final = 0.3  # of a program having one cancel
 SUB_CHANCE: Final = 0.35  # of a step after a split running on one of its sub-groups
+OUT_CHANCE: Final = 0.2  # of a step of :data:`OUTS` passing ``out=`` buffers
+OUTS: Final = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,7 @@ class Step:
     tag: int = 0
     colors: tuple[int | None, ...] = ()
     keys: tuple[int, ...] = ()
+    out: bool = False  # results into buffers passed as ``out=`` (a broadcast's: as its buffer)
 
     def describe(self, members: tuple[int, ...]) -> str:
         where = "" if self.on is None else f"on split#{self.on[0]}:{self.on[1]} (world ranks {list(members)}) "
@@ -102,7 +105,7 @@ class Step:
         if self.kind == "p2p":
             return f"{text} {self.src}->{self.dst} tag={self.tag}"
         text += f" op={self.op}" * (self.kind in REDUCING) + f" root={self.root}" * (self.kind in ROOTED)
-        return f"{text} algorithm={self.algorithm}"
+        return f"{text} algorithm={self.algorithm}" + " out=buffer" * self.out
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +244,18 @@ def generate(seed: int, ranks: int, *, tuning: bool = False, steps: int | None =
             on = (split, color)
         out.append(_step(rng, i, kind, on, size))
     program = Program(seed, ranks, tuning, tuple(out), None, int(rng.choice([2, 3, 5])), int(rng.choice([1, 2, 4])))
-    return _with_cancel(rng, program)
+    return _with_outs(seed, _with_cancel(rng, program))
+
+
+def _with_outs(seed: int, program: Program) -> Program:
+    """Now and then a step with ``out=`` buffers (drawn apart: the rest of a seed's program stays)."""
+    rng = np.random.default_rng([seed, program.ranks, 35])
+    picks = rng.random(len(program.steps)) < OUT_CHANCE
+    steps = tuple(
+        dataclasses.replace(s, out=True) if pick and s.kind in OUTS else s
+        for s, pick in zip(program.steps, picks, strict=True)
+    )
+    return dataclasses.replace(program, steps=steps)
 
 
 def _burst(rng: np.random.Generator, k: int) -> tuple[int, int, str, int] | None:

@@ -70,6 +70,25 @@ def untouched(seed: int, step: Step, rank: int, given: Array) -> bool:
     return given.tobytes() == _pristine(seed, step, rank).tobytes()
 
 
+def out_buffer(step: Step, group_rank: int, size: int) -> Array | None:
+    """The ``out=`` buffer this rank passes to ``step`` (None: none), full of garbage
+    bytes; a broadcast's non-roots pass it as their buffer."""
+    kind = step.kind
+    if not step.out or (kind in ("reduce", "gather") and group_rank != step.root):
+        return None
+    if kind == "broadcast" and group_rank == step.root:
+        return None
+    if kind in ("all_gather", "gather"):
+        shape = (size, *step.shape)
+    elif kind in ("scatter", "reduce_scatter"):
+        shape = step.shape[1:]
+    else:
+        shape = step.shape
+    buf = np.empty(shape, dtype_of(step.dtype))
+    buf.reshape(-1).view(np.uint8)[:] = 0xA5
+    return buf
+
+
 def _fold(op: str, arrays: list[Array]) -> Array:
     dt = arrays[0].dtype
     if op == "avg":
@@ -162,4 +181,4 @@ def _short(x: Any) -> str:
     return repr(x)[:80]
 
 
-__all__ = ["data", "differs", "dtype_of", "expected", "passes_input", "untouched"]
+__all__ = ["data", "differs", "dtype_of", "expected", "out_buffer", "passes_input", "untouched"]

@@ -78,7 +78,8 @@ class Runner:
         self.report = RankReport(program.seed, comm.rank)
         self.subs: dict[tuple[int, int], Communicator | None] = {}
         self.works: dict[int, Work] = {}
-        self.given: dict[int, np.ndarray[Any, Any]] = {}
+        self.given: dict[int, np.ndarray[Any, Any]] = {}  # inputs, to check they stay untouched
+        self.outs: dict[int, np.ndarray[Any, Any] | None] = {}  # ``out=`` buffers, which must be the results
         self.awaited: set[int] = set()
         self.cancels: list[asyncio.Task[None]] = []
         self.where = "not started"
@@ -159,19 +160,20 @@ class Runner:
         x = None
         if reference.passes_input(step, g) and (kind != "p2p" or g == step.src):
             x = self.given[step.index] = reference.data(self.program.seed, step, self.rank)
+        out = self.outs[step.index] = reference.out_buffer(step, g, len(self.program.members(step)))
         if kind == "p2p":
             return comm.send(x, step.dst, step.tag) if g == step.src else comm.recv(step.src, step.tag)
         if kind == "all_reduce":
-            return comm.all_reduce(x, step.op, algorithm=algo)
+            return comm.all_reduce(x, step.op, out=out, algorithm=algo)
         if kind == "reduce":
-            return comm.reduce(x, step.op, step.root, algorithm=algo)
+            return comm.reduce(x, step.op, step.root, out=out, algorithm=algo)
         if kind == "reduce_scatter":
-            return comm.reduce_scatter(x, step.op, algorithm=algo)
-        if kind in ("broadcast", "scatter"):
-            return getattr(comm, kind)(x, step.root, algorithm=algo)  # type: ignore[no-any-return]
-        if kind == "gather":
-            return comm.gather(x, step.root, algorithm=algo)
-        return getattr(comm, kind)(x, algorithm=algo)  # type: ignore[no-any-return]
+            return comm.reduce_scatter(x, step.op, out=out, algorithm=algo)
+        if kind == "broadcast":
+            return comm.broadcast(x if out is None else out, step.root, algorithm=algo)
+        if kind in ("scatter", "gather"):
+            return getattr(comm, kind)(x, step.root, out=out, algorithm=algo)  # type: ignore[no-any-return]
+        return getattr(comm, kind)(x, out=out, algorithm=algo)  # type: ignore[no-any-return]
 
     async def _await(self, step: Step) -> None:
         self.awaited.add(step.index)
@@ -223,6 +225,9 @@ class Runner:
             return
         want = reference.expected(program, step, self.rank)
         wrong = reference.differs(step, value, want)
+        out = self.outs.pop(i, None)
+        if out is not None and want is not None and value is not out:
+            self._fail(step, f"the result is not the out= buffer passed: got {type(value).__name__}")
         if wrong is not None:
             self._fail(step, f"WRONG VALUE: {wrong}")
         elif step.kind == "all_reduce":

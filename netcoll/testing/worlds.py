@@ -21,6 +21,7 @@ from typing import Protocol
 
 from ..comm import Communicator
 from ..errors import CollectiveError
+from ..links.factory import DEFAULT_WINDOW
 from ..transport.memory import MemoryHub
 from . import fixed
 from .program import Program, generate
@@ -45,6 +46,9 @@ class Config:
     steps: int | None = None
     timeout: float = 20.0
     scenario: str = "explore"
+    window: int | None = None  # every link's receive window (NETCOLL_RECV_WINDOW), bytes
+    segment: int | None = None  # the communicators' segment size, bytes
+    env: tuple[tuple[str, str], ...] = ()  # more NETCOLL_* settings for rank processes
 
     def __post_init__(self) -> None:
         if self.links not in LINKS or self.loop not in LOOPS or self.ranks < 1 or self.scenario not in SCENARIOS:
@@ -57,7 +61,9 @@ class Config:
     def name(self) -> str:
         where = self.links if self.links == "memory" else f"{self.links}/{self.loop}"
         what = "" if self.scenario == "explore" else f"{self.scenario}: "
-        return f"{what}{self.ranks} ranks {where} tuning {'on' if self.tuning else 'off'}"
+        more = f" window {self.window}" * (self.window is not None) + f" segment {self.segment}" * bool(self.segment)
+        more += "".join(f" {k}={v}" for k, v in self.env)
+        return f"{what}{self.ranks} ranks {where} tuning {'on' if self.tuning else 'off'}{more}"
 
     def program(self, seed: int) -> Program:
         return generate(seed, self.ranks, tuning=self.tuning, steps=self.steps)
@@ -70,6 +76,9 @@ class Config:
             args += f" --loop {self.loop} --per-world {len(seeds)}"
         args += f" --steps {self.steps}" * (self.steps is not None) + f" --timeout {self.timeout:g}"
         args += f" --scenario {self.scenario}" * (self.scenario != "explore")
+        args += f" --window {self.window}" * (self.window is not None)
+        args += f" --segment {self.segment}" * (self.segment is not None)
+        args += "".join(f" --env {k}={v}" for k, v in self.env)
         return f"{COMMAND} {args}"
 
 
@@ -151,8 +160,8 @@ async def run_memory(seed: int, config: Config, *, limit: float | None = None) -
     ranks, as tasks in this loop; the verdict. A rank still running after ``limit``
     seconds (default: twice the collective deadline, plus 10) is a hang, reported
     with where every rank was."""
-    hub = MemoryHub(config.ranks)
-    comms = [Communicator(t, timeout=config.timeout) for t in hub.transports]
+    hub = MemoryHub(config.ranks, window=config.window or DEFAULT_WINDOW)
+    comms = [Communicator(t, timeout=config.timeout, segment_bytes=config.segment) for t in hub.transports]
     start = time.perf_counter()
     try:
         if config.tuning:  # what connect() does with NETCOLL_COST_MODEL=1

@@ -19,18 +19,19 @@ from netcoll.testing import explore, program, reference
 from netcoll.testing.schedule import RankReport, Runner
 from netcoll.testing.worlds import Config, judge, run_memory
 
-#: (ranks, tuning, seeds): hundreds of seeds, a few seconds each on a 2-core machine
-MEMORY = [(2, False, 150), (3, False, 150), (4, False, 150), (8, False, 50)]
-MEMORY += [(2, True, 80), (3, True, 80), (4, True, 80), (8, True, 25)]
+#: (config, seeds): hundreds of seeds, a few seconds each on a 2-core machine; a small receive
+#: window and segment make flow control (credit, request to send) and many frames per call
+MEMORY = [(Config(r, tuning=False), n) for r, n in ((2, 150), (3, 150), (4, 150), (8, 50))]
+MEMORY += [(Config(r, tuning=True), n) for r, n in ((2, 80), (3, 80), (4, 80), (8, 25))]
+MEMORY += [(Config(4, tuning=t, window=64 << 10, segment=16 << 10), 40) for t in (False, True)]
 
 
-@pytest.mark.parametrize(("ranks", "tuning", "seeds"), MEMORY, ids=[f"{r}-tuning_{t}" for r, t, _ in MEMORY])
-async def test_seeds_pass_in_memory(ranks: int, tuning: bool, seeds: int) -> None:
-    config = Config(ranks, tuning=tuning, timeout=20)
+@pytest.mark.parametrize(("config", "seeds"), MEMORY, ids=[c.name.replace(" ", "-") for c, _ in MEMORY])
+async def test_seeds_pass_in_memory(config: Config, seeds: int) -> None:
     tally = await explore.explore(config, range(seeds))
     assert not tally.failed, "\n\n".join(v.text() for v in tally.failed)
     assert tally.passed == seeds
-    assert (tally.model_ops > 0) == tuning  # with tuning, agreements ran mid-program
+    assert (tally.model_ops > 0) == config.tuning  # with tuning, agreements ran mid-program
 
 
 def test_a_seed_is_the_same_program_and_schedule_every_time() -> None:
@@ -53,16 +54,17 @@ def test_programs_cover_every_operation_size_and_schedule() -> None:
             seen["0 bytes"] += bool(s.shape) and nbytes == 0
             seen["MiB"] += nbytes >= 1 << 20
             seen["fixed algorithm"] += s.algorithm != "auto" and s.kind in algorithms.ALGORITHMS
+            seen["out= buffers"] += s.out
             seen[f"dtype {s.dtype}"] += 1
             seen[f"op {s.op}"] += 1
         if p.cancel is not None:
             seen["cancel " + ("now" if p.cancel.after < 0 else "yields" if p.cancel.after == 0 else "later")] += 1
         orders = {tuple(a.step for a in program.schedule(p, r) if a.verb == "await") for r in range(4)}
         seen["per-rank await orders"] += len(orders) > 1
-    for what in [*program.KINDS, "sub-group", "0 bytes", "MiB", "fixed algorithm", "cancel now", "cancel later"]:
+    for what in [*program.KINDS, "sub-group", "0 bytes", "MiB", "fixed algorithm", "out= buffers", "cancel now"]:
         assert seen[what] > 0, (what, seen)
     assert all(seen[f"dtype {d}"] for d in program.DTYPES) and all(seen[f"op {o}"] for o in ("avg", "bxor", "prod"))
-    assert seen["cancel yields"] and seen["per-rank await orders"] > 250
+    assert seen["cancel yields"] and seen["cancel later"] and seen["per-rank await orders"] > 250
 
 
 def _seed_with(ranks: int, want: str) -> int:
