@@ -70,6 +70,8 @@ BURST: Final = (4, 9)  # with tuning, a run of 4 to 9 calls alike (:func:`_burst
 CANCEL_CHANCE: Final = 0.3  # of a program having one cancel
 SUB_CHANCE: Final = 0.35  # of a step after a split running on one of its sub-groups
 OUT_CHANCE: Final = 0.2  # of a step of :data:`OUTS` passing ``out=`` buffers
+TASK_CANCEL_CHANCE: Final = 0.35  # of a cancel being that of the task awaiting the Work
+GATHER_CHANCE: Final = 0.3  # of a rank awaiting some Works together, each in a task of its own
 OUTS: Final = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all")
 
 
@@ -116,10 +118,12 @@ class Cancel:
     step: int
     rank: int
     after: float
+    how: str = "work"  # or "task": cancel a task that awaits the Work (the task starts awaiting first)
 
     def describe(self) -> str:
         when = "right after issue" if self.after < 0 else "after a few yields" if self.after == 0 else None
-        return f"cancel #{self.step} on rank {self.rank} {when or f'after {self.after * 1e3:.2f} ms'}"
+        what = f"cancel #{self.step}" if self.how == "work" else f"cancel the task awaiting #{self.step}"
+        return f"{what} on rank {self.rank} {when or f'after {self.after * 1e3:.2f} ms'}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,18 +248,22 @@ def generate(seed: int, ranks: int, *, tuning: bool = False, steps: int | None =
             on = (split, color)
         out.append(_step(rng, i, kind, on, size))
     program = Program(seed, ranks, tuning, tuple(out), None, int(rng.choice([2, 3, 5])), int(rng.choice([1, 2, 4])))
-    return _with_outs(seed, _with_cancel(rng, program))
+    return _with_more(seed, _with_cancel(rng, program))
 
 
-def _with_outs(seed: int, program: Program) -> Program:
-    """Now and then a step with ``out=`` buffers (drawn apart: the rest of a seed's program stays)."""
+def _with_more(seed: int, program: Program) -> Program:
+    """Now and then a step with ``out=`` buffers, and a cancel through the awaiting task
+    (drawn apart, so what the earlier draws made stays as it was)."""
     rng = np.random.default_rng([seed, program.ranks, 35])
     picks = rng.random(len(program.steps)) < OUT_CHANCE
     steps = tuple(
         dataclasses.replace(s, out=True) if pick and s.kind in OUTS else s
         for s, pick in zip(program.steps, picks, strict=True)
     )
-    return dataclasses.replace(program, steps=steps)
+    cancel = program.cancel
+    if cancel is not None and rng.random() < TASK_CANCEL_CHANCE:
+        cancel = dataclasses.replace(cancel, how="task")
+    return dataclasses.replace(program, steps=steps, cancel=cancel)
 
 
 def _burst(rng: np.random.Generator, k: int) -> tuple[int, int, str, int] | None:
@@ -284,19 +292,21 @@ def _with_cancel(rng: np.random.Generator, program: Program) -> Program:
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """One rank's next move: ``issue`` or ``await`` step ``step``, first yielding
-    ``yields`` times to the loop and sleeping ``sleep`` seconds."""
+    """One rank's next move: ``issue`` or ``await`` step ``step`` (``gather``: await the
+    steps ``together`` at once, each in a task of its own), first yielding ``yields``
+    times to the loop and sleeping ``sleep`` seconds."""
 
     verb: str
     step: int
     yields: int = 0
     sleep: float = 0.0
+    together: tuple[int, ...] = ()
 
     def describe(self) -> str:
-        wait = f" after {self.yields} yields" * bool(self.yields) + f" after {self.sleep * 1e3:.2f} ms" * bool(
-            self.sleep
-        )
-        return f"{self.verb} #{self.step}{wait}"
+        wait = f" after {self.yields} yields" * bool(self.yields)
+        wait += f" after {self.sleep * 1e3:.2f} ms" * bool(self.sleep)
+        what = " ".join(f"#{i}" for i in self.together) if self.together else f"#{self.step}"
+        return f"{self.verb} {what}{wait}"
 
 
 def schedule(program: Program, rank: int) -> list[Action]:
@@ -313,6 +323,22 @@ def schedule(program: Program, rank: int) -> list[Action]:
             out.append(Action("await", pending.pop(int(rng.integers(len(pending)))), *_delay(rng)))
     for i in rng.permutation(len(pending)):
         out.append(Action("await", pending[int(i)], *_delay(rng)))
+    return _gathered(np.random.default_rng([program.seed, program.ranks, rank, 78]), out)
+
+
+def _gathered(rng: np.random.Generator, actions: list[Action]) -> list[Action]:
+    """Now and then, runs of 2 to 4 awaits in a row made one ``gather``."""
+    if rng.random() >= GATHER_CHANCE:
+        return actions
+    out: list[Action] = []
+    for a in actions:
+        last = out[-1] if out else None
+        if a.verb == "await" and last is not None and last.verb in ("await", "gather") and rng.random() < 0.6:
+            together = last.together or (last.step,)
+            if len(together) < 4:
+                out[-1] = dataclasses.replace(last, verb="gather", together=(*together, a.step))
+                continue
+        out.append(a)
     return out
 
 

@@ -89,8 +89,9 @@ class Runner:
         self._tune(self.comm)
         try:
             for action in schedule(self.program, self.rank):
-                step = self.program.steps[action.step]
-                if not self.program.takes_part(step, self.rank):
+                steps = [self.program.steps[i] for i in action.together or (action.step,)]
+                steps = [s for s in steps if self.program.takes_part(s, self.rank)]
+                if not steps:
                     continue
                 self.where = f"waiting before {action.describe()}"
                 for _ in range(action.yields):
@@ -98,9 +99,9 @@ class Runner:
                 if action.sleep:
                     await asyncio.sleep(action.sleep)
                 if action.verb == "issue":
-                    await self._issue(step)
-                elif step.index not in self.awaited:
-                    await self._await(step)
+                    await self._issue(steps[0])
+                else:  # await; gather: each in a task of its own, at once
+                    await asyncio.gather(*(self._await(s) for s in steps if s.index not in self.awaited))
             self.where = "waiting for its cancel to fire"
             await asyncio.gather(*self.cancels)
         finally:
@@ -144,7 +145,9 @@ class Runner:
         cancel = self.program.cancel
         if cancel is not None and cancel.step == step.index and cancel.rank == self.rank:
             work = self.works[step.index]
-            if cancel.after < 0:
+            if cancel.how == "task":
+                self.cancels.append(asyncio.ensure_future(_cancel_awaiting(work, cancel.after)))
+            elif cancel.after < 0:
                 work.cancel()
             else:
                 self.cancels.append(asyncio.ensure_future(_cancel_later(work, cancel.after)))
@@ -259,12 +262,29 @@ def digest(data: bytes) -> str:
 
 
 async def _cancel_later(work: Work, after: float) -> None:
+    await _pause(after)
+    work.cancel()
+
+
+async def _cancel_awaiting(work: Work, after: float) -> None:
+    """Cancel a task that awaits ``work`` (which cancels the Work: it aborts everywhere)."""
+    waiter = asyncio.ensure_future(_awaiting(work))
+    await asyncio.sleep(0)  # the waiter awaits the Work now (and runs it, if no task has yet)
+    await _pause(after)
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+
+
+async def _awaiting(work: Work) -> None:
+    await work
+
+
+async def _pause(after: float) -> None:
     if after == 0:
         for _ in range(3):
             await asyncio.sleep(0)
-    else:
+    elif after > 0:
         await asyncio.sleep(after)
-    work.cancel()
 
 
 __all__ = ["RankReport", "Runner", "digest"]

@@ -59,12 +59,16 @@ def test_programs_cover_every_operation_size_and_schedule() -> None:
             seen[f"op {s.op}"] += 1
         if p.cancel is not None:
             seen["cancel " + ("now" if p.cancel.after < 0 else "yields" if p.cancel.after == 0 else "later")] += 1
-        orders = {tuple(a.step for a in program.schedule(p, r) if a.verb == "await") for r in range(4)}
+            seen["cancel of the awaiting task"] += p.cancel.how == "task"
+        schedules = [program.schedule(p, r) for r in range(4)]
+        orders = {tuple(a.together or (a.step,) for a in s if a.verb != "issue") for s in schedules}
         seen["per-rank await orders"] += len(orders) > 1
+        seen["awaits gathered"] += any(a.verb == "gather" for s in schedules for a in s)
     for what in [*program.KINDS, "sub-group", "0 bytes", "MiB", "fixed algorithm", "out= buffers", "cancel now"]:
         assert seen[what] > 0, (what, seen)
     assert all(seen[f"dtype {d}"] for d in program.DTYPES) and all(seen[f"op {o}"] for o in ("avg", "bxor", "prod"))
-    assert seen["cancel yields"] and seen["cancel later"] and seen["per-rank await orders"] > 250
+    assert seen["cancel yields"] and seen["cancel later"] and seen["cancel of the awaiting task"]
+    assert seen["per-rank await orders"] > 250 and seen["awaits gathered"] > 50
 
 
 def _seed_with(ranks: int, want: str) -> int:
