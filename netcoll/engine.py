@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import algorithms, observe, resultpool, waits
-from .algorithms.tuning import Choice, describe
+from .algorithms.tuning import Choice, Version, describe
 from .deadlines import Deadlines
 from .deadlines import ranks_text as _ranks
 from .errors import CollectiveError, CommunicatorClosed
@@ -128,7 +128,7 @@ class Engine:
         self.ranks_per_core = algorithms.media.ranks_per_core(transport.layout, self.members)
         self.hosts = algorithms.media.hosts(transport.layout, self.members)
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
-        self.plan_seq: int | None = None  # the sequence number a deferred call is planned for
+        self.plan_version: Version | None = None  # a deferred call's parameters, while it is planned
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines
         self.deadlines.told = self._told  # (what the slow warnings follow the wait chain with)
         self.deadlines.notes = self.notes
@@ -263,10 +263,10 @@ class Engine:
         return op_extra(call.name, call.seq, self.transport.rank)
 
     async def _run(self, op: Operation, work: Work, body: Body, limit: float) -> Any:
-        if self.closed:
-            op.fail_with(Reason.CLOSED, f"{op.where()} not started: the communicator is closed")
-        elif work.cancelled():  # cancelled before it started
+        if work.cancelled():  # cancelled before it started (the first cause, if it was closed since)
             op.fail(self._cancelled(op))
+        elif self.closed:
+            op.fail_with(Reason.CLOSED, f"{op.where()} not started: the communicator is closed")
         if op.failure is None:
             loop = work.get_loop()
             task = asyncio.current_task(loop)

@@ -58,6 +58,9 @@ MAX_SAMPLES: Final = 512
 REFINE_FIRST: Final = (4, 8, 16, 32, 64, 128)
 REFINE_EVERY: Final = 256
 REFINE_LAG: Final = 4
+#: versions of the parameters a Tuner keeps for calls about to be issued: more than the
+#: calls a version may be added ahead of (REFINE_LAG, TRIAL_LAG), plus the one in force
+VERSIONS_KEPT: Final = 8
 #: a size band's measured times are agreed after every TRIAL_CALLS of its calls while there
 #: can be an algorithm left to try, then after TRIAL_AGAIN × 2**k × TRIAL_CALLS calls
 #: (tracking drift at a falling rate); the result applies TRIAL_LAG calls later
@@ -188,11 +191,15 @@ def describe(choice: Choice | None) -> str:
 
 
 class Pending(Exception):
-    """The parameters a call must choose with are still being agreed: wait for ``future``."""
+    """The parameters a call must choose with are still being agreed: wait for
+    ``version``'s agreement, ``future``; then plan the call with that version
+    (:meth:`Tuner.params_of`), whatever versions were added meanwhile."""
 
-    def __init__(self, future: asyncio.Future[Any]) -> None:
+    def __init__(self, version: Version) -> None:
         super().__init__("cost-model parameters are being agreed")
-        self.future = future
+        assert version.future is not None
+        self.version = version
+        self.future: asyncio.Future[Any] = version.future
         self.name = ""  # the collective that must wait (set by the plan)
 
 
@@ -206,6 +213,9 @@ class Version:
     future: asyncio.Future[Any] | None = None
     #: a parent group's version: its measured times (another world size) are not used
     inherited: bool = False
+    #: until settled, the version added before this one (a failed agreement keeps the
+    #: parameters before it: :meth:`Tuner.params_before`)
+    before: Version | None = None
 
 
 @dataclass(slots=True)
@@ -273,39 +283,56 @@ class Tuner:
         return self.active and (n in REFINE_FIRST or n % self.every == 0)
 
     def params_at(self, seq: int) -> Params | None:
-        """The agreed parameters for the call with sequence number ``seq``
-        (None: none agreed, use the table). Raises :class:`Pending`."""
+        """The agreed parameters for the call with sequence number ``seq``, which is
+        being issued now (None: none agreed, use the table). Raises :class:`Pending`."""
+        return self.params_of(self.version_at(seq))
+
+    def version_at(self, seq: int) -> Version | None:
+        """The version that applies to the call ``seq`` being issued now: the newest
+        added that applies from ``seq`` or earlier. Every version added later applies
+        from later (refinements and trials from a few calls on, a calibration from the
+        next call): so it stays that call's version, to plan a call deferred behind its
+        agreement and to start a sub-group made by the call, however many versions are
+        added (and old ones dropped) before then."""
         for i in range(len(self.versions) - 1, -1, -1):
-            v = self.versions[i]
-            if v.start > seq:
-                continue
-            if v.future is not None:
-                if not v.future.done():
-                    raise Pending(v.future)
-                self._settle(i)
-            return v.params
+            if self.versions[i].start <= seq:
+                return self.versions[i]
         return None
 
-    def _settle(self, i: int) -> None:
-        v = self.versions[i]
+    def params_of(self, version: Version | None) -> Params | None:
+        """``version``'s parameters (None for none), settled if its agreement ended.
+        Raises :class:`Pending` while it runs."""
+        if version is None:
+            return None
+        if version.future is not None:
+            if not version.future.done():
+                raise Pending(version)
+            self._settle(version)
+        return version.params
+
+    def _settle(self, v: Version) -> None:
         assert v.future is not None and v.future.done()
         got = None if v.future.cancelled() or v.future.exception() is not None else v.future.result()
-        previous = self.params_before(i)
+        previous = self.params_before(v)
         v.params = got if isinstance(got, Params) else previous
         if v.inherited and v.params is not None:
             v.params = dataclasses.replace(v.params, measured=())
-        v.future = None
+        v.future = v.before = None
 
-    def params_before(self, i: int) -> Params | None:
-        for j in range(i - 1, -1, -1):
-            if self.versions[j].future is None:
-                return self.versions[j].params
-        return None
+    @staticmethod
+    def params_before(v: Version) -> Params | None:
+        """The parameters of the newest settled version added before ``v``."""
+        b = v.before
+        while b is not None and b.future is not None:
+            b = b.before
+        return None if b is None else b.params
 
     def add(self, start: int, future: asyncio.Future[Any]) -> None:
-        """A new version, agreed by ``future``, applying from ``start``."""
-        self.versions.append(Version(start, None, future))
-        if len(self.versions) > 8:
+        """A new version, agreed by ``future``, applying from ``start`` (a call issued
+        later than now). The oldest are dropped beyond :data:`VERSIONS_KEPT`: a call
+        issued now finds its version among the newest (:meth:`version_at`)."""
+        self.versions.append(Version(start, None, future, before=self.versions[-1] if self.versions else None))
+        if len(self.versions) > VERSIONS_KEPT:
             del self.versions[0]
 
     def pending(self) -> list[asyncio.Future[Any]]:
@@ -317,7 +344,7 @@ class Tuner:
         for i in range(len(self.versions) - 1, -1, -1):
             v = self.versions[i]
             if v.future is not None and v.future.done():
-                self._settle(i)
+                self._settle(v)
             if v.future is None and v.params is not None:
                 return v.params
         return None
@@ -375,18 +402,17 @@ class Tuner:
         }
         return {"model": None if params is None else params.as_dict(), "choices": choices}
 
-    def inherit(self, parent: Tuner, seq: int) -> None:
-        """Start from ``parent``'s parameters for its call ``seq`` (a sub-group made
-        by that call): the same on every member, settled or still being agreed."""
+    def inherit(self, parent: Tuner, version: Version | None) -> None:
+        """Start from ``parent``'s ``version`` (:meth:`version_at` the call that made this
+        sub-group, taken when it was issued): the same on every member, settled or still
+        being agreed."""
         self.active = parent.active
-        for i in range(len(parent.versions) - 1, -1, -1):
-            v = parent.versions[i]
-            if v.start <= seq:
-                params = parent.params_before(i) if v.future else v.params
-                self.versions = [Version(0, params and dataclasses.replace(params, measured=()))]
-                if v.future is not None:
-                    self.versions.append(Version(0, None, v.future, inherited=True))
-                return
+        if version is None:
+            return
+        params = self.params_before(version) if version.future else version.params
+        self.versions = [Version(0, params and dataclasses.replace(params, measured=()))]
+        if version.future is not None:
+            self.versions.append(Version(0, None, version.future, inherited=True, before=self.versions[0]))
 
 
 __all__ = [

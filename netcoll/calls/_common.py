@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import algorithms, resultpool
+from ..algorithms.cost import Params
 from ..algorithms.tuning import ROOT_SIZED, Choice, Pending
 from ..arrays import as_array, check_out
 from ..engine import Call, Engine
@@ -58,8 +59,8 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
             e.tuner.asked = (name, nbytes)
         elif name == "broadcast" and e.world_size >= 3:  # its root does (sized), by size unknown here
             e.tuner.asked = (name, ROOT_SIZED)
-        try:
-            params = e.tuner.params_at(e.seq if e.plan_seq is None else e.plan_seq)
+        try:  # (a group of one chooses nothing: it never waits for parameters)
+            params = None if e.world_size < 2 else agreed(e)
         except Pending as pending:
             pending.name = name
             raise
@@ -72,11 +73,19 @@ def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
     return algorithm, seg
 
 
+def agreed(e: Engine) -> Params | None:
+    """The agreed parameters of the call being planned: those for the next sequence number,
+    or, for a deferred call, those it waited for. Raises :class:`Pending`."""
+    if e.plan_version is not None:
+        return e.tuner.params_of(e.plan_version)
+    return e.tuner.params_at(e.seq)
+
+
 def root_shape(e: Engine, nbytes: int) -> tuple[str, float | None]:
     """A ``sized`` broadcast's root: ``("ring", predicted)`` for the chain or ``("tree", ...)``
     for ``nbytes`` (the cost model with the group's agreed parameters for this call, and the
     broadcasts it measured; else the table)."""
-    params = e.tuner.params_at(e.seq if e.plan_seq is None else e.plan_seq)
+    params = agreed(e)
     return algorithms.broadcast_shape(nbytes, e.world_size, params, e.segment_bytes, e.medium)
 
 

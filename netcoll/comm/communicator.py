@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import resultpool
-from ..algorithms.tuning import TRIAL_LAG, Pending
+from ..algorithms.tuning import TRIAL_LAG, Pending, Version
 from ..calls import moving, tune
 from ..calls._common import Done, Plan
 from ..engine import DEFAULT_TIMEOUT, Call, Engine
@@ -174,7 +174,8 @@ class Communicator:
         try:
             plan = make(e)
         except Pending as pending:
-            plan = Call(pending.name, "", _never, waits=pending.future, rebuild=self._rebuilder(make, io))
+            rebuild = self._rebuilder(make, io, pending.version)
+            plan = Call(pending.name, "", _never, waits=pending.future, rebuild=rebuild)
             io = None
         if isinstance(plan, Done):
             return self._issue(plan, timeout, io)
@@ -189,15 +190,18 @@ class Communicator:
             self._model_op(tune.refine(e, trial, after=[work]), e.seq + TRIAL_LAG)
         return work
 
-    def _rebuilder(self, make: Callable[[Engine], Plan], io: TorchIO | None) -> Callable[[Call], None]:
+    def _rebuilder(
+        self, make: Callable[[Engine], Plan], io: TorchIO | None, version: Version
+    ) -> Callable[[Call], None]:
+        """Plan a deferred call once ``version`` (its parameters, which it waited for) is agreed."""
         e = self._engine
 
         def rebuild(call: Call) -> None:
-            e.plan_seq, e.choice = call.seq, None
+            e.plan_version, e.choice = version, None
             try:
                 plan = make(e)
             finally:
-                e.plan_seq = None
+                e.plan_version = None
             assert isinstance(plan, Call)  # deferred: a group of 2+ ranks
             _torch_out(plan, io)
             call.fp, call.body, call.post, call.choice, call.ran = plan.fp, plan.body, plan.post, e.choice, plan.ran
@@ -288,19 +292,19 @@ class Communicator:
         self._splits += 1
         # a fixed algorithm: the sub-group is made from the result, whatever the model's state
         plan = moving.all_gather(self._engine, row, False, None, "doubling")
+        version = self._engine.tuner.version_at(self._engine.seq)  # the split's, kept: the list moves on
         if isinstance(plan, Done):
-            return Work.completed("split", self._sub(plan.value, color, index, self._engine.seq))
+            return Work.completed("split", self._sub(plan.value, color, index, version))
         gathered = plan.post
         assert gathered is not None
-        seq = self._engine.seq
 
         def finish(value: Any) -> Communicator | None:
-            return self._sub(gathered(value), color, index, seq)
+            return self._sub(gathered(value), color, index, version)
 
         plan.name, plan.post = "split", finish
         return self._engine.issue(plan, timeout)
 
-    def _sub(self, table: Array, color: int | None, index: int, seq: int) -> Communicator | None:
+    def _sub(self, table: Array, color: int | None, index: int, version: Version | None) -> Communicator | None:
         if color is None:
             return None
         mine = sorted((int(k), int(r)) for c, k, r in table if c == color)
@@ -311,7 +315,7 @@ class Communicator:
             timeout=self.timeout,
             segment_bytes=self.segment_bytes if self._engine.fixed_segment else None,
         )
-        sub._engine.tuner.inherit(self._engine.tuner, seq)  # the parent's parameters at the split
+        sub._engine.tuner.inherit(self._engine.tuner, version)  # the parent's parameters at the split
         return sub
 
     def link_stats(self) -> dict[int, dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any, Final
 
 from ..errors import CollectiveClosed
@@ -358,16 +358,26 @@ class Operation:
             "a": round(max(age, 0.0), 3),
         }
 
-    def lost(self, peer: int, why: str, graceful: bool) -> None:
+    def lost(self, peer: int, why: str, graceful: bool, gone: Container[int] = ()) -> None:
         """World rank ``peer``'s link is gone. A crash fails the operation; an
-        orderly leave (``graceful``) only if we still wait for data from it."""
+        orderly leave (``graceful``) only if we still wait for data that only it,
+        or it and others ``gone`` too, could send (a receive posted under two keys,
+        :meth:`take_either`, still waits for the other sender)."""
         if peer not in self.rank_of:
             return
-        if graceful and not any(k[0] == peer for k in self.posted):
+        if graceful and not self.waits_on({peer}, gone):
             return
         self.fail_with(
             Reason.PEER_LOST, f"{self.where()} failed: lost connection to rank {self.me(peer)}: {why}", (self.me(peer),)
         )
+
+    def waits_on(self, peers: Container[int], gone: Container[int] = ()) -> bool:
+        """Whether a receive posted here can only be completed by a world rank in
+        ``peers`` or ``gone`` (under every key it is posted under)."""
+        for key, (fut, _) in self.posted.items():
+            if key[0] in peers and all(k[0] in peers or k[0] in gone for k, (f, _) in self.posted.items() if f is fut):
+                return True
+        return False
 
     def waiting_for(self) -> list[int]:
         """Group ranks this operation is currently blocked on (safe to call from another

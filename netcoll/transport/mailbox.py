@@ -194,9 +194,11 @@ class Mailbox:
             op.lost(key[0], str(self.dead[key[0]]), graceful=False)
 
     def take_either(self, op: Operation, keys: tuple[SlotKey, ...], out: memoryview | None) -> asyncio.Future[Any]:
-        """Post one receive for whichever of ``keys`` comes first (:meth:`Operation.take_either`)."""
-        for key in keys:
-            self._from_dead(op, key)
+        """Post one receive for whichever of ``keys`` comes first (:meth:`Operation.take_either`):
+        it fails now only if every sender is lost already (one that left in order may well
+        be the one that was never going to send)."""
+        if all(k[0] in self.dead and k not in op.arrived for k in keys):
+            self._from_dead(op, keys[0])
         return op.take_either(keys, out)
 
     # -- the transport side ------------------------------------------------------------
@@ -264,7 +266,7 @@ class Mailbox:
         if graceful:
             self.departed.add(peer)
         for op in list(self.ops.values()):
-            op.lost(peer, str(self.dead[peer]), graceful)
+            op.lost(peer, str(self.dead[peer]), graceful, self.dead)
 
     def fail_all(self, error: Callable[[Operation], BaseException]) -> None:
         """Fail every open operation with ``error(op)`` (a transport closing or dying)."""

@@ -157,6 +157,65 @@ async def test_split_inherits_the_parameters() -> None:
     assert all(np.array_equal(r, 2 * np.ones(10)) for r in res)
 
 
+async def test_a_deferred_call_plans_with_the_agreement_it_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call deferred behind an agreement chooses with that agreement's parameters
+    however many versions were added before it ran: rank 0 defers its call and adds
+    many more versions (agreements scheduled by the calls it issued meanwhile), rank 1
+    issues it once the agreement is done. (The Tuner dropped all but its 8 newest
+    versions, so rank 0 found none for the call's sequence number and chose by the
+    table: a MismatchError, found by the schedule explorer at 2 and 4 ranks with
+    refinements every 2 calls: seeds 1100, 1691, 1470.)"""
+    _, comms = memory_world(2)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    params = comms[0]._engine.tuner.current()
+    assert params is not None
+    n = tuning.TRIAL_MIN_BYTES
+    fast = tuple(
+        sorted((cm.slot("all_reduce", a, n), 1.0 if a == "allpairs" else 2.0) for a in cm.FORMULAS["all_reduce"])
+    )
+    agreed = dataclasses.replace(params, measured=fast)  # all_reduce of n bytes: allpairs
+    table = algorithms.decide("all_reduce", n, 2, None)[0]
+    assert table != "allpairs"
+    loop = asyncio.get_running_loop()
+    agreements = [loop.create_future() for _ in comms]
+    for c, f in zip(comms, agreements, strict=True):
+        c._engine.tuner.add(c._engine.seq, f)
+    x = np.ones(n // 4, np.float32)
+    first = comms[0].all_reduce(x)  # deferred behind the agreement
+    sub = comms[0].split(0)  # a sub-group made now starts from the same agreement, once made
+    e = comms[0]._engine
+    for k in range(2 * tuning.VERSIONS_KEPT):  # versions for later calls pile up meanwhile
+        e.tuner.add(e.seq + k, loop.create_future())
+    agreements[0].set_result(agreed)
+    agreements[1].set_result(agreed)
+    second = comms[1].all_reduce(x)
+    got = await asyncio.gather(first, second)
+    assert all(np.array_equal(g, 2 * x) for g in got)
+    assert [c.model_stats["choices"]["all_reduce"]["algorithm"] for c in comms] == ["allpairs", "allpairs"]
+    subs = await asyncio.gather(sub, comms[1].split(0))
+    assert [s._engine.tuner.current() for s in subs if s is not None] == [dataclasses.replace(agreed, measured=())] * 2
+
+
+async def test_a_group_of_one_never_waits_for_parameters() -> None:
+    """A sub-group of one rank made while its parent's parameters are being agreed runs
+    its calls at once: it has nothing to choose. (Such a call was deferred behind the
+    agreement and then failed its rebuild with an AssertionError, since its plan needs
+    no communication: found by the schedule explorer, 4 ranks with tuning, seed 53.)"""
+    _, comms = memory_world(2)
+    await asyncio.gather(*(c.calibrate() for c in comms))
+    agreement: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    for c in comms:
+        c._engine.tuner.add(c._engine.seq, agreement)  # an agreement still running
+    subs = await asyncio.gather(*(c.split(c.rank) for c in comms))
+    x = np.arange(5.0)
+    for s in subs:
+        assert s is not None and s.world_size == 1
+        works = [s.all_reduce(x, "avg"), s.broadcast(x), s.all_gather(x), s.barrier()]
+        assert all(w.done() for w in works), works
+        assert np.array_equal(works[0].result(), x) and np.array_equal(works[2].result(), x[None])
+    agreement.set_result(None)
+
+
 async def test_split_leaves_the_measured_times_behind() -> None:
     """Times measured at 4 ranks say nothing of a 2-rank sub-group: it starts without them."""
     _, comms = memory_world(4)
@@ -183,7 +242,7 @@ async def test_a_split_during_an_agreement_waits_for_it_without_its_measured_tim
     agreement: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     parent.add(5, agreement)
     child = Tuner()
-    child.inherit(parent, seq=7)
+    child.inherit(parent, parent.version_at(7))
     assert child.active
     with pytest.raises(tuning.Pending):
         child.params_at(0)  # every call of the sub-group comes after the split
@@ -192,7 +251,7 @@ async def test_a_split_during_an_agreement_waits_for_it_without_its_measured_tim
     assert got == dataclasses.replace(newer, measured=())
     assert parent.params_at(5) == newer  # the parent keeps its own
     early = Tuner()
-    early.inherit(parent, seq=3)  # made before the agreement applies: the settled version
+    early.inherit(parent, parent.version_at(3))  # made before the agreement applies: the settled version
     assert early.params_at(0) == base and early.pending() == []
 
 

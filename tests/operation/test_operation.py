@@ -261,3 +261,29 @@ async def test_a_receive_from_either_of_two_senders() -> None:
     early.deliver(1, hdr(q=3, s=0), memoryview(b"tree"), held=False)
     fut = early.take_either((a, b), None)
     assert fut.done() and bytes(fut.result()[0]) == b"tree" and early.posted == {}
+
+
+async def test_a_receive_from_either_sender_outlives_the_one_that_left_in_order() -> None:
+    """A non-root of a ``sized`` broadcast waits for segment 0 from its tree parent or its
+    chain parent; the one the root did not choose may finish and leave in order (BYE)
+    first: the receive still waits for the other. Only when both are gone does it fail.
+    (It failed with PeerLost at once: found by the schedule explorer, 8 ranks over TCP,
+    a rank that finished its last seed and left.)"""
+    a, b = (1, 0, 0), (2, 1, 0)
+    mb = Mailbox(0)
+    op = mb.open("g", 0, "fp", (0, 1, 2), "broadcast")
+    fut = mb.take_either(op, (a, b), None)
+    mb.peer_lost(2, ConnectionResetError("closed by peer"), graceful=True)
+    assert op.state is State.RUNNING and not fut.done()
+    mb.deliver(1, hdr(), memoryview(b"tree"))
+    assert bytes((await fut)[0]) == b"tree"
+    mb.close(op)
+    late = mb.open("g", 1, "fp", (0, 1, 2), "broadcast")  # opened after rank 2 left
+    fut = mb.take_either(late, (a, b), None)
+    assert late.state is State.RUNNING
+    mb.peer_lost(1, ConnectionResetError("closed by peer"), graceful=True)  # now no sender is left
+    with pytest.raises(PeerLost, match="rank 1"):
+        await fut
+    gone = mb.open("g", 2, "fp", (0, 1, 2), "broadcast")
+    with pytest.raises(PeerLost):
+        await mb.take_either(gone, (a, b), None)
