@@ -12,6 +12,7 @@ import logging
 import secrets
 import sys
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .common import FORMATTER, CliError, run_client
@@ -141,8 +142,8 @@ async def launch(plan: Plan) -> int:
 
     token = token_from_env(MEMBER_TOKEN_ENV)
     supervisor = Supervisor(plan)
-    _log_to_stderr(supervisor)
     async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(_log_to_stderr(supervisor))
         address, watcher = plan.coordinator, None
         if address is None or (plan.nnodes > 1 and plan.node_rank == 0):
             token, watcher = token or secrets.token_urlsafe(24), secrets.token_urlsafe(24)
@@ -203,16 +204,25 @@ async def _meet(plan: Plan, address: str, token: str | None) -> RendezvousClient
     return rdv
 
 
-def _log_to_stderr(supervisor: Supervisor) -> None:
+@contextlib.contextmanager
+def _log_to_stderr(supervisor: Supervisor) -> Iterator[None]:
     """The coordinator's warnings (a rank lost...) on stderr, until the launcher
-    itself stops the ranks (their losses are then expected)."""
+    itself stops the ranks (their losses are then expected). The logger is as it
+    was afterwards (``run`` also runs inside other programs and tests)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("netcoll run: %(message)s"))
     handler.addFilter(lambda _: supervisor.status is None)
     logger = logging.getLogger("netcoll")
+    level, propagate = logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING)
     logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 __all__ = ["HELP", "Plan", "Supervisor", "add_parser", "free_port", "launch", "plan_of", "run"]

@@ -303,3 +303,20 @@ def test_the_rank_that_failed_first_sets_the_status(tmp_path: Path) -> None:
         _, err = finish(proc)
         assert proc.returncode == 7, err
         assert err.rstrip().endswith("netcoll run: rank 1 failed: SystemExit: 7; exit status 7"), err
+
+
+def test_run_in_process_leaves_the_netcoll_logger_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``netcoll run`` sends the coordinator's warnings to stderr while it runs; called inside
+    another program (here pytest, whose log capture hangs on the root logger) it must put the
+    ``netcoll`` logger back: it left ``propagate=False``, and later tests' caplog saw nothing."""
+    import logging
+
+    from netcoll.cli import main
+
+    script = tmp_path / "noop.py"
+    script.write_text("import netcoll.sync\nnetcoll.sync.connect().close()\n")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    logger = logging.getLogger("netcoll")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    assert main(["run", "-n", "1", str(script)]) == 0
+    assert (logger.level, logger.propagate, list(logger.handlers)) == before
