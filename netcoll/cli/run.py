@@ -11,8 +11,8 @@ import contextlib
 import logging
 import secrets
 import sys
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .common import FORMATTER, CliError, run_client
