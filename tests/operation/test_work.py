@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import netcoll
-from netcoll.comm import Communicator
 from netcoll.errors import (
     CollectiveCancelled,
     CollectiveClosed,
@@ -21,6 +20,7 @@ from netcoll.errors import (
     PeerLost,
 )
 from netcoll.operation import Reason, Work
+from netcoll.testing import fixed
 from tests.support import ALL_LINKS, MakeGroup, memory_world
 
 
@@ -70,20 +70,10 @@ async def test_the_later_of_two_issued_awaited_first(make_group: MakeGroup, size
     in order. It deadlocked at 3 ranks and more: frames for the first that
     arrived while only the second was open were dropped as finished."""
     comms = (await make_group(size)).communicators(timeout=10.0)
-    x1, x10 = np.ones(4, np.float32), np.ones(40_000, np.float32)
-
-    async def rank(c: Communicator) -> None:
-        for _ in range(10):
-            if c.rank == 0:
-                a, b = c.all_reduce(x1, algorithm=algorithm), c.all_reduce(x10, algorithm=algorithm)
-                vb = await b
-                va = await a
-            else:
-                va = await c.all_reduce(x1, algorithm=algorithm)
-                vb = await c.all_reduce(x10, algorithm=algorithm)
-            assert va[0] == size and vb[-1] == size
-
-    await asyncio.gather(*(rank(c) for c in comms))
+    seed = fixed.PAIR_ALGORITHMS.index(algorithm)  # the program's seed picks its algorithm
+    reports = await asyncio.gather(*(fixed.pair(c, seed, iterations=10) for c in comms))
+    assert not [f for r in reports for f in r.failures], reports
+    assert all(r.digests == reports[0].digests and len(r.digests) == 20 for r in reports)
 
 
 async def test_cancelled_before_it_started_keeps_later_results_right() -> None:

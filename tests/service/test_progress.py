@@ -27,6 +27,20 @@ async def until(predicate: Any, seconds: float = 20.0) -> None:
             await asyncio.sleep(0.02)
 
 
+async def submit(address: str, *flags: str) -> asyncio.subprocess.Process:
+    """``netcoll submit all_reduce FLAGS`` at ``address`` in a process of its own (stderr a
+    pipe, not a terminal; no NETCOLL_ settings of this environment)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "netcoll", "submit", "all_reduce", *flags, "--coordinator", address),
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
 def states(events: list[dict[str, Any]]) -> list[str]:
     """The states in order, repeats folded."""
     out: list[str] = []
@@ -117,16 +131,7 @@ async def test_a_root_that_no_longer_fits_fails_the_job_before_any_rank_sees_it(
 
 async def test_netcoll_submit_prints_progress_lines_when_not_a_terminal() -> None:
     async with service(2) as (c, _):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-        proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "netcoll", "submit", "all_reduce", "--size", "16MiB", "--iters", "20"),
-            *("--world-size", "3", "--progress", "--coordinator", c.coord.address),
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        proc = await submit(c.coord.address, "--size", "16MiB", "--iters", "20", "--world-size", "3", "--progress")
         try:
             assert proc.stderr is not None
             first = await asyncio.wait_for(proc.stderr.readline(), 60)
@@ -233,16 +238,7 @@ async def test_a_job_waiting_for_ranks_that_never_come_says_so_and_gives_up() ->
     import json
 
     async with service(1) as (c, _):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_")}
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-        proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "netcoll", "submit", "all_reduce", "--world-size", "2", "--deadline", "1"),
-            *("--json", "--coordinator", c.coord.address),
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        proc = await submit(c.coord.address, "--world-size", "2", "--deadline", "1", "--json")
         try:
             out, err = await asyncio.wait_for(proc.communicate(), 120)
         finally:
