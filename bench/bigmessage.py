@@ -12,6 +12,7 @@ rank's peak RSS, and whether it was right.
     python3 bench/bigmessage.py                                   # 1 GiB, 4 ranks, the whole matrix
     python3 bench/bigmessage.py --size 300M --ops all_reduce --links tcp --settings default
     python3 bench/bigmessage.py --json bench/bigmessage-results.json
+    python3 bench/bigmessage.py --render bench/bigmessage-results.json   # the docs' table
 
 Loopback only: the launcher's coordinator and the ranks listen on 127.0.0.1.
 """
@@ -111,6 +112,33 @@ def run(op: str, size: int, ranks: int, links: str, settings: str, limit: float,
     return row
 
 
+def render(path: str) -> str:
+    """The rows of a ``--json`` file as the Markdown table docs/benchmarks.md shows."""
+    with open(path) as f:
+        data = json.load(f)
+    lines = [
+        "| collective | links | settings | best s | first s | busbw GB/s | peak RSS (worst rank) | right |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in data["rows"]:
+        if not r["ok"]:
+            lines.append(f"| {r['op']} | {r['links']} | {r['settings']} | | | | | NO: {r.get('error', 'wrong')} |")
+            continue
+        rss = max(r["peak_rss"]) / 2**30
+        lines.append(
+            f"| {r['op']} | {r['links']} | {r['settings']} | {r['seconds']:.2f} | {r['first_s']:.2f}"
+            f" | {r['busbw_gbs']:.2f} | {rss:.2f} GiB | yes |"
+        )
+    sizes = {format_size(r["bytes"]) for r in data["rows"]}
+    ranks = {r["ranks"] for r in data["rows"]}
+    lines.append("")
+    lines.append(
+        f"_{', '.join(sorted(sizes))} per rank at {', '.join(map(str, sorted(ranks)))} ranks; {data['date']};"
+        f" {data['machine']['cpus']} CPUs, Python {data['machine']['python']}; from `{path}`._"
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -124,7 +152,11 @@ def main() -> None:
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--limit", type=float, default=900.0, help="seconds one run may take")
     ap.add_argument("--json", help="write the rows (and the machine) to this file")
+    ap.add_argument("--render", metavar="JSON", help="print a --json file's rows as a Markdown table, and stop")
     args = ap.parse_args()
+    if args.render:
+        print(render(args.render))
+        return
     size = parse_size(args.size)
     if args.worker:
         worker(args.worker, size, args.iters)
