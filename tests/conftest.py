@@ -5,8 +5,9 @@ shared-memory links too, id ``shm``: ``tests.support.ALL_LINKS``). Helpers: test
 from __future__ import annotations
 
 import gc
+import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -37,6 +38,18 @@ async def make_group(request: pytest.FixtureRequest) -> AsyncIterator[MakeGroup]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _netcoll_logger_left_as_found() -> Iterator[None]:
+    """A test (or the code it runs in-process: a CLI's main) must leave the ``netcoll`` logger
+    as it found it: a level or ``propagate`` left behind silences later tests' ``caplog``
+    on the same xdist worker, and the failure shows far from its cause."""
+    logger = logging.getLogger("netcoll")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    yield
+    after = (logger.level, logger.propagate, list(logger.handlers))
+    assert after == before, f"the netcoll logger was left changed: {before} -> {after}"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

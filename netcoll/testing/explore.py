@@ -143,10 +143,20 @@ def configs(args: argparse.Namespace) -> list[Config]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line (see the module docstring); exit status 1 if any seed failed."""
+    """The command line (see the module docstring); exit status 1 if any seed failed.
+    Without ``-v`` netcoll logs only errors meanwhile (the logger is put back after)."""
     args = parser().parse_args(argv)
+    logger = logging.getLogger("netcoll")
+    level = logger.level
     if not args.verbose:
-        logging.getLogger("netcoll").setLevel(logging.ERROR)
+        logger.setLevel(logging.ERROR)
+    try:
+        return _main(args)
+    finally:
+        logger.setLevel(level)
+
+
+def _main(args: argparse.Namespace) -> int:
     seeds = [args.seed] if args.seed is not None else parse_seeds(args.seeds)
     tallies: list[Tally] = []
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from typing import Any
 
 import numpy as np
@@ -153,7 +154,9 @@ def test_a_cancelled_step_may_end_three_ways_and_no_other() -> None:
 
 
 def test_the_command_line_runs_seeds_and_says_how_to_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    level = logging.getLogger("netcoll").level
     assert explore.main(["--ranks", "2,3", "--seeds", "0:5,9", "--tuning", "on"]) == 0
+    assert logging.getLogger("netcoll").level == level  # quiet while it ran, as it was after
     out = capsys.readouterr().out
     assert "2 ranks memory tuning on: 6 seeds passed" in out and "3 ranks memory tuning on: 6 seeds passed" in out
     assert explore.parse_seeds("0:3,7") == [0, 1, 2, 7]
