@@ -1,7 +1,8 @@
 """The generated section of docs/benchmarks.md, from the results alone (never this machine):
 targets, the comparison table (collective × implementation at 64 KiB … 64 MiB), latency,
 netcoll ÷ best peer at every size, absolute numbers, memory, and the scaling section
-(:mod:`bench.report_scaling`). Every table is followed by its provenance line
+(:mod:`bench.report_scaling`); the longest tables go on a page of their own
+(:mod:`bench.report_pages`). Every table is followed by its provenance line
 (:func:`bench.machine.provenance`).
 """
 
@@ -11,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from bench import report_scaling
+from bench import report_pages, report_scaling
 from bench.labels import (
     IMPLS,
     LETTER,
@@ -375,7 +376,12 @@ def render(results: dict[str, Any], plots: dict[str, str]) -> str:
 
 
 def write_doc(path: str, generated: str) -> None:
-    """Replace the text between the markers (the hand-written rest is kept)."""
+    """Replace the text between the markers (the hand-written rest is kept); the section's
+    ``<details>`` tables go to ``<doc>-data.md`` beside it (:mod:`bench.report_pages`)."""
+    data = os.path.splitext(path)[0] + "-data.md"
+    generated, moved = report_pages.split(generated, os.path.basename(data))
+    if moved:
+        report_pages.write_data(data, moved, generated.split("\n", 1)[0])
     block = f"{BEGIN}\n{generated}\n{END}"
     if os.path.exists(path):
         with open(path) as f:

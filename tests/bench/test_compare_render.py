@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from bench import labels, machine, report, runners, scaling
+from bench import labels, machine, report, report_pages, runners, scaling
 from netcoll.bench.common import SweepConfig, geometry, make_row
 from tests.support.scripts import load_script
 
@@ -107,6 +107,18 @@ def test_rerender_from_json_is_deterministic_and_has_every_section(tmp_path) -> 
     # matplotlib comes with the test extra: the plots are always checked
     assert set(pngs) == {f"bench-{p}ranks.png" for p in (2, 4, 8, 16)} | {"bench-scaling.png"}
     assert "](bench-scaling.png)" in text and "](bench-16ranks.png)" in text
+
+
+def test_the_long_tables_go_to_the_data_page_and_the_doc_links_each(tmp_path) -> None:
+    doc = tmp_path / "bench.md"
+    doc.write_text("# hand\n\n" + report.BEGIN + "\nold\n" + report.END + "\n")
+    report.write_doc(str(doc), report.render(fixture(), {}))
+    text, data = doc.read_text(), (tmp_path / "bench-data.md").read_text()
+    assert "<details>" not in text and "<details>" not in data and "| size (B) |" in data
+    anchors = {report_pages.slug(h) for h in re.findall(r"^## (.*)$", data, re.M)}
+    links = re.findall(r"\]\(bench-data\.md#([^)]+)\)", text)
+    assert len(links) == len(anchors) >= 5 and set(links) == anchors
+    assert "## 16 ranks, absolute numbers" in data and "_Generated 2026-11-25 12:00 UTC" in data
 
 
 def test_every_table_states_machine_date_versions_and_statistic(tmp_path) -> None:
