@@ -250,8 +250,9 @@ def test_parse_overrides() -> None:
         assert "NETCOLL_ALGO" in str(info.value)
 
 
-# all_reduce busbw (GB/s; 4 B: µs) per forced algorithm on the quiet 2-core machine,
-# docs/benchmarks.md "Algorithm crossovers and segment size (2026-11-22)"
+# all_reduce busbw (GB/s; 4 B: µs) per forced algorithm on the quiet 2-core machine, measured
+# 2026-11-22 (the crossovers the table was first set from; docs/benchmarks.md "Algorithm
+# crossovers and segment size" says how such figures are measured; they are kept only here)
 QUIET = {
     (4, 4): {"doubling": 456, "tree": 664, "ring": 1111, "allpairs": 473},
     (4, 64 << 10): {"doubling": 0.147, "tree": 0.112, "ring": 0.057, "allpairs": 0.106},
