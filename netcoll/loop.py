@@ -6,7 +6,7 @@ costs a sleep and a wake-up per message, and on a machine with fewer cores than
 ranks the woken process may then wait for a core. :class:`SpinSelector` first
 polls for a short while, yielding the CPU between polls (``sched_yield``, so a
 peer sharing the core gets to run and produce the message), and only then
-sleeps. Measured on 2 cores with 4 rank processes (docs/benchmarks.md): 4-byte
+sleeps. Measured on 2 cores with 4 rank processes (2026-11, CHANGELOG.md 0.1.0): 4-byte
 all_reduce 613 -> 315 µs, 64 KiB 2x faster, 16 MiB unchanged or better. An
 idle process spins at most ``spin`` seconds per wake-up. While an operation
 moves large messages over sockets it does not spin at all

@@ -32,7 +32,7 @@ ALL_REDUCE_DOUBLING_MAX_BYTES_2: Final = 64 * 1024
 #: call, two runs each, 2 cores): 16 ranks over TCP 4 B 3951 / 3922 against 3367 / 3479, 16 KiB
 #: 4678 / 4566 against 2930 / 3756, 256 KiB 11347 / 10742 against 5463 / 5751; over shared
 #: memory 4 B 6090 / 6256 against 4534 / 4136; 8 ranks (4 per core) level (4 B over TCP 1264 /
-#: 1344 against 1184 / 1362). Rechecked 2026-11-27 in docs/algorithms.md ("Many ranks on few cores").
+#: 1344 against 1184 / 1362). Rechecked 2026-11-27 (git history of docs/algorithms.md, "Many ranks on few cores").
 CROWDED_RANKS_PER_CORE: Final = 8
 #: The tree's limit was 2 MiB (the ring overtook it between 1 and 4 MiB at 4 ranks, before the
 #: tree read its input in place and folded out of the shared-memory ring). Measured 2026-11-26

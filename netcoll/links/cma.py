@@ -119,7 +119,7 @@ def lends(local_ranks: int) -> bool:
     large sends. By default only when they outnumber the cores: then CPU is what every
     copy costs, and one copy instead of two wins. With a core each, a ring transfer's two
     copies run on two cores at once, the ring hot in cache between them, and a broadcast
-    or a scatter measured 10-30 % slower lent (docs/performance.md)."""
+    or a scatter measured 10-30 % slower lent (2026-11; docs/performance.md says how to re-measure)."""
     how = mode()
     return enabled() and (how == "1" or (how == "auto" and local_ranks > usable_cores()))
 
