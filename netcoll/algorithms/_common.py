@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 #: Largest payload of one message, unless a call says otherwise (Gloo's
 #: ``kMaxSegmentSize``). Every rank of one operation must use the same value.
-DEFAULT_SEGMENT_BYTES: Final = 4 << 20  # measured: 4 MiB beats 1 MiB and 256 KiB at 2, 4, 8 ranks (2026-11; git history of docs/benchmarks.md)
+#: Measured: 4 MiB beats 1 MiB and 256 KiB at 2, 4, 8 ranks (2026-11; git history of benchmarks.md).
+DEFAULT_SEGMENT_BYTES: Final = 4 << 20
 
 #: Receives kept posted ahead of the one being consumed, for streams whose
 #: destinations are distinct slices of the user buffer (no scratch reuse).
