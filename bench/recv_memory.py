@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 import netcoll
+from netcoll.sizes import parse_size
 from netcoll.wire import Kind, encode_header
 
 MIB = 1 << 20
@@ -186,7 +187,7 @@ def main() -> None:
     )
     ap.add_argument("--scenario", choices=["ahead", "declare", "both"], default="both")
     ap.add_argument("--count", type=int, default=200)
-    ap.add_argument("--size", type=int, default=MIB)
+    ap.add_argument("--size", type=parse_size, default=MIB, help="bytes per message: 1048576, 1M, 1MiB, 1MB")
     ap.add_argument("--sleep", type=float, default=5.0)
     ap.add_argument("--window", default=None, help="receive window for the ranks (NETCOLL_RECV_WINDOW)")
     ap.add_argument("--role", type=int, default=None, help=argparse.SUPPRESS)
