@@ -1,6 +1,6 @@
 """The engine under every collective: issue an operation at the call, drive
 it to its end under one deadline, and tell the other ranks when it fails
-(no I/O of its own; it drives a :class:`~netcoll.transport.base.Transport`).
+(no I/O of its own; it drives a :class:`~netcoll.mesh.channel.Transport`).
 
 :meth:`Engine.issue` fixes the operation's sequence number *at the call* and
 returns a :class:`~netcoll.operation.Work`; a task of its own runs the body,
@@ -12,7 +12,7 @@ ending is reported:
   waits for its own deadline;
 * on the deadline the error names the ranks this rank was waiting for; after a
   short grace the timeout reports of the others (and the answers of ranks
-  waiting in another operation, :mod:`netcoll.transport.answers`) follow the
+  waiting in another operation, :mod:`netcoll.mesh.answers`) follow the
   wait chain (:mod:`netcoll.waits`): to a cycle, named a deadlock ("deadlock:
   rank 0 in all_reduce #1 waits for rank 2, rank 2 in all_reduce #0 waits for
   rank 0"), or to the ranks that never delivered;
@@ -39,8 +39,8 @@ from .deadlines import ranks_text as _ranks
 from .errors import CollectiveError, CommunicatorClosed
 from .escape import escape
 from .logs import OPERATIONS, op_extra
+from .mesh.channel import Channel, Transport
 from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work, detail
-from .transport.base import Channel, Transport
 
 log = logging.getLogger("netcoll.engine")
 

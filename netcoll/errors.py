@@ -19,7 +19,7 @@ Hierarchy::
     ├── CommunicatorClosed       the communicator was closed
     └── ConfigError              a setting (flag or NETCOLL_* variable) is missing or invalid
                                  (also a ValueError); the message names it
-        └── TlsConfigError       a TLS file or setting is unusable (netcoll.transport.tls)
+        └── TlsConfigError       a TLS file or setting is unusable (netcoll.mesh.certs)
 
 ``CollectiveError.reason`` is the one typed value that says how an operation
 ended (:class:`netcoll.operation.Reason`: peer lost, timeout, mismatch,

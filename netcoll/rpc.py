@@ -26,8 +26,8 @@ from .errors import NetcollError, ProtocolError
 from .escape import escape
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
-from .transport.connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
-from .transport.tls import TlsConfig
+from .links.connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
+from .mesh.certs import TlsConfig
 from .wire import Frame, Kind
 
 log = logging.getLogger("netcoll.rpc")

@@ -21,11 +21,11 @@ from .comm import DEFAULT_TIMEOUT, Communicator, form_group
 from .errors import ConfigError
 from .launched import install_excepthook, record_failure
 from .links.factory import LinkConfig
+from .mesh import auth
+from .mesh.certs import TlsConfig
+from .mesh.certs import coerce as coerce_tls
+from .mesh.tcpmesh import Listener, TcpTransport
 from .rendezvous import dial
-from .transport import auth
-from .transport.tcp import Listener, TcpTransport
-from .transport.tls import TlsConfig
-from .transport.tls import coerce as coerce_tls
 
 COORDINATOR_ENV = "NETCOLL_COORDINATOR"
 WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"

@@ -76,7 +76,7 @@ class Layout:
 
 def row(kinds: Mapping[int, str], size: int) -> np.ndarray:
     """This rank's row: ``kinds`` (world rank -> link kind, as in
-    :meth:`~netcoll.transport.base.Transport.link_stats`) as ``size`` codes."""
+    :meth:`~netcoll.mesh.channel.Transport.link_stats`) as ``size`` codes."""
     out = np.zeros(size, np.uint8)
     for peer, kind in kinds.items():
         if 0 <= peer < size:

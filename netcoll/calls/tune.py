@@ -28,7 +28,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms import cost, media, probe, tuning
 from ..engine import Call, Engine
-from ..transport.base import Channel
+from ..mesh.channel import Channel
 
 #: the prior's weight when calibrating: the probe's samples decide (the prior only
 #: keeps a parameter they say nothing about finite)

@@ -20,9 +20,9 @@ from ..calls import moving, tune
 from ..calls._common import Done, Plan
 from ..engine import DEFAULT_TIMEOUT, Call, Engine
 from ..errors import CollectiveError
+from ..mesh.channel import Transport, as_bytes
 from ..operation import Work
 from ..tensors import TorchIO
-from ..transport.base import Transport, as_bytes
 from . import gathering, p2p, reducing
 from . import moving as moving_
 from .types import Array

@@ -38,7 +38,7 @@ and the send returns then. One copy instead of two.
 
 Loss is the connection's: a killed peer's socket reaches EOF, which fails its
 operations (PeerLost) as on TCP. The mapping is dropped when the link is gone;
-the file was unlinked in the handshake (:mod:`netcoll.transport.tcp`).
+the file was unlinked in the handshake (:mod:`netcoll.mesh.tcpmesh`).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ..errors import ProtocolError
+from ..links.connection import FramedProtocol
+from ..mesh.mailbox import Mailbox
 from ..ops import Fold
-from ..transport.connection import FramedProtocol
-from ..transport.mailbox import Mailbox
 from ..wire import Frame, Kind, encode_header
 from . import cma, lane, shmring
 from .base import LinkStats

@@ -59,8 +59,8 @@ import msgpack
 
 from ..errors import NetcollError, RendezvousError
 from ..escape import escape
+from ..mesh.certs import TlsConfig
 from ..rpc import RpcClient
-from ..transport.tls import TlsConfig
 from ..wire import Frame, Kind
 from .coordinator import LIVENESS_FACTOR
 from .groups import parse_join

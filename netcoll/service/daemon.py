@@ -23,9 +23,9 @@ from ..arrays import array_from_meta, meta_of
 from ..comm import Communicator, form_group
 from ..errors import CollectiveError, NetcollError, PeerLost
 from ..escape import escape
+from ..mesh.certs import TlsConfig
+from ..mesh.tcpmesh import Listener, TcpTransport
 from ..rendezvous.client import RendezvousClient, new_member_id
-from ..transport.tcp import Listener, TcpTransport
-from ..transport.tls import TlsConfig
 from .jobs import JobSpec, generate_input, verify
 from .runner import ProgressReporter, run_collective
 from .timeline import send_trace

@@ -22,7 +22,7 @@ from typing import Protocol
 from ..comm import Communicator
 from ..errors import CollectiveError
 from ..links.factory import DEFAULT_WINDOW
-from ..transport.memory import MemoryHub
+from ..mesh.inprocess import MemoryHub
 from . import fixed
 from .program import Program, generate
 from .schedule import RankReport, Runner

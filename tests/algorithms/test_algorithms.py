@@ -24,8 +24,8 @@ import pytest
 
 from netcoll.algorithms import ALGORITHMS, DEFAULT_SEGMENT_BYTES, choose, direct, doubling, ring, tree
 from netcoll.errors import CommunicatorClosed, MismatchError, PeerLost
+from netcoll.mesh.channel import Channel
 from netcoll.ops import ReduceOp, finalize, reduce_reference
-from netcoll.transport.base import Channel
 from tests.support import ALL_LINKS, Group, MakeGroup
 
 SIZES = [1, 2, 3, 4, 5, 8]

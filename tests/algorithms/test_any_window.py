@@ -24,7 +24,7 @@ import pytest
 from netcoll.algorithms import ALGORITHMS, _common
 from netcoll.comm import Communicator
 from netcoll.links.factory import MIN_WINDOW
-from netcoll.transport.memory import MemoryHub
+from netcoll.mesh.inprocess import MemoryHub
 from tests.support import ALL_LINKS, tcp_group
 
 SEGMENT = 4096  # bytes: with the sizes below, dozens to hundreds of segments per chunk

@@ -10,8 +10,8 @@ import pytest
 
 from netcoll import CollectiveAborted, MismatchError
 from netcoll.comm import Communicator
+from netcoll.mesh.inprocess import MemoryHub
 from netcoll.ops import BFLOAT16, ReduceOp, finalize, reduce_into
-from netcoll.transport.memory import MemoryHub
 from tests.support import memory_world, rank_data, run_world, run_world_settled, valid_ops
 
 WORLD_SIZES = [1, 2, 3, 5]

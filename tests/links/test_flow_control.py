@@ -25,9 +25,9 @@ from netcoll.links.flow import MAX_PENDING_RTS, Flow
 from netcoll.links.framed import SYNC_MIN, FramedLink
 from netcoll.links.memory import MemoryLink
 from netcoll.links.tcp import TcpLink
+from netcoll.mesh.channel import Channel, Transport
+from netcoll.mesh.inprocess import MemoryHub
 from netcoll.operation import Reason
-from netcoll.transport.base import Channel, Transport
-from netcoll.transport.memory import MemoryHub
 from netcoll.wire import CHUNK, FrameDecoder, Kind, Limits, encode, encode_header
 from tests.support import tcp_group
 from tests.support.waiting import until

@@ -15,15 +15,15 @@ from netcoll.comm import Communicator
 from netcoll.errors import ProtocolError
 from netcoll.links import Capabilities, Link, LinkConfig, LinkFactory, LinkStats, choose
 from netcoll.links import factory as factory_mod
+from netcoll.links.connection import COALESCE_MAX as EAGER_MAX  # the largest frame written without awaiting
 from netcoll.links.framed import ABORT_REASON_MAX
 from netcoll.links.memory import MemoryLink
 from netcoll.links.shm import ShmLink
 from netcoll.links.tcp import TcpLink
-from netcoll.transport import auth
-from netcoll.transport.base import Transport
-from netcoll.transport.connection import COALESCE_MAX as EAGER_MAX  # the largest frame written without awaiting
-from netcoll.transport.memory import MemoryHub
-from netcoll.transport.tcp import Listener, TcpTransport
+from netcoll.mesh import auth
+from netcoll.mesh.channel import Transport
+from netcoll.mesh.inprocess import MemoryHub
+from netcoll.mesh.tcpmesh import Listener, TcpTransport
 from netcoll.wire import FrameDecoder, Kind, encode_header
 from tests.support.groups import tcp_mesh
 
@@ -313,7 +313,7 @@ def test_an_operation_moving_large_messages_over_tcp_holds_the_loop_from_polling
     polling serves their large transfers, nor anything on asyncio's own loop."""
     from netcoll import loop as nloop
     from netcoll.links import shm
-    from netcoll.transport.base import QUIET_MIN
+    from netcoll.mesh.channel import QUIET_MIN
 
     if transport == "shm" and not shm.possible():
         pytest.skip("no /dev/shm here")
@@ -353,7 +353,7 @@ def test_an_operation_moving_large_messages_over_tcp_holds_the_loop_from_polling
 @pytest.mark.tcp
 def test_closing_a_transport_releases_the_holds_of_operations_still_open(monkeypatch: pytest.MonkeyPatch) -> None:
     from netcoll import loop as nloop
-    from netcoll.transport.base import QUIET_MIN, Channel
+    from netcoll.mesh.channel import QUIET_MIN, Channel
 
     monkeypatch.setenv("NETCOLL_TRANSPORT", "tcp")
 

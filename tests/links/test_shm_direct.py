@@ -18,9 +18,9 @@ from netcoll.errors import ProtocolError
 from netcoll.links import cma, shm
 from netcoll.links.factory import LinkConfig
 from netcoll.links.shm import ShmLink
+from netcoll.mesh.channel import Channel
+from netcoll.mesh.tcpmesh import TcpTransport
 from netcoll.operation import state
-from netcoll.transport.base import Channel
-from netcoll.transport.tcp import TcpTransport
 from netcoll.wire import Kind
 from tests.links.test_shm_links import broken, kinds, leftovers, mesh, on_comms, pattern
 from tests.support.waiting import until

@@ -20,8 +20,8 @@ from netcoll.links import shm
 from netcoll.links.cma import enabled as cma_enabled
 from netcoll.links.shm import ShmLink
 from netcoll.links.shmring import SHM_DIR
-from netcoll.transport.base import Channel
-from netcoll.transport.tcp import Listener, TcpTransport
+from netcoll.mesh.channel import Channel
+from netcoll.mesh.tcpmesh import Listener, TcpTransport
 from tests.support.env import subprocess_env
 
 pytestmark = [pytest.mark.tcp, pytest.mark.skipif(not shm.possible(), reason="no /dev/shm here")]
@@ -41,8 +41,8 @@ _RANK1 = textwrap.dedent(
     import asyncio, sys
     import numpy as np
     from netcoll.links.factory import LinkConfig
-    from netcoll.transport.base import Channel
-    from netcoll.transport.tcp import Listener, TcpTransport
+    from netcoll.mesh.channel import Channel
+    from netcoll.mesh.tcpmesh import Listener, TcpTransport
 
     async def main() -> None:
         host, port, token, role = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]

@@ -26,9 +26,9 @@ from netcoll.links.factory import LinkConfig
 from netcoll.links.shm import RING_MIN, ShmLink
 from netcoll.links.shmring import SHM_DIR, Segment
 from netcoll.loop import spin_selector
-from netcoll.transport.base import Channel
-from netcoll.transport.tcp import Listener, TcpTransport
-from netcoll.transport.tls import TlsConfig
+from netcoll.mesh.certs import TlsConfig
+from netcoll.mesh.channel import Channel
+from netcoll.mesh.tcpmesh import Listener, TcpTransport
 from netcoll.wire import Kind
 from tests.support.groups import tcp_mesh
 from tests.support.tlsca import issue, make_ca

@@ -1,4 +1,4 @@
-"""Timeouts that say what is stuck (netcoll.engine, netcoll.transport.answers): a cycle of
+"""Timeouts that say what is stuck (netcoll.engine, netcoll.mesh.answers): a cycle of
 waits, within one operation or across two, is named a deadlock with the ranks and the
 operations in it; a chain that ends at a rank that never called names that rank. Real
 hangs over the in-memory transport; the reports are awaited (a long grace that ends as
@@ -15,7 +15,7 @@ import pytest
 
 from netcoll.comm import Communicator
 from netcoll.errors import CollectiveAborted, CollectiveTimeout
-from netcoll.transport.answers import Answers
+from netcoll.mesh.answers import Answers
 from netcoll.waits import Wait
 from tests.support.worlds import memory_world
 

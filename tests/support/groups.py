@@ -12,10 +12,10 @@ from typing import Any, Protocol
 
 from netcoll.comm import Communicator
 from netcoll.links import LinkConfig
-from netcoll.transport.base import Channel, Transport
-from netcoll.transport.memory import MemoryHub
-from netcoll.transport.tcp import Listener, TcpTransport
-from netcoll.transport.tls import TlsConfig
+from netcoll.mesh.certs import TlsConfig
+from netcoll.mesh.channel import Channel, Transport
+from netcoll.mesh.inprocess import MemoryHub
+from netcoll.mesh.tcpmesh import Listener, TcpTransport
 from netcoll.wire import Kind
 
 #: the transports :func:`make_group` runs a test over (its ids); a test may add "shm"

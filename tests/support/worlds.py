@@ -13,8 +13,8 @@ import numpy as np
 
 import netcoll
 from netcoll.comm import Communicator
+from netcoll.mesh.inprocess import MemoryHub
 from netcoll.ops import ReduceOp, check_op_dtype
-from netcoll.transport.memory import MemoryHub
 
 #: the repository's root (tests live one folder per layer below tests/)
 REPO = Path(__file__).resolve().parents[2]

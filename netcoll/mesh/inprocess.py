@@ -19,7 +19,7 @@ from ..errors import CommunicatorClosed, PeerLost
 from ..links.factory import DEFAULT_WINDOW, LinkConfig, LinkFactory
 from ..links.memory import MemoryLink
 from ..wire import Kind
-from .base import Transport
+from .channel import Transport
 
 
 class MemoryHub:

@@ -33,7 +33,7 @@ from ..operation import Operation, Reason
 from ..wire import Kind
 
 if TYPE_CHECKING:
-    from .base import Transport
+    from .channel import Transport
 
 HEARD_KEPT = 1024  # waits heard kept at most (one per rank)
 SEEN_KEPT = 64  # waits of the board's answer read at most
@@ -42,7 +42,7 @@ MAX_NOTE = 300  # characters kept of what the board says a rank does
 
 
 class Answers:
-    """The transport's :attr:`Mailbox.asked <netcoll.transport.mailbox.Mailbox.asked>` hook."""
+    """The transport's :attr:`Mailbox.asked <netcoll.mesh.mailbox.Mailbox.asked>` hook."""
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport

@@ -2,7 +2,7 @@
 
 A :class:`Transport` is the mesh of per-peer links
 (:mod:`netcoll.links`) that moves frames between world ranks and feeds a
-:class:`~netcoll.transport.mailbox.Mailbox`. A :class:`Channel` is what one
+:class:`~netcoll.mesh.mailbox.Mailbox`. A :class:`Channel` is what one
 algorithm run sees: ``send``/``recv`` of byte buffers to *group* ranks within
 one operation. Algorithms import nothing else from here, and the same
 algorithm code runs over :mod:`.memory` and :mod:`.tcp`.

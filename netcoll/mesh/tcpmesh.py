@@ -39,14 +39,14 @@ from .. import wire
 from ..errors import CommunicatorClosed, ProtocolError, RendezvousError
 from ..links import cma, shm
 from ..links.base import Link
+from ..links.connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
 from ..links.factory import Capabilities, LinkConfig, LinkFactory
 from ..links.shmring import SHM_DIR, Segment, auto_ring
 from ..links.tcp import TcpLink
 from ..links.tls import TlsLink
 from . import auth
-from .base import Transport
-from .connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
-from .tls import TlsConfig
+from .certs import TlsConfig
+from .channel import Transport
 
 log = logging.getLogger("netcoll.transport")
 

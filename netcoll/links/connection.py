@@ -6,7 +6,7 @@ into a scratch buffer and parsed by :class:`~netcoll.wire.FrameDecoder`; once
 a large payload has started, reads go directly into its destination (a posted
 receive buffer when there is one), so the payload is never copied.
 
-Connections run on :class:`~netcoll.transport.socketlink.SocketTransport`.
+Connections run on :class:`~netcoll.links.sockettransport.SocketTransport`.
 :meth:`FramedProtocol.send` hands a large payload to the kernel without copying
 it (``sendmsg`` of header and payload) and returns once the kernel has all of
 it, so the caller may then reuse the buffer; small frames are written (and
@@ -34,10 +34,11 @@ from ..errors import AuthenticationError, NetcollError, ProtocolError
 from ..escape import escape
 from ..limits import DEFAULT as DEFAULT_SETTINGS
 from ..limits import Limits
+from ..mesh import auth, sniff
+from ..mesh.certs import SHUTDOWN_TIMEOUT as TLS_SHUTDOWN_TIMEOUT
+from ..mesh.certs import TlsConfig, describe_failure
 from ..wire import Frame, Kind
-from . import auth, sniff, socketlink
-from .tls import SHUTDOWN_TIMEOUT as TLS_SHUTDOWN_TIMEOUT
-from .tls import TlsConfig, describe_failure
+from . import sockettransport
 
 log = logging.getLogger("netcoll.transport")
 
@@ -270,7 +271,7 @@ async def open_connection(
 ) -> FramedProtocol:
     """Connect to ``host:port``; with ``tls``, run the TLS handshake (within
     ``timeout``) before returning: ``AuthenticationError`` when it fails."""
-    _, proto = await socketlink.connect(host, port, lambda: FramedProtocol(limits), local_host=local_host)
+    _, proto = await sockettransport.connect(host, port, lambda: FramedProtocol(limits), local_host=local_host)
     assert isinstance(proto, FramedProtocol)
     if tls is not None:
         try:
@@ -539,7 +540,7 @@ class Server:
         #: with TLS, every accepted connection runs the TLS handshake before ``handler``
         self.tls = tls
         self.settings = DEFAULT_SETTINGS if settings is None else settings
-        self.server: socketlink.Listener | None = None
+        self.server: sockettransport.Listener | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.protos: set[FramedProtocol] = set()
         self.sources: dict[str, _Source] = {}
@@ -552,7 +553,7 @@ class Server:
         return proto
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self.server = socketlink.Listener(self._factory, paused=self.tls is not None)
+        self.server = sockettransport.Listener(self._factory, paused=self.tls is not None)
         return self.server.start(host, port)
 
     def _spawn(self, proto: _AcceptedProtocol) -> None:
