@@ -15,7 +15,7 @@ it
   (:meth:`Link.abort`);
 * describes itself with :meth:`Link.stats`.
 
-The mesh (:class:`~netcoll.mesh.channel.Transport`) holds one link per peer.
+The mesh (:class:`~netcoll.mesh.channel.Mesh`) holds one link per peer.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ PREFERENCE: Final = ("shm", "tls", "tcp", "memory")
 
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
-    """Settings of every link a transport makes.
+    """Settings of every link a mesh makes.
 
     Args:
         window: receive window in bytes (eager DATA held before credit returns).
@@ -167,7 +167,7 @@ class LinkFactory:
 
     Args:
         config: the settings (window, forced kind).
-        offers: the kinds this transport can make (e.g. ``("tcp",)``); with a
+        offers: the kinds this mesh can make (e.g. ``("tcp",)``); with a
             forced kind only that one is announced.
     """
 

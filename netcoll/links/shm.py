@@ -130,7 +130,7 @@ class ShmLink(LaneLink):
         #: direct DATA (:mod:`.cma`) sent, and read from the peer; of those read, how many into
         #: a buffer of their own (their receive was not posted in time)
         self.direct_sent = self.direct_received = self.direct_held = 0
-        #: whether large sends are lent when the peer reads us (set by the transport: :func:`.cma.lends`)
+        #: whether large sends are lent when the peer reads us (set by the mesh: :func:`.cma.lends`)
         self.lending = False
         if segment.identity is not None:  # the peer's slot is written: it published before its HELLO/WELCOME
             why = segment.identity.probe()

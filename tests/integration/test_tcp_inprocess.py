@@ -404,7 +404,7 @@ async def test_send_on_a_link_the_peer_is_closing_is_peer_lost() -> None:
     being reported, a send must fail as PeerLost, not as some other error."""
     async with world(2) as comms:
         t0 = comms[0].transport
-        assert isinstance(t0, tcpmesh.TcpTransport)
+        assert isinstance(t0, tcpmesh.TcpMesh)
         link = t0.links[1]
         link.transport.close()  # what an EOF from the peer does here
         header = {"g": "x", "q": 0, "f": "f", "s": 0, "c": 0}

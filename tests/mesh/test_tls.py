@@ -247,6 +247,6 @@ async def test_secure_by_default_embedded(pki: dict[str, TlsConfig]) -> None:
     await listener.close()
     with pytest.raises(ValueError, match="NETCOLL_TRANSPORT=tcp"):  # TLS never falls back to plain TCP
         from netcoll.links.factory import LinkConfig
-        from netcoll.mesh.tcpmesh import TcpTransport
+        from netcoll.mesh.tcpmesh import TcpMesh
 
-        TcpTransport(listener, rank=0, size=2, session="s", peers=[], links=LinkConfig(transport="tcp"))
+        TcpMesh(listener, rank=0, size=2, session="s", peers=[], links=LinkConfig(transport="tcp"))

@@ -1,5 +1,5 @@
 """The operation state machine and the mailbox's routing, without any
-transport: states, first-cause-wins failures, and the exactly-once
+mesh: states, first-cause-wins failures, and the exactly-once
 ``released`` accounting that flow control relies on."""
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ async def test_sends_are_lent_from_the_step_an_algorithm_says() -> None:
     from netcoll.mesh.channel import Channel
     from netcoll.mesh.inprocess import MemoryHub
 
-    t = MemoryHub(2).transports[0]
+    t = MemoryHub(2).meshes[0]
     moving = t.mailbox.open("g", 0, "fp", (0, 1), "all_gather")
     reducing = t.mailbox.open("g", 1, "fp", (0, 1), "all_reduce")
     assert t.mailbox.lends(hdr(q=0, s=0)) and not t.mailbox.lends(hdr(q=1, s=0))

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def memory_world(n: int, **kw: Any) -> tuple[MemoryHub, list[Communicator]]:
     hub = MemoryHub(n)
-    return hub, [Communicator(t, **kw) for t in hub.transports]
+    return hub, [Communicator(t, **kw) for t in hub.meshes]
 
 
 @contextlib.asynccontextmanager
