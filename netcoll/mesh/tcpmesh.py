@@ -39,7 +39,7 @@ from .. import wire
 from ..errors import CommunicatorClosed, ProtocolError, RendezvousError
 from ..links import cma, shm
 from ..links.base import Link
-from ..links.connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
+from ..links.connection import FramedProtocol, open_connection
 from ..links.factory import Capabilities, LinkConfig, LinkFactory
 from ..links.shmring import SHM_DIR, Segment, auto_ring
 from ..links.tcp import TcpLink
@@ -47,6 +47,8 @@ from ..links.tls import TlsLink
 from . import auth
 from .certs import TlsConfig
 from .channel import Mesh
+from .handshake import client_handshake, server_handshake
+from .server import Server
 
 log = logging.getLogger("netcoll.transport")
 

@@ -20,14 +20,9 @@ import pytest
 
 from netcoll.errors import AuthenticationError
 from netcoll.limits import Limits
-from netcoll.links.connection import (
-    FramedProtocol,
-    RateLimitedLog,
-    Server,
-    client_handshake,
-    open_connection,
-    server_handshake,
-)
+from netcoll.links.connection import FramedProtocol, open_connection
+from netcoll.mesh.handshake import client_handshake, server_handshake
+from netcoll.mesh.server import RateLimitedLog, Server
 from netcoll.rpc import RpcClient, RpcServer, Session
 from netcoll.wire import Kind
 from tests.support.waiting import until

@@ -16,9 +16,10 @@ from netcoll.cli.common import CliError
 from netcoll.cli.health import http_get
 from netcoll.errors import ProtocolError
 from netcoll.limits import Limits
-from netcoll.links.connection import client_handshake, open_connection
+from netcoll.links.connection import open_connection
 from netcoll.mesh import sniff
 from netcoll.mesh.certs import TlsConfig
+from netcoll.mesh.handshake import client_handshake
 from netcoll.rpc import RpcClient
 from netcoll.service.http import HttpServer
 from netcoll.wire import Kind
