@@ -86,7 +86,7 @@ async def _memory_pair(window: int) -> tuple[Pair, Callable[[], Awaitable[None]]
 
 
 async def _tcp_pair(window: int, kind: str) -> tuple[Pair, Callable[[], Awaitable[None]]]:
-    """Two authenticated TcpTransports on loopback (:func:`tcp_group`), joined by
+    """Two authenticated TcpMeshes on loopback (:func:`tcp_group`), joined by
     ``kind`` links: ``"tcp"`` or ``"shm"``."""
     group = await tcp_group(2, token="flow-s3cret", links=kind, window=window)
     return Pair(kind, group.meshes), group.close

@@ -286,7 +286,7 @@ async def tcp_mesh(
     tls: TlsConfig | None = None,
     timeout: float = 10.0,
 ) -> AsyncIterator[list[TcpMesh]]:
-    """``n`` TcpTransports in this loop, one Listener each, linked over loopback
+    """``n`` TcpMeshes in this loop, one Listener each, linked over loopback
     (``configs[r]``: rank r's link settings, None for the default from the
     environment; ``tls``: every listener's)."""
     listeners = [Listener(token=token, tls=tls) for _ in range(n)]
