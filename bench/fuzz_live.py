@@ -354,7 +354,7 @@ def malformed_frame(rng: random.Random) -> tuple[str, bytes]:
 
 def bad_hello(rng: random.Random, nonce: bytes, token: str | None) -> tuple[str, bytes]:
     """A HELLO with bad fields (label, bytes); ``token``: with a valid proof."""
-    from netcoll.transport import auth
+    from netcoll.mesh import auth
 
     mine = auth.new_nonce()
     hdr: dict[str, Any] = {"role": rng.choice(("client", "peer", "rank", junk_value(rng))), "nonce": mine}
@@ -524,7 +524,7 @@ async def post_auth_rpc(
     rng: random.Random, target: tuple[str, int], token: str, source: str, stats: Stats, budget: int
 ) -> int:
     """An authenticated RPC session: many bad REQUESTs (session stays), maybe a fatal frame at the end."""
-    from netcoll.transport import auth
+    from netcoll.mesh import auth
 
     reader, writer = await _open(*target, source)
     stats.connections["coordinator:post"] += 1

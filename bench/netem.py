@@ -19,7 +19,7 @@ What it builds (every name carries ``ncX-<pid>``, so nothing of anyone else is t
 The shaping uses ``netem`` (delay + rate) where the kernel has it; where it does not
 but ``tbf`` works, the rate is emulated with ``tbf`` and the delay by netcoll's own
 delay line in each rank daemon (``NETCOLL_EMULATE_DELAY_US``,
-``netcoll/transport/delayline.py``: every byte a daemon receives reaches its framing
+``netcoll/links/delayline.py``: every byte a daemon receives reaches its framing
 ``--delay`` later), and it says so. ``--shape tbf`` is the rate alone (the predictions
 then use a delay of 0). Where namespaces are not allowed (not
 root, no iproute2, EPERM, ...) it says why and exits 0. Every capability is found by

@@ -26,8 +26,8 @@ _EXPORTS = {
     "ReduceOp": ".ops",
     "Work": ".operation",
     "Reason": ".operation",
-    "TlsConfig": ".transport.tls",
-    "TlsConfigError": ".transport.tls",
+    "TlsConfig": ".mesh.certs",
+    "TlsConfigError": ".mesh.certs",
     **dict.fromkeys(
         (
             "NetcollError",

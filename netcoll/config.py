@@ -75,10 +75,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
-from .transport.auth import is_loopback
+from .mesh.auth import is_loopback
 
 if TYPE_CHECKING:
-    from .transport.tls import TlsConfig
+    from .mesh.certs import TlsConfig
 
 DEFAULT_COORDINATOR = "127.0.0.1:29400"
 COORDINATOR_PORT = 29400
@@ -207,7 +207,7 @@ class Settings(BaseModel):
         return self._tls({})
 
     def _tls(self, source: Mapping[str, str]) -> TlsConfig | None:
-        from .transport.tls import TlsConfig, TlsConfigError
+        from .mesh.certs import TlsConfig, TlsConfigError
 
         cert, key, ca = (source.get(f) or f"{self._flag(f)} / {TLS_ENV[f]}" for f in ("tls_cert", "tls_key", "tls_ca"))
         try:
@@ -220,7 +220,7 @@ class Settings(BaseModel):
     @classmethod
     def _read_token_files(cls, values: dict[str, Any], source: dict[str, str]) -> None:
         """A token not given directly is read from its file (``NETCOLL_TOKEN_FILE``...)."""
-        from .transport.auth import read_token
+        from .mesh.auth import read_token
 
         for field, file_field in _TOKEN_FILES.items():
             if field not in cls.model_fields or file_field not in values:

@@ -1,6 +1,6 @@
 """The engine under every collective: issue an operation at the call, drive
 it to its end under one deadline, and tell the other ranks when it fails
-(no I/O of its own; it drives a :class:`~netcoll.transport.base.Transport`).
+(no I/O of its own; it drives a :class:`~netcoll.mesh.channel.Mesh`).
 
 :meth:`Engine.issue` fixes the operation's sequence number *at the call* and
 returns a :class:`~netcoll.operation.Work`; a task of its own runs the body,
@@ -12,7 +12,7 @@ ending is reported:
   waits for its own deadline;
 * on the deadline the error names the ranks this rank was waiting for; after a
   short grace the timeout reports of the others (and the answers of ranks
-  waiting in another operation, :mod:`netcoll.transport.answers`) follow the
+  waiting in another operation, :mod:`netcoll.mesh.answers`) follow the
   wait chain (:mod:`netcoll.waits`): to a cycle, named a deadlock ("deadlock:
   rank 0 in all_reduce #1 waits for rank 2, rank 2 in all_reduce #0 waits for
   rank 0"), or to the ranks that never delivered;
@@ -39,8 +39,8 @@ from .deadlines import ranks_text as _ranks
 from .errors import CollectiveError, CommunicatorClosed
 from .escape import escape
 from .logs import OPERATIONS, op_extra
+from .mesh.channel import Channel, Mesh
 from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work, detail
-from .transport.base import Channel, Transport
 
 log = logging.getLogger("netcoll.engine")
 
@@ -87,24 +87,24 @@ class Engine:
     """Sequencing and the per-operation driver of one group.
 
     Attributes:
-        transport: the process's transport.
+        mesh: the process's mesh.
         group: the group's name; members: its world ranks; rank/world_size: ours / its size.
         timeout: the default deadline; segment_bytes: the message segment size.
     """
 
     def __init__(
         self,
-        transport: Transport,
+        mesh: Mesh,
         *,
         group: str,
         members: tuple[int, ...] | None,
         timeout: float,
         segment_bytes: int | None,
     ) -> None:
-        self.transport = transport
+        self.mesh = mesh
         self.group = group
-        self.members = tuple(members) if members is not None else tuple(range(transport.size))
-        self.rank = self.members.index(transport.rank)
+        self.members = tuple(members) if members is not None else tuple(range(mesh.size))
+        self.rank = self.members.index(mesh.rank)
         #: world rank -> its rank in this group (how a point-to-point message's errors name ranks)
         self.rank_labels = {w: r for r, w in enumerate(self.members)}
         self.world_size = len(self.members)
@@ -124,9 +124,9 @@ class Engine:
         self.tuner = algorithms.tuning.Tuner()
         # what links the members and how crowded their hosts are (agreed when the world formed:
         # Communicator.agree_links), for the table
-        self.medium = algorithms.media.medium(transport.layout, self.members)
-        self.ranks_per_core = algorithms.media.ranks_per_core(transport.layout, self.members)
-        self.hosts = algorithms.media.hosts(transport.layout, self.members)
+        self.medium = algorithms.media.medium(mesh.layout, self.members)
+        self.ranks_per_core = algorithms.media.ranks_per_core(mesh.layout, self.members)
+        self.hosts = algorithms.media.hosts(mesh.layout, self.members)
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
         self.plan_version: Version | None = None  # a deferred call's parameters, while it is planned
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines
@@ -193,7 +193,7 @@ class Engine:
     async def _drive(self, work: Work, call: Call, limit: float) -> None:
         """Run ``call`` as operation (group, seq) under one deadline and hand
         its outcome to ``work``."""
-        mailbox = self.transport.mailbox
+        mailbox = self.mesh.mailbox
         assert call.seq is not None  # set by issue()
         op = mailbox.open(
             call.group or self.group,
@@ -207,7 +207,7 @@ class Engine:
         work.op = op
         driver = asyncio.current_task() if log.isEnabledFor(logging.DEBUG) else None
         if driver is not None:  # per-operation detail: every line logged while it runs names it
-            OPERATIONS[driver] = (call.name, call.seq, self.transport.rank)
+            OPERATIONS[driver] = (call.name, call.seq, self.mesh.rank)
         start = op.opened  # observe.now() when the operation opened
         try:
             value = await self._run(op, work, call.body, limit)
@@ -260,7 +260,7 @@ class Engine:
 
     def _extra(self, call: Call) -> dict[str, Any]:
         assert call.seq is not None
-        return op_extra(call.name, call.seq, self.transport.rank)
+        return op_extra(call.name, call.seq, self.mesh.rank)
 
     async def _run(self, op: Operation, work: Work, body: Body, limit: float) -> Any:
         if work.cancelled():  # cancelled before it started (the first cause, if it was closed since)
@@ -272,10 +272,10 @@ class Engine:
             task = asyncio.current_task(loop)
             assert task is not None
             work._driver = task
-            deadline = self.deadlines.start(task, op, limit, self.slow_op_s, self.transport.rank)
+            deadline = self.deadlines.start(task, op, limit, self.slow_op_s, self.mesh.rank)
             try:
                 try:
-                    return await body(Channel(self.transport, op))
+                    return await body(Channel(self.mesh, op))
                 finally:
                     deadline.cancel()
             except asyncio.CancelledError:
@@ -290,7 +290,7 @@ class Engine:
                     raise
                 await self._time_out(op, limit)
             except Exception as exc:  # noqa: BLE001 - typed here; a bug in an algorithm still fails cleanly
-                _fail_from(op, exc, op.me(self.transport.rank))
+                _fail_from(op, exc, op.me(self.mesh.rank))
         # failed: at open (dead peer, early abort, mismatch), in the body, or on the deadline
         self._explain_told(op)
         await self._abort(op)
@@ -304,14 +304,14 @@ class Engine:
         failure = op.failure
         if failure is None or failure.reason is not Reason.ABORTED or not failure.waiting:
             return
-        me = op.me(self.transport.rank)
+        me = op.me(self.mesh.rank)
         text = waits.explain(me, [*failure.waits, *self._told(op, me)]).text(notes=self.notes(op))
         if text:
             op.failure = dataclasses.replace(failure, message=f"{failure.message}; {text}")
             op.error = op.failure.error(op)
 
     def _cancelled(self, op: Operation) -> Failure:
-        me = op.me(self.transport.rank)
+        me = op.me(self.mesh.rank)
         return Failure(Reason.CANCELLED, f"{op.where()} was cancelled on rank {me}", (me,))
 
     async def _time_out(self, op: Operation, limit: float) -> None:
@@ -319,7 +319,7 @@ class Engine:
         and listen briefly for theirs, so the error follows the wait chain to its
         end (a cycle: a deadlock; else the ranks that never delivered) rather than
         naming just our neighbour."""
-        me, waiting = op.me(self.transport.rank), tuple(op.waiting_for())
+        me, waiting = op.me(self.mesh.rank), tuple(op.waiting_for())
         op.fail_with(
             Reason.TIMEOUT,
             f"{op.where()} timed out after {waits.seconds(limit)}s on rank {me}: waiting for "
@@ -349,13 +349,13 @@ class Engine:
     def notes(self, op: Operation) -> dict[int, str]:
         """What the coordinator's board said, while ``op`` ran, of ranks stuck in nothing
         ("has not called it: idle after #0; ..."), by the ranks ``op`` names."""
-        return {op.me(world): why for world, why in self.transport.answers.notes_since(op.opened).items()}
+        return {op.me(world): why for world, why in self.mesh.answers.notes_since(op.opened).items()}
 
     def _told(self, op: Operation, me: int) -> list[waits.Wait]:
         """What the other ranks said they wait for while ``op`` ran: their timeout reports
         for it, else the last wait heard from them (a timeout or an answer elsewhere)."""
         told = dict(op.reports or {})
-        for world, wait in self.transport.answers.recent(op.opened).items():
+        for world, wait in self.mesh.answers.recent(op.opened).items():
             r = op.me(world)
             if r != me and r not in told:
                 told[r] = op.told_wait(r, {"w": wait})
@@ -366,17 +366,17 @@ class Engine:
         failure = op.failure
         assert failure is not None
         if failure.waiting:  # a peer timed out; tell everyone whom *we* were waiting for
-            await self.transport.abort(
+            await self.mesh.abort(
                 op,
                 Reason.TIMEOUT.value,
-                f"rank {op.me(self.transport.rank)} was waiting for {_ranks(failure.waiting)}",
+                f"rank {op.me(self.mesh.rank)} was waiting for {_ranks(failure.waiting)}",
                 failure.waiting,
                 op.wait_field(),
             )
         if failure.told:
             return
         wait = op.wait_field() if failure.reason is Reason.TIMEOUT else None
-        await self.transport.abort(op, failure.reason.value, failure.message, failure.ranks, wait)
+        await self.mesh.abort(op, failure.reason.value, failure.message, failure.ranks, wait)
         op.failure = Failure(failure.reason, failure.message, failure.ranks, told=True)
 
 

@@ -19,7 +19,7 @@ Hierarchy::
     ├── CommunicatorClosed       the communicator was closed
     └── ConfigError              a setting (flag or NETCOLL_* variable) is missing or invalid
                                  (also a ValueError); the message names it
-        └── TlsConfigError       a TLS file or setting is unusable (netcoll.transport.tls)
+        └── TlsConfigError       a TLS file or setting is unusable (netcoll.mesh.certs)
 
 ``CollectiveError.reason`` is the one typed value that says how an operation
 ended (:class:`netcoll.operation.Reason`: peer lost, timeout, mismatch,
@@ -60,7 +60,7 @@ class RendezvousTimeout(RendezvousError, TimeoutError):
 
 
 class CommunicatorClosed(NetcollError):
-    """The communicator (or its transport) has been closed."""
+    """The communicator (or its mesh) has been closed."""
 
 
 class ConfigError(NetcollError, ValueError):
@@ -89,7 +89,7 @@ class CollectiveError(NetcollError):
         #: on a timeout, what this rank and those it heard from were waiting for
         #: (:class:`netcoll.waits.Wait`; a job's error merges every rank's)
         self.waits: tuple[Any, ...] = ()
-        #: the rank of the communicator ``connect()`` made (its transport's) of each rank
+        #: the rank of the communicator ``connect()`` made (its mesh's) of each rank
         #: ``ranks`` and ``waits`` name, where they differ (a sub-group's); empty: the same
         self.world_ranks: dict[int, int] = {}
 
@@ -122,7 +122,7 @@ class LimitExceeded(CollectiveError):
 
 
 class CollectiveClosed(CollectiveError, CommunicatorClosed):
-    """The communicator (or its transport) closed while the collective ran."""
+    """The communicator (or its mesh) closed while the collective ran."""
 
 
 __all__ = [

@@ -69,7 +69,7 @@ class SpinSelector(_Base):
         self.spin = spin_seconds() if spin is None else spin
         self._pollers: tuple[Poller, ...] = ()
         self.holds = 0  # :meth:`hold` calls not yet released: no spinning while any
-        #: timers to the microsecond (the delay line of :mod:`netcoll.transport.delayline` asks):
+        #: timers to the microsecond (the delay line of :mod:`netcoll.links.delayline` asks):
         #: a wait of at most :data:`TIMER_SPIN` is spun through, a longer one slept in whole
         #: milliseconds rounded down and its rest spun. Off, an idle loop spins at most ``spin``
         #: per wake-up, as measured best for collectives, and sleeps what is left in epoll.

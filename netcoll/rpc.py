@@ -26,8 +26,10 @@ from .errors import NetcollError, ProtocolError
 from .escape import escape
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
-from .transport.connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
-from .transport.tls import TlsConfig
+from .links.connection import FramedProtocol, open_connection
+from .mesh.certs import TlsConfig
+from .mesh.handshake import client_handshake, server_handshake
+from .mesh.server import Server
 from .wire import Frame, Kind
 
 log = logging.getLogger("netcoll.rpc")

@@ -3,7 +3,7 @@
 Steps: dial the coordinator (authenticated), open this rank's peer port on the
 address the coordinator connection went out from (so what we advertise is
 routable by construction), join the group (the coordinator assigns ``rank``
-when it is None), link to every peer (:class:`TcpTransport`), and hand out a
+when it is None), link to every peer (:class:`TcpMesh`), and hand out a
 :class:`Communicator`. Leaving the ``async with`` closes links in order (peers
 see an orderly BYE, not a crash) and leaves the group.
 """
@@ -21,11 +21,11 @@ from .comm import DEFAULT_TIMEOUT, Communicator, form_group
 from .errors import ConfigError
 from .launched import install_excepthook, record_failure
 from .links.factory import LinkConfig
+from .mesh import auth
+from .mesh.certs import TlsConfig
+from .mesh.certs import coerce as coerce_tls
+from .mesh.tcpmesh import Listener, TcpMesh
 from .rendezvous import dial
-from .transport import auth
-from .transport.tcp import Listener, TcpTransport
-from .transport.tls import TlsConfig
-from .transport.tls import coerce as coerce_tls
 
 COORDINATOR_ENV = "NETCOLL_COORDINATOR"
 WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"
@@ -169,7 +169,7 @@ async def connect(
             advertise_host=advertise_host,
             timeout=left(),
         )
-        transport = TcpTransport(
+        mesh = TcpMesh(
             listener,
             rank=joined.rank,
             size=joined.world_size,
@@ -178,11 +178,11 @@ async def connect(
             token=token,
             links=links,
         )
-        stack.push_async_callback(transport.close)
-        await transport.connect(left())
+        stack.push_async_callback(mesh.close)
+        await mesh.connect(left())
         # heartbeats carry what we are in (the arrival board); their answers, what those we wait for are in
-        rdv.report_with(transport.mailbox.snapshot, transport.answers.seen)
-        comm = Communicator(transport, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
+        rdv.report_with(mesh.mailbox.snapshot, mesh.answers.seen)
+        comm = Communicator(mesh, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
         stack.push_async_callback(comm.close)
         await form_group(comm)  # link kinds agreed, the cost model calibrated if on (docs/algorithms.md)
         try:

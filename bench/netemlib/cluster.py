@@ -145,7 +145,7 @@ def _start_ranks(run: Run) -> None:
             "--port", "0", "--http-port", "off", "--rank-hint", str(i), "--log-level", "warning",
         )  # fmt: skip
         env = run.env(NETCOLL_TOKEN=run.token)
-        if run.line_delay:  # tbf+line: each daemon delays what it receives (netcoll/transport/delayline.py)
+        if run.line_delay:  # tbf+line: each daemon delays what it receives (netcoll/links/delayline.py)
             env["NETCOLL_EMULATE_DELAY_US"] = str(round(run.line_delay * 1e6))
         if run.args.cost_model:  # auto by the cost model (netcoll/algorithms/cost.py), not the table
             env["NETCOLL_COST_MODEL"] = "1"

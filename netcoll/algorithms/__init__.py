@@ -1,6 +1,6 @@
 """Collective algorithms, one module per family, and the table that picks one.
 
-Algorithms are coroutines over a :class:`~netcoll.transport.base.Channel`
+Algorithms are coroutines over a :class:`~netcoll.mesh.channel.Channel`
 (one operation's ``send``/``recv`` to group ranks); they know nothing of
 sockets, the coordinator or the wire. They work in place on caller buffers
 (C-contiguous numpy arrays), fold with :func:`netcoll.ops.reduce_into`, and

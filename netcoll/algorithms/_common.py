@@ -36,7 +36,7 @@ from ..errors import MismatchError
 from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_prechecked
 
 if TYPE_CHECKING:
-    from ..transport.base import Channel
+    from ..mesh.channel import Channel
 
 #: Largest payload of one message, unless a call says otherwise (Gloo's
 #: ``kMaxSegmentSize``). Every rank of one operation must use the same value.

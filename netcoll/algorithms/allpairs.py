@@ -29,7 +29,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..transport.base import Channel
+    from ..mesh.channel import Channel
 
 __all__ = ["all_reduce"]
 

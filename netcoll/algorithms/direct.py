@@ -61,7 +61,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..transport.base import Channel
+    from ..mesh.channel import Channel
 
 __all__ = ["gather", "gather_list", "recv_message", "scatter", "scatter_list", "send_message"]
 

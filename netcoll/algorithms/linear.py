@@ -41,7 +41,7 @@ import numpy as np
 from ._common import DEFAULT_SEGMENT_BYTES, RecvWindow, all_to_all_args, send_each
 
 if TYPE_CHECKING:
-    from ..transport.base import Channel
+    from ..mesh.channel import Channel
 
 __all__ = ["all_to_all", "at_once"]
 

@@ -18,7 +18,7 @@ world, a split, a torch sub-group — computes without talking its *medium*
 * ``"shm"``: every pair of members is linked by shared memory;
 * ``"socket"``: some pair is linked by a socket (TCP or TLS), which then sets
   the pace (a mixed group counts as a socket one);
-* ``None``: unknown (no agreement, e.g. a group made directly on a transport
+* ``None``: unknown (no agreement, e.g. a group made directly on a mesh
   in tests, or a kind the table has no column for, such as the in-process hub),
   and the table's link-blind thresholds apply;
 
@@ -76,7 +76,7 @@ class Layout:
 
 def row(kinds: Mapping[int, str], size: int) -> np.ndarray:
     """This rank's row: ``kinds`` (world rank -> link kind, as in
-    :meth:`~netcoll.transport.base.Transport.link_stats`) as ``size`` codes."""
+    :meth:`~netcoll.mesh.channel.Mesh.link_stats`) as ``size`` codes."""
     out = np.zeros(size, np.uint8)
     for peer, kind in kinds.items():
         if 0 <= peer < size:

@@ -85,7 +85,7 @@ from .direct import recv_message, send_message
 from .linear import at_once
 
 if TYPE_CHECKING:
-    from ..transport.base import Channel
+    from ..mesh.channel import Channel
 
 __all__ = ["all_gather_list", "all_to_all", "all_to_all_list", "reduce_scatter_list"]
 

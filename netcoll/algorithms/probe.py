@@ -29,7 +29,7 @@ from ..ops import ReduceOp, reduce_into
 from .cost import Terms
 
 if TYPE_CHECKING:
-    from ..transport.base import Channel
+    from ..mesh.channel import Channel
 
 SIZES: Final = (8,)
 STREAM: Final = 4

@@ -75,7 +75,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..transport.base import Channel
+    from ..mesh.channel import Channel
 
 __all__ = ["all_gather", "all_reduce", "broadcast", "chain_links", "reduce", "reduce_scatter"]
 

@@ -32,7 +32,7 @@ from .ring import chain_links
 from .tree import links as tree_links
 
 if TYPE_CHECKING:
-    from ..transport.base import Channel
+    from ..mesh.channel import Channel
 
 __all__ = ["broadcast"]
 

@@ -245,7 +245,7 @@ async def run_local(
     ``limit`` seconds.
     """
     import netcoll
-    from netcoll.transport.tls import TlsConfig
+    from netcoll.mesh.certs import TlsConfig
 
     cfg.validate()
     if ranks < 1:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .common import Geometry, SweepConfig, geometry, make_row
 
 if TYPE_CHECKING:
-    from ..transport.tls import TlsConfig
+    from ..mesh.certs import TlsConfig
 
 
 class RemoteBenchError(RuntimeError):

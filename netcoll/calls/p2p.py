@@ -16,8 +16,8 @@ import numpy as np
 from .. import algorithms
 from ..arrays import array_from_meta, as_array, meta_of
 from ..engine import Call, Engine
+from ..mesh.channel import Channel, as_bytes
 from ..tensors import from_peer
-from ..transport.base import Channel, as_bytes
 from ._common import fp
 
 

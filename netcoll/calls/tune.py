@@ -6,7 +6,7 @@ All run as ordinary operations (deadlines, aborts, typed errors) numbered
 apart from the collectives (groups ``<group>/links`` and, for the cost
 model's, ``<group>/cost``), so they do not shift any collective's sequence
 number, and all end with every rank holding the same table, one row per rank.
-The agreement's table becomes the transport's
+The agreement's table becomes the mesh's
 :class:`~netcoll.algorithms.media.Layout` before any collective is issued
 (:func:`netcoll.comm.form_group`). The cost model's rows are estimates, which
 every rank combines the same way. The result becomes a new
@@ -28,7 +28,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms import cost, media, probe, tuning
 from ..engine import Call, Engine
-from ..transport.base import Channel
+from ..mesh.channel import Channel
 
 #: the prior's weight when calibrating: the probe's samples decide (the prior only
 #: keeps a parameter they say nothing about finite)
@@ -53,10 +53,10 @@ def agree_links(e: Engine) -> Call:
     """Every rank's row — its link kinds (:func:`~netcoll.algorithms.media.row`)
     and host (:func:`~netcoll.algorithms.media.host_fields`) — exchanged so that
     every rank holds the same :class:`~netcoll.algorithms.media.Layout`; the
-    result sets the transport's ``layout`` and this group's medium, ranks per
+    result sets the mesh's ``layout`` and this group's medium, ranks per
     core and hosts, and is the medium. The world group only (the Communicator checks);
     numbered apart (group ``<group>/links``)."""
-    kinds = media.row({peer: stats.kind for peer, stats in e.transport.link_stats().items()}, e.transport.size)
+    kinds = media.row({peer: stats.kind for peer, stats in e.mesh.link_stats().items()}, e.mesh.size)
     mine = np.concatenate([kinds.astype(np.float64), media.host_fields()])
 
     async def body(ch: Channel) -> np.ndarray:
@@ -64,7 +64,7 @@ def agree_links(e: Engine) -> Call:
 
     def post(table: np.ndarray) -> str | None:
         layout = media.Layout.of(table)
-        e.transport.layout = layout
+        e.mesh.layout = layout
         e.medium = media.medium(layout, e.members)
         e.ranks_per_core = media.ranks_per_core(layout, e.members)
         e.hosts = media.hosts(layout, e.members)

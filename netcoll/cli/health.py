@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .common import FORMATTER, CliError, add_tls_arguments
 
 if TYPE_CHECKING:
-    from ..transport.tls import TlsConfig
+    from ..mesh.certs import TlsConfig
     from .common import Subparsers
 
 HELP = "GET a health URL: exit 0 on 200 (for healthchecks)"
@@ -45,7 +45,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
 def _tls(ns: argparse.Namespace) -> TlsConfig | None:
     """The TLS files from the flags, else from NETCOLL_TLS_* (a CliError, exit 2, when unusable)."""
-    from ..transport.tls import TlsConfig, TlsConfigError
+    from ..mesh.certs import TlsConfig, TlsConfigError
 
     try:
         if ns.tls_cert or ns.tls_key or ns.tls_ca:
@@ -109,7 +109,7 @@ def _get(scheme: str, host: str, port: int, path: str, timeout: float, tls: TlsC
     import socket
     import ssl
 
-    from ..transport.sniff import TLS_SETTINGS, http_met
+    from ..mesh.sniff import TLS_SETTINGS, http_met
 
     url = f"{scheme}://{host}:{port}{path}"
     conn: http.client.HTTPConnection
@@ -126,7 +126,7 @@ def _get(scheme: str, host: str, port: int, path: str, timeout: float, tls: TlsC
     except socket.gaierror as exc:
         raise CliError(f"{url}: cannot resolve {host!r} ({exc.strerror or exc})") from None
     except ssl.SSLError as exc:
-        from ..transport.tls import describe_failure
+        from ..mesh.certs import describe_failure
 
         raise CliError(f"{url}: TLS handshake failed: {describe_failure(exc)}") from None
     except ConnectionResetError as exc:  # http.client.RemoteDisconnected is one too

@@ -100,7 +100,7 @@ class Plan:
 def plan_of(ns: argparse.Namespace) -> Plan:
     """Check the flags (CliError, exit 2) and build the command."""
     from ..config import check_address
-    from ..transport.auth import MEMBER_TOKEN_ENV, token_from_env
+    from ..mesh.auth import MEMBER_TOKEN_ENV, token_from_env
 
     if ns.nprocs < 1 or ns.nnodes < 1:
         raise CliError("-n and --nnodes must be at least 1", 2)
@@ -136,9 +136,9 @@ def run(ns: argparse.Namespace) -> int:
 async def launch(plan: Plan) -> int:
     """Run the whole launch: coordinator (if ours), node meeting, ranks; the exit status."""
     from ..errors import NetcollError
+    from ..mesh.auth import MEMBER_TOKEN_ENV, token_from_env
     from ..rendezvous import Coordinator
     from ..rpc import split_address
-    from ..transport.auth import MEMBER_TOKEN_ENV, token_from_env
 
     token = token_from_env(MEMBER_TOKEN_ENV)
     supervisor = Supervisor(plan)

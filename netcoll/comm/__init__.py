@@ -40,7 +40,7 @@ that calls them.
 from __future__ import annotations
 
 from ..engine import DEFAULT_TIMEOUT
-from ..transport.base import as_bytes
+from ..mesh.channel import as_bytes
 from .communicator import (
     COST_MODEL_ENV,
     Communicator,

@@ -20,9 +20,9 @@ from ..calls import moving, tune
 from ..calls._common import Done, Plan
 from ..engine import DEFAULT_TIMEOUT, Call, Engine
 from ..errors import CollectiveError
+from ..mesh.channel import Mesh, as_bytes
 from ..operation import Work
 from ..tensors import TorchIO
-from ..transport.base import Transport, as_bytes
 from . import gathering, p2p, reducing
 from . import moving as moving_
 from .types import Array
@@ -92,7 +92,7 @@ class Communicator:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: Mesh,
         *,
         group: str = "default",
         members: tuple[int, ...] | None = None,
@@ -127,9 +127,11 @@ class Communicator:
         return self._engine.members
 
     @property
-    def transport(self) -> Transport:
-        """The process's transport (its links to every world rank)."""
-        return self._engine.transport
+    def transport(self) -> Mesh:
+        """The process's mesh (:class:`~netcoll.mesh.channel.Mesh`): its links to every world
+        rank. Named ``transport``, as is the constructor's first argument, from before the
+        mesh had a name of its own (public names stay)."""
+        return self._engine.mesh
 
     @property
     def timeout(self) -> float:
@@ -226,12 +228,12 @@ class Communicator:
         unknown); once agreed, it completes at once. Only a group of every
         world rank agrees (ValueError otherwise, before anything is sent)."""
         e = self._engine
-        if e.members != tuple(range(e.transport.size)):
+        if e.members != tuple(range(e.mesh.size)):
             raise ValueError(
-                f"agree_links is for a group of every rank ({e.transport.size}); group {self.group!r} has "
+                f"agree_links is for a group of every rank ({e.mesh.size}); group {self.group!r} has "
                 f"{e.world_size}: a sub-group knows its links from the world group's agreement"
             )
-        if e.world_size < 2 or e.transport.layout is not None:
+        if e.world_size < 2 or e.mesh.layout is not None:
             return Work.completed("agree_links", e.medium)
         work = e.issue(tune.agree_links(e), timeout)
         work.add_done_callback(self._log_links)
@@ -309,7 +311,7 @@ class Communicator:
             return None
         mine = sorted((int(k), int(r)) for c, k, r in table if c == color)
         sub = Communicator(
-            self.transport,
+            self._engine.mesh,
             group=f"{self.group}/split{index}:{color}",
             members=tuple(self.members[r] for _, r in mine),
             timeout=self.timeout,
@@ -322,7 +324,7 @@ class Communicator:
         """This rank's link to each other member, by group rank: its kind
         (``"tcp"``, ``"memory"``, ...), traffic, bytes held for receives not yet
         posted, and flow-control credit (:class:`netcoll.links.base.LinkStats`)."""
-        stats = self.transport.link_stats()
+        stats = self._engine.mesh.link_stats()
         return {r: stats[w].as_dict() for r, w in enumerate(self.members) if w in stats}
 
     async def close(self) -> None:

@@ -1,7 +1,7 @@
 """The per-peer link interface (what Gloo calls a transport *pair*).
 
 A :class:`Link` carries frames between this rank and one peer. Whatever it
-runs over (a TCP connection, an in-process pair, later TLS or shared memory),
+runs over (a TCP or TLS connection, a shared-memory ring, an in-process pair),
 it
 
 * sends a frame with backpressure: :meth:`Link.send` returns when the caller
@@ -15,7 +15,7 @@ it
   (:meth:`Link.abort`);
 * describes itself with :meth:`Link.stats`.
 
-The mesh (:class:`~netcoll.transport.base.Transport`) holds one link per peer.
+The mesh (:class:`~netcoll.mesh.channel.Mesh`) holds one link per peer.
 """
 
 from __future__ import annotations

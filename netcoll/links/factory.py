@@ -6,7 +6,7 @@ A capability is a bit: TCP (plain); TLS (the same framing over mutual TLS:
 offered instead of TCP, never besides it, when TLS is configured, so a rank
 with TLS never links in plain text); SHM (shared memory, :mod:`.shm`, offered
 besides TCP or TLS and announced per pair: only with a segment the peer can
-map, see :mod:`netcoll.transport.tcp`); MEMORY is the in-process test hub. Each side announces
+map, see :mod:`netcoll.mesh.tcpmesh`); MEMORY is the in-process test hub. Each side announces
 the kinds it can make (only the forced one when ``NETCOLL_TRANSPORT`` names
 one), so both compute the same choice: the first kind, in :data:`PREFERENCE`
 order, that both announce and this process has a maker for. A new link kind
@@ -38,8 +38,7 @@ from typing import Any, Final
 
 from ..errors import ProtocolError
 from ..sizes import parse_size
-from ..transport import delayline
-from . import cma, lane
+from . import cma, delayline, lane
 from .base import Link
 from .shmring import check_ring
 
@@ -59,7 +58,7 @@ PREFERENCE: Final = ("shm", "tls", "tcp", "memory")
 
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
-    """Settings of every link a transport makes.
+    """Settings of every link a mesh makes.
 
     Args:
         window: receive window in bytes (eager DATA held before credit returns).
@@ -168,7 +167,7 @@ class LinkFactory:
 
     Args:
         config: the settings (window, forced kind).
-        offers: the kinds this transport can make (e.g. ``("tcp",)``); with a
+        offers: the kinds this mesh can make (e.g. ``("tcp",)``); with a
             forced kind only that one is announced.
     """
 

@@ -26,7 +26,7 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import ProtocolError
-from ..transport.mailbox import Mailbox
+from ..mesh.mailbox import Mailbox
 from ..wire import CHUNK, Frame, Kind
 from .base import Link, LinkStats
 from .flow import Flow

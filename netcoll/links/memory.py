@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ProtocolError
-from ..transport.mailbox import Mailbox
+from ..mesh.mailbox import Mailbox
 from ..wire import Frame, Kind
 from .framed import FramedLink, connection_error
 

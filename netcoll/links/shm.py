@@ -38,7 +38,7 @@ and the send returns then. One copy instead of two.
 
 Loss is the connection's: a killed peer's socket reaches EOF, which fails its
 operations (PeerLost) as on TCP. The mapping is dropped when the link is gone;
-the file was unlinked in the handshake (:mod:`netcoll.transport.tcp`).
+the file was unlinked in the handshake (:mod:`netcoll.mesh.tcpmesh`).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ..errors import ProtocolError
+from ..links.connection import FramedProtocol
+from ..mesh.mailbox import Mailbox
 from ..ops import Fold
-from ..transport.connection import FramedProtocol
-from ..transport.mailbox import Mailbox
 from ..wire import Frame, Kind, encode_header
 from . import cma, lane, shmring
 from .base import LinkStats
@@ -130,7 +130,7 @@ class ShmLink(LaneLink):
         #: direct DATA (:mod:`.cma`) sent, and read from the peer; of those read, how many into
         #: a buffer of their own (their receive was not posted in time)
         self.direct_sent = self.direct_received = self.direct_held = 0
-        #: whether large sends are lent when the peer reads us (set by the transport: :func:`.cma.lends`)
+        #: whether large sends are lent when the peer reads us (set by the mesh: :func:`.cma.lends`)
         self.lending = False
         if segment.identity is not None:  # the peer's slot is written: it published before its HELLO/WELCOME
             why = segment.identity.probe()

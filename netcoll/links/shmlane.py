@@ -17,9 +17,9 @@ from dataclasses import replace
 from typing import Any, Final
 
 from ..errors import ProtocolError
+from ..links.connection import FramedProtocol
 from ..loop import spin_selector
-from ..transport.connection import FramedProtocol
-from ..transport.mailbox import Mailbox
+from ..mesh.mailbox import Mailbox
 from ..wire import Frame, Kind, encode_header
 from . import lane
 from .base import LinkStats

@@ -1,6 +1,6 @@
 """A link over one authenticated TCP connection
-(:class:`~netcoll.transport.connection.FramedProtocol` on a zero-copy
-:class:`~netcoll.transport.socketlink.SocketTransport`).
+(:class:`~netcoll.links.connection.FramedProtocol` on a zero-copy
+:class:`~netcoll.links.sockettransport.SocketTransport`).
 
 The decoder's sink is the link's (:meth:`FramedLink.sink`): a DATA payload is
 checked against the receive window as soon as its header is complete, before
@@ -18,9 +18,9 @@ import asyncio
 from typing import Any, ClassVar
 
 from ..errors import ProtocolError
+from ..links.connection import COALESCE_MAX, FramedProtocol
 from ..loop import spin_selector
-from ..transport.connection import COALESCE_MAX, FramedProtocol
-from ..transport.mailbox import Mailbox
+from ..mesh.mailbox import Mailbox
 from ..wire import Kind, Pieces
 from .base import Quiet
 from .folding import FoldPieces, piece_buffer

@@ -1,8 +1,9 @@
 """A link over one mutually authenticated TLS connection.
 
-The connection is made like a TCP link's (:mod:`netcoll.transport.tcp`), then
-runs TLS (asyncio's TLS layer on :class:`~netcoll.transport.socketlink.SocketTransport`,
-see :func:`netcoll.transport.connection.start_tls`) before the peer handshake.
+The connection is a TCP link's (:class:`~netcoll.links.connection.FramedProtocol`
+on a :class:`~netcoll.links.sockettransport.SocketTransport`), which runs TLS
+(asyncio's TLS layer: :func:`~netcoll.links.connection.start_tls`, from the
+settings of :class:`~netcoll.mesh.certs.TlsConfig`) before the peer handshake.
 Framing, flow control (credits, RTS/CTS) and closing are the TCP link's; what
 differs is below the framing: every byte is encrypted, so a large payload is
 copied once into TLS records instead of going to the kernel with ``sendmsg``

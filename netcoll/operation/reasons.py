@@ -38,7 +38,7 @@ class Reason(str, enum.Enum):
     TIMEOUT = "timeout"  # the deadline passed; names whom we waited for
     MISMATCH = "mismatch"  # ranks called different collectives / shapes / sizes
     CANCELLED = "cancelled"  # Work.cancel() or the awaiting task was cancelled
-    CLOSED = "closed"  # the communicator or transport closed under it
+    CLOSED = "closed"  # the communicator or mesh closed under it
     LIMIT = "limit"  # a peer declared more than a configured limit
     ABORTED = "aborted"  # another member failed it and told us why
     ERROR = "error"  # an unexpected error (a bug) in an algorithm

@@ -103,13 +103,13 @@ class Operation:
         #: place (``links/cma.py``) and the send returns once it has. 0 for operations that only
         #: move data; a reduction's ranks mostly reduce while their peers would be reading, and
         #: its sends are faster copied into the ring (docs/performance.md, "One copy instead of
-        #: two"), unless its algorithm says otherwise (:meth:`~netcoll.transport.base.Channel.lend_from`:
+        #: two"), unless its algorithm says otherwise (:meth:`~netcoll.mesh.channel.Channel.lend_from`:
         #: the ring all_reduce, measured faster lent).
         self.lends_from = NO_STEP if name in RING_ONLY else 0
         #: the first step whose large sends are *synchronous*: they wait until the peer has
         #: posted the receive (a rendezvous) instead of going eagerly into its memory. No step
         #: by default; an algorithm whose ranks would otherwise run ahead of a busier receiver
-        #: says from which step (:meth:`~netcoll.transport.base.Channel.sync_from`: a gather's
+        #: says from which step (:meth:`~netcoll.mesh.channel.Channel.sync_from`: a gather's
         #: and a tree reduce's non-roots, measured faster that way).
         self.sync_from = NO_STEP
         self._loop = loop or asyncio.get_running_loop()

@@ -2,7 +2,7 @@
 not, and which waits form a deadlock (the hang explainer of ``netcoll status``).
 
 Every rank's heartbeat thread carries a report of the operations it is in
-(:meth:`netcoll.transport.mailbox.Mailbox.snapshot`): ``{rank, ops: [[group,
+(:meth:`netcoll.mesh.mailbox.Mailbox.snapshot`): ``{rank, ops: [[group,
 seq, name, fingerprint, seconds running, members, waiting for, seconds since
 it last received, world ranks waited for]], next: {group: next seq}}``
 (ranks before this version send the first seven). The coordinator keeps the

@@ -59,8 +59,8 @@ import msgpack
 
 from ..errors import NetcollError, RendezvousError
 from ..escape import escape
+from ..mesh.certs import TlsConfig
 from ..rpc import RpcClient
-from ..transport.tls import TlsConfig
 from ..wire import Frame, Kind
 from .coordinator import LIVENESS_FACTOR
 from .groups import parse_join
@@ -532,10 +532,10 @@ class RendezvousClient:
         self, report: Callable[[], dict[str, Any] | None], view: Callable[[Any], None] | None = None
     ) -> None:
         """Let every heartbeat carry ``report()`` (called from the heartbeat thread: it must
-        be thread-safe), e.g. ``transport.mailbox.snapshot``: the operations this rank is
+        be thread-safe), e.g. ``mesh.mailbox.snapshot``: the operations this rank is
         in, from which the coordinator builds its arrival board. ``view`` (also called in
         that thread) gets what the coordinator answers of the ranks this one waits for,
-        e.g. ``transport.answers.seen``."""
+        e.g. ``mesh.answers.seen``."""
         if self.lease is not None:
             self.lease.report = report
             self.lease.view = view

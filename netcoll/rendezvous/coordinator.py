@@ -75,10 +75,10 @@ import msgpack
 from ..errors import AuthenticationError, RendezvousError, RendezvousTimeout
 from ..escape import escape
 from ..limits import DEFAULT, Limits
+from ..mesh import auth
+from ..mesh.certs import TlsConfig
+from ..mesh.certs import coerce as coerce_tls
 from ..rpc import Handler, Reply, RpcServer, Session
-from ..transport import auth
-from ..transport.tls import TlsConfig
-from ..transport.tls import coerce as coerce_tls
 from ..wire import Kind
 from . import board as arrivals
 from .groups import (

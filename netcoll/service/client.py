@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..arrays import array_from_meta, as_array, meta_of
+from ..mesh import auth
+from ..mesh.certs import TlsConfig
+from ..mesh.certs import coerce as coerce_tls
 from ..rpc import RpcClient
-from ..transport import auth
-from ..transport.tls import TlsConfig
-from ..transport.tls import coerce as coerce_tls
 from .jobs import JobSpec
 
 #: collectives whose result is the same on every rank (rank 0's copy is returned)

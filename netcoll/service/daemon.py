@@ -23,9 +23,9 @@ from ..arrays import array_from_meta, meta_of
 from ..comm import Communicator, form_group
 from ..errors import CollectiveError, NetcollError, PeerLost
 from ..escape import escape
+from ..mesh.certs import TlsConfig
+from ..mesh.tcpmesh import Listener, TcpMesh
 from ..rendezvous.client import RendezvousClient, new_member_id
-from ..transport.tcp import Listener, TcpTransport
-from ..transport.tls import TlsConfig
 from .jobs import JobSpec, generate_input, verify
 from .runner import ProgressReporter, run_collective
 from .timeline import send_trace
@@ -93,7 +93,7 @@ class RankDaemon:
         self.registered = False
         self.epoch: int | None = None
         self.rank: int | None = None
-        self.transport: TcpTransport | None = None
+        self.mesh: TcpMesh | None = None
         self.comm: Communicator | None = None
         self.buffers: dict[str, np.ndarray] = {}
         self.current_job: int | None = None
@@ -213,14 +213,14 @@ class RankDaemon:
 
     def _in_flight(self) -> dict[str, Any] | None:
         """The operations this rank is in (the heartbeat thread reads it; thread-safe)."""
-        transport = self.transport
-        return None if transport is None else transport.mailbox.snapshot()
+        mesh = self.mesh
+        return None if mesh is None else mesh.mailbox.snapshot()
 
     def _seen(self, answer: Any) -> None:
         """What the coordinator says of the ranks this one waits for (heartbeat thread)."""
-        transport = self.transport
-        if transport is not None:
-            transport.answers.seen(answer)
+        mesh = self.mesh
+        if mesh is not None:
+            mesh.answers.seen(answer)
 
     async def _drain(self, rdv: RendezvousClient) -> None:
         running = "no job is running" if self.current_job is None else f"finishing job {escape(self.current_job)}"
@@ -237,9 +237,9 @@ class RankDaemon:
             await asyncio.sleep(0.05)
 
     async def _drop_links(self) -> None:
-        if self.transport is not None:
-            await self.transport.close()
-        self.transport = self.comm = None
+        if self.mesh is not None:
+            await self.mesh.close()
+        self.mesh = self.comm = None
         self.epoch = self.rank = None
 
     # -- jobs -------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ class RankDaemon:
                 await self._drop_links()
             except Exception:  # the report still goes out
                 log.exception("job %s: could not close the broken links", escape(job_id))
-                self.transport = self.comm = None
+                self.mesh = self.comm = None
                 self.epoch = self.rank = None
         await self._report(job_id, report, payload, recorder)
 
@@ -304,7 +304,7 @@ class RankDaemon:
         if event["epoch"] != self.epoch or self.comm is None:
             await self._drop_links()
             peers = [(str(h), int(p)) for h, p in event["peers"]]
-            transport = TcpTransport(
+            mesh = TcpMesh(
                 self.listener,
                 rank=event["rank"],
                 size=event["world_size"],
@@ -312,10 +312,10 @@ class RankDaemon:
                 peers=peers,
                 token=self.token,
             )
-            self.transport = transport
-            await transport.connect(timeout=min(30.0, float(event["deadline"])))
+            self.mesh = mesh
+            await mesh.connect(timeout=min(30.0, float(event["deadline"])))
             self.epoch, self.rank = event["epoch"], event["rank"]
-            self.comm = Communicator(transport, group=f"epoch{event['epoch']}")
+            self.comm = Communicator(mesh, group=f"epoch{event['epoch']}")
             try:  # link kinds agreed, the cost model calibrated if on (docs/algorithms.md)
                 await form_group(self.comm)
             except BaseException:  # not formed: the next job links anew, as after a failed connect

@@ -53,8 +53,8 @@ from .metrics import MetricsUnavailable
 from .views import JSON_TYPE, render
 
 if TYPE_CHECKING:
+    from ..mesh.certs import TlsConfig
     from ..rendezvous.coordinator import Coordinator
-    from ..transport.tls import TlsConfig
     from .daemon import RankDaemon
 
 log = logging.getLogger("netcoll.http")

@@ -2,7 +2,7 @@
 (``prometheus_client``, the optional extra ``netcoll[metrics]``).
 
 Nothing is counted twice: each scrape reads the coordinator's job service,
-the rank daemon, its links' stats (:meth:`Transport.link_stats`) and the
+the rank daemon, its links' stats (:meth:`Mesh.link_stats`) and the
 process's collective records (:mod:`netcoll.observe`), plus the standard
 ``process_*`` metrics. Base units only (seconds, bytes). Without
 ``prometheus_client`` installed, ``/metrics`` answers 503 saying so and
@@ -220,8 +220,8 @@ def _links(d: RankDaemon) -> Iterator[Any]:
     start at zero with each epoch's links, as after a restart)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    transport = d.transport
-    stats = transport.link_stats() if transport is not None else {}
+    mesh = d.mesh
+    stats = mesh.link_stats() if mesh is not None else {}
     sent = CounterMetricFamily("netcoll_peer_sent_bytes", "Payload bytes sent to each peer rank.", labels=["peer"])
     got = CounterMetricFamily(
         "netcoll_peer_received_bytes", "Payload bytes received from each peer rank.", labels=["peer"]

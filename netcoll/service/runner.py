@@ -1,6 +1,6 @@
 """Run one job's collective on a rank: warm-up, timed iterations, progress.
 
-Kept apart from the daemon so it can be tested over the in-memory transport.
+Kept apart from the daemon so it can be tested over the in-process mesh.
 """
 
 from __future__ import annotations

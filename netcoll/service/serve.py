@@ -29,8 +29,8 @@ from ..logs import ContextFilter
 from .metrics import coordinator_metrics, rank_metrics
 
 if TYPE_CHECKING:
+    from ..mesh.certs import TlsConfig
     from ..rendezvous.coordinator import Coordinator
-    from ..transport.tls import TlsConfig
     from .scheduler import JobService
 
 log = logging.getLogger("netcoll.serve")

@@ -3,7 +3,7 @@
 :mod:`netcoll.testing.explore` is the *schedule explorer*: seeded random programs
 of collectives, sends and receives, splits and cancels that every rank of a group
 runs alike, issued in one order and awaited in a per-rank random order with random
-delays, every result checked against numpy. It runs on the in-memory transport
+delays, every result checked against numpy. It runs on the in-process mesh
 (:func:`~netcoll.testing.explore.run_memory`) and on rank processes over TCP or
 shared memory (:mod:`netcoll.testing.processes`); a failure prints its seed and the
 command that replays it. ``bench/explore.py`` is its command line for long runs.

@@ -1,7 +1,7 @@
 """Explorer configurations, verdicts and replay commands, and the in-memory world.
 
 A :class:`Config` says where a program runs: how many ranks, over which links
-(``memory``: the in-memory transport, tasks in this loop; ``tcp`` or ``shm``:
+(``memory``: the in-process mesh, tasks in this loop; ``tcp`` or ``shm``:
 one process per rank, :mod:`.processes`), on which event loop (``asyncio`` or
 ``netcoll``'s, :func:`netcoll.loop.run`; processes only) and with the tuning
 machinery on (the cost model calibrated, refining every few calls: agreements,
@@ -22,7 +22,7 @@ from typing import Protocol
 from ..comm import Communicator
 from ..errors import CollectiveError
 from ..links.factory import DEFAULT_WINDOW
-from ..transport.memory import MemoryHub
+from ..mesh.inprocess import MemoryHub
 from . import fixed
 from .program import Program, generate
 from .schedule import RankReport, Runner
@@ -161,7 +161,7 @@ async def run_memory(seed: int, config: Config, *, limit: float | None = None) -
     seconds (default: twice the collective deadline, plus 10) is a hang, reported
     with where every rank was."""
     hub = MemoryHub(config.ranks, window=config.window or DEFAULT_WINDOW)
-    comms = [Communicator(t, timeout=config.timeout, segment_bytes=config.segment) for t in hub.transports]
+    comms = [Communicator(t, timeout=config.timeout, segment_bytes=config.segment) for t in hub.meshes]
     start = time.perf_counter()
     try:
         if config.tuning:  # what connect() does with NETCOLL_COST_MODEL=1
@@ -179,7 +179,7 @@ async def run_memory(seed: int, config: Config, *, limit: float | None = None) -
     finally:
         for c in comms:
             await c.close()
-        for t in hub.transports:
+        for t in hub.meshes:
             await t.close()
 
 

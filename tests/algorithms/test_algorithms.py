@@ -24,8 +24,8 @@ import pytest
 
 from netcoll.algorithms import ALGORITHMS, DEFAULT_SEGMENT_BYTES, choose, direct, doubling, ring, tree
 from netcoll.errors import CommunicatorClosed, MismatchError, PeerLost
+from netcoll.mesh.channel import Channel
 from netcoll.ops import ReduceOp, finalize, reduce_reference
-from netcoll.transport.base import Channel
 from tests.support import ALL_LINKS, Group, MakeGroup
 
 SIZES = [1, 2, 3, 4, 5, 8]
@@ -87,7 +87,7 @@ def grid_ops(group: Group, dt: np.dtype, *salt: int) -> list[ReduceOp]:
     """The ops a grid test runs for ``dt``: all of them in memory; over TCP one,
     taken in turn by ``salt`` (the test's parameters), so the grid as a whole
     still runs every op over TCP. The reduction code is the same over both
-    transports; what TCP adds is delivery, which the op does not change."""
+    meshes; what TCP adds is delivery, which the op does not change."""
     ops = ops_for(dt)
     return ops if group.kind == "memory" else [ops[sum(salt) % len(ops)]]
 
@@ -817,7 +817,7 @@ async def test_killed_rank_mid_stream(make_group: MakeGroup) -> None:
     P = 4
     group = await make_group(P, killable=True)
     progressed, killed = asyncio.Event(), asyncio.Event()
-    t3 = group.transports[3]
+    t3 = group.meshes[3]
     original = t3.send
 
     async def send_then_stall(peer: int, kind: Any, header: dict[str, Any], payload: Any = None) -> None:
@@ -853,7 +853,7 @@ def _count_sinks(group: Group) -> dict[str, int]:
     """Count DATA payloads written straight into a posted buffer ('hit') vs
     buffered and copied later ('miss')."""
     stats = {"hit": 0, "miss": 0}
-    for t in group.transports:
+    for t in group.meshes:
 
         def sink(src: int, header: dict[str, Any], nbytes: int, orig: Any = t.mailbox.sink) -> Any:
             out = orig(src, header, nbytes)
@@ -1168,15 +1168,15 @@ async def test_rooted_collectives_non_roots_wait_for_the_roots_receive(make_grou
             await ALGORITHMS["reduce"]["tree"](ch, buf, "sum", 0)
             return buf if ch.rank == 0 else None
 
-        before = [{p: link.stats() for p, link in t.links.items()} for t in group.transports]
+        before = [{p: link.stats() for p, link in t.links.items()} for t in group.meshes]
         got = (await group.run(body))[0]
         want = np.stack(inputs) if name == "gather" else np.full(count, P * (P + 1) // 2, np.float32)
         assert got is not None and np.array_equal(got, want)
         rendezvous = sum(
             link.stats().rendezvous - before[r][p].rendezvous
-            for r, t in enumerate(group.transports)
+            for r, t in enumerate(group.meshes)
             for p, link in t.links.items()
         )
         # gather: the 3 non-roots; the tree: 1 -> 0, 2 -> 0, 3 -> 2 (shared memory never syncs)
-        synced = nbytes >= SYNC_MIN and group.transports[0].links[1].kind != "shm"
+        synced = nbytes >= SYNC_MIN and group.meshes[0].links[1].kind != "shm"
         assert rendezvous == (3 if synced else 0)

@@ -24,7 +24,7 @@ import pytest
 from netcoll.algorithms import ALGORITHMS, _common
 from netcoll.comm import Communicator
 from netcoll.links.factory import MIN_WINDOW
-from netcoll.transport.memory import MemoryHub
+from netcoll.mesh.inprocess import MemoryHub
 from tests.support import ALL_LINKS, tcp_group
 
 SEGMENT = 4096  # bytes: with the sizes below, dozens to hundreds of segments per chunk
@@ -44,14 +44,14 @@ async def tiny_world(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     async def make(n: int) -> list[Communicator]:
         if request.param == "memory":
             hub = MemoryHub(n, window=MIN_WINDOW)
-            transports = list(hub.transports)
+            meshes = list(hub.meshes)
 
             async def close() -> None:
-                for t in transports:
+                for t in meshes:
                     await t.close()
 
             closers.append(close)
-            return [Communicator(t, timeout=30.0, segment_bytes=SEGMENT) for t in transports]
+            return [Communicator(t, timeout=30.0, segment_bytes=SEGMENT) for t in meshes]
         group = await tcp_group(n, links=request.param, window=MIN_WINDOW)
         closers.append(group.close)
         return group.communicators(timeout=30.0, segment_bytes=SEGMENT)

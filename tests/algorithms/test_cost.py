@@ -17,7 +17,7 @@ from netcoll.algorithms import ALGORITHMS, choose, decide, parse_overrides
 from netcoll.algorithms import cost as cm
 from netcoll.algorithms.tuning import combine, fit, fit_factors
 from netcoll.errors import ConfigError
-from netcoll.transport.base import Channel
+from netcoll.mesh.channel import Channel
 from tests.support.worlds import memory_world
 
 #: loopback-like (Python per-message cost dominates) and a 200 µs / 1 Gbit/s network

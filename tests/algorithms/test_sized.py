@@ -13,7 +13,7 @@ import pytest
 from netcoll.algorithms import sized
 from netcoll.algorithms.tree import binomial_tree
 from netcoll.errors import MismatchError
-from netcoll.transport.base import Channel
+from netcoll.mesh.channel import Channel
 from tests.support import MakeGroup
 
 

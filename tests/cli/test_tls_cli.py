@@ -13,7 +13,7 @@ import pytest
 
 from netcoll.cli.common import CliError
 from netcoll.cli.health import http_get
-from netcoll.transport.tls import TlsConfig
+from netcoll.mesh.certs import TlsConfig
 from tests.cli.test_cli import Cluster, base_env, metric, one_error_line, run_cli
 from tests.cli.test_cli import pytestmark as cli_marks
 from tests.support.tlsca import issue, make_ca

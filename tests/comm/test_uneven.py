@@ -10,8 +10,8 @@ import pytest
 
 from netcoll import CollectiveAborted, MismatchError
 from netcoll.comm import Communicator
+from netcoll.mesh.inprocess import MemoryHub
 from netcoll.ops import BFLOAT16, ReduceOp, finalize, reduce_into
-from netcoll.transport.memory import MemoryHub
 from tests.support import memory_world, rank_data, run_world, run_world_settled, valid_ops
 
 WORLD_SIZES = [1, 2, 3, 5]
@@ -196,7 +196,7 @@ async def test_reduce_scatter_list_floats_deterministic_and_big() -> None:
 
 
 def _untouched(hub: MemoryHub) -> bool:
-    return all(t.frames_sent == 0 for t in hub.transports)
+    return all(t.frames_sent == 0 for t in hub.meshes)
 
 
 @pytest.mark.parametrize(
@@ -275,7 +275,7 @@ async def test_uneven_gather_dtype_disagreement_is_a_mismatch() -> None:
 )
 async def test_different_segment_bytes_is_a_mismatch(call) -> None:  # type: ignore[no-untyped-def]
     hub = MemoryHub(2)
-    comms = [Communicator(t, segment_bytes=s) for t, s in zip(hub.transports, (64, 128), strict=True)]
+    comms = [Communicator(t, segment_bytes=s) for t, s in zip(hub.meshes, (64, 128), strict=True)]
     import asyncio
 
     async with asyncio.timeout(10):

@@ -537,8 +537,8 @@ def _tls_round_trip(files: dict[str, str]) -> None:
     """The made node and client certificates authenticate each other through netcoll's TLS."""
     import asyncio
 
+    from netcoll.mesh.certs import TlsConfig
     from netcoll.rpc import RpcClient, RpcServer
-    from netcoll.transport.tls import TlsConfig
 
     node = TlsConfig(cert=files["node.pem"], key=files["node.key"], ca=files["ca.pem"])
     client = TlsConfig(cert=files["client.pem"], key=files["client.key"], ca=files["ca.pem"])

@@ -28,6 +28,8 @@ LIGHT = {
     "netcoll.collectives": ("numpy", "msgpack", "pydantic"),
     "netcoll.config": ("numpy", "msgpack"),
     "netcoll.errors": ("numpy", "msgpack", "pydantic"),
+    # RPC and the coordinator run on the framed connection of netcoll.links, not its link kinds
+    "netcoll.rendezvous": ("numpy",),
 }
 #: modules that run a program when imported
 ENTRY_POINTS = {"__main__"}

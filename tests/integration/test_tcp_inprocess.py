@@ -17,8 +17,8 @@ import pytest
 
 import netcoll
 from netcoll import CollectiveAborted, CollectiveTimeout, Communicator, PeerLost
+from netcoll.mesh import auth, tcpmesh
 from netcoll.ops import BFLOAT16, reduce_reference
-from netcoll.transport import auth, tcp
 from netcoll.wire import FrameDecoder, Kind, encode_header
 from tests.support import REPO
 
@@ -204,7 +204,7 @@ def error_frame(frames: list[tuple[Kind, dict[str, Any]]]) -> dict[str, Any]:
 
 
 async def test_bad_clients_on_the_peer_port(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tcp, "SESSION_WAIT", 1.0)
+    monkeypatch.setattr(tcpmesh, "SESSION_WAIT", 1.0)
     token = "s3cret"
     async with world(3, token=token) as comms:
         target = comms[1]
@@ -404,7 +404,7 @@ async def test_send_on_a_link_the_peer_is_closing_is_peer_lost() -> None:
     being reported, a send must fail as PeerLost, not as some other error."""
     async with world(2) as comms:
         t0 = comms[0].transport
-        assert isinstance(t0, tcp.TcpTransport)
+        assert isinstance(t0, tcpmesh.TcpMesh)
         link = t0.links[1]
         link.transport.close()  # what an EOF from the peer does here
         header = {"g": "x", "q": 0, "f": "f", "s": 0, "c": 0}

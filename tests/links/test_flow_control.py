@@ -25,9 +25,9 @@ from netcoll.links.flow import MAX_PENDING_RTS, Flow
 from netcoll.links.framed import SYNC_MIN, FramedLink
 from netcoll.links.memory import MemoryLink
 from netcoll.links.tcp import TcpLink
+from netcoll.mesh.channel import Channel, Mesh
+from netcoll.mesh.inprocess import MemoryHub
 from netcoll.operation import Reason
-from netcoll.transport.base import Channel, Transport
-from netcoll.transport.memory import MemoryHub
 from netcoll.wire import CHUNK, FrameDecoder, Kind, Limits, encode, encode_header
 from tests.support import tcp_group
 from tests.support.waiting import until
@@ -42,14 +42,14 @@ GIB = 1 << 30
 class Pair:
     """Ranks 0 and 1 in this event loop over one kind of link."""
 
-    def __init__(self, kind: str, transports: list[Transport]) -> None:
+    def __init__(self, kind: str, meshes: list[Mesh]) -> None:
         self.kind = kind
-        self.transports = transports
+        self.meshes = meshes
         self.seq = 0
 
     def link(self, rank: int) -> FramedLink:
         """Rank ``rank``'s link to the other rank."""
-        link = self.transports[rank].links[1 - rank]
+        link = self.meshes[rank].links[1 - rank]
         assert isinstance(link, FramedLink)
         return link
 
@@ -58,7 +58,7 @@ class Pair:
         seq, self.seq = self.seq, self.seq + 1
 
         async def one(r: int) -> Any:
-            t = self.transports[r]
+            t = self.meshes[r]
             op = t.mailbox.open("g", seq, "fp", (0, 1), "test")
             try:
                 return await fns[r](Channel(t, op))
@@ -79,17 +79,17 @@ async def _memory_pair(window: int) -> tuple[Pair, Callable[[], Awaitable[None]]
     hub = MemoryHub(2, window=window)
 
     async def close() -> None:
-        for t in hub.transports:
+        for t in hub.meshes:
             await t.close()
 
-    return Pair("memory", list(hub.transports)), close
+    return Pair("memory", list(hub.meshes)), close
 
 
 async def _tcp_pair(window: int, kind: str) -> tuple[Pair, Callable[[], Awaitable[None]]]:
-    """Two authenticated TcpTransports on loopback (:func:`tcp_group`), joined by
+    """Two authenticated TcpMeshes on loopback (:func:`tcp_group`), joined by
     ``kind`` links: ``"tcp"`` or ``"shm"``."""
     group = await tcp_group(2, token="flow-s3cret", links=kind, window=window)
-    return Pair(kind, group.transports), group.close
+    return Pair(kind, group.meshes), group.close
 
 
 MakePair = Callable[[int], Awaitable[Pair]]
@@ -396,7 +396,7 @@ async def test_two_concurrent_sends_received_second_first_do_not_deadlock(make_p
 async def test_two_ranks_each_issue_a_large_send_before_their_receive(make_pair: MakePair) -> None:
     pair = await make_pair(4 * MIB)
     size = 48 * MIB
-    comms = [Communicator(t, timeout=60) for t in pair.transports]
+    comms = [Communicator(t, timeout=60) for t in pair.meshes]
 
     async def rank(c: Communicator) -> bool:
         mine = filled(size, c.rank + 1)

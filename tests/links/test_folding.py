@@ -19,8 +19,8 @@ from netcoll.links import folding
 from netcoll.links.factory import LinkConfig
 from netcoll.links.folding import FoldPieces
 from netcoll.links.tcp import TcpLink
+from netcoll.mesh.certs import TlsConfig
 from netcoll.ops import Fold, ReduceOp, reduce_to
-from netcoll.transport.tls import TlsConfig
 from tests.support.groups import tcp_mesh
 from tests.support.tlsca import issue, make_ca
 from tests.support.worlds import memory_world

@@ -15,15 +15,15 @@ from netcoll.comm import Communicator
 from netcoll.errors import ProtocolError
 from netcoll.links import Capabilities, Link, LinkConfig, LinkFactory, LinkStats, choose
 from netcoll.links import factory as factory_mod
+from netcoll.links.connection import COALESCE_MAX as EAGER_MAX  # the largest frame written without awaiting
 from netcoll.links.framed import ABORT_REASON_MAX
 from netcoll.links.memory import MemoryLink
 from netcoll.links.shm import ShmLink
 from netcoll.links.tcp import TcpLink
-from netcoll.transport import auth
-from netcoll.transport.base import Transport
-from netcoll.transport.connection import COALESCE_MAX as EAGER_MAX  # the largest frame written without awaiting
-from netcoll.transport.memory import MemoryHub
-from netcoll.transport.tcp import Listener, TcpTransport
+from netcoll.mesh import auth
+from netcoll.mesh.channel import Mesh
+from netcoll.mesh.inprocess import MemoryHub
+from netcoll.mesh.tcpmesh import Listener, TcpMesh
 from netcoll.wire import FrameDecoder, Kind, encode_header
 from tests.support.groups import tcp_mesh
 
@@ -39,7 +39,7 @@ def test_link_kinds_implement_the_interface() -> None:
     assert issubclass(TcpLink, Link) and issubclass(MemoryLink, Link)
     assert (TcpLink.kind, MemoryLink.kind) == ("tcp", "memory")
     hub = MemoryHub(2, window=2 * MIB)
-    link = hub.transports[0].links[1]
+    link = hub.meshes[0].links[1]
     assert isinstance(link, MemoryLink) and link.peer == 1 and link.usable
     stats = link.stats()
     assert isinstance(stats, LinkStats)
@@ -71,19 +71,19 @@ def test_link_kinds_implement_the_interface() -> None:
 
 async def test_memory_hub_links_every_pair_and_kill_breaks_them() -> None:
     hub = MemoryHub(3)
-    for t in hub.transports:
+    for t in hub.meshes:
         assert sorted(t.link_stats()) == sorted(set(range(3)) - {t.rank})
         assert {s.kind for s in t.link_stats().values()} == {"memory"}
     hub.kill(2)
-    assert hub.transports[0].links[2].lost is not None and 2 in hub.transports[0].mailbox.dead
-    assert hub.transports[0].links[1].lost is None
-    assert not hub.transports[1].links[2].usable
+    assert hub.meshes[0].links[2].lost is not None and 2 in hub.meshes[0].mailbox.dead
+    assert hub.meshes[0].links[1].lost is None
+    assert not hub.meshes[1].links[2].usable
 
 
 async def test_memory_link_close_is_an_orderly_leave() -> None:
     hub = MemoryHub(2)
-    hub.transports[0].links[1].close()
-    assert hub.transports[1].mailbox.departed == {0}  # BYE first: graceful, not a crash
+    hub.meshes[0].links[1].close()
+    assert hub.meshes[1].mailbox.departed == {0}  # BYE first: graceful, not a crash
 
 
 # --------------------------------------------------------------------------- capabilities and the factory
@@ -190,7 +190,7 @@ async def test_link_stats_count_traffic_per_peer() -> None:
         assert s0.frames_sent >= 2 and s0.unexpected_bytes == s1.unexpected_bytes == 0
 
 
-async def _received(t: TcpTransport, seq: int, peer: int) -> bytes:
+async def _received(t: TcpMesh, seq: int, peer: int) -> bytes:
     op = t.mailbox.open("g", seq, "fp", (0, 1), "test")
     try:
         async with asyncio.timeout(10):
@@ -242,7 +242,7 @@ async def test_small_sends_go_out_without_awaiting_unless_something_is_in_the_wa
 async def test_a_peer_without_link_capabilities_is_refused() -> None:
     listener = Listener(token=None)
     address = await listener.start(LOOPBACK, 0)
-    mesh = TcpTransport(listener, rank=0, size=2, session="caps-test", peers=[address, address])
+    mesh = TcpMesh(listener, rank=0, size=2, session="caps-test", peers=[address, address])
     connecting = asyncio.ensure_future(mesh.connect(5.0))
     try:
         reader, writer = await asyncio.open_connection(*address)
@@ -294,9 +294,9 @@ async def test_orderly_close_is_seen_as_a_graceful_leave() -> None:
 
 
 def test_transport_is_the_generic_mesh() -> None:
-    t = Transport(0, 2)
+    t = Mesh(0, 2)
     hub = MemoryHub(2)
-    link = hub.transports[0].links[1]
+    link = hub.meshes[0].links[1]
     t.attach(link)
     assert t.links == {1: link} and link.on_lost is not None
     assert list(t.link_stats()) == [1]
@@ -313,7 +313,7 @@ def test_an_operation_moving_large_messages_over_tcp_holds_the_loop_from_polling
     polling serves their large transfers, nor anything on asyncio's own loop."""
     from netcoll import loop as nloop
     from netcoll.links import shm
-    from netcoll.transport.base import QUIET_MIN
+    from netcoll.mesh.channel import QUIET_MIN
 
     if transport == "shm" and not shm.possible():
         pytest.skip("no /dev/shm here")
@@ -353,7 +353,7 @@ def test_an_operation_moving_large_messages_over_tcp_holds_the_loop_from_polling
 @pytest.mark.tcp
 def test_closing_a_transport_releases_the_holds_of_operations_still_open(monkeypatch: pytest.MonkeyPatch) -> None:
     from netcoll import loop as nloop
-    from netcoll.transport.base import QUIET_MIN, Channel
+    from netcoll.mesh.channel import QUIET_MIN, Channel
 
     monkeypatch.setenv("NETCOLL_TRANSPORT", "tcp")
 

@@ -18,9 +18,9 @@ from netcoll.errors import ProtocolError
 from netcoll.links import cma, shm
 from netcoll.links.factory import LinkConfig
 from netcoll.links.shm import ShmLink
+from netcoll.mesh.channel import Channel
+from netcoll.mesh.tcpmesh import TcpMesh
 from netcoll.operation import state
-from netcoll.transport.base import Channel
-from netcoll.transport.tcp import TcpTransport
 from netcoll.wire import Kind
 from tests.links.test_shm_links import broken, kinds, leftovers, mesh, on_comms, pattern
 from tests.support.waiting import until
@@ -47,7 +47,7 @@ def lend_always(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NETCOLL_SHM_CMA", "1")
 
 
-async def exchange(ts: list[TcpTransport], name: str, data: np.ndarray, *, late: bool = False) -> np.ndarray:
+async def exchange(ts: list[TcpMesh], name: str, data: np.ndarray, *, late: bool = False) -> np.ndarray:
     """Rank 0 sends ``data`` to rank 1 in an operation called ``name``; rank 1's
     receive is posted into a buffer (``late``: only after the data arrived, so it is held)."""
     ops = [t.mailbox.open("g", 0, "fp", (0, 1), name) for t in ts]
@@ -70,7 +70,7 @@ async def exchange(ts: list[TcpTransport], name: str, data: np.ndarray, *, late:
     return out
 
 
-def direct(ts: list[TcpTransport]) -> tuple[int, int]:
+def direct(ts: list[TcpMesh]) -> tuple[int, int]:
     return ts[0].link_stats()[1].direct_sent, ts[1].link_stats()[0].direct_received
 
 
@@ -248,7 +248,7 @@ async def test_a_link_lost_while_direct_data_waits_reads_nothing(monkeypatch: py
         assert victim.direct_received == 0 and not victim.mailbox.early_rts  # nothing left behind
 
 
-async def exchange_seq(ts: list[TcpTransport], seq: int, data: np.ndarray) -> np.ndarray:
+async def exchange_seq(ts: list[TcpMesh], seq: int, data: np.ndarray) -> np.ndarray:
     ops = [t.mailbox.open("g", seq, "fp", (0, 1), "broadcast") for t in ts]
     out = np.zeros_like(data)
     try:

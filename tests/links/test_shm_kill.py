@@ -20,8 +20,8 @@ from netcoll.links import shm
 from netcoll.links.cma import enabled as cma_enabled
 from netcoll.links.shm import ShmLink
 from netcoll.links.shmring import SHM_DIR
-from netcoll.transport.base import Channel
-from netcoll.transport.tcp import Listener, TcpTransport
+from netcoll.mesh.channel import Channel
+from netcoll.mesh.tcpmesh import Listener, TcpMesh
 from tests.support.env import subprocess_env
 
 pytestmark = [pytest.mark.tcp, pytest.mark.skipif(not shm.possible(), reason="no /dev/shm here")]
@@ -41,14 +41,14 @@ _RANK1 = textwrap.dedent(
     import asyncio, sys
     import numpy as np
     from netcoll.links.factory import LinkConfig
-    from netcoll.transport.base import Channel
-    from netcoll.transport.tcp import Listener, TcpTransport
+    from netcoll.mesh.channel import Channel
+    from netcoll.mesh.tcpmesh import Listener, TcpMesh
 
     async def main() -> None:
         host, port, token, role = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
         listener = Listener(token=token)
         me = await listener.start("127.0.0.1", 0)
-        t = TcpTransport(listener, rank=1, size=2, session="kill", peers=[(host, port), me],
+        t = TcpMesh(listener, rank=1, size=2, session="kill", peers=[(host, port), me],
                          token=token, links=LinkConfig(window=1 << 20, shm_bytes=64 << 10))
         await t.connect(10.0)
         ch = Channel(t, t.mailbox.open("g", 0, "fp", (0, 1), "test"))
@@ -87,7 +87,7 @@ async def test_a_peer_killed_mid_transfer_fails_the_operation_with_peer_lost(
         pytest.skip("no process_vm_readv here")
     listener = Listener(token=TOKEN)
     me = await listener.start(LOOPBACK, 0)
-    t = TcpTransport(listener, rank=0, size=2, session="kill", peers=[me, (LOOPBACK, 9)], token=TOKEN)
+    t = TcpMesh(listener, rank=0, size=2, session="kill", peers=[me, (LOOPBACK, 9)], token=TOKEN)
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",

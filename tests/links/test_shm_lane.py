@@ -35,7 +35,7 @@ from netcoll.links.lane import (
 )
 from netcoll.links.shm import RING_MIN, ShmLink
 from netcoll.loop import spin_selector
-from netcoll.transport.base import Channel
+from netcoll.mesh.channel import Channel
 from netcoll.wire import DEFAULT_LIMITS, Kind, encode_header
 from tests.links.test_shm_links import broken, mesh, pattern, run
 

@@ -26,9 +26,9 @@ from netcoll.links.factory import LinkConfig
 from netcoll.links.shm import RING_MIN, ShmLink
 from netcoll.links.shmring import SHM_DIR, Segment
 from netcoll.loop import spin_selector
-from netcoll.transport.base import Channel
-from netcoll.transport.tcp import Listener, TcpTransport
-from netcoll.transport.tls import TlsConfig
+from netcoll.mesh.certs import TlsConfig
+from netcoll.mesh.channel import Channel
+from netcoll.mesh.tcpmesh import Listener, TcpMesh
 from netcoll.wire import Kind
 from tests.support.groups import tcp_mesh
 from tests.support.tlsca import issue, make_ca
@@ -66,16 +66,16 @@ def mesh(n: int, config: LinkConfig | None = None, tls: TlsConfig | None = None)
     return tcp_mesh(n, token=TOKEN, configs=[config] * n, tls=tls, timeout=15)
 
 
-def kinds(transports: list[TcpTransport]) -> set[str]:
-    return {s.kind for t in transports for s in t.link_stats().values()}
+def kinds(meshes: list[TcpMesh]) -> set[str]:
+    return {s.kind for t in meshes for s in t.link_stats().values()}
 
 
-async def run(transports: list[TcpTransport], fns: list[Any], seq: int, timeout: float = 30.0) -> list[Any]:
+async def run(meshes: list[TcpMesh], fns: list[Any], seq: int, timeout: float = 30.0) -> list[Any]:
     """``fns[r](channel)`` on rank r in operation ``seq``; results by rank."""
 
     async def one(r: int) -> Any:
-        t = transports[r]
-        op = t.mailbox.open("g", seq, "fp", tuple(range(len(transports))), "test")
+        t = meshes[r]
+        op = t.mailbox.open("g", seq, "fp", tuple(range(len(meshes))), "test")
         try:
             return await fns[r](Channel(t, op))
         finally:
@@ -92,7 +92,7 @@ async def broken(link: Any, timeout: float = 5.0) -> None:
             await asyncio.sleep(0.01)
 
 
-async def on_comms(ts: list[TcpTransport], fn: Any, **kwargs: Any) -> list[Any]:
+async def on_comms(ts: list[TcpMesh], fn: Any, **kwargs: Any) -> list[Any]:
     """``fn(communicator)`` on every rank of ``ts`` at once (communicators made with
     ``kwargs``, closed after); the results by rank."""
     comms = [Communicator(t, **kwargs) for t in ts]
@@ -171,7 +171,7 @@ async def test_netcoll_transport_shm_forces_shm_and_fails_clearly_when_impossibl
             pass
     monkeypatch.setattr(shm, "possible", lambda: False)
     with pytest.raises(ValueError, match="NETCOLL_TRANSPORT=shm, but this host has no /dev/shm"):
-        TcpTransport(Listener(), rank=0, size=1, session="x", peers=[(LOOPBACK, 1)])
+        TcpMesh(Listener(), rank=0, size=1, session="x", peers=[(LOOPBACK, 1)])
     monkeypatch.setattr(shm, "possible", lambda: True)
     monkeypatch.setattr(shm, "make_segment", lambda ring: (None, "/dev/shm is full"))
     with pytest.raises(RendezvousError, match="NETCOLL_TRANSPORT=shm, but rank 1 cannot use shared memory"):

@@ -1,4 +1,4 @@
-"""The schedule explorer on the in-memory transport (issue 34): hundreds of seeded
+"""The schedule explorer on the in-process mesh (issue 34): hundreds of seeded
 random programs, issued alike on every rank and awaited in per-rank random orders,
 every result checked against numpy; and the explorer itself: its programs are
 replayable and cover what they should, and it catches a wrong value, a hang and a

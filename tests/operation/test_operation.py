@@ -1,5 +1,5 @@
 """The operation state machine and the mailbox's routing, without any
-transport: states, first-cause-wins failures, and the exactly-once
+mesh: states, first-cause-wins failures, and the exactly-once
 ``released`` accounting that flow control relies on."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from netcoll.errors import CollectiveAborted, CollectiveCancelled, CollectiveClosed, MismatchError, PeerLost
+from netcoll.mesh.mailbox import Mailbox
 from netcoll.operation import Failure, Operation, Reason, State
-from netcoll.transport.mailbox import Mailbox
 
 
 def hdr(q: int = 0, s: int = 0, c: int = 0, f: str = "fp", g: str = "g") -> dict[str, Any]:
@@ -195,10 +195,10 @@ async def test_a_wait_for_a_posted_receive_can_be_taken_back() -> None:
 async def test_sends_are_lent_from_the_step_an_algorithm_says() -> None:
     """Operations that only move data lend from step 0; the reductions (and calibrate)
     from no step, unless their algorithm says from which one (``Channel.lend_from``)."""
-    from netcoll.transport.base import Channel
-    from netcoll.transport.memory import MemoryHub
+    from netcoll.mesh.channel import Channel
+    from netcoll.mesh.inprocess import MemoryHub
 
-    t = MemoryHub(2).transports[0]
+    t = MemoryHub(2).meshes[0]
     moving = t.mailbox.open("g", 0, "fp", (0, 1), "all_gather")
     reducing = t.mailbox.open("g", 1, "fp", (0, 1), "all_reduce")
     assert t.mailbox.lends(hdr(q=0, s=0)) and not t.mailbox.lends(hdr(q=1, s=0))

@@ -1,7 +1,7 @@
-"""Timeouts that say what is stuck (netcoll.engine, netcoll.transport.answers): a cycle of
+"""Timeouts that say what is stuck (netcoll.engine, netcoll.mesh.answers): a cycle of
 waits, within one operation or across two, is named a deadlock with the ranks and the
 operations in it; a chain that ends at a rank that never called names that rank. Real
-hangs over the in-memory transport; the reports are awaited (a long grace that ends as
+hangs over the in-process mesh; the reports are awaited (a long grace that ends as
 soon as the chain is whole), so the verdict does not depend on this machine's speed."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from netcoll.comm import Communicator
 from netcoll.errors import CollectiveAborted, CollectiveTimeout
-from netcoll.transport.answers import Answers
+from netcoll.mesh.answers import Answers
 from netcoll.waits import Wait
 from tests.support.worlds import memory_world
 
@@ -102,14 +102,14 @@ async def test_a_rank_waiting_nowhere_does_not_answer() -> None:
     (err,) = await _settled(comms[0].recv(1, timeout=0.3))
     assert isinstance(err, CollectiveTimeout)
     assert str(err).endswith(f"waiting for rank 1; rank 1 {NEVER}")
-    assert comms[1]._engine.transport.answers.heard  # it heard rank 0's wait all the same
+    assert comms[1]._engine.mesh.answers.heard  # it heard rank 0's wait all the same
 
 
 def test_an_answer_is_never_answered() -> None:
     """An answer names another operation than its own: the hook keeps it, sends nothing."""
 
-    transport = SimpleNamespace(rank=1, closed=False, mailbox=SimpleNamespace(ops={}))
-    answers = Answers(transport)  # type: ignore[arg-type]
+    mesh = SimpleNamespace(rank=1, closed=False, mailbox=SimpleNamespace(ops={}))
+    answers = Answers(mesh)  # type: ignore[arg-type]
     header = {
         "g": "default",
         "q": 1,
@@ -123,8 +123,8 @@ def test_an_answer_is_never_answered() -> None:
 
 
 def test_the_coordinators_answer_is_checked() -> None:
-    transport = SimpleNamespace(rank=1, closed=False, mailbox=SimpleNamespace(ops={}))
-    answers = Answers(transport)  # type: ignore[arg-type]
+    mesh = SimpleNamespace(rank=1, closed=False, mailbox=SimpleNamespace(ops={}))
+    answers = Answers(mesh)  # type: ignore[arg-type]
     answers.seen(
         {
             "waits": [[0, "all_reduce", 1, "default", [2], 8.0, 8.0], [0, "x"], [-1, "a", 1, "g", [2], 1.0, 1.0], "no"],

@@ -10,10 +10,12 @@ import msgpack
 import pytest
 
 from netcoll.errors import AuthenticationError, RendezvousError, RendezvousTimeout
+from netcoll.links.connection import FramedProtocol
+from netcoll.mesh.handshake import server_handshake
+from netcoll.mesh.server import Server
 from netcoll.rendezvous import Coordinator, JoinResult, Peer, RendezvousClient
 from netcoll.rendezvous.groups import JoinRequest, Member, check_join, is_loopback, resolve_host
 from netcoll.rpc import RpcClient
-from netcoll.transport.connection import FramedProtocol, Server, server_handshake
 from netcoll.wire import MAGIC, PREFIX, VERSION, Kind
 
 pytestmark = [pytest.mark.tcp, pytest.mark.timeout(10)]

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 import netcoll
+from netcoll.mesh.certs import TlsConfig
 from netcoll.service import JobService
 from netcoll.service.http import HttpServer
 from netcoll.service.jobs import JobSpec, JobState
 from netcoll.service.records import Job
 from netcoll.service.views import MAX_BODY, MAX_JOBS, MAX_TEXT, coordinator_views, render
-from netcoll.transport.tls import TlsConfig
 from tests.support.services import service
 
 pytestmark = pytest.mark.tcp

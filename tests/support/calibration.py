@@ -16,7 +16,7 @@ import pytest
 
 from netcoll.algorithms import cost, probe
 from netcoll.algorithms.probe import Sample
-from netcoll.transport.base import Channel
+from netcoll.mesh.channel import Channel
 
 #: a loopback-like machine, not the model's prior (:data:`~netcoll.algorithms.cost.DEFAULT_PARAMS`):
 #: what calibration then agrees on comes from the told samples

@@ -1,4 +1,4 @@
-"""Groups of ranks in this event loop over the in-memory transport or real
+"""Groups of ranks in this event loop over the in-process mesh or real
 loopback TCP: what the ``make_group`` fixture hands out (every algorithm and
 link test runs over both)."""
 
@@ -12,13 +12,13 @@ from typing import Any, Protocol
 
 from netcoll.comm import Communicator
 from netcoll.links import LinkConfig
-from netcoll.transport.base import Channel, Transport
-from netcoll.transport.memory import MemoryHub
-from netcoll.transport.tcp import Listener, TcpTransport
-from netcoll.transport.tls import TlsConfig
+from netcoll.mesh.certs import TlsConfig
+from netcoll.mesh.channel import Channel, Mesh
+from netcoll.mesh.inprocess import MemoryHub
+from netcoll.mesh.tcpmesh import Listener, TcpMesh
 from netcoll.wire import Kind
 
-#: the transports :func:`make_group` runs a test over (its ids); a test may add "shm"
+#: the link kinds :func:`make_group` runs a test over (its ids); a test may add "shm"
 #: (``@pytest.mark.parametrize("make_group", ALL_LINKS, indirect=True)``): a socket mesh
 #: whose links are shared memory, as netcoll picks them on one host
 TRANSPORTS = ("memory", "tcp")
@@ -28,7 +28,7 @@ _SESSIONS = itertools.count()
 
 
 class Group:
-    """``size`` ranks in this event loop, linked by one kind of transport
+    """``size`` ranks in this event loop, linked by one kind of link
     (``"memory"`` or ``"tcp"``): what an algorithm test runs on.
 
     :meth:`run` opens one operation on every rank (or on ``ranks``) and runs
@@ -41,14 +41,14 @@ class Group:
     def __init__(
         self,
         kind: str,
-        transports: list[Transport],
+        meshes: list[Mesh],
         *,
         kill: Callable[[int], None],
         close: Callable[[], Awaitable[None]],
     ) -> None:
         self.kind = kind
-        self.transports = transports
-        self.size = len(transports)
+        self.meshes = meshes
+        self.size = len(meshes)
         self.seq = 0
         self._kill = kill
         self._close = close
@@ -63,7 +63,7 @@ class Group:
         members = tuple(range(self.size))
 
         async def one(r: int) -> Any:
-            t = self.transports[r]
+            t = self.meshes[r]
             op = t.mailbox.open("g", seq, "fp", members, "test")
             try:
                 return await fn(Channel(t, op))
@@ -89,7 +89,7 @@ class Group:
         """From now on, count the DATA frames each rank sends; returns the
         live per-rank counts."""
         counts = [0] * self.size
-        for r, t in enumerate(self.transports):
+        for r, t in enumerate(self.meshes):
             send = t.send
 
             async def counted(
@@ -118,7 +118,7 @@ class Group:
 
     def communicators(self, **kw: Any) -> list[Communicator]:
         """A :class:`Communicator` on every rank (closed with the group)."""
-        comms = [Communicator(t, **kw) for t in self.transports]
+        comms = [Communicator(t, **kw) for t in self.meshes]
         self._comms += comms
         return comms
 
@@ -132,10 +132,10 @@ def memory_group(size: int) -> Group:
     hub = MemoryHub(size)
 
     async def close() -> None:
-        for t in hub.transports:
+        for t in hub.meshes:
             await t.close()
 
-    return Group("memory", list(hub.transports), kill=hub.kill, close=close)
+    return Group("memory", list(hub.meshes), kill=hub.kill, close=close)
 
 
 class _Cable:
@@ -222,7 +222,7 @@ async def tcp_group(
     window: int | None = None,
 ) -> Group:
     """``size`` ranks over real loopback sockets: one :class:`Listener` per rank,
-    as in a process, and a :class:`TcpTransport` mesh of one session whose links
+    as in a process, and a :class:`TcpMesh` mesh of one session whose links
     are ``links``: ``"tcp"``, or ``"shm"`` (what netcoll picks on one host: shared
     memory, its socket for small frames and wake-ups). ``killable``: every link runs
     through a :class:`_Cable`, so :meth:`Group.kill` can cut a rank's links the way
@@ -231,11 +231,11 @@ async def tcp_group(
     transport = "tcp" if links == "tcp" else "auto"
     config = LinkConfig(transport=transport) if window is None else LinkConfig(window=window, transport=transport)
     listeners = [Listener(token=token) for _ in range(size)]
-    transports: list[TcpTransport] = []
+    meshes: list[TcpMesh] = []
     cables: dict[tuple[int, int], _Cable] = {}
 
     async def close() -> None:
-        await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+        await asyncio.gather(*(t.close() for t in meshes), return_exceptions=True)
         for cable in cables.values():
             await cable.close()
         for listener in listeners:
@@ -257,18 +257,18 @@ async def tcp_group(
                 cable = cables[(r, j)] = _Cable(addresses[j])
                 await cable.start()
                 peers[j] = cable.address
-            transports.append(
-                TcpTransport(listeners[r], rank=r, size=size, session=session, peers=peers, token=token, links=config)
+            meshes.append(
+                TcpMesh(listeners[r], rank=r, size=size, session=session, peers=peers, token=token, links=config)
             )
-        await asyncio.gather(*(t.connect(timeout) for t in transports))
+        await asyncio.gather(*(t.connect(timeout) for t in meshes))
     except BaseException:
         await close()
         raise
-    kinds = {link.kind for t in transports for link in t.links.values()}
+    kinds = {link.kind for t in meshes for link in t.links.values()}
     if kinds - {links}:  # (a test of one kind of link must not silently run on another)
         await close()
         raise RuntimeError(f"asked for {links} links, got {', '.join(sorted(kinds))}")
-    return Group(links, list(transports), kill=kill, close=close)
+    return Group(links, list(meshes), kill=kill, close=close)
 
 
 class MakeGroup(Protocol):
@@ -285,18 +285,18 @@ async def tcp_mesh(
     configs: list[LinkConfig | None] | None = None,
     tls: TlsConfig | None = None,
     timeout: float = 10.0,
-) -> AsyncIterator[list[TcpTransport]]:
-    """``n`` TcpTransports in this loop, one Listener each, linked over loopback
+) -> AsyncIterator[list[TcpMesh]]:
+    """``n`` TcpMeshes in this loop, one Listener each, linked over loopback
     (``configs[r]``: rank r's link settings, None for the default from the
     environment; ``tls``: every listener's)."""
     listeners = [Listener(token=token, tls=tls) for _ in range(n)]
-    transports: list[TcpTransport] = []
+    meshes: list[TcpMesh] = []
     try:
         addresses = [await listener.start(LOOPBACK, 0) for listener in listeners]
         session = f"links-{next(_SESSIONS)}"
         for r in range(n):
-            transports.append(
-                TcpTransport(
+            meshes.append(
+                TcpMesh(
                     listeners[r],
                     rank=r,
                     size=n,
@@ -307,9 +307,9 @@ async def tcp_mesh(
                 )
             )
         async with asyncio.timeout(timeout):
-            await asyncio.gather(*(t.connect(10.0) for t in transports))
-        yield transports
+            await asyncio.gather(*(t.connect(10.0) for t in meshes))
+        yield meshes
     finally:
-        await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+        await asyncio.gather(*(t.close() for t in meshes), return_exceptions=True)
         for listener in listeners:
             await listener.close()

@@ -13,8 +13,8 @@ import numpy as np
 
 import netcoll
 from netcoll.comm import Communicator
+from netcoll.mesh.inprocess import MemoryHub
 from netcoll.ops import ReduceOp, check_op_dtype
-from netcoll.transport.memory import MemoryHub
 
 #: the repository's root (tests live one folder per layer below tests/)
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def memory_world(n: int, **kw: Any) -> tuple[MemoryHub, list[Communicator]]:
     hub = MemoryHub(n)
-    return hub, [Communicator(t, **kw) for t in hub.transports]
+    return hub, [Communicator(t, **kw) for t in hub.meshes]
 
 
 @contextlib.asynccontextmanager

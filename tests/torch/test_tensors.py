@@ -345,7 +345,7 @@ async def test_non_cpu_and_sparse_tensors_are_refused(make: Any, match: str) -> 
     ):
         with pytest.raises(TypeError, match=match):
             call(comms[0])
-    assert all(tr.frames_sent == 0 for tr in hub.transports)
+    assert all(tr.frames_sent == 0 for tr in hub.meshes)
 
 
 # -- zero copy -----------------------------------------------------------------------------

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from netcoll.errors import AuthenticationError
+from netcoll.links.connection import open_connection
+from netcoll.mesh import auth
+from netcoll.mesh.handshake import client_handshake
+from netcoll.mesh.tcpmesh import Listener
 from netcoll.rpc import RpcClient, RpcServer, Session
-from netcoll.transport import auth
-from netcoll.transport.connection import client_handshake, open_connection
-from netcoll.transport.tcp import Listener
 
 MEMBER, CLIENT = "member-s3cret", "client-s3cret"
 

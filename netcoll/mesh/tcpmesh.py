@@ -1,7 +1,7 @@
-"""TCP transport: a full mesh of framed, authenticated links between ranks.
+"""The TCP mesh: a full mesh of framed, authenticated links between ranks.
 
 One :class:`Listener` (one port) per process accepts every peer link and
-routes it, by the session id in the peer's HELLO, to the :class:`TcpTransport`
+routes it, by the session id in the peer's HELLO, to the :class:`TcpMesh`
 of that rendezvous (a process may run several in turn, e.g. one per epoch).
 
 Dialer rule: rank *i* dials every rank *j < i* and accepts from every
@@ -39,14 +39,16 @@ from .. import wire
 from ..errors import CommunicatorClosed, ProtocolError, RendezvousError
 from ..links import cma, shm
 from ..links.base import Link
+from ..links.connection import FramedProtocol, open_connection
 from ..links.factory import Capabilities, LinkConfig, LinkFactory
 from ..links.shmring import SHM_DIR, Segment, auto_ring
 from ..links.tcp import TcpLink
 from ..links.tls import TlsLink
 from . import auth
-from .base import Transport
-from .connection import FramedProtocol, Server, client_handshake, open_connection, server_handshake
-from .tls import TlsConfig
+from .certs import TlsConfig
+from .channel import Mesh
+from .handshake import client_handshake, server_handshake
+from .server import Server
 
 log = logging.getLogger("netcoll.transport")
 
@@ -73,7 +75,7 @@ class Listener:
         self.tls = tls
         self.insecure = insecure
         self._server = Server(self._on_accept, limits, tls=tls)
-        self._meshes: dict[str, TcpTransport] = {}
+        self._meshes: dict[str, TcpMesh] = {}
         self._registered: dict[str, asyncio.Event] = {}
         self.address: tuple[str, int] = ("", 0)
 
@@ -84,7 +86,7 @@ class Listener:
         self.address = await self._server.start(host, port)
         return self.address
 
-    def register(self, session: str, mesh: TcpTransport) -> None:
+    def register(self, session: str, mesh: TcpMesh) -> None:
         self._meshes[session] = mesh
         self._registered.setdefault(session, asyncio.Event()).set()
 
@@ -96,7 +98,7 @@ class Listener:
         await self._server.close()
 
     async def _on_accept(self, proto: FramedProtocol) -> None:
-        found: list[tuple[TcpTransport, Capabilities, str, Segment | None]] = []
+        found: list[tuple[TcpMesh, Capabilities, str, Segment | None]] = []
 
         async def accept(hello: dict[str, Any]) -> dict[str, Any]:
             session, rank = hello.get("session"), hello.get("rank")
@@ -126,7 +128,7 @@ class Listener:
             raise
 
 
-class TcpTransport(Transport):
+class TcpMesh(Mesh):
     """Links to every other rank of one rendezvous session.
 
     Args:

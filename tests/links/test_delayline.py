@@ -15,11 +15,11 @@ import pytest
 
 import netcoll
 from netcoll.errors import ConfigError
-from netcoll.transport import delayline
-from netcoll.transport.tls import TlsConfig
+from netcoll.links import delayline
+from netcoll.mesh.certs import TlsConfig
+from tests.links.test_sockettransport import Sink, pair, pattern
 from tests.support.tlsca import issue, make_ca
 from tests.support.worlds import connected_world
-from tests.transport.test_socketlink import Sink, pair, pattern
 
 pytestmark = pytest.mark.tcp
 DELAY_US = 30_000  # far above a loopback round trip, so "not before it is due" means something
@@ -68,11 +68,11 @@ async def delayed_pair(monkeypatch: pytest.MonkeyPatch, us: int = DELAY_US) -> t
         got.set()
         return accepted[-1]
 
-    from netcoll.transport import socketlink
+    from netcoll.links import sockettransport
 
-    listener = socketlink.Listener(factory)
+    listener = sockettransport.Listener(factory)
     host, port = listener.start("127.0.0.1", 0)
-    _, client = await socketlink.connect(host, port, Sink)
+    _, client = await sockettransport.connect(host, port, Sink)
     await asyncio.wait_for(got.wait(), 5)
     return listener, client, accepted[0]  # type: ignore[return-value]
 
@@ -203,8 +203,8 @@ async def test_tls_over_a_delayed_connection(tmp_path: object, monkeypatch: pyte
 
 
 def test_a_bad_setting_fails_before_anything_listens(monkeypatch: pytest.MonkeyPatch) -> None:
-    from netcoll.transport import socketlink
+    from netcoll.links import sockettransport
 
     monkeypatch.setenv(delayline.DELAY_ENV, "-5")
     with pytest.raises(ConfigError, match=delayline.DELAY_ENV):
-        socketlink.Listener(lambda: Sink()).start("127.0.0.1", 0)
+        sockettransport.Listener(lambda: Sink()).start("127.0.0.1", 0)

@@ -1,4 +1,4 @@
-"""Receive-side routing shared by every transport: frames to operations (no
+"""Receive-side routing shared by every mesh: frames to operations (no
 sockets here, and no failure rules: what a frame means for an operation is
 decided by :class:`~netcoll.operation.Operation`).
 
@@ -9,7 +9,7 @@ starts running and closes it when done.
 Routing:
 
 1. A frame whose operation is open and whose slot has a posted buffer is
-   written straight into that buffer (the transport asks :meth:`sink` for it
+   written straight into that buffer (the link asks :meth:`sink` for it
    before reading the payload).
 2. A frame for an operation not yet opened is held, and handed to it when it
    opens; a frame for an operation that was opened and has since closed is
@@ -56,7 +56,7 @@ Early = tuple[int, dict[str, Any], memoryview]
 
 
 class Mailbox:
-    """Routes DATA and ABORT frames of one transport to operations."""
+    """Routes DATA and ABORT frames of one mesh to operations."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank  # world rank of this process
@@ -77,13 +77,13 @@ class Mailbox:
         self.late_aborts: dict[str, dict[str, Any]] = {}
         #: src -> the operation whose posted buffer src's current payload is being written into
         self.filling: dict[int, Operation] = {}
-        #: set by a transport that writes payloads in place: stop src's current in-place write
+        #: set by a mesh that writes payloads in place: stop src's current in-place write
         self.divert: Callable[[int], None] | None = None
-        #: set by a transport with flow control: ``released(src, nbytes)`` (see the module doc)
+        #: set by a mesh with flow control: ``released(src, nbytes)`` (see the module doc)
         self.released: Callable[[int, int], None] | None = None
-        #: set by a transport that keeps state per operation: called as each one closes
+        #: set by a mesh that keeps state per operation: called as each one closes
         self.on_close: Callable[[Operation], None] | None = None
-        #: set by a transport that answers a peer's timeout: ``asked(src, header, op)`` for
+        #: set by a mesh that answers a peer's timeout: ``asked(src, header, op)`` for
         #: every TIMEOUT ABORT, after it is routed (``op``: the operation open here, or None)
         self.asked: Callable[[int, dict[str, Any], Operation | None], None] | None = None
         self._direct: set[int] = set()  # srcs whose current payload goes into a posted buffer
@@ -201,10 +201,10 @@ class Mailbox:
             self._from_dead(op, keys[0])
         return op.take_either(keys, out)
 
-    # -- the transport side ------------------------------------------------------------
+    # -- the links' side --------------------------------------------------------------
     def sink(self, src: int, header: dict[str, Any], nbytes: int) -> memoryview | None:
         """Where the payload of an incoming DATA frame should be written: a
-        posted buffer of exactly ``nbytes``, or ``None`` (the transport
+        posted buffer of exactly ``nbytes``, or ``None`` (the link
         allocates, and the payload is *held* until :attr:`released`)."""
         op = self.ops.get((header["g"], header["q"]))
         if op is None or header["f"] != op.fp:
@@ -269,7 +269,7 @@ class Mailbox:
             op.lost(peer, str(self.dead[peer]), graceful, self.dead)
 
     def fail_all(self, error: Callable[[Operation], BaseException]) -> None:
-        """Fail every open operation with ``error(op)`` (a transport closing or dying)."""
+        """Fail every open operation with ``error(op)`` (a mesh closing or dying)."""
         for op in list(self.ops.values()):
             exc = error(op)
             op.fail(Failure(_reason_of_error(exc), str(exc), tuple(getattr(exc, "ranks", ()))))

@@ -1,4 +1,4 @@
-"""In-memory transport: N ranks as tasks in one event loop, for testing
+"""The in-process mesh: N ranks as tasks in one event loop, for testing
 algorithms and the Communicator without sockets.
 
 Every pair of ranks is joined by a :class:`~netcoll.links.memory.MemoryLink`
@@ -6,7 +6,7 @@ pair: frames are delivered synchronously and in order per (src, dst) link,
 through the same mailbox sink/deliver path and the same flow control as TCP
 (so posted buffers receive payloads directly, and a rank's unexpected bytes
 per peer stay under its receive window). ``send`` copies the payload, like a
-real transport, so the sender may reuse its buffer. :meth:`MemoryHub.kill`
+real link, so the sender may reuse its buffer. :meth:`MemoryHub.kill`
 simulates a rank's process dying.
 """
 
@@ -19,11 +19,11 @@ from ..errors import CommunicatorClosed, PeerLost
 from ..links.factory import DEFAULT_WINDOW, LinkConfig, LinkFactory
 from ..links.memory import MemoryLink
 from ..wire import Kind
-from .base import Transport
+from .channel import Mesh
 
 
 class MemoryHub:
-    """Creates and connects ``size`` :class:`MemoryTransport` objects.
+    """Creates and connects ``size`` :class:`InProcessMesh` objects.
 
     Args:
         size: the number of ranks.
@@ -33,14 +33,14 @@ class MemoryHub:
     def __init__(self, size: int, *, window: int = DEFAULT_WINDOW) -> None:
         self.size = size
         self.config = LinkConfig(window=window)
-        self.transports = [MemoryTransport(r, size, self) for r in range(size)]
+        self.meshes = [InProcessMesh(r, size, self) for r in range(size)]
         factory = LinkFactory(self.config, offers=("memory",))  # in-process: NETCOLL_TRANSPORT does not apply
         factory.register("memory", MemoryLink)
         caps = factory.capabilities()
         kind = factory.choose(caps)
         for i in range(size):
             for j in range(i + 1, size):
-                ti, tj = self.transports[i], self.transports[j]
+                ti, tj = self.meshes[i], self.meshes[j]
                 at_i = factory.make(kind, peer=j, mailbox=ti.mailbox, window=window, peer_window=caps.window)
                 at_j = factory.make(kind, peer=i, mailbox=tj.mailbox, window=window, peer_window=caps.window)
                 MemoryLink.join(at_i, at_j)  # type: ignore[arg-type]
@@ -49,7 +49,7 @@ class MemoryHub:
 
     def kill(self, rank: int) -> None:
         """Drop rank ``rank`` as if its process died: its peers see the link break."""
-        t = self.transports[rank]
+        t = self.meshes[rank]
         if t.closed:
             return
         t.closed = True
@@ -61,7 +61,7 @@ class MemoryHub:
         t.sever(ConnectionResetError("peer process died"))
 
 
-class MemoryTransport(Transport):
+class InProcessMesh(Mesh):
     def __init__(self, rank: int, size: int, hub: MemoryHub) -> None:
         super().__init__(rank, size)
         self.hub = hub

@@ -20,15 +20,10 @@ import pytest
 
 from netcoll.errors import AuthenticationError
 from netcoll.limits import Limits
+from netcoll.links.connection import FramedProtocol, open_connection
+from netcoll.mesh.handshake import client_handshake, server_handshake
+from netcoll.mesh.server import RateLimitedLog, Server
 from netcoll.rpc import RpcClient, RpcServer, Session
-from netcoll.transport.connection import (
-    FramedProtocol,
-    RateLimitedLog,
-    Server,
-    client_handshake,
-    open_connection,
-    server_handshake,
-)
 from netcoll.wire import Kind
 from tests.support.waiting import until
 
@@ -301,7 +296,7 @@ async def test_pings_and_requests_in_flight_keep_a_session_open(rpc_server: tupl
 _EMFILE_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, logging, os, resource, sys, time
-    from netcoll.transport import socketlink
+    from netcoll.links import sockettransport
 
     warnings = []
     class Count(logging.Handler):
@@ -322,7 +317,7 @@ _EMFILE_SCRIPT = textwrap.dedent(
             pass
 
     async def main():
-        listener = socketlink.Listener(Sink)
+        listener = sockettransport.Listener(Sink)
         host, port = listener.start("127.0.0.1", 0)
         print(port, flush=True)
         sys.stdin.readline()  # the test has connected: its connections wait in the backlog

@@ -1,7 +1,7 @@
 """A client at the wrong port is told what it met, at once (issue 38, item 4): a netcoll
 client at an HTTP port, a plaintext client at a TLS port, ``netcoll health`` at an RPC or
 a TLS port. The servers here keep their own deadlines long (60 s) and the client's is
-30 s: without the probe (``netcoll.transport.sniff``) each of these would end in a
+30 s: without the probe (``netcoll.mesh.sniff``) each of these would end in a
 timeout or a late, vague error, never in the message asserted."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from netcoll.cli.common import CliError
 from netcoll.cli.health import http_get
 from netcoll.errors import ProtocolError
 from netcoll.limits import Limits
+from netcoll.links.connection import open_connection
+from netcoll.mesh import sniff
+from netcoll.mesh.certs import TlsConfig
+from netcoll.mesh.handshake import client_handshake
 from netcoll.rpc import RpcClient
 from netcoll.service.http import HttpServer
-from netcoll.transport import sniff
-from netcoll.transport.connection import client_handshake, open_connection
-from netcoll.transport.tls import TlsConfig
 from netcoll.wire import Kind
 from tests.support.tlsca import issue, make_ca
 

@@ -10,8 +10,8 @@ import socket
 import numpy as np
 import pytest
 
-from netcoll.transport import socketlink
-from netcoll.transport.socketlink import SocketTransport
+from netcoll.links import sockettransport
+from netcoll.links.sockettransport import SocketTransport
 
 BIG = 8 * 1024 * 1024  # far more than loopback socket buffers hold while the reader is paused
 
@@ -61,7 +61,7 @@ class Sink(asyncio.BufferedProtocol):
         await asyncio.wait_for(fut, timeout)
 
 
-async def pair(small_buffers: bool = True) -> tuple[socketlink.Listener, Sink, Sink]:
+async def pair(small_buffers: bool = True) -> tuple[sockettransport.Listener, Sink, Sink]:
     accepted: list[Sink] = []
     got = asyncio.Event()
 
@@ -71,9 +71,9 @@ async def pair(small_buffers: bool = True) -> tuple[socketlink.Listener, Sink, S
         got.set()
         return s
 
-    listener = socketlink.Listener(factory)
+    listener = sockettransport.Listener(factory)
     host, port = listener.start("127.0.0.1", 0)
-    transport, client = await socketlink.connect(host, port, Sink)
+    transport, client = await sockettransport.connect(host, port, Sink)
     await asyncio.wait_for(got.wait(), 5)
     server = accepted[0]
     if small_buffers:
@@ -276,11 +276,11 @@ async def test_connect_refused_and_by_name() -> None:
     port = probe.getsockname()[1]
     probe.close()  # nobody listens here now
     with pytest.raises(OSError):
-        await socketlink.connect("127.0.0.1", port, Sink)
-    listener = socketlink.Listener(Sink)
+        await sockettransport.connect("127.0.0.1", port, Sink)
+    listener = sockettransport.Listener(Sink)
     _, port = listener.start("127.0.0.1", 0)
     try:
-        transport, proto = await socketlink.connect("localhost", port, Sink)
+        transport, proto = await sockettransport.connect("localhost", port, Sink)
         assert transport.get_extra_info("peername")[1] == port
         transport.abort()
         await asyncio.wait_for(proto.lost, 5)  # type: ignore[attr-defined]

@@ -1,11 +1,11 @@
-"""The seam between algorithms and transports.
+"""The seam between algorithms and the mesh.
 
-A :class:`Transport` is the mesh of per-peer links
+A :class:`Mesh` is the mesh of per-peer links
 (:mod:`netcoll.links`) that moves frames between world ranks and feeds a
-:class:`~netcoll.transport.mailbox.Mailbox`. A :class:`Channel` is what one
+:class:`~netcoll.mesh.mailbox.Mailbox`. A :class:`Channel` is what one
 algorithm run sees: ``send``/``recv`` of byte buffers to *group* ranks within
 one operation. Algorithms import nothing else from here, and the same
-algorithm code runs over :mod:`.memory` and :mod:`.tcp`.
+algorithm code runs over :mod:`.inprocess` and :mod:`.tcpmesh`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ log = logging.getLogger("netcoll.transport")
 
 CLOSE_TIMEOUT = 2.0  # how long an orderly close waits for the peers to close their ends
 #: an operation that sends or posts a message of this many bytes over a link that sleeps in
-#: bulk (TCP, TLS) keeps netcoll's loop from polling until it closes (:meth:`Transport.hold_spin`;
+#: bulk (TCP, TLS) keeps netcoll's loop from polling until it closes (:meth:`Mesh.hold_spin`;
 #: measured in docs/performance.md, "No spinning in large socket transfers")
 QUIET_MIN = 4 << 20
 
@@ -49,7 +49,7 @@ def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
     return mv if (mv.format == "B" and mv.ndim == 1) else mv.cast("B")
 
 
-class Transport:
+class Mesh:
     """The mesh: one :class:`~netcoll.links.base.Link` per peer among world
     ranks ``0..size-1``, all feeding one :class:`Mailbox`.
 
@@ -222,22 +222,22 @@ class Transport:
 
 
 class Channel:
-    """One operation's view of the transport, addressed by group rank.
+    """One operation's view of the mesh, addressed by group rank.
 
     Args:
-        transport: the process's transport.
+        mesh: the process's mesh.
         op: the open operation (group, seq, fingerprint, members).
     """
 
-    __slots__ = ("transport", "op", "members", "rank", "size", "_mailbox", "_head", "_trace")
+    __slots__ = ("mesh", "op", "members", "rank", "size", "_mailbox", "_head", "_trace")
 
-    def __init__(self, transport: Transport, op: Operation) -> None:
-        self.transport = transport
+    def __init__(self, mesh: Mesh, op: Operation) -> None:
+        self.mesh = mesh
         self.op = op
         self.members = op.members
         self.size = len(op.members)
-        self.rank = op.rank_of[transport.rank]
-        self._mailbox = transport.mailbox
+        self.rank = op.rank_of[mesh.rank]
+        self._mailbox = mesh.mailbox
         self._head = {"g": op.group, "q": op.seq, "f": op.fp}
         #: the traced job's span recorder (read once per operation; None: not tracing)
         self._trace = observe.TRACE.get()
@@ -257,13 +257,13 @@ class Channel:
             header["m"] = meta
         view, world = as_bytes(data), self.members[peer]
         if view.nbytes >= QUIET_MIN:
-            self.transport.hold_spin(self.op, world)
+            self.mesh.hold_spin(self.op, world)
         if self._trace is None:
-            if not self.transport.send_nowait(world, header, view):
-                await self.transport.send(world, Kind.DATA, header, view)
+            if not self.mesh.send_nowait(world, header, view):
+                await self.mesh.send(world, Kind.DATA, header, view)
             return
         start = observe.now()
-        await self.transport.send(world, Kind.DATA, header, view)
+        await self.mesh.send(world, Kind.DATA, header, view)
         self._span("send", f"send to rank {peer}", start, step, chunk, view.nbytes)
 
     def _span(self, name: str, tid: str, start: float, step: int, chunk: int, nbytes: int) -> None:
@@ -299,7 +299,7 @@ class Channel:
         is :meth:`recv_meta`."""
         view = None if out is None else as_bytes(out)
         if view is not None and view.nbytes >= QUIET_MIN:
-            self.transport.hold_spin(self.op, self.members[peer])
+            self.mesh.hold_spin(self.op, self.members[peer])
         fut = self._mailbox.take(self.op, (self.members[peer], step, chunk), view, fold)
         return fut if self._trace is None else self._traced(fut, peer, step, chunk)
 
@@ -313,7 +313,7 @@ class Channel:
         view = None if out is None else as_bytes(out)
         if view is not None and view.nbytes >= QUIET_MIN:
             for world, _, _ in keys:
-                self.transport.hold_spin(self.op, world)
+                self.mesh.hold_spin(self.op, world)
         fut = self._mailbox.take_either(self.op, keys, view)
         return fut if self._trace is None else self._traced(fut, sources[0][0], sources[0][1], chunk)
 
@@ -340,12 +340,12 @@ class Channel:
     def lends(self, peer: int, nbytes: int, *, step: int) -> bool:
         """Whether a send of ``nbytes`` at ``step`` to group rank ``peer`` would be lent: it
         returns only once the peer has read it in place (:meth:`Link.lends`)."""
-        return self.transport.lends(self.members[peer], dict(self._head, s=step), nbytes)
+        return self.mesh.lends(self.members[peer], dict(self._head, s=step), nbytes)
 
     def folds(self, peer: int, nbytes: int) -> bool:
         """Whether the link to group rank ``peer`` would fold a payload of ``nbytes``
         posted with a ``fold`` (see :meth:`post`); if not, describing one is wasted."""
-        return self.transport.folds(self.members[peer], nbytes)
+        return self.mesh.folds(self.members[peer], nbytes)
 
     async def recv(
         self, peer: int, *, step: int, chunk: int = 0, out: np.ndarray | memoryview | None = None

@@ -15,9 +15,9 @@ import pytest
 
 import netcoll
 from netcoll.limits import Limits
+from netcoll.mesh.certs import TlsConfig, TlsConfigError
+from netcoll.mesh.tcpmesh import Listener
 from netcoll.rpc import RpcClient, RpcServer
-from netcoll.transport.tcp import Listener
-from netcoll.transport.tls import TlsConfig, TlsConfigError
 from tests.support.tlsca import issue, make_ca
 
 pytestmark = pytest.mark.tcp
@@ -115,7 +115,7 @@ async def test_tls_round_trip_and_refusals(pki: dict[str, TlsConfig], caplog: py
         assert await rpc.call("echo", {"x": 1}) == {"x": 1}
         await rpc.close()
 
-        # a plaintext netcoll client: nobody speaks first, the client probes (transport/sniff.py),
+        # a plaintext netcoll client: nobody speaks first, the client probes (mesh/sniff.py),
         # the TLS handshake fails on the probe at once, closed
         with pytest.raises(ConnectionError, match="does it require TLS"):
             await RpcClient.connect(address, token=TOKEN, timeout=5)
@@ -247,6 +247,6 @@ async def test_secure_by_default_embedded(pki: dict[str, TlsConfig]) -> None:
     await listener.close()
     with pytest.raises(ValueError, match="NETCOLL_TRANSPORT=tcp"):  # TLS never falls back to plain TCP
         from netcoll.links.factory import LinkConfig
-        from netcoll.transport.tcp import TcpTransport
+        from netcoll.mesh.tcpmesh import TcpMesh
 
-        TcpTransport(listener, rank=0, size=2, session="s", peers=[], links=LinkConfig(transport="tcp"))
+        TcpMesh(listener, rank=0, size=2, session="s", peers=[], links=LinkConfig(transport="tcp"))

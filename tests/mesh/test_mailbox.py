@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from netcoll.errors import CollectiveAborted, MismatchError, PeerLost
+from netcoll.mesh.mailbox import Mailbox
 from netcoll.operation import Reason
-from netcoll.transport.mailbox import Mailbox
 from netcoll.wire import FrameDecoder, Kind, encode
 
 

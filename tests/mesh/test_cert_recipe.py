@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import netcoll
+from netcoll.mesh.certs import TlsConfig
 from netcoll.rpc import RpcClient, RpcServer
-from netcoll.transport.tls import TlsConfig
 
 pytestmark = pytest.mark.tcp
 DOC = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"

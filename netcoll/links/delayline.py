@@ -2,7 +2,7 @@
 benchmarks on kernels without ``netem`` (``bench/netem.py``; docs/emulated-network.md).
 
 ``NETCOLL_EMULATE_DELAY_US=D`` (0 to 1 000 000; unset or 0: off) makes every
-:class:`~netcoll.transport.socketlink.SocketTransport` of the process hold each
+:class:`~netcoll.links.sockettransport.SocketTransport` of the process hold each
 byte it reads for ``D`` µs before its protocol sees it: a delay line between
 the socket and the framing, so every frame, control frames and handshakes
 included, arrives ``D`` later than the bytes reached this host. Order is kept

@@ -33,7 +33,7 @@ from ..operation import Operation, Reason
 from ..wire import Kind
 
 if TYPE_CHECKING:
-    from .base import Transport
+    from .channel import Mesh
 
 HEARD_KEPT = 1024  # waits heard kept at most (one per rank)
 SEEN_KEPT = 64  # waits of the board's answer read at most
@@ -42,10 +42,10 @@ MAX_NOTE = 300  # characters kept of what the board says a rank does
 
 
 class Answers:
-    """The transport's :attr:`Mailbox.asked <netcoll.transport.mailbox.Mailbox.asked>` hook."""
+    """The mesh's :attr:`Mailbox.asked <netcoll.mesh.mailbox.Mailbox.asked>` hook."""
 
-    def __init__(self, transport: Transport) -> None:
-        self.transport = transport
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
         #: world rank -> the wait its last timeout report named (an ABORT's ``w``) and when
         #: (monotonic seconds) it was heard
         self.heard: dict[int, tuple[dict[str, Any], float]] = {}
@@ -66,17 +66,17 @@ class Answers:
         if op is not None and (op.posted or op.blocked is not None):
             return  # this rank waits in it: the engine tells what for
         where = self.waiting_in(op)
-        if where is None or self.transport.closed:
+        if where is None or self.mesh.closed:
             return
         field = where.wait_field()
         if field is None:
             return
-        me = where.me(self.transport.rank)
+        me = where.me(self.mesh.rank)
         reply = {
             "g": header["g"],
             "q": header["q"],
             "reason": f"rank {me} is in {where.where()}, waiting for {_ranks(where.waiting_for())}",
-            "origin": self.transport.rank,
+            "origin": self.mesh.rank,
             "cause": Reason.TIMEOUT.value,
             "ranks": [],
             "w": field,
@@ -87,7 +87,7 @@ class Answers:
 
     def waiting_in(self, other: Operation | None) -> Operation | None:
         """The oldest operation open here, other than ``other``, that waits for a peer."""
-        ops = [op for op in self.transport.mailbox.ops.copy().values() if op is not other and op.posted]
+        ops = [op for op in self.mesh.mailbox.ops.copy().values() if op is not other and op.posted]
         return min(ops, key=lambda op: op.opened) if ops else None
 
     def recent(self, since: float) -> dict[int, dict[str, Any]]:
@@ -123,7 +123,7 @@ class Answers:
 
     async def _send(self, peer: int, header: dict[str, Any]) -> None:
         try:
-            await self.transport.send(peer, Kind.ABORT, header)
+            await self.mesh.send(peer, Kind.ABORT, header)
         except Exception:  # noqa: BLE001 - best effort: the asker may be gone
             pass
 

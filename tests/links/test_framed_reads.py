@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from netcoll.transport.connection import COALESCE_MAX, FramedProtocol
+from netcoll.links.connection import COALESCE_MAX, FramedProtocol
 from netcoll.wire import Kind, encode
 
 
