@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from . import threads
 from .comm import DEFAULT_TIMEOUT, Communicator
 from .comm.types import (
     AllGatherAlgorithm,
@@ -90,7 +91,7 @@ class _Runner:
         ready: concurrent.futures.Future[Communicator] = concurrent.futures.Future()
         self._task = self.loop.create_task(self._session(ready, options))  # the loop is not running yet
         try:
-            self.thread.start()
+            threads.start(self.thread)  # signals stay with the main thread (Ctrl-C while connecting)
             return ready.result()
         except BaseException:
             # connecting failed, or Ctrl-C while connecting: cancel the session, end the thread

@@ -57,6 +57,7 @@ from typing import Any
 
 import msgpack
 
+from .. import threads
 from ..errors import NetcollError, RendezvousError
 from ..escape import escape
 from ..mesh.certs import TlsConfig
@@ -161,7 +162,7 @@ class _Lease:
         self.thread = threading.Thread(target=self._main, name="netcoll-heartbeat", daemon=True)
 
     def start(self) -> None:
-        self.thread.start()
+        threads.start(self.thread)  # signals stay with the main thread
 
     def request_stop(self) -> None:
         """Ask the thread to stop (from any thread; does not wait)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -158,3 +160,25 @@ def test_ctrl_c_while_connecting_leaves_no_thread(coordinator: str) -> None:
         _reap([proc])
     assert proc.returncode == 130, err
     assert out.strip() == "KeyboardInterrupt; threads: ['MainThread']"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/task/*/status")
+def test_netcoll_threads_leave_signals_to_the_main_thread(coordinator: str) -> None:
+    """The sync loop and the heartbeat run with SIGINT and SIGTERM blocked, so the kernel
+    delivers a Ctrl-C to the main thread (delivered to a loop thread, it stayed pending while
+    the main thread waited in connect: the test above hung now and then under load)."""
+    import netcoll.sync
+
+    def blocked(t: threading.Thread) -> int:
+        with open(f"/proc/self/task/{t.native_id}/status") as f:
+            return int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+
+    with netcoll.sync.connect(coordinator, world_size=1, group="signals") as comm:
+        assert comm.world_size == 1
+        ours = [t for t in threading.enumerate() if t.name in ("netcoll-sync", "netcoll-heartbeat")]
+        assert {t.name for t in ours} == {"netcoll-sync", "netcoll-heartbeat"}
+        for t in ours:
+            mask = blocked(t)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                assert mask & (1 << (sig - 1)), f"{t.name} does not block {sig.name}"
+        assert not blocked(threading.main_thread()) & (1 << (signal.SIGINT - 1))
