@@ -161,16 +161,25 @@ def token_from_env(name: str, environ: Mapping[str, str] | None = None) -> str |
     return read_token(env.get(name), env.get(name + FILE_SUFFIX), name)
 
 
+#: names that mean this machine without resolving them (and any ``*.localhost``, RFC 6761)
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
 def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (``127.0.0.0/8``, ``::1``).
-    Names are not resolved: any other name counts as reachable from outside."""
-    text = host.strip().strip("[]").lower()
-    if text == "localhost" or text.endswith(".localhost"):
+    """True for 127.0.0.0/8, ``::1``, IPv4-mapped loopback (``::ffff:127.0.0.1``) and the
+    ``localhost`` names. Other names are not resolved: they count as reachable from outside.
+    The one rule for "secure by default" (this module) and for the coordinator's check of
+    advertised addresses (``rendezvous/groups.py``)."""
+    name = host.strip().strip("[]").lower()
+    if name in LOOPBACK_NAMES or name.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(text).is_loopback
+        addr = ipaddress.ip_address(name.split("%", 1)[0])
     except ValueError:
         return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
 
 
 def require_credentials(what: str, host: str, *, token: str | None, tls: object, insecure: bool) -> None:

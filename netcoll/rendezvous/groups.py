@@ -24,8 +24,8 @@ from typing import Any
 from ..errors import RendezvousError
 from ..escape import escape
 from ..limits import DEFAULT, ENV_PREFIX, Limits
+from ..mesh.auth import is_loopback
 
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 MAX_NAME_CHARS = 256  # a group name or member id
 MAX_HOST_CHARS = 255  # an advertised host (DNS names are at most 253)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -160,20 +160,6 @@ def parse_join(params: dict[str, Any], limits: Limits = DEFAULT) -> JoinRequest:
 
 
 # -- hosts and the loopback rules -------------------------------------------------
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1, IPv4-mapped loopback and the ``localhost`` names."""
-    name = host.strip().strip("[]").lower()
-    if name in LOOPBACK_NAMES or name.endswith(".localhost"):
-        return True
-    try:
-        addr = ipaddress.ip_address(name.split("%", 1)[0])
-    except ValueError:
-        return False  # a DNS name: we cannot tell without resolving, so trust it
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return addr.is_loopback
 
 
 def _unspecified(host: str) -> bool:

@@ -120,7 +120,7 @@ def test_configuration_mistakes_exit_2(tmp_path: Path) -> None:
 
 
 def test_settings() -> None:
-    assert all(is_loopback(h) for h in ("127.0.0.1", "127.3.4.5", "::1", "[::1]", "localhost"))
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.3.4.5", "::1", "[::1]", "localhost", "::ffff:127.0.0.1"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "coordinator", ""))
     CoordinatorConfig.load({}, {}).require_credentials("coordinator")  # loopback: no token needed
     with pytest.raises(ConfigError, match=REFUSED):

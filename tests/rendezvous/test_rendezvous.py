@@ -304,6 +304,9 @@ def test_is_loopback() -> None:
         assert is_loopback(host), host
     for host in ("10.0.0.1", "172.17.0.2", "::ffff:10.0.0.1", "fe80::1", "rank-1", "coordinator"):
         assert not is_loopback(host), host
+    from netcoll.mesh import auth
+
+    assert is_loopback is auth.is_loopback  # one rule for secure-by-default and advertisements
 
 
 def test_loopback_advertisement_from_another_host_is_refused() -> None:
