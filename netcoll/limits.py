@@ -9,7 +9,7 @@ sender, or a silent drop.
 
 ``Limits.load()`` reads the environment once; modules take a ``Limits`` (or
 use :data:`DEFAULT`) rather than keeping constants of their own. Frame sizes
-per frame kind live in :class:`netcoll.wire.Limits`, built from these.
+per frame kind live in :class:`netcoll.wire.FrameLimits`, built from these.
 
 ==================================  ===========  ==================================================
 limit                               default      bounds

@@ -50,14 +50,14 @@ SCRATCH_BYTES = COALESCE_MAX + 4096
 DIRECT_MIN = 32 * 1024  # a payload remainder at least this big is read straight into place, not via the scratch
 HIGH_WATER = 4 * 1024 * 1024
 HANDSHAKE_TIMEOUT = DEFAULT_SETTINGS.handshake_timeout_s
-HANDSHAKE_LIMITS = wire.Limits(max_header=4096, max_payload=0)
+HANDSHAKE_LIMITS = wire.FrameLimits(max_header=4096, max_payload=0)
 ERROR_MESSAGE_MAX = 4096  # characters of an ERROR frame's message (a control frame: small header)
 
 
 class FramedProtocol(asyncio.BufferedProtocol):
     """Feeds received bytes to a decoder and frames to ``on_frame``."""
 
-    def __init__(self, limits: wire.Limits = wire.DEFAULT_LIMITS) -> None:
+    def __init__(self, limits: wire.FrameLimits = wire.DEFAULT_LIMITS) -> None:
         # Until the handshake is done only small header-only frames are accepted,
         # so an unauthenticated peer cannot make us allocate anything large.
         self.limits = limits
@@ -263,7 +263,7 @@ async def open_connection(
     port: int,
     *,
     local_host: str | None = None,
-    limits: wire.Limits = wire.DEFAULT_LIMITS,
+    limits: wire.FrameLimits = wire.DEFAULT_LIMITS,
     tls: TlsConfig | None = None,
     timeout: float = HANDSHAKE_TIMEOUT,
 ) -> FramedProtocol:

@@ -105,7 +105,7 @@ def enabled() -> bool:
     return value != "0" and supported()
 
 
-def parse(raw: memoryview, limits: wire.Limits) -> tuple[wire.Kind, dict[str, Any], memoryview]:
+def parse(raw: memoryview, limits: wire.FrameLimits) -> tuple[wire.Kind, dict[str, Any], memoryview]:
     """The kind, header and payload of one frame read from a lane, checked as a
     socket frame is (ProtocolError). It must be whole, and one of: eager DATA
     (no ``z``, no ``rz``); a ring piece's header-only DATA (``z``); a ring

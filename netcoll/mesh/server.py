@@ -82,7 +82,7 @@ class Server:
     def __init__(
         self,
         handler: Callable[[FramedProtocol], Awaitable[None]],
-        limits: wire.Limits = wire.DEFAULT_LIMITS,
+        limits: wire.FrameLimits = wire.DEFAULT_LIMITS,
         *,
         settings: Limits | None = None,
         tls: TlsConfig | None = None,
@@ -284,7 +284,7 @@ class Server:
 
 
 class _AcceptedProtocol(FramedProtocol):
-    def __init__(self, server: Server, limits: wire.Limits) -> None:
+    def __init__(self, server: Server, limits: wire.FrameLimits) -> None:
         super().__init__(limits)
         self._server = server
         self.gate = server

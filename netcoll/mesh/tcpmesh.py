@@ -65,7 +65,7 @@ class Listener:
         self,
         *,
         token: str | None = None,
-        limits: wire.Limits = wire.DEFAULT_LIMITS,
+        limits: wire.FrameLimits = wire.DEFAULT_LIMITS,
         tls: TlsConfig | None = None,
         insecure: bool = False,
     ) -> None:

@@ -13,7 +13,7 @@ A frame is::
     +--------------------------------------------------------------+
 
 Payloads are never msgpack-encoded or pickled. Every length is checked against
-:class:`Limits` before anything is allocated. The decoder can hand the payload
+:class:`FrameLimits` before anything is allocated. The decoder can hand the payload
 of a frame straight to a caller-supplied buffer (``sink``) and exposes the
 unfilled part of that buffer (:meth:`FrameDecoder.payload_target`) so an I/O
 layer can ``recv_into`` it directly: the payload is then copied zero times.
@@ -31,8 +31,8 @@ from .frames import (
     SCHEMA,
     VERSION,
     Frame,
+    FrameLimits,
     Kind,
-    Limits,
     decode_header,
     decode_prefix,
     encode,
@@ -47,7 +47,7 @@ __all__ = [
     "Kind",
     "CONTROL_KINDS",
     "SCHEMA",
-    "Limits",
+    "FrameLimits",
     "DEFAULT_LIMITS",
     "Frame",
     "encode_header",

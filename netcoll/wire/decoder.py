@@ -13,8 +13,8 @@ from .frames import (
     PREFIX_SIZE,
     SCHEMA,
     Frame,
+    FrameLimits,
     Kind,
-    Limits,
     decode_header,
     decode_prefix,
 )
@@ -108,7 +108,10 @@ class FrameDecoder:
     """
 
     def __init__(
-        self, limits: Limits = DEFAULT_LIMITS, sink: Sink | None = None, unlock: tuple[Kind, Limits] | None = None
+        self,
+        limits: FrameLimits = DEFAULT_LIMITS,
+        sink: Sink | None = None,
+        unlock: tuple[Kind, FrameLimits] | None = None,
     ) -> None:
         self.limits = limits
         self.sink = sink

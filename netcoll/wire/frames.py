@@ -40,7 +40,7 @@ class Kind(enum.IntEnum):
 
 
 #: Control kinds: never flow-controlled, no payload, headers of at most
-#: ``Limits.max_control_header`` bytes (checked at the prefix).
+#: ``FrameLimits.max_control_header`` bytes (checked at the prefix).
 CONTROL_KINDS: Final = frozenset(
     {Kind.ABORT, Kind.ERROR, Kind.PING, Kind.PONG, Kind.BYE, Kind.CREDIT, Kind.RTS, Kind.CTS, Kind.BELL}
 )
@@ -80,7 +80,7 @@ _SCHEMA_ITEMS: Final[dict[Kind, tuple[tuple[str, tuple[type, ...]], ...]]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class FrameLimits:
     """Upper bounds checked before any allocation. Control kinds
     (:data:`CONTROL_KINDS`) carry no payload and have a smaller header limit."""
 
@@ -99,7 +99,7 @@ class Limits:
             raise ProtocolError(f"{what} payload of {payload_len} bytes exceeds the limit of {max_payload}")
 
 
-DEFAULT_LIMITS: Final = Limits()
+DEFAULT_LIMITS: Final = FrameLimits()
 
 
 @dataclass(slots=True)  # (not frozen: a frozen dataclass's __init__ costs 4x, once per frame received)
@@ -124,7 +124,7 @@ _PACKERS: Final = _Packers()
 
 
 def encode_header(
-    kind: Kind, header: dict[str, Any], payload_len: int = 0, flags: int = 0, limits: Limits = DEFAULT_LIMITS
+    kind: Kind, header: dict[str, Any], payload_len: int = 0, flags: int = 0, limits: FrameLimits = DEFAULT_LIMITS
 ) -> bytes:
     """Return prefix + msgpack header for a frame whose payload (``payload_len``
     bytes) the caller sends right after, unchanged."""
@@ -138,7 +138,7 @@ def encode(
     header: dict[str, Any],
     payload: bytes | memoryview = b"",
     flags: int = 0,
-    limits: Limits = DEFAULT_LIMITS,
+    limits: FrameLimits = DEFAULT_LIMITS,
 ) -> list[bytes | memoryview]:
     """Return the pieces of a whole frame, ready for ``writelines``; the payload
     is passed through without a copy."""
@@ -152,7 +152,7 @@ def encode(
 _KINDS: Final[dict[int, Kind]] = {int(k): k for k in Kind}  # a dict lookup is ~5x cheaper than Kind(n)
 
 
-def decode_prefix(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> tuple[Kind, int, int, int]:
+def decode_prefix(data: bytes | memoryview, limits: FrameLimits = DEFAULT_LIMITS) -> tuple[Kind, int, int, int]:
     """Parse and check a 20-byte prefix; return (kind, flags, header_len, payload_len)."""
     magic, version, kind, flags, header_len, payload_len = PREFIX.unpack(data)
     if magic != MAGIC:

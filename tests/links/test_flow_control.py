@@ -28,7 +28,7 @@ from netcoll.links.tcp import TcpLink
 from netcoll.mesh.channel import Channel, Mesh
 from netcoll.mesh.inprocess import MemoryHub
 from netcoll.operation import Reason
-from netcoll.wire import CHUNK, FrameDecoder, Kind, Limits, encode, encode_header
+from netcoll.wire import CHUNK, FrameDecoder, FrameLimits, Kind, encode, encode_header
 from tests.support import tcp_group
 from tests.support.waiting import until
 
@@ -636,6 +636,6 @@ def test_control_kinds_carry_no_payload_and_small_headers() -> None:
             FrameDecoder().feed(prefix)
     with pytest.raises(ProtocolError, match="CREDIT frame header"):
         encode_header(Kind.CREDIT, {"n": 1, "pad": "x" * 20000})
-    lim = Limits(max_control_header=100)
+    lim = FrameLimits(max_control_header=100)
     with pytest.raises(ProtocolError, match="ABORT frame header of 101"):
         wire.decode_prefix(wire.PREFIX.pack(wire.MAGIC, wire.VERSION, int(Kind.ABORT), 0, 101, 0), lim)

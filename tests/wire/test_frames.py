@@ -28,8 +28,8 @@ from netcoll.wire import (
     VERSION,
     Frame,
     FrameDecoder,
+    FrameLimits,
     Kind,
-    Limits,
     Pieces,
     decode_header,
     decode_prefix,
@@ -40,8 +40,8 @@ from netcoll.wire import (
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-#: Limits small enough that fuzzed lengths never make the decoder allocate much.
-SMALL = Limits(max_header=4096, max_payload=1 << 16)
+#: FrameLimits small enough that fuzzed lengths never make the decoder allocate much.
+SMALL = FrameLimits(max_header=4096, max_payload=1 << 16)
 
 GIB = 1 << 30
 ABORT_OPTIONAL = ("ranks", "w")  # an ABORT's optional fields the wire checks (check_abort)
@@ -95,7 +95,7 @@ def frame_bytes(
     header: dict[str, Any],
     payload: bytes | memoryview = b"",
     flags: int = 0,
-    limits: Limits = DEFAULT_LIMITS,
+    limits: FrameLimits = DEFAULT_LIMITS,
 ) -> bytes:
     return b"".join(bytes(p) for p in encode(kind, header, payload, flags, limits))
 
@@ -238,9 +238,9 @@ def test_encode_passes_payload_through_without_copy() -> None:
 
 def test_encode_rejects_oversize_header() -> None:
     with pytest.raises(ProtocolError):
-        encode(Kind.EVENT, {"topic": "x" * 100}, limits=Limits(max_header=50))
+        encode(Kind.EVENT, {"topic": "x" * 100}, limits=FrameLimits(max_header=50))
     with pytest.raises(ProtocolError):
-        encode_header(Kind.DATA, required_only(Kind.DATA), payload_len=11, limits=Limits(max_payload=10))
+        encode_header(Kind.DATA, required_only(Kind.DATA), payload_len=11, limits=FrameLimits(max_payload=10))
 
 
 # --------------------------------------------------------------------------- round trips
@@ -657,7 +657,7 @@ def test_errors_are_netcoll_errors() -> None:
 def test_decode_prefix_64_bit_lengths() -> None:
     five_gib = 5 * GIB
     assert five_gib > 2**32
-    big = Limits(max_payload=8 * GIB)
+    big = FrameLimits(max_payload=8 * GIB)
     head = encode_header(Kind.DATA, required_only(Kind.DATA), payload_len=five_gib, limits=big)
     kind, flags, header_len, payload_len = decode_prefix(head[:PREFIX_SIZE], big)
     assert (kind, flags, header_len, payload_len) == (Kind.DATA, 0, len(head) - PREFIX_SIZE, five_gib)
@@ -665,10 +665,10 @@ def test_decode_prefix_64_bit_lengths() -> None:
     # the default limit (1 TiB) also allows > 4 GiB frames
     assert decode_prefix(raw_prefix(header_len=10, payload_len=five_gib))[3] == five_gib
     # the largest u64 length round-trips through the prefix when a limit allows it
-    huge = Limits(max_payload=2**64 - 1)
+    huge = FrameLimits(max_payload=2**64 - 1)
     assert decode_prefix(raw_prefix(header_len=1, payload_len=2**64 - 1), huge)[3] == 2**64 - 1
     with pytest.raises(ProtocolError, match="payload"):
-        decode_prefix(raw_prefix(header_len=10, payload_len=five_gib), Limits(max_payload=4 * GIB))
+        decode_prefix(raw_prefix(header_len=10, payload_len=five_gib), FrameLimits(max_payload=4 * GIB))
 
 
 def test_decoder_passes_64_bit_payload_length_to_sink_without_allocating() -> None:
@@ -701,8 +701,8 @@ def test_decoder_passes_64_bit_payload_length_to_sink_without_allocating() -> No
         (10, 2**64 - 1, DEFAULT_LIMITS, "payload"),
         (2**32 - 1, 0, DEFAULT_LIMITS, "header"),
         (DEFAULT_LIMITS.max_header + 1, 0, DEFAULT_LIMITS, "header"),
-        (10, 1001, Limits(max_payload=1000), "payload"),
-        (101, 0, Limits(max_header=100), "header"),
+        (10, 1001, FrameLimits(max_payload=1000), "payload"),
+        (101, 0, FrameLimits(max_header=100), "header"),
     ],
 )
 def test_oversize_lengths_raise_at_the_prefix_before_allocating(header_len, payload_len, limits, what) -> None:
@@ -722,7 +722,7 @@ def test_oversize_lengths_raise_at_the_prefix_before_allocating(header_len, payl
 
 
 def test_limits_are_inclusive() -> None:
-    lim = Limits(max_header=100, max_payload=1000)
+    lim = FrameLimits(max_header=100, max_payload=1000)
     decode_prefix(raw_prefix(header_len=100, payload_len=1000), lim)
     body = msgpack.packb({"topic": "t", "pad": "x" * 80}, use_bin_type=True)
     assert len(body) <= 100
