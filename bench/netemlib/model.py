@@ -96,8 +96,8 @@ def cost_terms(
 
 
 def auto_choice(op: str, nbytes: int, p: int) -> str:
-    """What ``auto`` runs (netcoll.algorithms.choose, with the size the Communicator passes)."""
-    from netcoll.algorithms import choose
+    """What ``auto`` runs (netcoll.selection.choose, with the size the Communicator passes)."""
+    from netcoll.selection import choose
 
     return str(choose(op, 0 if op in ("broadcast", "scatter") else nbytes, p))
 
@@ -137,7 +137,7 @@ def load_cost_module(*roots: str) -> Any:
 
 
 class Model:
-    """Predicted seconds per call for one (alpha, beta): ``netcoll.algorithms.cost.predict``
+    """Predicted seconds per call for one (alpha, beta): ``netcoll.selection.cost.predict``
     with ``Params(alpha, overhead=0, beta, gamma=0)`` when that module exists, else the local
     :func:`cost_terms`; both are ``steps * alpha + bytes * beta``."""
 
