@@ -40,7 +40,7 @@ from .escape import escape
 from .logs import OPERATIONS, op_extra
 from .mesh.channel import Channel, Mesh
 from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work, detail
-from .selection.tuner import Choice, Version, describe
+from .selection import Choice, Version, describe
 
 log = logging.getLogger("netcoll.engine")
 
@@ -121,7 +121,7 @@ class Engine:
         self.fixed_segment = segment_bytes is not None
         self.overrides = selection.overrides_from_env()
         resultpool.RESULTS.configure(resultpool.keep_from_env())
-        self.tuner = selection.tuner.Tuner()
+        self.tuner = selection.Tuner()
         # what links the members and how crowded their hosts are (agreed when the world formed:
         # Communicator.agree_links), for the table
         self.medium = selection.media.medium(mesh.layout, self.members)

@@ -22,7 +22,7 @@ from .. import resultpool
 from ..arrays import as_array, check_out
 from ..engine import Call, Engine
 from ..ops import BFLOAT16
-from ..selection.tuner import Choice
+from ..selection import Choice
 
 FP_CACHE_MAX = 256
 

@@ -27,8 +27,7 @@ import numpy as np
 
 from ..engine import Call, Engine
 from ..mesh.channel import Channel
-from ..selection import cost, fit, media, probe
-from ..selection.auto import decide
+from ..selection import cost, decide, fit, media, probe
 
 #: the prior's weight when calibrating: the probe's samples decide (the prior only
 #: keeps a parameter they say nothing about finite)

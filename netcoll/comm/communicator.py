@@ -21,7 +21,7 @@ from ..engine import DEFAULT_TIMEOUT, Call, Engine
 from ..errors import CollectiveError
 from ..mesh.channel import Mesh, as_bytes
 from ..operation import Work
-from ..selection.tuner import TRIAL_LAG, Pending, Version
+from ..selection import TRIAL_LAG, Pending, Version
 from ..tensors import TorchIO
 from . import gathering, p2p, reducing
 from . import moving as moving_

@@ -21,10 +21,17 @@ from __future__ import annotations
 from . import auto, cost, fit, media, probe, table, tuner
 from .auto import ALGO_ENV, SIZE_UNKNOWN, broadcast_shape, choose, decide, overrides_from_env, parse_overrides
 from .plan import Planning, agreed, root_shape, select
+from .tuner import TRIAL_LAG, Choice, Pending, Tuner, Version, describe
 
 __all__ = [
     "ALGO_ENV",
     "SIZE_UNKNOWN",
+    "TRIAL_LAG",
+    "Choice",
+    "Pending",
+    "Tuner",
+    "Version",
+    "describe",
     "Planning",
     "agreed",
     "auto",
