@@ -78,7 +78,7 @@ def decide(
 def broadcast_shape(
     nbytes: int, world_size: int, params: cost.Params | None, segment: int, medium: str | None = None
 ) -> tuple[str, float | None]:
-    """For the root of a ``sized`` broadcast of ``nbytes`` (:mod:`.sized`): ``("ring", predicted
+    """For the root of a ``sized`` broadcast of ``nbytes`` (:mod:`netcoll.algorithms.sized`): ``("ring", predicted
     seconds)`` to run the chain, ``("tree", ...)`` for the tree. With the group's parameters:
     the model proposes and the agreed measured times of broadcasts in this size band decide
     (:func:`cost.learnt`, exploring a shape not yet measured unless it is predicted far
