@@ -36,7 +36,7 @@ with ``alpha = delay + o`` and ``beta = 1 / rate``, where ``o`` is the per-messa
 overhead measured on loopback (a 4-byte recursive-doubling all_reduce of the same
 number of ranks, inside the switch namespace, divided by its rounds). A second model
 adds ``beta0``, the per-byte CPU cost measured on loopback (a 4 MiB ring all_reduce).
-Where ``netcoll/algorithms/cost.py`` exists (the cost model behind ``auto``), its
+Where ``netcoll/selection/cost.py`` exists (the cost model behind ``auto``), its
 ``predict()`` is used with ``Params(alpha, overhead=0, beta, gamma=0)`` (the same two-parameter
 model, from that module's formulas); else the local :func:`cost_terms`. The JSON says which, and
 keeps the local formulas' prediction beside it.

@@ -32,8 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import algorithms, observe, resultpool, waits
-from .algorithms.tuning import Choice, Version, describe
+from . import algorithms, observe, resultpool, selection, waits
 from .deadlines import Deadlines
 from .deadlines import ranks_text as _ranks
 from .errors import CollectiveError, CommunicatorClosed
@@ -41,6 +40,7 @@ from .escape import escape
 from .logs import OPERATIONS, op_extra
 from .mesh.channel import Channel, Mesh
 from .operation import ERROR_CLASSES, Failure, Operation, Reason, Work, detail
+from .selection import Choice, Version, describe
 
 log = logging.getLogger("netcoll.engine")
 
@@ -117,16 +117,16 @@ class Engine:
         self.fps: dict[tuple[Any, ...], str] = {}  # hot calls' fingerprints, by their arguments
         self.slow_op_s = observe.slow_op_s()
         self._durations = observe.DURATIONS.observe
-        # the cost model (algorithms.tuning): a user's segment size is kept; NETCOLL_ALGO checked now
+        # the cost model (selection.tuner): a user's segment size is kept; NETCOLL_ALGO checked now
         self.fixed_segment = segment_bytes is not None
-        self.overrides = algorithms.overrides_from_env()
+        self.overrides = selection.overrides_from_env()
         resultpool.RESULTS.configure(resultpool.keep_from_env())
-        self.tuner = algorithms.tuning.Tuner()
+        self.tuner = selection.Tuner()
         # what links the members and how crowded their hosts are (agreed when the world formed:
         # Communicator.agree_links), for the table
-        self.medium = algorithms.media.medium(mesh.layout, self.members)
-        self.ranks_per_core = algorithms.media.ranks_per_core(mesh.layout, self.members)
-        self.hosts = algorithms.media.hosts(mesh.layout, self.members)
+        self.medium = selection.media.medium(mesh.layout, self.members)
+        self.ranks_per_core = selection.media.ranks_per_core(mesh.layout, self.members)
+        self.hosts = selection.media.hosts(mesh.layout, self.members)
         self.choice: Choice | None = None  # the last plan's choice (read by the Communicator)
         self.plan_version: Version | None = None  # a deferred call's parameters, while it is planned
         self.deadlines = Deadlines()  # one timer for the running operations' deadlines

@@ -147,7 +147,7 @@ def _start_ranks(run: Run) -> None:
         env = run.env(NETCOLL_TOKEN=run.token)
         if run.line_delay:  # tbf+line: each daemon delays what it receives (netcoll/links/delayline.py)
             env["NETCOLL_EMULATE_DELAY_US"] = str(round(run.line_delay * 1e6))
-        if run.args.cost_model:  # auto by the cost model (netcoll/algorithms/cost.py), not the table
+        if run.args.cost_model:  # auto by the cost model (netcoll/selection/cost.py), not the table
             env["NETCOLL_COST_MODEL"] = "1"
         run.procs.start(f"rank{i}", argv, env, os.path.join(run.tmp, f"rank{i}.log"))
 

@@ -1,5 +1,5 @@
 """The cost model and the predictions: ``(steps, link_bytes)`` per algorithm from the cost
-headers of ``netcoll/algorithms/*.py``, what ``auto`` runs, ``netcoll/algorithms/cost.py``
+headers of ``netcoll/algorithms/*.py``, what ``auto`` runs, ``netcoll/selection/cost.py``
 where it exists, the :class:`Model` that turns them into seconds, the crossover finder (all
 pure), and :func:`predict`, which applies them to a run's measurements:
 ``T = steps * alpha + link_bytes * beta`` per row, with ``alpha = delay + o`` and
@@ -96,8 +96,8 @@ def cost_terms(
 
 
 def auto_choice(op: str, nbytes: int, p: int) -> str:
-    """What ``auto`` runs (netcoll.algorithms.choose, with the size the Communicator passes)."""
-    from netcoll.algorithms import choose
+    """What ``auto`` runs (netcoll.selection.choose, with the size the Communicator passes)."""
+    from netcoll.selection import choose
 
     return str(choose(op, 0 if op in ("broadcast", "scatter") else nbytes, p))
 
@@ -119,13 +119,18 @@ def _load_by_path(path: str) -> Any:
     return mod
 
 
+def _cost_paths(root: str) -> tuple[str, ...]:
+    return tuple(os.path.join(root, "netcoll", pkg, "cost.py") for pkg in ("selection", "algorithms"))
+
+
 def load_cost_module(*roots: str) -> Any:
-    """``netcoll/algorithms/cost.py`` (the cost model behind ``auto``: pure functions, no
-    imports of netcoll) loaded by path from the first root that has it, if its ``predict``
-    and ``Params`` are there; else None (the local formulas are used)."""
+    """``netcoll/selection/cost.py`` (the cost model behind ``auto``: pure functions, no
+    imports of netcoll; ``netcoll/algorithms/cost.py`` in checkouts before issue 39) loaded
+    by path from the first root that has it, if its ``predict`` and ``Params`` are there;
+    else None (the local formulas are used)."""
     for root in roots:
-        path = os.path.join(root, "netcoll", "algorithms", "cost.py")
-        if not os.path.exists(path):
+        path = next((p for p in _cost_paths(root) if os.path.exists(p)), None)
+        if path is None:
             continue
         mod = _load_by_path(path)
         if mod is None:
@@ -137,7 +142,7 @@ def load_cost_module(*roots: str) -> Any:
 
 
 class Model:
-    """Predicted seconds per call for one (alpha, beta): ``netcoll.algorithms.cost.predict``
+    """Predicted seconds per call for one (alpha, beta): ``netcoll.selection.cost.predict``
     with ``Params(alpha, overhead=0, beta, gamma=0)`` when that module exists, else the local
     :func:`cost_terms`; both are ``steps * alpha + bytes * beta``."""
 

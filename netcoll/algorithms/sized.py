@@ -58,7 +58,7 @@ async def broadcast(
         chain: read by the root only: run the chain (else the tree).
         ran: told the shape this rank runs, once it knows it (the root at once, the
             others when segment 0 arrives): ``"ring"`` (the chain) or ``"tree"``, the
-            names of :data:`netcoll.algorithms.cost.FORMULAS` (the model learns from it).
+            names of :data:`netcoll.selection.cost.FORMULAS` (the model learns from it).
 
     Returns:
         ``(buf, meta)`` on every rank.

@@ -1,4 +1,4 @@
-"""What every collective's plan shares: algorithm choice, root checks, call
+"""What every collective's plan shares: root checks, call
 fingerprints, and the array helpers that keep inputs unmodified and results
 in the caller's buffers.
 
@@ -18,12 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import algorithms, resultpool
-from ..algorithms.cost import Params
-from ..algorithms.tuning import ROOT_SIZED, Choice, Pending
+from .. import resultpool
 from ..arrays import as_array, check_out
 from ..engine import Call, Engine
 from ..ops import BFLOAT16
+from ..selection import Choice
 
 FP_CACHE_MAX = 256
 
@@ -36,57 +35,6 @@ class Done:
 
 
 Plan = Call | Done
-
-
-def pick(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
-    """The algorithm and segment size to run. ``"auto"``: ``NETCOLL_ALGO``'s
-    choice for the collective if it names one, else the cost model with the
-    group's agreed parameters for this call's sequence number (the table, by
-    the group's agreed links and hosts, before they are known). Raises
-    :class:`~netcoll.algorithms.tuning.Pending` when those parameters are
-    still being agreed (the Communicator defers the call). Leaves the choice
-    in ``e.choice`` for the engine's stats, and what ``"auto"`` was asked to
-    choose for in ``e.tuner.asked`` (known before the parameters, so the same
-    on every rank: :meth:`Tuner.trial_due`)."""
-    table = algorithms.ALGORITHMS[name]
-    if algorithm == "auto":
-        algorithm = e.overrides.get(name, "auto")
-    elif algorithm not in table:
-        raise ValueError(f"{name} has no algorithm {algorithm!r}; choose one of {', '.join(['auto', *sorted(table)])}")
-    seg, predicted = e.segment_bytes, None
-    if algorithm == "auto":
-        if name not in algorithms.SIZE_UNKNOWN:  # the model chooses (once agreed)
-            e.tuner.asked = (name, nbytes)
-        elif name == "broadcast" and e.world_size >= 3:  # its root does (sized), by size unknown here
-            e.tuner.asked = (name, ROOT_SIZED)
-        try:  # (a group of one chooses nothing: it never waits for parameters)
-            params = None if e.world_size < 2 else agreed(e)
-        except Pending as pending:
-            pending.name = name
-            raise
-        fixed = e.segment_bytes if e.fixed_segment else None
-        algorithm, chosen, predicted = algorithms.decide(
-            name, nbytes, e.world_size, params, fixed, e.medium, e.ranks_per_core
-        )
-        seg = chosen or seg
-    e.choice = (name, algorithm, nbytes, seg, predicted)
-    return algorithm, seg
-
-
-def agreed(e: Engine) -> Params | None:
-    """The agreed parameters of the call being planned: those for the next sequence number,
-    or, for a deferred call, those it waited for. Raises :class:`Pending`."""
-    if e.plan_version is not None:
-        return e.tuner.params_of(e.plan_version)
-    return e.tuner.params_at(e.seq)
-
-
-def root_shape(e: Engine, nbytes: int) -> tuple[str, float | None]:
-    """A ``sized`` broadcast's root: ``("ring", predicted)`` for the chain or ``("tree", ...)``
-    for ``nbytes`` (the cost model with the group's agreed parameters for this call, and the
-    broadcasts it measured; else the table)."""
-    params = agreed(e)
-    return algorithms.broadcast_shape(nbytes, e.world_size, params, e.segment_bytes, e.medium)
 
 
 @dataclass(slots=True)

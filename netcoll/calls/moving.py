@@ -16,6 +16,7 @@ from .. import algorithms
 from ..arrays import array_from_meta, as_array, check_out, contiguous_copy, describe, leading_ranks, meta_of
 from ..engine import Call, Engine
 from ..errors import MismatchError
+from ..selection import root_shape, select
 from ..tensors import from_peer
 from ._common import (
     Done,
@@ -29,17 +30,15 @@ from ._common import (
     flat_bytes,
     fp,
     is_list,
-    pick,
     pick_v,
     result,
-    root_shape,
     unaliased,
 )
 
 
 def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False) -> Plan:
     root = check_root(e, root)
-    algo, _ = pick(e, "broadcast", algorithm, 0)
+    algo, _ = select(e, "broadcast", algorithm, 0)
     meta: dict[str, Any] | None = None
     arr: np.ndarray | None = None
     if e.rank == root:
@@ -108,7 +107,7 @@ def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: 
         )
     res = result(out, (e.world_size, *x.shape), x.dtype)
     res[e.rank] = unaliased(x, res, res[e.rank])
-    algo, seg = pick(e, "all_gather", algorithm, res.nbytes)
+    algo, seg = select(e, "all_gather", algorithm, res.nbytes)
     if e.world_size == 1:
         return Done(res)
     fn = algorithms.ALGORITHMS["all_gather"][algo]
@@ -139,7 +138,7 @@ def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str, 
             ),
             lambda got: None if got is None else _arrays(got),
         )
-    algo, seg = pick(e, "gather", algorithm, x.nbytes * e.world_size)
+    algo, seg = select(e, "gather", algorithm, x.nbytes * e.world_size)
     send = contiguous(x)
     res: np.ndarray | None = None
     if e.rank == root:
@@ -160,7 +159,7 @@ def gather(e: Engine, x: Any, root: Any, uneven: Any, out: Any, algorithm: str, 
 
 def scatter(e: Engine, x: Any, root: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:
     root = check_root(e, root)
-    algo, _ = pick(e, "scatter", algorithm, 0)
+    algo, _ = select(e, "scatter", algorithm, 0)
     if out is not None:
         return _scatter_into(e, x, root, out, algo)
     blocks: list[np.ndarray] | None = None
@@ -233,7 +232,7 @@ def all_to_all(e: Engine, x: Any, out: Any, algorithm: str, torch: bool = False)
         )
     x = as_array(x)
     leading_ranks(x, e.world_size, "all_to_all")
-    algo, seg = pick(e, "all_to_all", algorithm, x.nbytes)
+    algo, seg = select(e, "all_to_all", algorithm, x.nbytes)
     res = result(out, x.shape, x.dtype)
     send = unaliased(contiguous(x), res)
     if e.world_size == 1:
@@ -249,7 +248,7 @@ def all_to_all(e: Engine, x: Any, out: Any, algorithm: str, torch: bool = False)
 
 
 def barrier(e: Engine, algorithm: str) -> Plan:
-    algo, _ = pick(e, "barrier", algorithm, 0)
+    algo, _ = select(e, "barrier", algorithm, 0)
     if e.world_size == 1:
         return Done(None)
     return Call(

@@ -14,6 +14,7 @@ from .. import algorithms
 from ..arrays import as_array, contiguous_copy, describe, leading_ranks
 from ..engine import Call, Engine
 from ..ops import ReduceOp, check_op_dtype, finalize, parse_op
+from ..selection import select
 from ._common import (
     Done,
     Plan,
@@ -23,7 +24,6 @@ from ._common import (
     dtype_name,
     fp,
     is_list,
-    pick,
     pick_v,
     result,
     shapes,
@@ -40,7 +40,7 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
     x = as_array(x)
     rop = parse_op(op)
     check_op_dtype(rop, x.dtype)
-    algo, seg = pick(e, "all_reduce", algorithm, x.nbytes)
+    algo, seg = select(e, "all_reduce", algorithm, x.nbytes)
     kw: dict[str, Any] = {"segment_bytes": seg}
     if (
         algo in ("ring", "tree")
@@ -76,7 +76,7 @@ def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str) -> P
     rop = parse_op(op)
     check_op_dtype(rop, x.dtype)
     root = check_root(e, root)
-    algo, seg = pick(e, "reduce", algorithm, x.nbytes)
+    algo, seg = select(e, "reduce", algorithm, x.nbytes)
     kw: dict[str, Any] = {"segment_bytes": seg}
     mine = out if e.rank == root else None
     buf: np.ndarray | None
@@ -108,7 +108,7 @@ def reduce_scatter(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan
     x = as_array(x)
     leading_ranks(x, e.world_size, "reduce_scatter")
     check_op_dtype(rop, x.dtype)
-    algo, seg = pick(e, "reduce_scatter", algorithm, x.nbytes)
+    algo, seg = select(e, "reduce_scatter", algorithm, x.nbytes)
     res = result(out, x.shape[1:], x.dtype)
     buf = unaliased(contiguous(x), res)  # read only: no copy unless out overlaps it
     if e.world_size == 1:

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 
 from .. import resultpool
-from ..algorithms.tuning import TRIAL_LAG, Pending, Version
-from ..calls import moving, tune
+from ..calls import agreements, moving
 from ..calls._common import Done, Plan
 from ..engine import DEFAULT_TIMEOUT, Call, Engine
 from ..errors import CollectiveError
 from ..mesh.channel import Mesh, as_bytes
 from ..operation import Work
+from ..selection import TRIAL_LAG, Pending, Version
 from ..tensors import TorchIO
 from . import gathering, p2p, reducing
 from . import moving as moving_
@@ -187,9 +187,9 @@ class Communicator:
         tuner = e.tuner
         tuner.collectives += 1
         if tuner.due():
-            self._model_op(tune.refine(e), e.seq + tuner.lag)
+            self._model_op(agreements.refine(e), e.seq + tuner.lag)
         elif trial := tuner.trial_due():  # the times of this size band's trial so far, agreed soon
-            self._model_op(tune.refine(e, trial, after=[work]), e.seq + TRIAL_LAG)
+            self._model_op(agreements.refine(e, trial, after=[work]), e.seq + TRIAL_LAG)
         return work
 
     def _rebuilder(
@@ -235,7 +235,7 @@ class Communicator:
             )
         if e.world_size < 2 or e.mesh.layout is not None:
             return Work.completed("agree_links", e.medium)
-        work = e.issue(tune.agree_links(e), timeout)
+        work = e.issue(agreements.agree_links(e), timeout)
         work.add_done_callback(self._log_links)
         return work
 
@@ -265,7 +265,7 @@ class Communicator:
         e = self._engine
         if e.world_size < 2 or not cost_model_enabled(default=True):
             return Work.completed("calibrate", None)
-        call = tune.calibrate(e)
+        call = agreements.calibrate(e)
         work = self._engine.issue(call, timeout)
         work.add_done_callback(_log_model)
         e.tuner.add(e.seq, work)

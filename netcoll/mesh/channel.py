@@ -73,7 +73,7 @@ class Mesh:
         self.mailbox.asked = self.answers
         self._holding: dict[tuple[str, int], Quiet] = {}  # operations that hold the loop's polling off
         #: every rank's link kinds and host, agreed by the world group when it formed
-        #: (:class:`netcoll.algorithms.media.Layout`); None before that
+        #: (:class:`netcoll.selection.media.Layout`); None before that
         self.layout: Any = None
 
     def attach(self, link: Link) -> None:

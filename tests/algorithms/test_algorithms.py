@@ -22,10 +22,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from netcoll.algorithms import ALGORITHMS, DEFAULT_SEGMENT_BYTES, choose, direct, doubling, ring, tree
+from netcoll.algorithms import ALGORITHMS, DEFAULT_SEGMENT_BYTES, direct, doubling, ring, tree
 from netcoll.errors import CommunicatorClosed, MismatchError, PeerLost
 from netcoll.mesh.channel import Channel
 from netcoll.ops import ReduceOp, finalize, reduce_reference
+from netcoll.selection import choose
 from tests.support import ALL_LINKS, Group, MakeGroup
 
 SIZES = [1, 2, 3, 4, 5, 8]

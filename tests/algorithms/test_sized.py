@@ -96,7 +96,7 @@ async def test_the_plan_lets_the_root_choose(monkeypatch: pytest.MonkeyPatch) ->
     root's verdict is the table's (the chain from 16 MiB, lowered here), everyone follows, and
     a non-root passing None or a buffer gets the array either way; every rank's stats name the
     shape that ran ("ring" for the chain)."""
-    from netcoll.algorithms import table
+    from netcoll.selection import table
     from tests.support import run_world
 
     monkeypatch.setattr(table, "BROADCAST_CHAIN_MIN_BYTES", 4096)
@@ -118,12 +118,12 @@ async def test_the_plan_lets_the_root_choose(monkeypatch: pytest.MonkeyPatch) ->
 async def test_with_the_model_auto_is_sized_and_the_root_asks_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Once a group has the cost model's parameters, a broadcast's ``auto`` is ``sized``
     and the root runs the shape the model predicts faster for the size."""
-    from netcoll.algorithms import cost, tuning
+    from netcoll.selection import cost, tuner
     from tests.support import run_world
 
     slow = cost.Params(alpha=4e-4, overhead=1e-5, beta=8e-9, gamma=1e-10, solo=8e-9)  # 1 Gbit/s, 400 µs
     followed = follow(monkeypatch)
-    monkeypatch.setattr(tuning.Tuner, "params_at", lambda self, seq: slow)  # the group's agreed parameters
+    monkeypatch.setattr(tuner.Tuner, "params_at", lambda self, seq: slow)  # the group's agreed parameters
     for n, step in ((1 << 10, 0), (1 << 22, 1)):  # 8 KiB: the tree; 32 MiB: the chain
         x = np.ones(n, dtype=np.float64)
 

@@ -85,7 +85,7 @@ def test_model_crossovers() -> None:
     assert cx["between"][0] < 100_000 < cx["between"][1]
     assert 50_000 < cx["at"] < 200_000
     assert model.crossovers({"ring": curves["ring"]}) == []
-    # netcoll/algorithms/cost.py, where it exists, gives the same two-parameter predictions
+    # netcoll/selection/cost.py, where it exists, gives the same two-parameter predictions
     cost = model.load_cost_module(str(REPO))
     if cost is not None:
         mc = model.Model(alpha=100e-6, beta=8e-9, p=4, cost=cost)

@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from netcoll import algorithms
-from netcoll.algorithms import cost as cm
-from netcoll.algorithms import tuning
-from netcoll.algorithms.tuning import TRIAL_AGAIN, TRIAL_CALLS, TRIAL_LAG, Tuner
-from netcoll.calls import tune
+from netcoll import selection
+from netcoll.calls import agreements
 from netcoll.comm import Communicator
 from netcoll.errors import ConfigError
+from netcoll.selection import cost as cm
+from netcoll.selection import tuner
+from netcoll.selection.tuner import TRIAL_AGAIN, TRIAL_CALLS, TRIAL_LAG, Tuner
 from tests.support.calibration import tell_calibration
 from tests.support.worlds import memory_world
 
@@ -169,12 +169,12 @@ async def test_a_deferred_call_plans_with_the_agreement_it_waited_for(monkeypatc
     await asyncio.gather(*(c.calibrate() for c in comms))
     params = comms[0]._engine.tuner.current()
     assert params is not None
-    n = tuning.TRIAL_MIN_BYTES
+    n = tuner.TRIAL_MIN_BYTES
     fast = tuple(
         sorted((cm.slot("all_reduce", a, n), 1.0 if a == "allpairs" else 2.0) for a in cm.FORMULAS["all_reduce"])
     )
     agreed = dataclasses.replace(params, measured=fast)  # all_reduce of n bytes: allpairs
-    table = algorithms.decide("all_reduce", n, 2, None)[0]
+    table = selection.decide("all_reduce", n, 2, None)[0]
     assert table != "allpairs"
     loop = asyncio.get_running_loop()
     agreements = [loop.create_future() for _ in comms]
@@ -184,7 +184,7 @@ async def test_a_deferred_call_plans_with_the_agreement_it_waited_for(monkeypatc
     first = comms[0].all_reduce(x)  # deferred behind the agreement
     sub = comms[0].split(0)  # a sub-group made now starts from the same agreement, once made
     e = comms[0]._engine
-    for k in range(2 * tuning.VERSIONS_KEPT):  # versions for later calls pile up meanwhile
+    for k in range(2 * tuner.VERSIONS_KEPT):  # versions for later calls pile up meanwhile
         e.tuner.add(e.seq + k, loop.create_future())
     agreements[0].set_result(agreed)
     agreements[1].set_result(agreed)
@@ -238,13 +238,13 @@ async def test_a_split_during_an_agreement_waits_for_it_without_its_measured_tim
     base = cm.Params(alpha=1e-5, overhead=1e-6, beta=1e-9, gamma=1e-10)
     newer = dataclasses.replace(base, alpha=2e-5, measured=((cm.slot("all_reduce", "ring", 1 << 20), 0.01),))
     parent = Tuner(active=True)
-    parent.versions = [tuning.Version(0, base)]
+    parent.versions = [tuner.Version(0, base)]
     agreement: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     parent.add(5, agreement)
     child = Tuner()
     child.inherit(parent, parent.version_at(7))
     assert child.active
-    with pytest.raises(tuning.Pending):
+    with pytest.raises(tuner.Pending):
         child.params_at(0)  # every call of the sub-group comes after the split
     agreement.set_result(newer)
     got = child.params_at(0)
@@ -352,24 +352,24 @@ async def test_agreements_with_nothing_on_trial_send_nothing(monkeypatch: pytest
     """Once every algorithm of a band has an agreed time, the scheduled
     agreements of its trial phase exchange nothing (every rank sees alike that
     nothing is on trial); calls below TRIAL_MIN_BYTES schedule none at all."""
-    monkeypatch.setattr(tuning, "REFINE_FIRST", ())  # no refinements of the factors either
+    monkeypatch.setattr(tuner, "REFINE_FIRST", ())  # no refinements of the factors either
     _, comms = memory_world(3)
     await asyncio.gather(*(c.calibrate() for c in comms))
     params = comms[0]._engine.tuner.current()
     assert params is not None
-    n = tuning.TRIAL_MIN_BYTES
+    n = tuner.TRIAL_MIN_BYTES
     every = tuple(sorted((cm.slot("all_reduce", a, n), 1.0 if a == "ring" else 2.0) for a in cm.FORMULAS["all_reduce"]))
     for c in comms:  # as if every algorithm had been tried: all alike, ring the fastest
         assert c._engine.tuner.current() == params  # settled
         c._engine.tuner.versions[-1].params = dataclasses.replace(params, measured=every)
     exchanges = []
-    real = tune.probe.exchange
+    real = agreements.probe.exchange
 
     async def exchange(ch: Any, row: Any) -> Any:
         exchanges.append(ch.rank)
         return await real(ch, row)
 
-    monkeypatch.setattr(tune.probe, "exchange", exchange)
+    monkeypatch.setattr(agreements.probe, "exchange", exchange)
     seen = _record_choices(comms, monkeypatch)
     versions = len(comms[0]._engine.tuner.versions)
     for size in (n, n // 8):
@@ -430,7 +430,7 @@ async def test_a_broadcast_root_tries_both_shapes_and_settles_on_the_faster(
     after = await _settled(comms)
     assert after[0] == after[1] == after[2] == after[3] and after[0] is not None
     assert after[0].seen("broadcast", faster, n) == pytest.approx(2.5 * unit * speed[faster], rel=0.01)
-    assert algorithms.broadcast_shape(n, 4, after[0], seg)[0] == faster
+    assert selection.broadcast_shape(n, 4, after[0], seg)[0] == faster
 
 
 def test_broadcast_trials_follow_the_count_of_broadcasts() -> None:
@@ -439,10 +439,10 @@ def test_broadcast_trials_follow_the_count_of_broadcasts() -> None:
     t = Tuner(active=True)
     due = []
     for i in range(1, 300):
-        t.asked = ("broadcast", tuning.ROOT_SIZED)
+        t.asked = ("broadcast", tuner.ROOT_SIZED)
         if got := t.trial_due():
             due.append(i)
-            assert got == ("broadcast", tuning.ROOT_SIZED, True)
+            assert got == ("broadcast", tuner.ROOT_SIZED, True)
     k = len(cm.FORMULAS["broadcast"]) + 1
     assert due == [TRIAL_CALLS * j for j in range(1, k + 1)] + [TRIAL_CALLS * TRIAL_AGAIN * 2**j for j in range(3)]
 
@@ -464,7 +464,7 @@ def test_trials_are_agreed_on_a_schedule_of_calls() -> None:
     ]
     t.asked = ("gather", 1 << 20)  # one algorithm: nothing to try
     assert not any(t.trial_due() for _ in range(10))
-    t.asked = ("all_reduce", tuning.TRIAL_MIN_BYTES - 1)  # too small to be worth measuring
+    t.asked = ("all_reduce", tuner.TRIAL_MIN_BYTES - 1)  # too small to be worth measuring
     assert not any(t.trial_due() for _ in range(10))
     t.asked, t.active = ("all_reduce", 64), False  # no model: nothing
     assert not any(t.trial_due() for _ in range(10))

@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 
-from netcoll.algorithms import cost as cm
+from netcoll.selection import cost as cm
 from tests.support import connected_world
 
 pytestmark = pytest.mark.tcp

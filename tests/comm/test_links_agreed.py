@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from netcoll.algorithms import table
 from netcoll.comm import Communicator
+from netcoll.selection import table
 from tests.support import connected_world
 
 pytestmark = pytest.mark.tcp
@@ -93,7 +93,7 @@ async def test_a_group_over_several_hosts_has_the_model_choose_by_default(
     """The table's thresholds were measured on one host: a group whose ranks are on several
     (each rank here reports a host key of its own) calibrates the cost model when it forms
     unless NETCOLL_COST_MODEL=0, and says who chooses."""
-    from netcoll.algorithms import media
+    from netcoll.selection import media
 
     real = media.host_fields
     keys = iter(range(1, 100))

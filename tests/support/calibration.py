@@ -3,7 +3,7 @@ speed of the machine they run on, so they tell calibration what it measures.
 
 :func:`tell_calibration` keeps the probe's traffic (every message still goes,
 over whatever transport the test uses) but replaces every sample's measured
-seconds with what a machine of the told :class:`~netcoll.algorithms.cost.Params`
+seconds with what a machine of the told :class:`~netcoll.selection.cost.Params`
 takes for its terms; the fit then finds those parameters again, and every
 prediction of the model is a pure function of the test's own numbers.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from netcoll.algorithms import cost, probe
-from netcoll.algorithms.probe import Sample
 from netcoll.mesh.channel import Channel
+from netcoll.selection import cost, probe
+from netcoll.selection.probe import Sample
 
-#: a loopback-like machine, not the model's prior (:data:`~netcoll.algorithms.cost.DEFAULT_PARAMS`):
+#: a loopback-like machine, not the model's prior (:data:`~netcoll.selection.cost.DEFAULT_PARAMS`):
 #: what calibration then agrees on comes from the told samples
 TOLD = cost.Params(alpha=30e-6, overhead=10e-6, beta=0.4e-9, gamma=0.2e-9, solo=0.3e-9)
 

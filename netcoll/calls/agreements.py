@@ -1,18 +1,18 @@
 """Plans of the algorithm choice's own operations: the agreement on link kinds
 and hosts and the calibration when a group forms, and refinement from traffic
-(see :mod:`netcoll.algorithms.media` and :mod:`netcoll.algorithms.tuning`).
+(see :mod:`netcoll.selection.media` and :mod:`netcoll.selection.tuner`).
 
 All run as ordinary operations (deadlines, aborts, typed errors) numbered
 apart from the collectives (groups ``<group>/links`` and, for the cost
 model's, ``<group>/cost``), so they do not shift any collective's sequence
 number, and all end with every rank holding the same table, one row per rank.
 The agreement's table becomes the mesh's
-:class:`~netcoll.algorithms.media.Layout` before any collective is issued
+:class:`~netcoll.selection.media.Layout` before any collective is issued
 (:func:`netcoll.comm.form_group`). The cost model's rows are estimates, which
 every rank combines the same way. The result becomes a new
 version of the group's parameters applying from a sequence number fixed when
 the operation is issued; a collective that needs a version still being agreed
-waits for it (:class:`~netcoll.algorithms.tuning.Pending`).
+waits for it (:class:`~netcoll.selection.tuner.Pending`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from .. import algorithms
-from ..algorithms import cost, media, probe, tuning
 from ..engine import Call, Engine
 from ..mesh.channel import Channel
+from ..selection import cost, decide, fit, media, probe
 
 #: the prior's weight when calibrating: the probe's samples decide (the prior only
 #: keeps a parameter they say nothing about finite)
@@ -42,7 +41,7 @@ def _model_call(e: Engine, name: str, body: Any, how: str) -> Call:
         name,
         f"{name}(model=1)",
         body,
-        lambda table: table if isinstance(table, cost.Params) else tuning.combine(table, how),
+        lambda table: table if isinstance(table, cost.Params) else fit.combine(table, how),
         group=f"{e.group}/cost",
         seq=seq,
         members=e.members,
@@ -50,9 +49,9 @@ def _model_call(e: Engine, name: str, body: Any, how: str) -> Call:
 
 
 def agree_links(e: Engine) -> Call:
-    """Every rank's row — its link kinds (:func:`~netcoll.algorithms.media.row`)
-    and host (:func:`~netcoll.algorithms.media.host_fields`) — exchanged so that
-    every rank holds the same :class:`~netcoll.algorithms.media.Layout`; the
+    """Every rank's row — its link kinds (:func:`~netcoll.selection.media.row`)
+    and host (:func:`~netcoll.selection.media.host_fields`) — exchanged so that
+    every rank holds the same :class:`~netcoll.selection.media.Layout`; the
     result sets the mesh's ``layout`` and this group's medium, ranks per
     core and hosts, and is the medium. The world group only (the Communicator checks);
     numbered apart (group ``<group>/links``)."""
@@ -75,7 +74,7 @@ def agree_links(e: Engine) -> Call:
 
 def calibrate(e: Engine) -> Call:
     """Measure the links (a ring shift of a small, a mid and a large payload and
-    bursts of small messages: :func:`netcoll.algorithms.probe.probe`) and the
+    bursts of small messages: :func:`netcoll.selection.probe.probe`) and the
     local reduction bandwidth, fit each rank's estimate, and agree on the
     maximum of every parameter over the group (the slowest link sets the pace)."""
     e.tuner.active = True
@@ -83,7 +82,7 @@ def calibrate(e: Engine) -> Call:
     async def body(ch: Channel) -> np.ndarray:
         samples = await probe.probe(ch)
         samples += probe.reduce_samples()
-        local = tuning.fit(samples, cost.DEFAULT_PARAMS, CALIBRATE_WEIGHT)
+        local = fit.fit(samples, cost.DEFAULT_PARAMS, CALIBRATE_WEIGHT)
         return await probe.exchange(ch, np.array(local.row(), np.float64))
 
     return _model_call(e, "calibrate", body, "max")
@@ -97,7 +96,7 @@ def refine(e: Engine, trial: tuple[str, int, bool] | None = None, after: Sequenc
     every number over the group.
 
     ``trial``: ``(collective, nbytes, again)``, a size band's agreement of
-    measured times only (:meth:`~netcoll.algorithms.tuning.Tuner.trial_due`),
+    measured times only (:meth:`~netcoll.selection.tuner.Tuner.trial_due`),
     after the collectives ``after`` (awaited first, whatever their outcome).
     Unless ``again`` (a re-measure), it exchanges nothing, and keeps the
     parameters as they are, when no algorithm is on trial there
@@ -114,7 +113,7 @@ def refine(e: Engine, trial: tuple[str, int, bool] | None = None, after: Sequenc
         if trial is not None and not (trial[2] or on_trial(local, *trial[:2], ch.size, fixed)):
             return local
         if trial is None:
-            local = tuning.fit_factors(list(tuner.samples), local)
+            local = fit.fit_factors(list(tuner.samples), local)
             tuner.samples.clear()  # the next refinement learns from the calls after this one
         local = dataclasses.replace(local, measured=tuner.measured())
         tuner.agreeing += 1
@@ -129,7 +128,7 @@ def refine(e: Engine, trial: tuple[str, int, bool] | None = None, after: Sequenc
 
 def on_trial(params: cost.Params, name: str, nbytes: int, size: int, segment: int | None) -> bool:
     """Whether the algorithm ``"auto"`` now runs in this size band has no agreed time yet."""
-    algo = algorithms.decide(name, nbytes, size, params, segment)[0]
+    algo = decide(name, nbytes, size, params, segment)[0]
     return params.seen(name, algo, nbytes) is None
 
 

@@ -1,4 +1,4 @@
-"""The cost model (netcoll.algorithms.cost, .tuning): formulas against the
+"""The cost model (netcoll.selection.cost, .fit, .tuner): formulas against the
 algorithms' own step and byte counts (measured by running them), crossovers
 with injected parameters (this machine's loopback and a 200 µs / 1 Gbit/s
 network), robust fitting, deterministic agreement, and NETCOLL_ALGO parsing."""
@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from netcoll.algorithms import ALGORITHMS, choose, decide, parse_overrides
-from netcoll.algorithms import cost as cm
-from netcoll.algorithms.tuning import combine, fit, fit_factors
+from netcoll.algorithms import ALGORITHMS
 from netcoll.errors import ConfigError
 from netcoll.mesh.channel import Channel
+from netcoll.selection import choose, decide, parse_overrides
+from netcoll.selection import cost as cm
+from netcoll.selection.fit import combine, fit, fit_factors
 from tests.support.worlds import memory_world
 
 #: loopback-like (Python per-message cost dominates) and a 200 µs / 1 Gbit/s network

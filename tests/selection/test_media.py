@@ -1,13 +1,14 @@
 """A group's medium and ranks per core from the agreed layout (link kinds,
-host keys, cores), and the table's choice by them (netcoll.algorithms.media,
-netcoll.algorithms.table)."""
+host keys, cores), and the table's choice by them (netcoll.selection.media,
+netcoll.selection.table)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from netcoll.algorithms import ALGORITHMS, choose, media, table
+from netcoll.algorithms import ALGORITHMS
+from netcoll.selection import choose, media, table
 
 SHM, TCP, TLS, MEM = (media.CODES[k] for k in ("shm", "tcp", "tls", "memory"))
 
@@ -160,7 +161,7 @@ def test_broadcast_by_medium_and_the_roots_verdict() -> None:
     """Only the root knows a broadcast's size: without the model ``auto`` keeps the tree (the
     chain did not win on one host), with it ``auto`` is ``sized`` and the root asks the model;
     a forced ``sized`` without the model uses the table's verdict."""
-    from netcoll.algorithms import broadcast_shape, cost, decide
+    from netcoll.selection import broadcast_shape, cost, decide
 
     big = table.BROADCAST_CHAIN_MIN_BYTES
     for medium in (None, "shm", "socket"):
