@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from . import collectives
+from .arrays import check_root as check_root_arg
 from .collectives import Collective, did_you_mean
 
 __all__ = [
@@ -56,14 +57,9 @@ def check_algorithm(coll: Collective, algorithm: str) -> str:
 
 
 def check_root(coll: Collective, root: int, world_size: int | None) -> None:
-    """A root rank in ``0..world_size-1`` (any root >= 0 while the size is unknown)."""
-    if root < 0:
-        raise ValueError(f"root must be >= 0, got {root}")
-    if coll.takes_root and world_size is not None and root >= world_size:
-        raise ValueError(
-            f"root {root} is out of range for {world_size} rank{'s' if world_size != 1 else ''} "
-            f"(valid roots are 0..{world_size - 1})"
-        )
+    """A root rank in ``0..world_size-1`` (any root >= 0 while the size is unknown) for a
+    collective with a root; any root >= 0 for one without (it is ignored)."""
+    check_root_arg(root, world_size if coll.takes_root else None)
 
 
 #: argument -> (whether a collective takes it, why one does not, who does: "" for none)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from .. import resultpool
+from .. import arrays, resultpool
 from ..errors import MismatchError
 from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_prechecked
 
@@ -247,9 +247,7 @@ def where(ch: Channel) -> dict[str, Any]:
 
 
 def check_root(ch: Channel, root: int) -> int:
-    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < ch.size:
-        raise ValueError(f"root must be a rank in 0..{ch.size - 1}, got {root!r}")
-    return root
+    return arrays.check_root(root, ch.size)
 
 
 class RecvWindow:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .. import resultpool
+from .. import arrays, resultpool
 from ..arrays import as_array, check_out
 from ..engine import Call, Engine
 from ..ops import BFLOAT16
@@ -72,9 +71,7 @@ def pick_v(name: str, algorithm: str, only: str) -> str:
 
 
 def check_root(e: Engine, root: Any) -> int:
-    if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= int(root) < e.world_size:
-        raise ValueError(f"root must be a rank in 0..{e.world_size - 1}, got {root!r}")
-    return int(root)
+    return arrays.check_root(root, e.world_size)
 
 
 def fp(e: Engine, name: str, *, segmented: bool = True, segment: int | None = None, **parts: Any) -> str:

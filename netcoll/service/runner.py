@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import check_root
 from ..comm import Communicator
 from .jobs import JobSpec
 
@@ -89,8 +90,8 @@ async def call(
     coll = spec.collective
     if coll is None:
         return x
-    if coll.takes_root and spec.root >= comm.world_size:
-        raise ValueError(f"root {spec.root} is out of range for {comm.world_size} ranks")
+    if coll.takes_root:
+        check_root(spec.root, comm.world_size)
     return await coll.call(
         comm, x, op=spec.reduce_op, root=spec.root, out=out, algorithm=spec.algorithm, timeout=timeout
     )

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from netcoll.arrays import array_from_meta, as_array, contiguous_copy
 from netcoll.errors import LimitExceeded, MismatchError
 from netcoll.limits import DEFAULT, Limits
-from tests.support import memory_group
+from tests.support import memory_group, memory_world
 
 SMALL = Limits(max_array_bytes=1024)
 
@@ -125,3 +125,33 @@ def test_peer_metadata_of_any_shape_is_accepted_or_refused_cleanly(shape: list[A
         return
     assert arr.nbytes <= 1 << 20 and list(arr.shape) == shape
     assert array_from_meta({"dtype": dtype, "shape": shape}, memoryview(bytes(arr.nbytes))).shape == arr.shape
+
+
+def test_one_root_check_for_calls_algorithms_jobs_and_the_cli() -> None:
+    """netcoll.arrays.check_root is the one check of a root (issue 39: three copies had three
+    messages); the Communicator's calls, the algorithms and the job specs say the same."""
+    from netcoll import choices, collectives
+    from netcoll.arrays import check_root
+
+    assert check_root(np.int64(2), 4) == 2 and check_root(7, None) == 7
+    with pytest.raises(ValueError, match=r"root 4 is out of range for 4 ranks \(valid roots are 0..3\)"):
+        check_root(4, 4)
+    with pytest.raises(ValueError, match=r"root 1 is out of range for 1 rank \(valid roots are 0..0\)"):
+        check_root(1, 1)
+    with pytest.raises(ValueError, match="root must be >= 0, got -1"):
+        check_root(-1, None)
+    for bad in (True, 1.0, "0", None):
+        with pytest.raises(TypeError, match="root must be an int rank"):
+            check_root(bad, 4)
+    bcast, gather = collectives.get("broadcast"), collectives.get("all_gather")
+    with pytest.raises(ValueError, match=r"valid roots are 0\.\.1"):
+        choices.check_root(bcast, 2, 2)
+    choices.check_root(gather, 9, 2)  # no root: any root >= 0 is ignored
+
+
+async def test_a_calls_root_is_checked_before_anything_is_sent() -> None:
+    _, comms = memory_world(2)
+    with pytest.raises(ValueError, match=r"root 2 is out of range for 2 ranks \(valid roots are 0..1\)"):
+        comms[0].broadcast(np.zeros(2), root=2)
+    with pytest.raises(TypeError, match=r"root must be an int rank, got 1\.5"):
+        comms[0].reduce(np.zeros(2), root=1.5)  # type: ignore[call-overload]
