@@ -27,7 +27,7 @@ a failed handshake is a rate limit on token guessing, not under test here, and
 would cap pre-auth fuzzing at ~16 connections/s per source) and log level
 ``error``. Every loop is bounded by ``--frames`` and ``--seconds``.
 
-    python3 bench/fuzz_live.py --frames 100000 --seconds 600
+    python3 -m netcoll.testing.harness.fuzz_live --frames 100000 --seconds 600
 """
 
 from __future__ import annotations
@@ -37,14 +37,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
 import secrets
-import signal
 import struct
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,12 +48,15 @@ from typing import Any
 
 import msgpack
 
+from ...mesh import auth
+from ...service import Client
+from .cluster import Cluster, settle
+
 PREFIX = struct.Struct("!4sBBHIQ")
 MAGIC = b"NCOL"
 KINDS = list(range(1, 16))
 CONTROL = [5, 9, 10, 11, 12, 13, 14, 15]
 HUGE = 2**64 - 1  # the largest msgpack int
-PAGE = os.sysconf("SC_PAGE_SIZE")
 METHODS = [
     "join", "leave", "status", "barrier", "kv_set", "kv_get", "kv_add", "kv_delete",
     "daemon_register", "daemon_drain", "submit", "wait", "job", "cancel", "members",
@@ -67,143 +66,17 @@ METHODS = [
 WAITING = {"barrier", "kv_get", "wait"}
 
 
-# -- targets -------------------------------------------------------------------------------
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * PAGE / 2**20
-
-
-def nfds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    address: tuple[str, int]
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def sample(self) -> dict[str, float]:
-        return {"rss_mib": round(rss_mib(self.pid), 2), "fds": nfds(self.pid)}
-
-
-class Cluster:
-    """A coordinator and ``daemons`` rank daemons as subprocesses on 127.0.0.1."""
-
-    def __init__(self, daemons: int, token: str, env: dict[str, str] | None = None) -> None:
-        self.n, self.token = daemons, token
-        self.env = dict(os.environ, NETCOLL_TOKEN=token, NETCOLL_LOG_LEVEL="error", **(env or {}))
-        self.env.pop("NETCOLL_COORDINATOR", None)
-        self.tmp = tempfile.TemporaryDirectory(prefix="netcoll-fuzz-")
-        self.procs: list[Proc] = []
-
-    @property
-    def coordinator(self) -> Proc:
-        return self.procs[0]
-
-    @property
-    def address(self) -> str:
-        host, port = self.coordinator.address
-        return f"{host}:{port}"
-
-    def _spawn(self, name: str, args: list[str], timeout: float = 20.0) -> Proc:
-        """Start one process and wait (blocking, bounded) for its ready file."""
-        ready = os.path.join(self.tmp.name, name + ".json")
-        with open(os.path.join(self.tmp.name, name + ".log"), "wb") as err:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "netcoll", *args, "--http-port", "off", "--ready-file", ready],
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        proc = Proc(name, popen, ("", 0))
-        self.procs.append(proc)
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(ready):
-            if popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start: {self.log(name)}")
-            time.sleep(0.05)
-        with open(ready) as f:
-            info = json.load(f)
-        address = info.get("address") or info.get("peers") or info.get("listen")
-        if isinstance(address, str):
-            host, port = address.rsplit(":", 1)
-            proc.address = (host, int(port))
-        elif isinstance(address, list):
-            proc.address = (str(address[0]), int(address[1]))
-        return proc
-
-    def log(self, name: str) -> str:
-        with contextlib.suppress(OSError), open(os.path.join(self.tmp.name, name + ".log")) as f:
-            return f.read()[-2000:]
-        return ""
-
-    async def start(self) -> None:
-        self._spawn("coordinator", ["coordinator", "--host", "127.0.0.1", "--port", "0"])
-        for i in range(self.n):
-            self._spawn(
-                f"rank{i}",
-                ["rank", "--coordinator", self.address, "--host", "127.0.0.1", "--port", "0"],
-            )
-        from netcoll.service import Client
-
-        async with Client(self.address, token=self.token) as client, asyncio.timeout(30):
-            while len(await client.members()) < self.n:  # noqa: ASYNC110 - bounded by the timeout
-                await asyncio.sleep(0.1)
-
-    def dead(self) -> list[str]:
-        return [p.name for p in self.procs if p.popen.poll() is not None]
-
-    def sample(self) -> dict[str, dict[str, float]]:
-        return {p.name: p.sample() for p in self.procs if p.popen.poll() is None}
-
-    async def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            while p.popen.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - bounded
-                await asyncio.sleep(0.05)
-            if p.popen.poll() is None:
-                p.popen.kill()
-                p.popen.wait(5)
-        self.tmp.cleanup()
-
-    async def __aenter__(self) -> Cluster:
-        try:
-            await self.start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-
-async def settle(cluster: Cluster, baseline: dict[str, dict[str, float]], seconds: float = 10.0) -> None:
-    """Wait (bounded) until every target's fd count is back to its baseline."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        now = cluster.sample()
-        if all(now.get(k, {}).get("fds", 1e9) <= v["fds"] for k, v in baseline.items()):
-            return
-        await asyncio.sleep(0.1)
-
-
 # -- generators ----------------------------------------------------------------------------
 
 
 def prefix(kind: int, header_len: int, payload_len: int = 0, magic: bytes = MAGIC, version: int = 1) -> bytes:
     return PREFIX.pack(magic, version & 0xFF, kind & 0xFF, 0, header_len & 0xFFFFFFFF, payload_len & (2**64 - 1))
+
+
+def packb(obj: object, use_bin_type: bool = True, strict_types: bool = False) -> bytes:
+    """``msgpack.packb``, typed (msgpack ships no annotations)."""
+    out: bytes = msgpack.packb(obj, use_bin_type=use_bin_type, strict_types=strict_types)
+    return out
 
 
 class Deep(bytes):
@@ -233,7 +106,7 @@ def _pack(obj: Any) -> bytes:
                 walk(v)
 
     walk(obj)
-    body = msgpack.packb(obj, use_bin_type=True)
+    body = packb(obj, use_bin_type=True)
     for d in deeps:
         body = body.replace(b"\xc4" + bytes([len(d)]) + bytes(d), d.raw, 1)
     return body
@@ -286,15 +159,15 @@ def bad_header_bytes(rng: random.Random) -> bytes:
     if r == 0:
         return rng.randbytes(rng.randrange(1, 200))
     if r == 1:
-        return msgpack.packb([1, 2, 3])  # not a map
+        return packb([1, 2, 3])  # not a map
     if r == 2:
-        return msgpack.packb({1: 2, "a": "b"}, strict_types=False)  # int key
+        return packb({1: 2, "a": "b"}, strict_types=False)  # int key
     if r == 3:
         return b"\x81\xa1a\xa4\xff\xfe\xfd\xfc"  # {"a": bad utf-8 str}
     if r == 4:
-        return msgpack.packb({"a": 1}) + b"\x00trailing"
+        return packb({"a": 1}) + b"\x00trailing"
     if r == 5:
-        return msgpack.packb({"a": "x" * 100})[:-7]  # truncated
+        return packb({"a": "x" * 100})[:-7]  # truncated
     if r == 6:
         return b"\xdf\xff\xff\xff\xff"  # map32 declaring 4G entries, no data
     if r == 7:
@@ -333,7 +206,7 @@ def malformed_frame(rng: random.Random) -> tuple[str, bytes]:
     if r == 9:
         return "bad_header", (lambda h: prefix(kind, len(h)) + h)(bad_header_bytes(rng))
     if r == 10:
-        return "header_len_mismatch", prefix(kind, 50) + msgpack.packb({"a": 1})
+        return "header_len_mismatch", prefix(kind, 50) + packb({"a": 1})
     if r == 11:
         hdr = {"id": junk_value(rng), "n": junk_value(rng), "g": junk_value(rng), "q": junk_value(rng), "s": 0, "c": 0}
         return "flow_control_bad_ids", frame(rng.choice((13, 14, 15)), hdr)
@@ -354,8 +227,6 @@ def malformed_frame(rng: random.Random) -> tuple[str, bytes]:
 
 def bad_hello(rng: random.Random, nonce: bytes, token: str | None) -> tuple[str, bytes]:
     """A HELLO with bad fields (label, bytes); ``token``: with a valid proof."""
-    from netcoll.mesh import auth
-
     mine = auth.new_nonce()
     hdr: dict[str, Any] = {"role": rng.choice(("client", "peer", "rank", junk_value(rng))), "nonce": mine}
     label = "hello_wrong_proof"
@@ -524,8 +395,6 @@ async def post_auth_rpc(
     rng: random.Random, target: tuple[str, int], token: str, source: str, stats: Stats, budget: int
 ) -> int:
     """An authenticated RPC session: many bad REQUESTs (session stays), maybe a fatal frame at the end."""
-    from netcoll.mesh import auth
-
     reader, writer = await _open(*target, source)
     stats.connections["coordinator:post"] += 1
     sent = 0
@@ -696,8 +565,6 @@ async def _fuzz(
     post_share: float,
     log: Any,
 ) -> dict[str, Any]:
-    from netcoll.service import Client
-
     say = log or (lambda *a: None)
     token = secrets.token_hex(16)
     stats = Stats()
