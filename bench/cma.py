@@ -20,7 +20,6 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from netcoll.links import cma
 from netcoll.sizes import parse_size
 

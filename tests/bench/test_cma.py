@@ -4,6 +4,7 @@ kernel refused the read, and rejects bad arguments."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,9 +13,14 @@ import pytest
 
 from tests.support.scripts import ROOT
 
+#: the script imports netcoll: this checkout's, installed or not
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "bench/cma.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "bench/cma.py", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process_vm_readv is Linux only")

@@ -148,7 +148,8 @@ def test_missing_ip_says_so_and_exits_0(tmp_path: Path) -> None:
 
 def test_unprivileged_says_so_and_exits_0(tmp_path: Path) -> None:
     """Not root: namespaces are tried, refused by the kernel, and the script says so and exits 0.
-    (As root the test drops to uid/gid 65534 for the child; the skip path needs only the stdlib.)"""
+    (As root the test drops to uid/gid 65534 for the child; the skip path needs only the stdlib
+    and the checkout's ``bench`` package, found through ``PYTHONPATH``.)"""
     if not sys.platform.startswith("linux") or shutil.which("ip") is None:
         pytest.skip("needs Linux with iproute2 to reach the namespace attempt")
     python, preexec = sys.executable, None
@@ -168,7 +169,11 @@ def test_unprivileged_says_so_and_exits_0(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C.UTF-8"},
+            env={
+                "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+                "LANG": "C.UTF-8",
+                "PYTHONPATH": str(REPO),
+            },
             cwd=tmp_path,
             preexec_fn=preexec,
             check=False,

@@ -4,6 +4,7 @@ loopback only; bad arguments are refused."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,10 +13,13 @@ import pytest
 
 from tests.support.scripts import ROOT
 
+#: the script imports netcoll: this checkout's, installed or not
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "bench/tcpfold.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "bench/tcpfold.py", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60
     )
 
 
