@@ -5,34 +5,22 @@ namespace or process."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from bench import netem
 from bench.netemlib import common, model, netns
 from bench.netemlib.run import Run
 from tests.support import REPO
 from tests.support.env import subprocess_env
 
 SCRIPT = Path(REPO) / "bench" / "netem.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_netem", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-netem = _load()
 
 
 def _run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:

@@ -4,22 +4,21 @@ loopback only; bad arguments are refused."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.support.scripts import ROOT
+from tests.support import REPO
+from tests.support.env import subprocess_env
 
-#: the script imports netcoll: this checkout's, installed or not
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+ENV = subprocess_env()  # the script imports netcoll: this checkout's, installed or not
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "bench/tcpfold.py", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60
+        [sys.executable, "bench/tcpfold.py", *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60
     )
 
 
