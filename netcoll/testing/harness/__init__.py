@@ -4,6 +4,7 @@ conditions, each a module with a command line for long runs and a coroutine the 
 
 :mod:`.chaos` (jobs while rank daemons are SIGKILLed and SIGSTOPped), :mod:`.soak` (many
 jobs; RSS and descriptors must stay flat), :mod:`.fuzz_live` (malformed frames and RPC
-bodies before and after authentication), and :mod:`.cluster` (the coordinator and rank
-daemons they run against). ``docs/reliability.md`` describes what they check.
+bodies before and after authentication; the input itself comes from :mod:`.malformed`),
+and :mod:`.cluster` (the coordinator and rank daemons they run against).
+``docs/reliability.md`` describes what they check.
 """
