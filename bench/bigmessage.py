@@ -20,6 +20,7 @@ Loopback only: the launcher's coordinator and the ranks listen on 127.0.0.1.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,9 +39,14 @@ from netcoll.sizes import format_size, parse_size
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 #: (name, environment): the receive window and result pool at their defaults, or smallest
 SETTINGS = {"default": {}, "minimum": {"NETCOLL_RECV_WINDOW": str(MIN_WINDOW), "NETCOLL_RESULT_POOL": "0"}}
-BUSBW = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0}
+BUSBW: dict[str, Callable[[int], float]] = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0}
 MARK = "BIGMESSAGE "
 PATTERN = np.arange(1021, dtype=np.float32)  # the broadcast's data: PATTERN repeated
+
+
+def _busbw_other(p: int) -> float:
+    """The busbw factor of all_gather and reduce_scatter: (P - 1) / P."""
+    return (p - 1) / p
 
 
 def _is_pattern(got: np.ndarray) -> bool:
@@ -56,19 +63,20 @@ def worker(op: str, size: int, iters: int) -> None:
     with netcoll.sync.connect(timeout=600) as comm:
         p, r = comm.world_size, comm.rank
         n = size // 4 // p * p  # float32 elements, a multiple of P
+        call: Callable[[], Any]  # the collective on this rank's input
         if op == "all_reduce":
-            x, call = np.full(n, r + 1, np.float32), comm.all_reduce
+            call = functools.partial(comm.all_reduce, np.full(n, r + 1, np.float32))
         elif op == "broadcast":
-            x, call = np.resize(PATTERN, n) if r == 0 else None, comm.broadcast
+            call = functools.partial(comm.broadcast, np.resize(PATTERN, n) if r == 0 else None)
         elif op == "all_gather":
-            x, call = np.full(n // p, r, np.float32), comm.all_gather
+            call = functools.partial(comm.all_gather, np.full(n // p, r, np.float32))
         else:
-            x, call = np.full((p, n // p), r + 1, np.float32), comm.reduce_scatter
+            call = functools.partial(comm.reduce_scatter, np.full((p, n // p), r + 1, np.float32))
         seconds, right = [], True
         for _ in range(iters):
             comm.barrier()
             start = time.perf_counter()
-            got = call(x)
+            got = call()
             seconds.append(time.perf_counter() - start)
             right &= _right(op, np.asarray(got), p)
             del got
@@ -106,7 +114,7 @@ def run(op: str, size: int, ranks: int, links: str, settings: str, limit: float,
         ok=all(x["right"] for x in rows),
         seconds=round(seconds, 3),
         first_s=round(per_call[0], 3),
-        busbw_gbs=round(size * BUSBW.get(op, lambda p: (p - 1) / p)(ranks) / seconds / 1e9, 3),
+        busbw_gbs=round(size * BUSBW.get(op, _busbw_other)(ranks) / seconds / 1e9, 3),
         peak_rss=[x["peak_rss"] for x in sorted(rows, key=lambda x: x["rank"])],
     )
     return row

@@ -20,7 +20,6 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from netcoll.links import cma
 from netcoll.sizes import parse_size
 
@@ -38,14 +37,14 @@ def measure(size: int, iters: int) -> dict[str, float] | str:
         os.close(go_w)  # is: pages shared copy-on-write after fork() read about 2x slower),
         os.close(at_r)  # says where it is, and keeps it until told to go
         mine = src.copy()
-        os.write(at_w, cma.address(memoryview(mine)).to_bytes(8, "little"))
+        os.write(at_w, cma.address(mine.data).to_bytes(8, "little"))
         os.read(go_r, 1)
         os._exit(0)
     os.close(go_r)
     os.close(at_w)
     try:
         remote = int.from_bytes(os.read(at_r, 8), "little")
-        into = memoryview(dst)
+        into = dst.data
         times: dict[str, float] = {}
         for label in ("cma", "memcpy"):
             start = time.perf_counter()

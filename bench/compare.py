@@ -34,17 +34,15 @@ import sys
 import time
 from typing import Any
 
+from bench import machine, runners
+from bench.labels import PEERS, label
+from bench.plots import plot_all
+from bench.report import BEGIN, END, compact_json, ratios, render, targets, write_doc
+from netcoll.bench.common import OPS, SweepConfig, parse_ops
+from netcoll.bench.local import BenchError
+from netcoll.sizes import format_size, size_arg
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from bench import machine, runners  # noqa: E402
-from bench.labels import PEERS, label  # noqa: E402
-from bench.plots import plot_all  # noqa: E402
-from bench.report import BEGIN, END, compact_json, ratios, render, targets, write_doc  # noqa: E402
-from netcoll.bench.common import OPS, SweepConfig, parse_ops  # noqa: E402
-from netcoll.bench.local import BenchError  # noqa: E402
-from netcoll.sizes import format_size, size_arg  # noqa: E402
-
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 __all__ = ["BEGIN", "END", "main", "plan_bands", "ratios", "render", "targets", "write_doc"]
 

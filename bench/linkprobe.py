@@ -13,10 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 

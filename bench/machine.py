@@ -8,6 +8,7 @@ renders, from the JSON alone (:func:`provenance`), so a re-render never looks at
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import shutil
@@ -72,10 +73,8 @@ def peer_versions() -> dict[str, str]:
         except (OSError, subprocess.SubprocessError):
             pass
     try:
-        import uvloop
-
-        v["uvloop"] = str(uvloop.__version__)
-    except ImportError:
+        v["uvloop"] = importlib.metadata.version("uvloop")  # (uvloop's stubs do not export __version__)
+    except importlib.metadata.PackageNotFoundError:
         pass
     return v
 
@@ -135,7 +134,7 @@ def kernel(meta: dict[str, Any]) -> str:
 
 def open_mpi(meta: dict[str, Any]) -> str | None:
     """``mpirun (Open MPI) 4.1.4`` -> ``Open MPI 4.1.4``."""
-    text = meta.get("mpirun")
+    text: str | None = meta.get("mpirun")
     if not text:
         return None
     if "Open MPI" in text:

@@ -2,7 +2,7 @@
 veth pairs through a bridge, with ``tc`` delay and rate limits; the sweep is run
 through them and predicted and measured times are compared, crossovers included.
 
-    sudo python3 bench/netem.py --ranks 4 --delay 200us --rate 1gbit
+    sudo python3 -m bench.netem --ranks 4 --delay 200us --rate 1gbit   # from the repository root
     python3 bench/netem.py --check            # only say what this machine allows
 
 What it builds (every name carries ``ncX-<pid>``, so nothing of anyone else is touched):
@@ -51,15 +51,13 @@ removed on success, failure, Ctrl-C and SIGTERM. Run time is bounded by ``--limi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from bench.netemlib import capabilities, cli, report  # noqa: E402
-from bench.netemlib.run import Run, describe, execute, predict_measured  # noqa: E402
+from bench.netemlib import capabilities, cli, report
+from bench.netemlib.run import Run, describe, execute, predict_measured
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +85,23 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def use_netcoll_at(root: str) -> None:
+    """Make this process's ``import netcoll`` load the checkout at ``root`` (``--netcoll-path``,
+    the code the rank daemons run, so that ``auto``'s predicted choices are that code's). The
+    package is loaded by its path: nothing else of that checkout (its ``bench/``) is imported.
+    Without a ``netcoll/`` there, the netcoll this process finds is used, as the daemons would."""
+    init = os.path.join(root, "netcoll", "__init__.py")
+    if not os.path.exists(init):
+        return
+    spec = importlib.util.spec_from_file_location("netcoll", init, submodule_search_locations=[os.path.dirname(init)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["netcoll"] = module
+    spec.loader.exec_module(module)
+
+
 if __name__ == "__main__":
-    _path = next((sys.argv[i + 1] for i, x in enumerate(sys.argv[:-1]) if x == "--netcoll-path"), ROOT)
-    sys.path.insert(0, os.path.abspath(_path))
+    _path = next((sys.argv[i + 1] for i, x in enumerate(sys.argv[:-1]) if x == "--netcoll-path"), None)
+    if _path is not None:
+        use_netcoll_at(os.path.abspath(_path))
     sys.exit(main())

@@ -23,7 +23,6 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from netcoll.links.folding import FoldPieces
 from netcoll.ops import Fold, ReduceOp, reduce_to
 from netcoll.sizes import parse_size

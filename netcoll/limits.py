@@ -85,7 +85,7 @@ class Limits:
     http_max_conns: int = 64
     http_timeout_s: float = 5.0
     #: 4 s (beats every 1 s): a stopped or cut-off rank fails its job within 5 s of the fault
-    #: (the issue's bound; measured 3.1-4.0 s by bench/chaos.py). The beats come from a thread
+    #: (the issue's bound; measured 3.1-4.0 s by testing/harness/chaos.py). The beats come from a thread
     #: of their own, so a busy event loop does not count; only a whole process starved of CPU
     #: (or holding the GIL in C code) for 4 s would be taken for gone. Raise it for such hosts.
     liveness_timeout_s: float = 4.0

@@ -170,7 +170,8 @@ def _wait_for_members(run: Run, coord: subprocess.Popen[bytes]) -> list[dict[str
         if res.returncode != 0:
             return False
         members = json.loads(res.stdout).get("members") or []
-        return len(members) >= run.args.ranks
+        ranks: int = run.args.ranks
+        return len(members) >= ranks
 
     wait_for(run, all_joined, f"{run.args.ranks} rank daemons to join", coord, "coordinator.log", interval=0.5)
     return members

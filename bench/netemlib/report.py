@@ -138,7 +138,7 @@ def _plot_op(ax: Any, result: dict[str, Any], op: str, sweeps: Sweeps, colors: l
 
 def _suptitle(result: dict[str, Any]) -> str:
     shaping = result["shaping"]
-    rate = result.get("rate_bits_per_s")
+    rate: float = result.get("rate_bits_per_s") or 0.0  # None when unshaped (not shown then)
     link = (
         f"netem {result['delay_applied_s'] * 1e6:.0f} µs + {rate / 1e9:g} Gbit/s"
         if shaping == "netem"

@@ -33,7 +33,7 @@ class Run:
     def __init__(self, args: argparse.Namespace, caps: dict[str, Any]) -> None:
         self.args, self.caps = args, caps
         self.t0 = time.monotonic()
-        self.deadline = self.t0 + args.limit - CLEANUP_RESERVE_S
+        self.deadline: float = self.t0 + args.limit - CLEANUP_RESERVE_S
         self.prefix = f"{PREFIX}-{os.getpid()}"
         self.host = Host(caps["ip"], caps["tc"], self.prefix)
         self.procs = Procs()

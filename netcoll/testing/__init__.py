@@ -13,4 +13,8 @@ printable form), :mod:`.reference` (every rank's input and expected result),
 :mod:`.schedule` (one rank running a program), :mod:`.fixed` (fixed programs: the
 two of issue 34), :mod:`.processes` (worlds of rank processes) and :mod:`.explore`
 (worlds, verdicts, replay commands, the command line).
+
+:mod:`netcoll.testing.harness` holds the robustness harnesses: chaos (rank daemons
+killed and stopped under jobs), soak and live fuzzing, run against whole clusters of
+``python -m netcoll`` processes on loopback.
 """

@@ -14,13 +14,14 @@ import sys
 import numpy as np
 import pytest
 
+from bench import compare as bench_compare
+from bench import machine as bench_machine
 from netcoll import collectives
 from netcoll.bench import add_arguments, config_from_args, report
 from netcoll.bench.common import OPS, SweepConfig, geometry, make_row, parse_ops, sweep_sizes
 from netcoll.bench.local import run_local
 from netcoll.sizes import format_size
 from tests.support import REPO
-from tests.support.scripts import load_script
 
 ROOT = str(REPO)
 
@@ -371,10 +372,6 @@ def test_closed_stdout_stops_quietly() -> None:  # | head
 
 
 # -- bench/compare.py's report (synthetic results; no peers are run) -------------------------------
-def _compare_module():
-    return load_script("bench/compare.py", "bench_compare")
-
-
 def _fake_rows(impl: str, speed: float) -> list[dict]:
     rows = []
     for op in ("all_reduce", "all_gather"):
@@ -398,7 +395,7 @@ def _fake_rows(impl: str, speed: float) -> list[dict]:
 
 
 def test_compare_report_ratios_and_targets(tmp_path) -> None:
-    compare = _compare_module()
+    compare = bench_compare
     results = {
         "meta": {
             "date": "today",
@@ -512,7 +509,7 @@ async def test_compare_interleaves_rounds_and_keeps_each_cells_median_run(monkey
     """``--rounds 3``: every implementation runs once per round, the order rotated each round;
     each cell (and the latency run) keeps the run with its median time, every run's time kept
     beside it; world sizes above ``--rounds-ranks`` run once."""
-    compare = _compare_module()
+    compare = bench_compare
     calls: list[tuple[int, str]] = []
     slow = {("gloo", 0): 3.0, ("gloo", 1): 1.0, ("gloo", 2): 2.0, ("netcoll-tcp", 1): 5.0}
 
@@ -542,11 +539,10 @@ async def test_compare_interleaves_rounds_and_keeps_each_cells_median_run(monkey
     run8 = await compare.one_world(8, ["netcoll-tcp", "gloo"], cfg, ns)
     assert [i for _, i in calls] == ["netcoll-tcp", "gloo"] and run8["rounds"] == 1
     assert "rounds_time_us" not in run8["impls"]["gloo"][0]
-    machine = load_script("bench/machine.py", "bench_machine")
-    assert machine.rounds_clause({"rounds": {"8": 1, "4": 3}}).startswith(
+    assert bench_machine.rounds_clause({"rounds": {"8": 1, "4": 3}}).startswith(
         "; at 4 ranks, every value is the median run of 3 interleaved runs"
     )
-    assert machine.rounds_clause({"rounds": {"4": 1}}) == machine.rounds_clause({}) == ""
+    assert bench_machine.rounds_clause({"rounds": {"4": 1}}) == bench_machine.rounds_clause({}) == ""
 
 
 @pytest.mark.tcp

@@ -10,9 +10,9 @@ import re
 import numpy as np
 import pytest
 
+from bench import compare as bench_compare
 from bench import labels, machine, report, report_pages, runners, scaling
 from netcoll.bench.common import SweepConfig, geometry, make_row
-from tests.support.scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = (4, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
@@ -24,10 +24,6 @@ SPEED = {
     "mpi": (5e-6, 1.0e9),
     "mpi-sm": (3e-6, 2.0e9),
 }
-
-
-def compare_module():
-    return load_script("bench/compare.py", "bench_compare_render")
 
 
 def _rows(impl: str, p: int) -> list[dict]:
@@ -91,7 +87,7 @@ def _render_twice(tmp_path, compare) -> tuple[str, dict[str, bytes]]:
 
 
 def test_rerender_from_json_is_deterministic_and_has_every_section(tmp_path) -> None:
-    text, pngs = _render_twice(tmp_path, compare_module())
+    text, pngs = _render_twice(tmp_path, bench_compare)
     assert text.startswith("# hand\n") and text.endswith("after\n") and "\nold\n" not in text
     for heading in (
         "### Targets (issue #4)",
@@ -170,7 +166,7 @@ def test_results_json_keeps_latency_links_and_bands() -> None:
 
 
 def test_plan_bands_times_fewer_calls_of_large_sizes_in_large_worlds() -> None:
-    compare = compare_module()
+    compare = bench_compare
     cfg = SweepConfig(ops=["all_reduce"], minbytes=4, maxbytes=64 << 20, stepfactor=4, iters=20, warmup=5).validate()
     assert compare.plan_bands(cfg, 4) == [cfg]
     small, large = compare.plan_bands(cfg, 16)

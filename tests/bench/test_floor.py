@@ -3,23 +3,23 @@ with (docs/performance.md): it runs, computes the right sum, and reports. Loopba
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.support.scripts import ROOT
+from tests.support import REPO
+from tests.support.env import subprocess_env
 
-ENV = {**os.environ, "PYTHONPATH": ROOT}  # the script imports netcoll, installed or not
+ENV = subprocess_env()  # the script imports netcoll: this checkout's, installed or not
 
 
 @pytest.mark.parametrize(("flags", "what"), [((), ""), (("--shm",), r" \(shared memory\)")])
 def test_the_floor_runs_real_processes_and_reports_the_slowest_rank(flags: tuple[str, ...], what: str) -> None:
     out = subprocess.run(
         [sys.executable, "bench/floor.py", "--ranks", "4", "--iters", "50", *flags],
-        cwd=ROOT,
+        cwd=REPO,
         env=ENV,
         capture_output=True,
         text=True,
@@ -34,7 +34,7 @@ def test_the_floor_runs_real_processes_and_reports_the_slowest_rank(flags: tuple
 def test_the_floor_wants_a_power_of_two(ranks: str) -> None:
     out = subprocess.run(
         [sys.executable, "bench/floor.py", "--ranks", ranks],
-        cwd=ROOT,
+        cwd=REPO,
         env=ENV,
         capture_output=True,
         text=True,

@@ -5,34 +5,22 @@ namespace or process."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from bench import netem
 from bench.netemlib import common, model, netns
 from bench.netemlib.run import Run
 from tests.support import REPO
 from tests.support.env import subprocess_env
 
 SCRIPT = Path(REPO) / "bench" / "netem.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_netem", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-netem = _load()
 
 
 def _run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
@@ -148,7 +136,8 @@ def test_missing_ip_says_so_and_exits_0(tmp_path: Path) -> None:
 
 def test_unprivileged_says_so_and_exits_0(tmp_path: Path) -> None:
     """Not root: namespaces are tried, refused by the kernel, and the script says so and exits 0.
-    (As root the test drops to uid/gid 65534 for the child; the skip path needs only the stdlib.)"""
+    (As root the test drops to uid/gid 65534 for the child; the skip path needs only the stdlib
+    and the checkout's ``bench`` package, found through ``PYTHONPATH``.)"""
     if not sys.platform.startswith("linux") or shutil.which("ip") is None:
         pytest.skip("needs Linux with iproute2 to reach the namespace attempt")
     python, preexec = sys.executable, None
@@ -168,7 +157,11 @@ def test_unprivileged_says_so_and_exits_0(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C.UTF-8"},
+            env={
+                "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+                "LANG": "C.UTF-8",
+                "PYTHONPATH": str(REPO),
+            },
             cwd=tmp_path,
             preexec_fn=preexec,
             check=False,

@@ -10,12 +10,15 @@ import sys
 
 import pytest
 
-from tests.support.scripts import ROOT
+from tests.support import REPO
+from tests.support.env import subprocess_env
+
+ENV = subprocess_env()  # the script imports netcoll: this checkout's, installed or not
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "bench/tcpfold.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "bench/tcpfold.py", *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60
     )
 
 

@@ -18,8 +18,6 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
 import netcoll
 from netcoll.ops import BFLOAT16, reduce_reference
 

@@ -1,4 +1,4 @@
-"""Chaos (issue 10), CI size: the code of bench/chaos.py -- 100 jobs against a
+"""Chaos (issue 10), CI size: the code of netcoll/testing/harness/chaos.py -- 100 jobs against a
 coordinator and 3 rank-daemon subprocesses on loopback, 8 of them with a daemon
 SIGKILLed and 8 with one SIGSTOPped, before, during or between jobs (seeded RNG;
 the seed is printed, and ``NETCOLL_CHAOS_SEED`` replays one). Every job ends
@@ -6,22 +6,20 @@ succeeded or failed naming the faulted rank, the job after each fault succeeds
 on the re-formed group, nothing dies that was not killed, descriptors are back
 to their baseline and every process started is gone at the end. Default
 settings (``liveness_timeout_s`` 4 s). The full run is
-``python3 bench/chaos.py --jobs 300 --kills 30 --stops 30``."""
+``python3 -m netcoll.testing.harness.chaos --jobs 300 --kills 30 --stops 30``."""
 
 from __future__ import annotations
 
 import os
 import secrets
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
-import chaos
+from netcoll.testing.harness import chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.tcp, pytest.mark.timeout(300)]
 
-#: fault -> failed-job end, seconds. The goal (and bench/chaos.py's default) is 5 s; a
+#: fault -> failed-job end, seconds. The goal (and the harness's default) is 5 s; a
 #: stopped daemon is declared gone 3-4 s after the fault (liveness_timeout_s = 4 s minus
 #: the time since its last beat), measured 3.1-4.0 s, a killed one at once (0.01-0.04 s).
 #: CI adds 2 s for a loaded 2-core machine (the cancel and reports after the verdict are

@@ -1,16 +1,12 @@
-"""Live fuzzing (issue 10), CI size: the code of bench/fuzz_live.py against a
+"""Live fuzzing (issue 10), CI size: the code of netcoll/testing/harness/fuzz_live.py against a
 coordinator and 2 rank daemon subprocesses on loopback, before and after
-authentication. The full run is ``python3 bench/fuzz_live.py --frames 100000``."""
+authentication. The full run is ``python3 -m netcoll.testing.harness.fuzz_live --frames 100000``."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
-import fuzz_live
+from netcoll.testing.harness import fuzz_live
 
 pytestmark = [pytest.mark.slow, pytest.mark.tcp]
 

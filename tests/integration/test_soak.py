@@ -1,16 +1,12 @@
-"""Soak (issue 10), CI size: the code of bench/soak.py, 200 jobs with 1 MiB inline
+"""Soak (issue 10), CI size: the code of netcoll/testing/harness/soak.py, 200 jobs with 1 MiB inline
 inputs per rank on a coordinator and 2 rank daemon subprocesses. The full run is
-``python3 bench/soak.py --jobs 1000`` (4 MiB inputs)."""
+``python3 -m netcoll.testing.harness.soak --jobs 1000`` (4 MiB inputs)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
-import soak
+from netcoll.testing.harness import soak
 
 pytestmark = [pytest.mark.slow, pytest.mark.tcp]
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import netcoll
+from tests.support.worlds import REPO
 
 pytestmark = pytest.mark.tcp
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tcp_worker.py")
@@ -31,7 +32,8 @@ async def run_ranks(
     ``release_last``: the workers' stdin stays open, and once all but one have
     exited the last one gets a line on it (the "timeout" scenario's late rank
     waits for that instead of sleeping for a guessed time)."""
-    env = dict(os.environ)
+    # the worker imports netcoll: this checkout's, installed or not
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     if token:
         env["NETCOLL_TEST_TOKEN"] = token
     stdin = asyncio.subprocess.PIPE if release_last else asyncio.subprocess.DEVNULL

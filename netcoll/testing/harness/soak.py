@@ -9,7 +9,7 @@ its descriptor count. Jobs cycle through all_reduce, broadcast and all_gather
 with one ``--size-mib`` float32 array per rank (inline, through the
 coordinator); every ``--every``-th result is checked against numpy.
 
-    python3 bench/soak.py --jobs 1000 --size-mib 4 --daemons 3
+    python3 -m netcoll.testing.harness.soak --jobs 1000 --size-mib 4 --daemons 3
 
 Exit 1 if a job failed, a process died, or growth exceeded the goals.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
 import sys
 import time
@@ -27,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fuzz_live import Cluster
+from ...service import Client
+from .cluster import Cluster
 
 OPS = ("all_reduce", "broadcast", "all_gather")
 
@@ -47,8 +46,6 @@ async def soak(
     log: Any = None,
 ) -> dict[str, Any]:
     """Run the soak; return the report (``report["ok"]``, ``report["problems"]``)."""
-    from netcoll.service import Client
-
     say = log or (lambda *a: None)
     env = {} if max_result_jobs is None else {"NETCOLL_LIMIT_MAX_RESULT_JOBS": str(max_result_jobs)}
     if keep_jobs is not None:

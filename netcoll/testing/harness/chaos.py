@@ -32,7 +32,7 @@ Invariants, checked for every job (exit 1 on any violation):
   long-lived daemons' descriptors are back to their baseline, and after the
   shutdown every process started is gone.
 
-    python3 bench/chaos.py --jobs 300 --kills 30 --stops 30 --ranks 3 --seed 1
+    python3 -m netcoll.testing.harness.chaos --jobs 300 --kills 30 --stops 30 --ranks 3 --seed 1
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fuzz_live import Cluster, Proc, settle
+from ...service import Client
+from .cluster import Cluster, Proc, settle
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 POSITIONS = ("before", "during", "between")
@@ -316,8 +316,6 @@ async def chaos(
     log: Any = None,
 ) -> dict[str, Any]:
     """Run the chaos test; return the report (``report["ok"]``, ``report["problems"]``)."""
-    from netcoll.service import Client
-
     say = log or (lambda *a: None)
     seed = secrets.randbits(32) if seed is None else seed
     say(f"chaos: seed {seed}, {jobs} jobs, {kills} kills, {stops} stops, {ranks} ranks")
