@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 import operator
 from typing import Any
 
@@ -91,24 +90,6 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, what: str = "ou
 def leading_ranks(x: np.ndarray, world_size: int, what: str) -> None:
     if x.ndim == 0 or x.shape[0] != world_size:
         raise ValueError(f"{what} needs an array whose leading axis is world_size={world_size}, got shape {x.shape}")
-
-
-def check_root(root: Any, world_size: int | None) -> int:
-    """``root`` as an int rank in ``0..world_size-1`` (any ``root >= 0`` while the size is
-    not known yet), else ``ValueError`` saying the valid roots (``TypeError`` if not an
-    int). The one check of a root for the Communicator's calls, the algorithms, the jobs
-    and the command line."""
-    if isinstance(root, bool) or not isinstance(root, numbers.Integral):
-        raise TypeError(f"root must be an int rank, got {root!r}")
-    r = int(root)
-    if r < 0:
-        raise ValueError(f"root must be >= 0, got {r}")
-    if world_size is not None and r >= world_size:
-        raise ValueError(
-            f"root {r} is out of range for {world_size} rank{'s' if world_size != 1 else ''} "
-            f"(valid roots are 0..{world_size - 1})"
-        )
-    return r
 
 
 def dtype_to_wire(dt: np.dtype) -> str:

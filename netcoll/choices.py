@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from . import collectives
-from .arrays import check_root as check_root_arg
 from .collectives import Collective, did_you_mean
+from .ranks import check_root as check_root_arg
 
 __all__ = [
     "check_algorithm",

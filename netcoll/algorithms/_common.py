@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from .. import arrays, resultpool
+from .. import ranks, resultpool
 from ..errors import MismatchError
 from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_prechecked
 
@@ -247,7 +247,7 @@ def where(ch: Channel) -> dict[str, Any]:
 
 
 def check_root(ch: Channel, root: int) -> int:
-    return arrays.check_root(root, ch.size)
+    return ranks.check_root(root, ch.size)
 
 
 class RecvWindow:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import arrays, resultpool
+from .. import ranks, resultpool
 from ..arrays import as_array, check_out
 from ..engine import Call, Engine
 from ..ops import BFLOAT16
@@ -71,7 +71,7 @@ def pick_v(name: str, algorithm: str, only: str) -> str:
 
 
 def check_root(e: Engine, root: Any) -> int:
-    return arrays.check_root(root, e.world_size)
+    return ranks.check_root(root, e.world_size)
 
 
 def fp(e: Engine, name: str, *, segmented: bool = True, segment: int | None = None, **parts: Any) -> str:

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import check_root
 from ..comm import Communicator
+from ..ranks import check_root
 from .jobs import JobSpec
 
 Progress = Callable[[int, int], Awaitable[None]]

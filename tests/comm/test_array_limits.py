@@ -128,10 +128,10 @@ def test_peer_metadata_of_any_shape_is_accepted_or_refused_cleanly(shape: list[A
 
 
 def test_one_root_check_for_calls_algorithms_jobs_and_the_cli() -> None:
-    """netcoll.arrays.check_root is the one check of a root (issue 39: three copies had three
+    """netcoll.ranks.check_root is the one check of a root (issue 39: three copies had three
     messages); the Communicator's calls, the algorithms and the job specs say the same."""
     from netcoll import choices, collectives
-    from netcoll.arrays import check_root
+    from netcoll.ranks import check_root
 
     assert check_root(np.int64(2), 4) == 2 and check_root(7, None) == 7
     with pytest.raises(ValueError, match=r"root 4 is out of range for 4 ranks \(valid roots are 0..3\)"):
