@@ -15,7 +15,8 @@ sorted member ids, so they are stable and contiguous ``0..n-1``.
 
 A running group also offers a key-value store and named barriers scoped to
 that group instance, and tells its members when one of them is lost. See
-:mod:`.coordinator` for the RPC methods and :mod:`.groups` for the rules.
+:mod:`.coordinator` for the RPC methods; the rules are in :mod:`.membership`,
+:mod:`.store`, :mod:`.liveness`, :mod:`.roles` and :mod:`.groups`.
 """
 
 from .client import JoinResult, Peer, RendezvousClient

@@ -63,8 +63,8 @@ from ..escape import escape
 from ..mesh.certs import TlsConfig
 from ..rpc import RpcClient
 from ..wire import Frame, Kind
-from .coordinator import LIVENESS_FACTOR
 from .groups import parse_join
+from .liveness import LIVENESS_FACTOR
 
 log = logging.getLogger("netcoll.rendezvous")
 

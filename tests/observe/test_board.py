@@ -21,7 +21,7 @@ import netcoll
 from netcoll.cli.status import print_status
 from netcoll.limits import Limits
 from netcoll.rendezvous import board as arrivals
-from netcoll.rendezvous import coordinator as coordinator_module
+from netcoll.rendezvous import liveness as liveness_module
 from netcoll.service import Client, JobService
 
 pytestmark = pytest.mark.tcp
@@ -136,7 +136,7 @@ async def test_slow_warnings_name_what_the_awaited_rank_waits_for(
     """Ring: rank 1 waits for rank 0, which waits for rank 2, which never calls. Rank 1's
     warnings name the chain and what its end is doing, from the coordinator's board (its
     heartbeats' answers)."""
-    monkeypatch.setattr(coordinator_module, "CHAIN_AFTER", 0.1)
+    monkeypatch.setattr(liveness_module, "CHAIN_AFTER", 0.1)
     async with _world(3) as (_, comms):
         await asyncio.gather(*(c.barrier() for c in comms))
         for c in comms:

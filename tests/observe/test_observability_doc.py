@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from netcoll.limits import Limits
-from netcoll.rendezvous.coordinator import LEASE_BEATS
+from netcoll.rendezvous.liveness import LEASE_BEATS
 from netcoll.service import views
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()

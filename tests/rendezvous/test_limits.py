@@ -135,7 +135,7 @@ def test_kv_and_barrier_fields_of_any_value_are_refused_cleanly(
             assert await _call(coord, "kv_set", session, {"group": "g", "key": "k", "value": preset}) == {}
         await _call(coord, method, session, params)
         group = coord.groups["g"]
-        assert group.kv_bytes == sum(len(v) for v in group.kv.values())
+        assert group.store.kv_bytes == sum(len(v) for v in group.store.kv.values())
 
     _run(main())
 
