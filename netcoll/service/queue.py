@@ -6,7 +6,7 @@ ranks than are ready waits (its record says for what: "waiting for 2 more ranks 
 of 4)") without holding up later jobs that can run; among runnable jobs the order is
 FIFO. A job's deadline counts from when the queue first considered it; one still
 waiting for ranks then fails with a reason. Ranks are assigned by
-:func:`~.records.assign_ranks` (unchanged membership keeps its order).
+:func:`~.records.rank_daemons` (unchanged membership keeps its order).
 
 History is bounded (:meth:`JobQueue.trim`): the last ``history`` finished jobs, and
 result arrays of the last ``max_result_jobs`` within ``max_result_bytes``.
@@ -21,13 +21,13 @@ from typing import Any
 from ..limits import DEFAULT, Limits
 from . import admission
 from .jobs import JobSpec, JobState
-from .records import Inputs, Job, Member, assign_ranks
+from .records import Daemon, Inputs, Job, rank_daemons
 
 HISTORY = 1000  # finished jobs kept (in memory and in the journal)
 IDLE_POLL = 1.0  # with nothing runnable, look again at least this often
 #: what a status row leaves out of a job's record: per-rank detail that grows with ranks and calls
 _DETAIL = ("timings", "model")
-Picked = tuple[Job, list[Member]]  # a job to run and its members, by rank
+Picked = tuple[Job, list[Daemon]]  # a job to run and its members, by rank
 
 
 class JobQueue:
@@ -68,8 +68,8 @@ class JobQueue:
         return job
 
     def pick(
-        self, ready: list[Member], previous: tuple[str, ...] | None, now: float
-    ) -> tuple[Job, list[Member]] | None:
+        self, ready: list[Daemon], previous: tuple[str, ...] | None, now: float
+    ) -> tuple[Job, list[Daemon]] | None:
         """The oldest queued job that can run now, with its members by rank (``previous``:
         the last epoch's member ids); jobs before it that cannot run are marked with what
         they wait for (and fail once past their deadline)."""
@@ -90,7 +90,7 @@ class JobQueue:
                 del self.pending[job.id]
             elif runnable:
                 del self.pending[job.id]
-                chosen = assign_ranks(ready, previous)
+                chosen = rank_daemons(ready, previous)
                 chosen = chosen[:want] if want else chosen
                 if admission.root_fits(job, len(chosen)):
                     job.set_waiting(None)

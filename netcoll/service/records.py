@@ -24,8 +24,9 @@ def slowest_per_call(timings: Iterable[Sequence[float]], iters: int) -> list[flo
 
 
 @dataclass(eq=False)
-class Member:
-    """A registered rank daemon."""
+class Daemon:
+    """A rank daemon registered with the job service (a group's joiner at the rendezvous is a
+    :class:`netcoll.rendezvous.groups.Member`)."""
 
     member_id: str
     session: Session
@@ -40,15 +41,16 @@ class Member:
         return f"{escape(self.member_id)} at {escape(self.host)}:{self.port}"
 
 
-def assign_ranks(ready: list[Member], previous: tuple[str, ...] | None) -> list[Member]:
-    """Order members into ranks 0..n-1: unchanged membership keeps its order;
-    otherwise rank hints are honoured (when in range and unique) and the rest
-    fill the free ranks in member-id order."""
+def rank_daemons(ready: list[Daemon], previous: tuple[str, ...] | None) -> list[Daemon]:
+    """Order an epoch's rank daemons into ranks 0..n-1 (the service's rule; a rendezvous
+    group's joiners get theirs from :func:`netcoll.rendezvous.groups.assign_ranks`):
+    unchanged membership keeps its order; otherwise rank hints are honoured (when in
+    range and unique) and the rest fill the free ranks in member-id order."""
     by_id = {m.member_id: m for m in ready}
     if previous is not None and set(previous) == set(by_id):
         return [by_id[mid] for mid in previous]
     n = len(ready)
-    slots: list[Member | None] = [None] * n
+    slots: list[Daemon | None] = [None] * n
     rest = []
     for m in sorted(ready, key=lambda m: m.member_id):
         h = m.rank_hint
@@ -178,7 +180,7 @@ class Job:
     def world_size(self) -> int:
         return len(self.members)
 
-    def start(self, epoch: int, members: list[Member]) -> None:
+    def start(self, epoch: int, members: list[Daemon]) -> None:
         self.state, self.started_at, self.epoch = JobState.RUNNING, time.time(), epoch
         self.members = {r: m.member_id for r, m in enumerate(members)}
         self.rank_of = {m.member_id: r for r, m in enumerate(members)}

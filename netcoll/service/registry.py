@@ -22,7 +22,7 @@ from typing import Any
 from ..escape import escape
 from ..rendezvous.groups import is_loopback
 from ..rpc import Session
-from .records import Job, Member
+from .records import Daemon, Job
 
 log = logging.getLogger("netcoll.service")
 
@@ -37,16 +37,16 @@ class Registry:
     """The registered rank daemons by member id, and the current epoch."""
 
     def __init__(self) -> None:
-        self.members: dict[str, Member] = {}
+        self.members: dict[str, Daemon] = {}
         self.epoch = 0
         self.session = ""  # the current epoch's session id
         self.epoch_members: tuple[str, ...] | None = None  # by rank, in the current epoch
 
-    def ready(self) -> list[Member]:
+    def ready(self) -> list[Daemon]:
         """The members that take jobs: connected and not draining."""
         return [m for m in self.members.values() if not m.draining and m.session.proto.lost is None]
 
-    def register(self, session: Session, params: dict[str, Any]) -> Member:
+    def register(self, session: Session, params: dict[str, Any]) -> Daemon:
         """Register the daemon ``params`` describe on ``session`` (ValueError when it cannot be)."""
         member_id, port, http_port = params.get("member_id"), params.get("listen_port"), params.get("http_port")
         hint, advertise = params.get("rank_hint"), params.get("advertise_host")
@@ -75,7 +75,7 @@ class Registry:
         old = self.members.get(member_id)
         if old is not None and old.session is not session and old.session.proto.lost is None:
             raise ValueError(f"member id {member_id!r} is already registered from {old.host}:{old.port}")
-        member = self.members[member_id] = Member(member_id, session, host, port, hint, http_port=http_port)
+        member = self.members[member_id] = Daemon(member_id, session, host, port, hint, http_port=http_port)
         session.data[DAEMON_KEY] = member_id
         log.info(
             "daemon %s registered at %s:%d (HTTP port %s, hint %s)",
@@ -94,7 +94,7 @@ class Registry:
             member.draining = True
         return member is not None
 
-    def remove(self, session: Session) -> Member | None:
+    def remove(self, session: Session) -> Daemon | None:
         """``session`` closed: unregister its daemon (returned), if it is the registered one."""
         member_id = session.data.get(DAEMON_KEY)
         member = self.members.get(member_id) if isinstance(member_id, str) else None
@@ -126,7 +126,7 @@ class Registry:
         return out
 
     # -- epochs ----------------------------------------------------------------------------
-    def begin(self, members: list[Member]) -> None:
+    def begin(self, members: list[Daemon]) -> None:
         """A job runs on ``members`` (by rank): a new epoch unless they are the last job's."""
         ids = tuple(m.member_id for m in members)
         if ids != self.epoch_members:

@@ -42,7 +42,7 @@ from . import joblog, outcome, recovery, timeline, watchers
 from .jobs import JobSpec, JobState
 from .journal import Journal
 from .queue import HISTORY, JobQueue
-from .records import Job, Member, split_inputs
+from .records import Daemon, Job, split_inputs
 from .registry import Registry
 
 log = logging.getLogger("netcoll.service")
@@ -87,7 +87,7 @@ class JobService:
 
     # -- the state, as metrics, views and tests read it ------------------------------------
     @property
-    def members(self) -> dict[str, Member]:
+    def members(self) -> dict[str, Daemon]:
         """The registered rank daemons by member id."""
         return self.registry.members
 
@@ -114,7 +114,7 @@ class JobService:
     def epoch(self) -> int:
         return self.registry.epoch
 
-    def ready_members(self) -> list[Member]:
+    def ready_members(self) -> list[Daemon]:
         return self.registry.ready()
 
     def start(self) -> None:
@@ -282,7 +282,7 @@ class JobService:
             finally:
                 self.current = None
 
-    async def _run(self, job: Job, members: list[Member]) -> None:
+    async def _run(self, job: Job, members: list[Daemon]) -> None:
         loop = asyncio.get_running_loop()
         deadline = (job.clock if job.clock is not None else loop.time()) + job.spec.deadline
         self.registry.begin(members)

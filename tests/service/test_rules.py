@@ -15,7 +15,7 @@ from netcoll.service.admission import admit
 from netcoll.service.jobs import JobSpec, JobState
 from netcoll.service.outcome import accept, conclude
 from netcoll.service.queue import JobQueue
-from netcoll.service.records import Inputs, Job, Member
+from netcoll.service.records import Daemon, Inputs, Job
 from netcoll.service.registry import Registry
 
 
@@ -24,8 +24,8 @@ def _session(host: str = "127.0.0.1", lost: Any = None) -> Any:
     return SimpleNamespace(peer=(host, 40000), data={}, proto=SimpleNamespace(lost=lost))
 
 
-def _member(mid: str, hint: int | None = None) -> Member:
-    return Member(mid, _session(), "127.0.0.1", 1000, hint)
+def _member(mid: str, hint: int | None = None) -> Daemon:
+    return Daemon(mid, _session(), "127.0.0.1", 1000, hint)
 
 
 def _job(queue: JobQueue, **spec: Any) -> Job:
