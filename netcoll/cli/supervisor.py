@@ -52,36 +52,24 @@ class Supervisor:
         self.cause: Cause | None = None  # who failed first, as said when the first rank failed
         self.led = asyncio.Event()  # the first failure has been said (the others' lines come after it)
         self.errors = tempfile.mkdtemp(prefix="netcoll-run-")  # NETCOLL_ERROR_FILE of each rank
+        self.failing = asyncio.Event()  # set when the first failure (not a signal) stops the ranks
+        self.story = ""  # the failure in words: the lead line, then the cause (first_cause)
 
     def child_env(self, local: int) -> dict[str, str]:
         from ..launched import ERROR_FILE_ENV
 
-        rank = self.plan.node_rank * self.plan.nprocs + local
+        rank = self.plan.node * self.plan.nprocs + local
         env = {**os.environ, **self.env, "NETCOLL_RANK": str(rank), "RANK": str(rank), "LOCAL_RANK": str(local)}
         env[ERROR_FILE_ENV] = self.note_path(rank)  # see first_cause
         env.setdefault("PYTHONUNBUFFERED", "1")  # lines show up as they are printed
         return env
 
-    def announce(self, address: str, client_token: str | None) -> None:
-        """Say where the coordinator is and how to watch the ranks (``netcoll status``: the
-        members and what each waits for); ``client_token``: our coordinator's, which may
-        read status only, handed over in a file only we can read (never in a process list)."""
-        watch = f"netcoll status --coordinator {address}"
-        if client_token is not None:
-            path = os.path.join(self.errors, "client-token")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(client_token + "\n")
-            watch += f" --client-token-file {path}"
-        say(f"coordinator {address}; to see the ranks and what each waits for: {watch}")
-
     def note_path(self, rank: int) -> str:
         return os.path.join(self.errors, f"rank{rank}.json")
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.on_signal, sig)
+        """Start the ranks, wait for them all, say why it failed; the exit status. Signals
+        go to :meth:`on_signal` (the launcher dispatches them: :mod:`.attempts`)."""
         try:
             for local in range(self.plan.nprocs):
                 if self.status is not None:  # a rank could not start, or a signal came
@@ -90,8 +78,6 @@ class Supervisor:
             await self.wait_all()
             self.first_cause()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
             self.kill_all(signal.SIGKILL)  # none is left running, whatever happened
             if self._kill is not None:
                 self._kill.cancel()
@@ -123,10 +109,11 @@ class Supervisor:
         own = [self.failed[r] for r in cause.ranks if r in self.failed and (r in self.own_exits or r in notes)]
         if len(cause.ranks) == 1 and own:
             self.status = own[0]
+        self.story = cause.text
         say(f"{cause.text}; exit status {self.status}")
 
     async def start(self, local: int) -> None:
-        rank = self.plan.node_rank * self.plan.nprocs + local
+        rank = self.plan.node * self.plan.nprocs + local
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.plan.command,
@@ -199,7 +186,10 @@ class Supervisor:
         alive = sum(r.proc.returncode is None for r in self.ranks)
         say(message + (f"; stopping the other {alive} rank(s)" if alive else ""))
         self.stop_all(signal.SIGTERM, spare_noted=True)
+        self.story = message
         self.led.set()
+        if not self.signalled:
+            self.failing.set()
 
     def fail(self, status: int, message: str) -> None:
         if self.status is not None:
@@ -241,9 +231,22 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
+def announce(address: str, client_token: str | None, directory: str) -> None:
+    """Say where the coordinator is and how to watch the ranks (``netcoll status``: the
+    members and what each waits for); ``client_token``: our coordinator's, which may
+    read status only, handed over in a file only we can read (never in a process list)."""
+    watch = f"netcoll status --coordinator {address}"
+    if client_token is not None:
+        fd, path = tempfile.mkstemp(prefix="client-token-", dir=directory)  # mode 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(client_token + "\n")
+        watch += f" --client-token-file {path}"
+    say(f"coordinator {address}; to see the ranks and what each waits for: {watch}")
+
+
 def say(message: str) -> None:
     sys.stderr.write(f"netcoll run: {message}\n")
     sys.stderr.flush()
 
 
-__all__ = ["SETTLE_S", "Rank", "Supervisor", "say"]
+__all__ = ["SETTLE_S", "Rank", "Supervisor", "announce", "say"]
