@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .common import CliError
+from .supervisor import say
 
 if TYPE_CHECKING:
     from ..rendezvous import RendezvousClient
@@ -200,6 +201,7 @@ async def meet(plan: Plan, address: str, token: str | None, lobby: Lobby | None)
         if plan.node_rank is None:
             nnodes, node_rank = await arrive(plan, rdv, lobby)
             plan = replace(plan, nnodes=nnodes, node_rank=node_rank)
+            say(f"the group formed with {nnodes} node(s); this is node {node_rank}")
         await rdv.join(
             LAUNCH_GROUP, world_size=plan.nnodes, rank=plan.node_rank, timeout=max(1.0, deadline - loop.time())
         )
