@@ -50,6 +50,7 @@ class Attempts:
         self.files = tempfile.mkdtemp(prefix="netcoll-run-")  # the status client token, for the whole launch
         self.fresh: Coordinator | None = None  # this attempt's ranks' coordinator, when not the first's
         self.remote = False  # this attempt's ranks were stopped because another node's failed
+        self.running = False  # an attempt's ranks are running (else a signal just stops the launch)
 
     # -- signals and logs --------------------------------------------------------------
     @contextlib.contextmanager
@@ -68,7 +69,7 @@ class Attempts:
     def on_signal(self, sig: int) -> None:
         self.interrupt = self.interrupt or sig
         self.stop.set()
-        if self.current is not None:
+        if self.current is not None and self.running:
             self.current.on_signal(sig)
         else:
             say(f"got {signal.Signals(sig).name}; stopping")
@@ -163,21 +164,31 @@ class Attempts:
                     if attempt:
                         say(f"no restart left ({attempt} of {attempt} done); exit status {status}")
                     return status
+                if story is None:
+                    return status
                 say(f"restart {attempt + 1} of {plan.max_restarts} after {story}")
             raise AssertionError("unreachable")
         finally:
             await self.close()
 
-    async def one(self, attempt: int, env: dict[str, str], nodes: Nodes | None) -> tuple[int, str]:
-        """Run ``attempt``'s ranks; its status here (0: it succeeded everywhere) and its story."""
+    async def one(self, attempt: int, env: dict[str, str], nodes: Nodes | None) -> tuple[int, str | None]:
+        """Run ``attempt``'s ranks; its status here (0: it succeeded everywhere) and its story
+        (None: no restart, whatever is left: the nodes cannot go on together)."""
+        if self.interrupt:
+            return 128 + self.interrupt, None
         sup = Supervisor(self.plan)
         sup.env = env
         self.current, self.remote = sup, False
-        if nodes is None:
+        watch = None
+        if nodes is not None and self.plan.max_restarts:
+            watch = asyncio.create_task(self.watch(attempt, sup, nodes))
+        self.running = True
+        try:
             status = await sup.run()
+        finally:
+            self.running = False
+        if nodes is None:
             return status, sup.story or f"exit status {status}"
-        watch = asyncio.create_task(self.watch(attempt, sup, nodes)) if self.plan.max_restarts else None
-        status = await sup.run()
         if watch is not None and not (sup.failing.is_set() and not self.remote):
             watch.cancel()
         if watch is not None:
@@ -187,6 +198,8 @@ class Attempts:
 
     async def watch(self, attempt: int, sup: Supervisor, nodes: Nodes) -> None:
         """Tell the other nodes when our ranks fail; stop ours when theirs do."""
+        from ..errors import NetcollError
+
         local = asyncio.create_task(sup.failing.wait())
         remote = asyncio.create_task(nodes.failure(attempt))
         try:
@@ -195,32 +208,39 @@ class Attempts:
             for task in (local, remote):
                 task.cancel()
         if local.done() and not local.cancelled():
-            await nodes.report(attempt, sup.status or 1, sup.story)
+            try:
+                await nodes.report(attempt, sup.status or 1, sup.story)
+            except (NetcollError, OSError) as exc:
+                say(f"could not tell the other nodes: {exc}")
         elif remote.done() and not remote.cancelled() and remote.exception() is None:
             failure = remote.result()
             self.remote = True
             sup.fail(failure.status, f"node {failure.node} failed ({failure.text})")
 
-    async def together(self, attempt: int, status: int, sup: Supervisor, nodes: Nodes) -> tuple[int, str]:
+    async def together(self, attempt: int, status: int, sup: Supervisor, nodes: Nodes) -> tuple[int, str | None]:
         """Several nodes: wait for every node's ranks of ``attempt``; all restart, or all stop."""
         from ..errors import NetcollError
 
         plan = self.plan
         last = attempt == plan.max_restarts
-        try:
-            if not plan.max_restarts:
+        if not plan.max_restarts:
+            try:
                 await nodes.rdv.barrier("exit", EXIT_TIMEOUT)  # node 0's coordinator stays up until all are done
-                return status, ""
-            if self.interrupt:
+            except (NetcollError, OSError, TimeoutError) as exc:
+                say(f"not every node finished cleanly: {exc}")
+            return status, None
+        try:
+            if self.interrupt:  # no node restarts; this one leaves at once
                 await nodes.interrupted(attempt, status)
+                return status, None
             failure, interrupted = await self.interruptible(nodes.ended(attempt))
             status = status or (failure.status if failure is not None else 0)
             if failure is None or interrupted or last:
                 await self.interruptible(nodes.rdv.barrier("exit", EXIT_TIMEOUT))
-                return status, ""
+                return status, None
         except (NetcollError, OSError, TimeoutError) as exc:
-            say(f"not every node finished cleanly: {exc}")
-            return status or 1, ""
+            say(f"not every node finished cleanly, so none restarts: {exc}")
+            return status or 1, None
         story = failure.text if failure.node == plan.node_rank else f"{failure.text} (on node {failure.node})"
         return status, story
 

@@ -140,7 +140,7 @@ class Nodes:
     async def interrupted(self, attempt: int, status: int) -> None:
         """A signal here: no node restarts after ``attempt``."""
         await self.rdv.kv_add(f"interrupts/{attempt}")
-        await self.report(attempt, status, "a launcher got a signal")
+        await self.report(attempt, status, "its launcher got a signal")
 
     async def failure(self, attempt: int, timeout: float | None = None) -> Failure:
         """Wait until some node reports that its ranks failed in ``attempt``."""

@@ -223,3 +223,28 @@ pytestmark = [
     pytest.mark.tcp,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="127.0.0.x addresses (Linux loopback)"),
 ]
+
+
+def test_a_signal_to_one_nodes_launcher_restarts_no_node(tmp_path: Path) -> None:
+    script = tmp_path / "wait.py"
+    script.write_text(WAIT)
+    coordinator = f"127.0.0.2:{free_port('127.0.0.2')}"
+    common = ("-n", "1", "--nnodes", "2", "--coordinator", coordinator, "--max-restarts", "2", "--grace", "2")
+    procs = [
+        launcher(*common, "--node-rank", str(k), "--local-addr", f"127.0.0.{k + 2}", str(script), NETCOLL_TOKEN=TOKEN)
+        for k in (0, 1)
+    ]
+    try:
+        for k, p in enumerate(procs):
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == f"[rank {k}] ready"
+        procs[1].send_signal(signal.SIGINT)
+        (_, err0), (_, err1) = finish(procs[0]), finish(procs[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert procs[1].returncode == 130 and procs[0].returncode == 130, err0 + err1
+    assert "netcoll run: node 1 failed (its launcher got a signal)" in err0
+    assert "netcoll run: restart" not in err0 + err1
