@@ -74,6 +74,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import settings
 from .errors import ConfigError
 from .mesh.auth import is_loopback
 
@@ -181,13 +182,10 @@ class Settings(BaseModel):
     def load(cls, flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Any:
         """Merge ``environ`` (only the variables in :attr:`ENV`) and ``flags``
         (``None`` values mean "not given"); validate; raise :class:`ConfigError`."""
-        import os
-
-        environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         source: dict[str, str] = {}
         for name, var in {**TLS_ENV, **cls.ENV}.items():
-            raw = environ.get(var)
+            raw = settings.raw(var, environ)
             if raw is not None and raw.strip() != "":
                 values[name], source[name] = raw, var
         for name, value in (flags or {}).items():
