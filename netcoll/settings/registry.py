@@ -19,11 +19,14 @@ from typing import Final, Literal
 Kind = Literal["text", "int", "float", "bool", "size", "choice", "path", "address", "host", "port", "secret", "list"]
 
 #: the readers, by entry point or layer (the table's "read by" column)
-COMMANDS: Final = "commands"  # netcoll coordinator / rank / up / submit / status ... (netcoll.config)
+COORD: Final = "coordinator"  # netcoll coordinator (netcoll.config.CoordinatorConfig)
+DAEMON: Final = "rank"  # netcoll rank, the rank daemon (RankConfig)
+UP: Final = "up"  # netcoll up (UpConfig)
+CLIENTS: Final = "clients"  # submit, status, watch, get, cancel, bench --coordinator (ClientConfig)
+CLI: Final = "cli"  # every netcoll command
 EMBEDDED: Final = "connect()"  # netcoll.connect, netcoll.sync.connect, the torch backend
 LINKS: Final = "links"  # where links are made: rank daemons and embedded ranks alike
 RANKS: Final = "ranks"  # every rank process (daemon or embedded)
-CLI: Final = "cli"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,20 +68,15 @@ def _v(
     return Variable(f"NETCOLL_{name}", kind, default, readers, doc, choices, secret, prefix)
 
 
-_SERVERS = (COMMANDS,)
 # -- where to meet, and who may ---------------------------------------------------------
 COORDINATOR = _v(
-    "COORDINATOR",
-    "address",
-    "127.0.0.1:29400",
-    (COMMANDS, EMBEDDED),
-    "HOST:PORT of the coordinator (netcoll run sets it)",
+    "COORDINATOR", "address", "127.0.0.1:29400", (DAEMON, CLIENTS, EMBEDDED), "HOST:PORT of the coordinator"
 )
 TOKEN = _v(
     "TOKEN",
     "secret",
     "",
-    (COMMANDS, EMBEDDED),
+    (COORD, DAEMON, UP, CLIENTS, EMBEDDED),
     "the member token: rank daemons and embedded ranks prove it",
     secret=True,
 )
@@ -86,60 +84,58 @@ CLIENT_TOKEN = _v(
     "CLIENT_TOKEN",
     "secret",
     "",
-    (COMMANDS,),
+    (COORD, CLIENTS),
     "the client token: job submitters prove it (submit, status ...)",
     secret=True,
 )
 TOKEN_FILE = _v(
-    "TOKEN_FILE", "path", "", (COMMANDS, EMBEDDED), "read the member token from this file (NETCOLL_TOKEN wins)"
+    "TOKEN_FILE",
+    "path",
+    "",
+    (COORD, DAEMON, UP, CLIENTS, EMBEDDED),
+    "read the member token from this file (NETCOLL_TOKEN wins)",
 )
 CLIENT_TOKEN_FILE = _v(
-    "CLIENT_TOKEN_FILE", "path", "", (COMMANDS,), "read the client token from this file (NETCOLL_CLIENT_TOKEN wins)"
+    "CLIENT_TOKEN_FILE",
+    "path",
+    "",
+    (COORD, CLIENTS),
+    "read the client token from this file (NETCOLL_CLIENT_TOKEN wins)",
 )
 INSECURE = _v(
-    "INSECURE", "bool", "0", _SERVERS, "1: listen off loopback with neither token nor TLS (anyone is trusted)"
+    "INSECURE", "bool", "0", (COORD, DAEMON), "1: listen off loopback with neither token nor TLS (anyone is trusted)"
 )
 TLS_CERT = _v(
-    "TLS_CERT", "path", "", (COMMANDS, EMBEDDED), "mutual TLS: this process's certificate (PEM; with _KEY and _CA)"
+    "TLS_CERT", "path", "", (CLI, EMBEDDED), "mutual TLS: this process's certificate (PEM; with _KEY and _CA)"
 )
-TLS_KEY = _v("TLS_KEY", "path", "", (COMMANDS, EMBEDDED), "mutual TLS: its private key, unencrypted (PEM)")
-TLS_CA = _v(
-    "TLS_CA", "path", "", (COMMANDS, EMBEDDED), "mutual TLS: the CA every peer's certificate must chain to (PEM)"
-)
+TLS_KEY = _v("TLS_KEY", "path", "", (CLI, EMBEDDED), "mutual TLS: its private key, unencrypted (PEM)")
+TLS_CA = _v("TLS_CA", "path", "", (CLI, EMBEDDED), "mutual TLS: the CA every peer's certificate must chain to (PEM)")
 TLS_CHECK_HOSTNAME = _v(
     "TLS_CHECK_HOSTNAME",
     "bool",
     "0",
-    (COMMANDS, EMBEDDED),
+    (CLI, EMBEDDED),
     "1: clients also check the server's name/IP against its certificate",
 )
 # -- the commands' listeners (netcoll.config) -------------------------------------------
-HOST = _v("HOST", "host", "127.0.0.1 (rank: 0.0.0.0)", _SERVERS, "address to listen on (coordinator, rank, up)")
-PORT = _v(
-    "PORT",
-    "port",
-    "29400 (rank: 0, any free)",
-    _SERVERS,
-    "port to listen on: RPC or peer traffic (coordinator, rank, up)",
-)
+HOST = _v("HOST", "host", "127.0.0.1 (rank: 0.0.0.0)", (COORD, DAEMON, UP), "address to listen on")
+PORT = _v("PORT", "port", "29400 (rank: 0, any free)", (COORD, DAEMON, UP), "port to listen on: RPC or peer traffic")
 HTTP_PORT = _v(
-    "HTTP_PORT", "port", "the port + 1 (rank: 0)", _SERVERS, "HTTP /livez /readyz /metrics port; off disables it"
+    "HTTP_PORT", "port", "the port + 1 (rank: 0)", (COORD, DAEMON), "HTTP /livez /readyz /metrics port; off disables it"
 )
-HTTP_HOST = _v("HTTP_HOST", "host", "the listener's host", _SERVERS, "address of the HTTP port")
-RANK_HINT = _v("RANK_HINT", "int", "", _SERVERS, "a rank daemon's preferred rank (a pod index), honoured when free")
-ADVERTISE_HOST = _v("ADVERTISE_HOST", "host", "as the coordinator sees it", _SERVERS, "the address peers dial (rank)")
+HTTP_HOST = _v("HTTP_HOST", "host", "the listener's host", (COORD, DAEMON), "address of the HTTP port")
+RANK_HINT = _v("RANK_HINT", "int", "", (DAEMON,), "a rank daemon's preferred rank (a pod index), honoured when free")
+ADVERTISE_HOST = _v("ADVERTISE_HOST", "host", "as the coordinator sees it", (DAEMON,), "the address peers dial")
 LOG_LEVEL = _v(
     "LOG_LEVEL",
     "choice",
     "info (clients: warning)",
-    (COMMANDS, CLI),
+    (CLI,),
     "log level",
     choices=("debug", "info", "warning", "error", "critical"),
 )
-STATE_DIR = _v(
-    "STATE_DIR", "path", "", _SERVERS, "the coordinator's job journal directory (unset: jobs in memory only)"
-)
-KEEP_JOBS = _v("KEEP_JOBS", "int", "1000", _SERVERS, "finished jobs the coordinator keeps queryable")
+STATE_DIR = _v("STATE_DIR", "path", "", (COORD,), "the job journal's directory (unset: jobs in memory only)")
+KEEP_JOBS = _v("KEEP_JOBS", "int", "1000", (COORD,), "finished jobs kept queryable")
 # -- an embedded rank (netcoll.connect, netcoll.sync, torch; netcoll run sets them) ------
 WORLD_SIZE = _v("WORLD_SIZE", "int", "", (EMBEDDED,), "ranks in the group, when world_size is not passed")
 RANK = _v("RANK", "int", "", (EMBEDDED,), "this rank when no address is passed (unset: the coordinator assigns one)")
@@ -199,7 +195,7 @@ LIMIT = _v(
     "LIMIT_<NAME>",
     "text",
     "see docs/reliability.md",
-    (RANKS, COMMANDS),
+    (COORD, RANKS),
     "a limit of netcoll.limits (sizes in units)",
     prefix=True,
 )
