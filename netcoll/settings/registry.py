@@ -201,7 +201,11 @@ LIMIT = _v(
 )
 # -- netcoll run, logs, failures ----------------------------------------------------------
 RESTART_COUNT = _v(
-    "RESTART_COUNT", "int", "0", (EMBEDDED,), "times netcoll run --max-restarts restarted the ranks it started"
+    "RESTART_COUNT",
+    "int",
+    "0",
+    (EMBEDDED,),
+    "times netcoll run has restarted the ranks it started (it sets it; 0: the first start)",
 )
 ERROR_FILE = _v(
     "ERROR_FILE", "path", "", (EMBEDDED,), "where a rank notes the error that ended it (netcoll run sets it)"
