@@ -62,9 +62,10 @@ def _at_least(var: r.Variable, low: int, environ: Environ) -> int | None:
     return value
 
 
-def _size(var: r.Variable, environ: Environ) -> int | None:
+def _size(var: r.Variable, environ: Environ, *, blank_is_unset: bool = False) -> int | None:
+    """``var`` parsed as a size; None when unset or empty (or only spaces, with ``blank_is_unset``)."""
     value_text = raw(var.name, environ) or ""
-    if not value_text.strip():
+    if not (value_text.strip() if blank_is_unset else value_text):
         return None
     try:
         return parse_size(value_text)
@@ -148,7 +149,8 @@ def transport(environ: Environ = None) -> str:
 
 
 def recv_window(environ: Environ = None) -> int | None:
-    """``NETCOLL_RECV_WINDOW`` in bytes (a size: ``64MiB``), None when unset; ValueError otherwise."""
+    """``NETCOLL_RECV_WINDOW`` in bytes (a size: ``64MiB``), None when unset or empty; ValueError
+    otherwise (only spaces too: not a size)."""
     return _size(r.RECV_WINDOW, environ)
 
 
@@ -211,8 +213,8 @@ def compression(environ: Environ = None) -> str:
 
 
 def result_pool(environ: Environ = None) -> int | None:
-    """``NETCOLL_RESULT_POOL`` in bytes, None when unset; ValueError otherwise."""
-    return _size(r.RESULT_POOL, environ)
+    """``NETCOLL_RESULT_POOL`` in bytes, None when unset or blank; ValueError otherwise."""
+    return _size(r.RESULT_POOL, environ, blank_is_unset=True)
 
 
 def slow_op_s(environ: Environ = None) -> float | None:

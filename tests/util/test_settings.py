@@ -140,6 +140,9 @@ def test_sizes() -> None:
     assert settings.shm_bytes({"NETCOLL_SHM_BYTES": "12MB"}) == 12_000_000
     assert settings.result_pool({"NETCOLL_RESULT_POOL": "0"}) == 0
     assert settings.result_pool({}) is None
+    assert settings.result_pool({"NETCOLL_RESULT_POOL": "  "}) is None  # as it always was
+    with pytest.raises(ValueError, match="NETCOLL_RECV_WINDOW: not a size"):
+        settings.recv_window({"NETCOLL_RECV_WINDOW": "  "})  # as it always was: only "" is unset
 
 
 def test_whole_numbers() -> None:
