@@ -5,54 +5,13 @@ environment variables, then command-line flags (a flag always wins)::
 
     cfg = RankConfig.load({"port": "29500"}, os.environ)
 
-======================== ========================================= ===================
-variable                 meaning                                   used by
-======================== ========================================= ===================
-NETCOLL_COORDINATOR      ``HOST:PORT`` of the coordinator          rank, submit, status,
-                         (default ``127.0.0.1:29400``)             embedded ranks
-NETCOLL_TOKEN            the member token: rank daemons and        all but health
-                         embedded ranks prove it (it may do all)
-NETCOLL_CLIENT_TOKEN     the client token: job submitters prove    coordinator, submit,
-                         it (submit/watch/get/cancel, status)      status
-NETCOLL_TOKEN_FILE,      read the token from this file instead     where the token is
-NETCOLL_CLIENT_TOKEN_FILE (the variable itself wins when set)      read
-NETCOLL_INSECURE         ``1``: listen off loopback without any    coordinator, rank
-                         token or TLS (anyone who reaches it is
-                         trusted)
-NETCOLL_TLS_CERT,        mutual TLS: this process's certificate,   all (health: its
-NETCOLL_TLS_KEY,         its key, the CA every peer's certificate  HTTPS client)
-NETCOLL_TLS_CA           must chain to (PEM files; all three or
-                         none); on every listener and connection
-NETCOLL_TLS_CHECK_       ``1``: clients also check the server's    all
-HOSTNAME                 name/IP against its certificate
-NETCOLL_HOST             address to listen on                      coordinator, rank, up
-NETCOLL_PORT             port to listen on (RPC / peer traffic;    coordinator, rank, up
-                         rank default ``0``: any free port)
-NETCOLL_HTTP_PORT        HTTP ``/livez /readyz /metrics`` port     coordinator, rank
-                         (``off`` disables it, ``0`` = any free;
-                         coordinator default: its port + 1,
-                         29401; rank default ``0``)
-NETCOLL_HTTP_HOST        address of the HTTP port (default: the    coordinator, rank
-                         main listener's host)
-NETCOLL_RANK_HINT        preferred rank (a pod index)              rank
-NETCOLL_ADVERTISE_HOST   address peers should dial (default: the   rank
-                         address the coordinator sees)
-NETCOLL_LOG_LEVEL        debug, info, warning, error               coordinator, rank, up
-NETCOLL_STATE_DIR        directory of the job journal (jobs        coordinator
-                         survive a restart); unset = in memory
-NETCOLL_KEEP_JOBS        finished jobs kept queryable (1000)       coordinator
-NETCOLL_WORLD_SIZE,      what ``netcoll.connect()`` and            embedded ranks
-NETCOLL_RANK             ``netcoll.sync.connect()`` use when       (netcoll run sets
-                         called without them (rank: optional)      them)
-NETCOLL_LOCAL_HOST       an embedded rank's source and listen      embedded ranks
-                         address (``netcoll run --local-addr``)
-NETCOLL_TRANSPORT        ``auto`` or a link kind to force (``tcp``) every rank (links)
-NETCOLL_RECV_WINDOW      bytes a peer may send ahead of posted     every rank (links)
-                         receives (default ``64MiB``)
-======================== ========================================= ===================
-
-The last two are read where links are made (:class:`netcoll.links.factory.LinkConfig`),
-so they apply to rank daemons and embedded ranks alike.
+The variables (``NETCOLL_COORDINATOR``, ``NETCOLL_TOKEN``, ``NETCOLL_HOST``, ...) are
+declared in :mod:`netcoll.settings` (name, default, meaning, which command reads them:
+the README's "Settings" table is generated from it) and read through
+:func:`netcoll.settings.raw`; each model's :attr:`Settings.ENV` maps its fields to them.
+``NETCOLL_TRANSPORT`` and ``NETCOLL_RECV_WINDOW`` are read where links are made
+(:class:`netcoll.links.factory.LinkConfig`), so they apply to rank daemons and embedded
+ranks alike.
 
 An empty variable counts as unset (compose passes ``NETCOLL_TOKEN:`` through
 empty when the caller has none).
@@ -74,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import settings
 from .errors import ConfigError
 from .mesh.auth import is_loopback
 
@@ -181,13 +141,10 @@ class Settings(BaseModel):
     def load(cls, flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Any:
         """Merge ``environ`` (only the variables in :attr:`ENV`) and ``flags``
         (``None`` values mean "not given"); validate; raise :class:`ConfigError`."""
-        import os
-
-        environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         source: dict[str, str] = {}
         for name, var in {**TLS_ENV, **cls.ENV}.items():
-            raw = environ.get(var)
+            raw = settings.raw(var, environ)
             if raw is not None and raw.strip() != "":
                 values[name], source[name] = raw, var
         for name, value in (flags or {}).items():

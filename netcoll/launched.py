@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from . import waits
+from . import settings, waits
 from .errors import CollectiveAborted, CollectiveCancelled, CollectiveError, CollectiveTimeout, MismatchError, PeerLost
 
-ERROR_FILE_ENV: Final = "NETCOLL_ERROR_FILE"
-TRACEBACK_ENV: Final = "NETCOLL_TRACEBACK"
+ERROR_FILE_ENV: Final = settings.registry.ERROR_FILE.name
+TRACEBACK_ENV: Final = settings.registry.TRACEBACK.name
 #: the kinds that point at another rank: the launcher reports them in one line
 CAUSED_ELSEWHERE: Final = frozenset({"lost", "aborted", "cancelled", "timeout"})
 MAX_ERROR: Final = 1000  # characters of the error kept in a note
@@ -154,7 +154,7 @@ def record_failure(exc: BaseException) -> None:
     """Note the error that ended a communicator's block in ``$NETCOLL_ERROR_FILE`` (if set
     and not written yet). ``netcoll run`` sets one per rank: the rank that failed first
     wrote first (the others failed after it left), whichever process exited first."""
-    path = os.environ.get(ERROR_FILE_ENV)
+    path = settings.error_file()
     if not path or isinstance(exc, GeneratorExit):
         return
     note = note_of(exc)
@@ -205,7 +205,7 @@ ExceptHook = Callable[[type[BaseException], BaseException, types.TracebackType |
 
 def _hook(previous: ExceptHook) -> ExceptHook:
     def hook(kind: type[BaseException], exc: BaseException, tb: types.TracebackType | None) -> Any:
-        if os.environ.get(TRACEBACK_ENV, "").strip().lower() == "full":
+        if settings.traceback_full():
             return previous(kind, exc, tb)
         if getattr(exc, _NOTED, None) in CAUSED_ELSEWHERE:
             return None  # the launcher says it, in one line, after the rank that failed first
@@ -221,7 +221,7 @@ def _hook(previous: ExceptHook) -> ExceptHook:
 def install_excepthook() -> None:
     """Under ``netcoll run`` (``$NETCOLL_ERROR_FILE`` set): report uncaught exceptions as
     the module docstring says. Once per process; other hooks set before are called."""
-    if os.environ.get(ERROR_FILE_ENV) and not getattr(sys.excepthook, "netcoll", False):
+    if settings.error_file() and not getattr(sys.excepthook, "netcoll", False):
         sys.excepthook = _hook(sys.excepthook)
 
 

@@ -49,11 +49,11 @@ stuck_after_s                       5            a rank shows on the arrival boa
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from . import settings
 from .sizes import format_size, parse_size
 
 ENV_PREFIX: Final = "NETCOLL_LIMIT_"
@@ -101,10 +101,9 @@ class Limits:
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Limits:
         """Defaults < ``NETCOLL_LIMIT_<NAME>`` variables < ``overrides``."""
-        env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
+            raw = settings.limit(f.name, env)
             if raw:
                 values[f.name] = _parse(f.name, f.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -116,7 +115,7 @@ class Limits:
 
 
 def _parse(name: str, kind: Any, raw: str) -> int | float:
-    variable = ENV_PREFIX + name.upper()
+    variable = settings.limit_variable(name)
     try:
         if name.endswith("_bytes"):
             return parse_size(raw)

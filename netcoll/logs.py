@@ -24,14 +24,15 @@ import contextlib
 import contextvars
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import settings
+
 FORMATS = ("text", "json")
-ENV_FORMAT = "NETCOLL_LOG_FORMAT"
+ENV_FORMAT = settings.registry.LOG_FORMAT.name
 
 #: asyncio task -> ``(op name, seq, world rank)`` of the operation the engine is driving in
 #: it, kept while DEBUG is enabled (a dict entry, not a context variable: setting one per
@@ -62,7 +63,7 @@ _CONTEXT_KEYS = ("rank", "epoch", "job", "op", "seq")
 
 def log_format(value: str | None = None) -> str:
     """``value`` (or ``$NETCOLL_LOG_FORMAT``, else ``text``), checked."""
-    fmt = (value if value is not None else os.environ.get(ENV_FORMAT, "")).strip().lower() or "text"
+    fmt = (value if value is not None else settings.log_format()).strip().lower() or "text"
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r} (NETCOLL_LOG_FORMAT)")
     return fmt

@@ -28,12 +28,14 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from . import settings
+
 T = TypeVar("T")
 DEFAULT_SPIN = 300e-6  # seconds of polling before sleeping (measured: 100 µs-1 ms all help; 300 µs best)
 #: with :attr:`SpinSelector.precise`, a timer due within this is waited for by spinning, not
 #: in epoll (which rounds up to whole milliseconds), so it fires to the microsecond
 TIMER_SPIN = 1e-3
-MAX_SPIN_US = 100_000  # NETCOLL_SPIN_US above this is refused (a typo, not a setting: 0.1 s per wake-up)
+MAX_SPIN_US = settings.MAX_SPIN_US  # NETCOLL_SPIN_US above this is refused (a typo: 0.1 s per wake-up)
 LOOPS = ("spin", "asyncio", "uvloop")
 
 if TYPE_CHECKING:
@@ -144,12 +146,8 @@ def spin_seconds() -> float:
     """How long a :class:`SpinSelector` polls before it sleeps: ``$NETCOLL_SPIN_US``
     microseconds (0 to never spin), else :data:`DEFAULT_SPIN`. ValueError for a value
     that is not a whole number from 0 to :data:`MAX_SPIN_US`."""
-    raw = os.environ.get("NETCOLL_SPIN_US", "").strip()
-    if not raw:
-        return DEFAULT_SPIN
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_SPIN_US:
-        raise ValueError(f"NETCOLL_SPIN_US must be a whole number of microseconds from 0 to {MAX_SPIN_US}, got {raw!r}")
-    return int(raw) * 1e-6
+    us = settings.spin_us()
+    return DEFAULT_SPIN if us is None else us * 1e-6
 
 
 def spin_selector(loop: asyncio.AbstractEventLoop) -> SpinSelector | None:
@@ -161,7 +159,7 @@ def spin_selector(loop: asyncio.AbstractEventLoop) -> SpinSelector | None:
 
 def loop_kind(kind: str | None = None) -> str:
     """``kind``, else ``$NETCOLL_LOOP``, else ``"spin"``; ValueError if unknown."""
-    choice = (kind or os.environ.get("NETCOLL_LOOP", "") or "spin").strip().lower()
+    choice = (kind or settings.loop() or "spin").strip().lower()
     if choice == "auto":
         choice = "spin"
     if choice not in LOOPS:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import bisect
 import contextvars
-import os
 import time
 from typing import Any
+
+from . import settings
 
 #: histogram bucket upper bounds (seconds) of netcoll_collective_duration_seconds
 BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -27,9 +28,8 @@ MAX_SPANS = 50_000  # spans one rank records for one traced job; beyond that the
 
 def slow_op_s() -> float:
     """``NETCOLL_SLOW_OP_S``: an operation longer than this is logged at WARNING (0: never)."""
-    try:
-        value = float(os.environ.get("NETCOLL_SLOW_OP_S", DEFAULT_SLOW_OP_S))
-    except ValueError:
+    value = settings.slow_op_s()
+    if value is None:
         return DEFAULT_SLOW_OP_S
     return value if value > 0 else float("inf")
 

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from .sizes import parse_size
+from . import settings
 
 #: results of at least this many bytes are pooled (glibc's DEFAULT_MMAP_THRESHOLD_MAX)
 POOL_MIN: Final = 32 << 20
@@ -46,18 +46,13 @@ POOL_MIN: Final = 32 << 20
 GRAIN: Final = 2 << 20
 #: free bytes kept by default
 DEFAULT_KEEP: Final = 256 << 20
-ENV: Final = "NETCOLL_RESULT_POOL"
+ENV: Final = settings.registry.RESULT_POOL.name
 
 
 def keep_from_env(env: Any = None) -> int:
     """``NETCOLL_RESULT_POOL`` (a size: ``0``, ``512M``…) or the default; ValueError if malformed."""
-    raw = ((os.environ if env is None else env).get(ENV) or "").strip()
-    if not raw:
-        return DEFAULT_KEEP
-    try:
-        return parse_size(raw)
-    except ValueError as exc:
-        raise ValueError(f"{ENV}: {exc}") from None
+    keep = settings.result_pool(env)
+    return DEFAULT_KEEP if keep is None else keep
 
 
 class ResultPool:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import numbers
-import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from . import settings
 from .comm import DEFAULT_TIMEOUT, Communicator, form_group
 from .errors import ConfigError
 from .launched import install_excepthook, record_failure
@@ -27,24 +27,11 @@ from .mesh.certs import coerce as coerce_tls
 from .mesh.tcpmesh import Listener, TcpMesh
 from .rendezvous import dial
 
-COORDINATOR_ENV = "NETCOLL_COORDINATOR"
-WORLD_SIZE_ENV = "NETCOLL_WORLD_SIZE"
-RANK_ENV = "NETCOLL_RANK"
-LOCAL_HOST_ENV = "NETCOLL_LOCAL_HOST"
+COORDINATOR_ENV = settings.registry.COORDINATOR.name
+WORLD_SIZE_ENV = settings.registry.WORLD_SIZE.name
+RANK_ENV = settings.registry.RANK.name
+LOCAL_HOST_ENV = settings.registry.LOCAL_HOST.name
 MIN_STEP = 1.0  # seconds a step of the rendezvous gets at least, however little of the timeout is left
-
-
-def _env_int(env: Mapping[str, str], name: str, low: int) -> int | None:
-    text = env.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text, 10)
-    except ValueError:
-        value = low - 1
-    if value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {text!r}")
-    return value
 
 
 def from_env(
@@ -55,17 +42,16 @@ def from_env(
     ``NETCOLL_WORLD_SIZE`` and, when no address was given, ``rank`` from
     ``NETCOLL_RANK`` (optional: unset lets the coordinator assign one).
     A needed variable that is unset or invalid is a :class:`ConfigError` naming it."""
-    env = os.environ if environ is None else environ
     if address is None:
-        address = env.get(COORDINATOR_ENV, "").strip()
+        address = settings.coordinator(environ)
         if not address:
             raise ConfigError(
                 f"no coordinator address: pass one, or set {COORDINATOR_ENV}=HOST:PORT (netcoll run sets it)"
             )
         if rank is None:
-            rank = _env_int(env, RANK_ENV, 0)
+            rank = settings.rank(environ)
     if world_size is None:
-        world_size = _env_int(env, WORLD_SIZE_ENV, 1)
+        world_size = settings.world_size(environ)
         if world_size is None:
             raise ConfigError(f"no world size: pass world_size=, or set {WORLD_SIZE_ENV} (netcoll run sets it)")
     return address, world_size, rank
@@ -142,7 +128,7 @@ async def connect(
     """
     address, world_size, rank = from_env(address, world_size, rank)
     install_excepthook()  # under netcoll run: failures caused elsewhere leave their one line to the launcher
-    local_host = local_host or os.environ.get(LOCAL_HOST_ENV, "").strip() or None
+    local_host = local_host or settings.local_host()
     _check_args(world_size, rank, group, timeout)
     links = LinkConfig.from_env(window=recv_window)  # a bad window or NETCOLL_TRANSPORT fails before any I/O
     if token is None:

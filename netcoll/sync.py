@@ -38,7 +38,6 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable, Coroutine
 from types import TracebackType
@@ -46,7 +45,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import threads
+from . import settings, threads
 from .comm import DEFAULT_TIMEOUT, Communicator
 from .comm.types import (
     AllGatherAlgorithm,
@@ -82,7 +81,7 @@ class _Runner:
     session open until :meth:`stop`."""
 
     def __init__(self, loop: str | None) -> None:
-        self.loop = new_event_loop(loop or os.environ.get("NETCOLL_LOOP") or "asyncio")
+        self.loop = new_event_loop(loop or settings.loop() or "asyncio")
         self.thread = threading.Thread(target=self._run, name="netcoll-sync", daemon=True)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

@@ -24,7 +24,7 @@ import os
 import sys
 from typing import Any
 
-from .. import collectives
+from .. import collectives, settings
 from ..sizes import size_arg
 from .common import OPS, SweepConfig
 
@@ -223,7 +223,7 @@ class _Display:
                     "world_size": len(ev["ranks"]),
                     "transport": f"tcp, rank daemons at {coordinator}"
                     if coordinator
-                    else f"{'tls' if os.environ.get('NETCOLL_TLS_CERT') else 'tcp'}, loopback 127.0.0.1",
+                    else f"{'tls' if settings.tls_files().cert else 'tcp'}, loopback 127.0.0.1",
                     "loop": self.args.loop,
                     "ranks": ev["ranks"],
                 }

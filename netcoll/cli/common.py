@@ -79,7 +79,7 @@ def use_log_format(ns: argparse.Namespace, command: str) -> None:
     up logging themselves) log warnings and errors to stderr in that format."""
     import os
 
-    from .. import logs
+    from .. import logs, settings
 
     chosen = getattr(ns, "log_format", None)
     if hasattr(ns, "log_format"):
@@ -91,7 +91,7 @@ def use_log_format(ns: argparse.Namespace, command: str) -> None:
     except ValueError as exc:
         raise CliError(str(exc), 2) from None
     if command not in SERVER_COMMANDS:
-        level = os.environ.get("NETCOLL_LOG_LEVEL", "").strip().upper()
+        level = settings.log_level().upper()
         logs.setup(level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING", command)
 
 

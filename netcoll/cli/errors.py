@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from .. import settings
 from ..escape import escape
 from .common import CliError
 
@@ -57,7 +58,7 @@ def classify(exc: BaseException) -> tuple[str, int]:
         return str(exc), 1
     if isinstance(exc, (NetcollError, OSError, ValueError, TypeError, KeyError, TimeoutError)):
         return one_line(exc), 1
-    if os.environ.get("NETCOLL_DEBUG"):
+    if settings.debug():
         import traceback
 
         traceback.print_exception(exc)

@@ -8,13 +8,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import numbers
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from .. import resultpool
+from .. import resultpool, settings
 from ..calls import agreements, moving
 from ..calls._common import Done, Plan
 from ..engine import DEFAULT_TIMEOUT, Call, Engine
@@ -27,14 +26,14 @@ from . import gathering, p2p, reducing
 from . import moving as moving_
 from .types import Array
 
-COST_MODEL_ENV = "NETCOLL_COST_MODEL"
+COST_MODEL_ENV = settings.registry.COST_MODEL.name
 
 
 def cost_model_enabled(env: Mapping[str, str] | None = None, *, default: bool = False) -> bool:
     """Whether groups calibrate when they form (``NETCOLL_COST_MODEL=1``; ``0`` never;
     unset or empty: ``default``, see :func:`model_by_default`)."""
-    raw = (os.environ if env is None else env).get(COST_MODEL_ENV, "").strip().lower()
-    return default if not raw else raw in ("1", "on", "true", "yes")
+    chosen = settings.cost_model(env)
+    return default if chosen is None else chosen
 
 
 async def form_group(comm: Communicator) -> None:

@@ -36,6 +36,8 @@ from typing import Final
 
 import numpy as np
 
+from .. import settings
+
 #: the slots of the two sides in the segment's header page
 DIALER_SLOT: Final = 64
 ACCEPTOR_SLOT: Final = 96
@@ -94,10 +96,7 @@ def mode() -> str:
     """``NETCOLL_SHM_CMA``: ``"0"`` (never), ``"1"`` (lend whenever the peer reads us) or
     ``"auto"`` (the default: only while this host's ranks outnumber its cores, :func:`lends`).
     ValueError for anything else."""
-    value = os.environ.get("NETCOLL_SHM_CMA", "").strip().lower() or "auto"
-    if value not in ("0", "1", "auto"):
-        raise ValueError(f"NETCOLL_SHM_CMA must be 0, 1 or auto, got {value!r}")
-    return value
+    return settings.shm_cma()
 
 
 def enabled() -> bool:

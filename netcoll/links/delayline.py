@@ -25,16 +25,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import socket
 from collections.abc import Mapping
 from typing import Final, Protocol
 
-from ..errors import ConfigError
+from .. import settings
 from ..loop import spin_selector
 
-DELAY_ENV: Final = "NETCOLL_EMULATE_DELAY_US"
-MAX_DELAY_US: Final = 1_000_000
+DELAY_ENV: Final = settings.registry.EMULATE_DELAY_US.name
+MAX_DELAY_US: Final = settings.MAX_DELAY_US
 #: bytes one read takes from the socket
 READ_BYTES: Final = 1024 * 1024
 #: bytes a connection may hold in its line before it stops reading its socket
@@ -48,17 +47,7 @@ _announced = False
 def configured(environ: Mapping[str, str] | None = None) -> float:
     """The delay in seconds ``NETCOLL_EMULATE_DELAY_US`` asks for (0: none); a
     :class:`ConfigError` naming the variable for anything but an integer 0–1 000 000."""
-    env = os.environ if environ is None else environ
-    text = env.get(DELAY_ENV, "").strip()
-    if not text:
-        return 0.0
-    try:
-        us = int(text, 10)
-    except ValueError:
-        us = -1
-    if not 0 <= us <= MAX_DELAY_US:
-        raise ConfigError(f"{DELAY_ENV} must be an integer number of microseconds, 0 to {MAX_DELAY_US}; got {text!r}")
-    return us / 1e6
+    return settings.emulate_delay_us(environ) / 1e6
 
 
 class Host(Protocol):

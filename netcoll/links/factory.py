@@ -31,13 +31,12 @@ Environment (read by :meth:`LinkConfig.from_env`):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from .. import settings
 from ..errors import ProtocolError
-from ..sizes import parse_size
 from . import cma, delayline, lane
 from .base import Link
 from .shmring import check_ring
@@ -89,23 +88,20 @@ class LinkConfig:
             lane.enabled()
             cma.enabled()
             delayline.configured()
-        env = os.environ if env is None else env
         if window is None:
-            raw = env.get("NETCOLL_RECV_WINDOW") or ""
-            try:
-                window = parse_size(raw) if raw else DEFAULT_WINDOW
-            except ValueError as exc:
-                raise ValueError(f"NETCOLL_RECV_WINDOW: {exc}") from None
+            window = settings.recv_window(env)
+            window = DEFAULT_WINDOW if window is None else window
         if transport is None:
-            transport = (env.get("NETCOLL_TRANSPORT") or "auto").strip().lower()
+            transport = settings.transport(env)
             if transport != "auto" and transport not in BITS:
                 raise ValueError(f"NETCOLL_TRANSPORT must be 'auto' or one of {', '.join(BITS)}, got {transport!r}")
-        raw = env.get("NETCOLL_SHM_BYTES") or ""
-        try:
-            shm_bytes = check_ring(parse_size(raw), "NETCOLL_SHM_BYTES") if raw else None
-        except ValueError as exc:
-            msg = str(exc)
-            raise ValueError(msg if msg.startswith("NETCOLL_SHM_BYTES") else f"NETCOLL_SHM_BYTES: {msg}") from None
+        shm_bytes = settings.shm_bytes(env)
+        if shm_bytes is not None:
+            try:
+                shm_bytes = check_ring(shm_bytes, "NETCOLL_SHM_BYTES")
+            except ValueError as exc:
+                msg = str(exc)
+                raise ValueError(msg if msg.startswith("NETCOLL_SHM_BYTES") else f"NETCOLL_SHM_BYTES: {msg}") from None
         return cls(window=window, transport=transport, shm_bytes=shm_bytes)
 
 

@@ -38,14 +38,13 @@ Sans-IO: nothing here touches sockets or the event loop.
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 import struct
 import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Final
 
-from .. import wire
+from .. import settings, wire
 from ..errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -99,10 +98,7 @@ def supported() -> bool:
 def enabled() -> bool:
     """Whether shm links send small frames through lanes: on x86-64, unless
     ``NETCOLL_SHM_LANE=0`` (ValueError for a value other than 0 or 1)."""
-    value = os.environ.get("NETCOLL_SHM_LANE", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"NETCOLL_SHM_LANE must be 0 or 1, got {value!r}")
-    return value != "0" and supported()
+    return settings.shm_lane() and supported()
 
 
 def parse(raw: memoryview, limits: wire.FrameLimits) -> tuple[wire.Kind, dict[str, Any], memoryview]:

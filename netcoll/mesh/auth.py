@@ -31,6 +31,7 @@ import os
 from collections.abc import Mapping
 from typing import Final
 
+from .. import settings
 from ..errors import AuthenticationError, InsecureListenerError
 
 NONCE_BYTES: Final = 16
@@ -41,8 +42,8 @@ MEMBER: Final = "member"
 CLIENT: Final = "client"
 ROLES: Final = (MEMBER, CLIENT)
 
-MEMBER_TOKEN_ENV: Final = "NETCOLL_TOKEN"
-CLIENT_TOKEN_ENV: Final = "NETCOLL_CLIENT_TOKEN"
+MEMBER_TOKEN_ENV: Final = settings.registry.TOKEN.name
+CLIENT_TOKEN_ENV: Final = settings.registry.CLIENT_TOKEN.name
 FILE_SUFFIX: Final = "_FILE"
 MAX_TOKEN_FILE_BYTES: Final = 4096
 
@@ -157,8 +158,8 @@ def read_token(value: str | None, path: str | None, name: str) -> str | None:
 
 def token_from_env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """``$name``, else the contents of the file ``$name_FILE``, else None."""
-    env = os.environ if environ is None else environ
-    return read_token(env.get(name), env.get(name + FILE_SUFFIX), name)
+    value, path = settings.token_texts(name, environ)
+    return read_token(value, path, name)
 
 
 #: names that mean this machine without resolving them (and any ``*.localhost``, RFC 6761)

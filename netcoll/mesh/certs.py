@@ -30,16 +30,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from .. import settings
 from ..errors import ConfigError
 
-CERT_ENV: Final = "NETCOLL_TLS_CERT"
-KEY_ENV: Final = "NETCOLL_TLS_KEY"
-CA_ENV: Final = "NETCOLL_TLS_CA"
-CHECK_HOSTNAME_ENV: Final = "NETCOLL_TLS_CHECK_HOSTNAME"
+CERT_ENV: Final = settings.registry.TLS_CERT.name
+KEY_ENV: Final = settings.registry.TLS_KEY.name
+CA_ENV: Final = settings.registry.TLS_CA.name
+CHECK_HOSTNAME_ENV: Final = settings.registry.TLS_CHECK_HOSTNAME.name
 MINIMUM_VERSION: Final = ssl.TLSVersion.TLSv1_2
 #: seconds an orderly TLS close waits for the peer's close_notify
 SHUTDOWN_TIMEOUT: Final = 5.0
-_TRUE = ("1", "true", "yes", "on")
 
 
 class TlsConfigError(ConfigError):
@@ -124,13 +124,9 @@ class TlsConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TlsConfig | None:
         """From ``NETCOLL_TLS_CERT`` / ``_KEY`` / ``_CA`` (all three, or none: None)."""
-        env = os.environ if environ is None else environ
+        files = settings.tls_files(environ)
         return cls.from_paths(
-            env.get(CERT_ENV),
-            env.get(KEY_ENV),
-            env.get(CA_ENV),
-            check_hostname=(env.get(CHECK_HOSTNAME_ENV) or "").strip().lower() in _TRUE,
-            names=(CERT_ENV, KEY_ENV, CA_ENV),
+            files.cert, files.key, files.ca, check_hostname=files.check_hostname, names=(CERT_ENV, KEY_ENV, CA_ENV)
         )
 
     @classmethod

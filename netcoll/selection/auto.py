@@ -8,10 +8,10 @@ passing the same arguments gets the same answer.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Mapping
 from typing import Final
 
+from .. import settings
 from ..algorithms import ALGORITHMS
 from ..errors import ConfigError
 from . import cost, table
@@ -102,7 +102,7 @@ def _decided(
     return algo, (None if segment is not None else seg), predicted
 
 
-ALGO_ENV: Final = "NETCOLL_ALGO"
+ALGO_ENV: Final = settings.registry.ALGO.name
 
 
 def parse_overrides(text: str, what: str = ALGO_ENV) -> dict[str, str]:
@@ -135,8 +135,7 @@ def parse_overrides(text: str, what: str = ALGO_ENV) -> dict[str, str]:
 
 def overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """:func:`parse_overrides` of ``$NETCOLL_ALGO`` (unset: none)."""
-    env = os.environ if environ is None else environ
-    return parse_overrides(env.get(ALGO_ENV, ""))
+    return parse_overrides(settings.algo(environ))
 
 
 __all__ = [

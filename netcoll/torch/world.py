@@ -13,11 +13,10 @@ every rank) and made of torch's global ranks, which are the netcoll ranks.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from typing import Any
 
-from .. import sync
+from .. import settings, sync
 from ..comm import Communicator
 from .backend import ProcessGroupNetcoll
 from .issue import Issuer
@@ -67,7 +66,7 @@ def create(opts: Any, pg_options: Any = None) -> ProcessGroupNetcoll:
 
 def _connect(rank: int, size: int, seconds: float) -> sync.SyncCommunicator:
     global _world
-    if not os.environ.get("NETCOLL_COORDINATOR"):
+    if not settings.raw(settings.registry.COORDINATOR.name):
         raise RuntimeError(
             "netcoll: NETCOLL_COORDINATOR is not set; start the script with `netcoll run -n N script.py` "
             "(or set NETCOLL_COORDINATOR=HOST:PORT of a running `netcoll coordinator`, and NETCOLL_TOKEN)"
