@@ -205,7 +205,7 @@ RESTART_COUNT = _v(
     "int",
     "0",
     (EMBEDDED,),
-    "times netcoll run has restarted the ranks it started (it sets it; 0: the first start)",
+    "times `netcoll run --max-restarts` has restarted the ranks it started (it sets it; 0: the first start)",
 )
 ERROR_FILE = _v(
     "ERROR_FILE", "path", "", (EMBEDDED,), "where a rank notes the error that ended it (netcoll run sets it)"
