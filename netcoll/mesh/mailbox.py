@@ -21,7 +21,11 @@ Routing:
    its receivers notice a mismatch) fails the group's next operation, so no
    rank carries on alone, unless it says the operation was cancelled: a
    result this rank has is right, and the communicator stays usable.
-4. A crashed peer fails every open operation it is a member of, and every
+4. A frame of another *epoch* of the group (a regroup made a new one: its
+   group id is ``"<name>/e<epoch>"``, :func:`epoch_group`) for no operation
+   open here is dropped and counted per sender in :attr:`Mailbox.stale`: no
+   result of an old epoch is ever mixed into the new one.
+5. A crashed peer fails every open operation it is a member of, and every
    later operation that includes it fails at open; one that left in order
    (BYE) fails only operations still waiting for data from it.
 
@@ -53,6 +57,20 @@ from ..ops import Fold
 SNAPSHOT_OPS = 16  # operations one heartbeat reports at most
 SUCCEEDED_KEPT = 64  # recent successful operations remembered per group (for late aborts)
 Early = tuple[int, dict[str, Any], memoryview]
+EPOCH_MARK = "e"  # "<name>/e<epoch>": the group id of a regrouped epoch (group names hold no "/")
+
+
+def epoch_group(name: str, epoch: int) -> str:
+    """The group id the frames of ``name``'s epoch ``epoch`` carry (``name`` itself at 0)."""
+    return name if epoch == 0 else f"{name}/{EPOCH_MARK}{epoch}"
+
+
+def epoch_of(group: str) -> int:
+    """The epoch a group id names (``"<name>/e<N>"`` and its sub-groups: N; else 0)."""
+    parts = group.split("/", 2)
+    if len(parts) > 1 and parts[1][:1] == EPOCH_MARK and parts[1][1:].isdigit():
+        return int(parts[1][1:])
+    return 0
 
 
 class Mailbox:
@@ -71,6 +89,10 @@ class Mailbox:
         self.dead: dict[int, BaseException] = {}
         self.departed: set[int] = set()  # the dead that said BYE: what they sent still counts
         self.early_bytes = 0
+        #: the epoch of the group this mailbox's mesh was made for (frames of others are stale)
+        self.epoch = 0
+        #: src -> frames of another epoch dropped (see the module doc)
+        self.stale: dict[int, int] = {}
         #: recent operations that succeeded here, per group (seq -> name)
         self.succeeded: dict[str, collections.OrderedDict[int, str]] = {}
         #: group -> an ABORT that arrived for one of them
@@ -242,6 +264,9 @@ class Mailbox:
         op = self.ops.get(key)
         if op is not None:
             op.deliver(src, header, payload, held)
+        elif self._stale(src, key[0]):
+            if held:
+                self._release(src, payload.nbytes)
         elif not self._finished(*key):
             self.early.setdefault(key, []).append((src, header, payload))
             self.early_bytes += payload.nbytes
@@ -253,6 +278,8 @@ class Mailbox:
         op = self.ops.get(key)
         if op is not None:
             op.on_abort(header, op.me(self.rank))
+        elif self._stale(src, key[0]):
+            return
         elif not self._finished(*key):
             self.early_aborts.setdefault(key, header)
         elif header["q"] in self.succeeded.get(header["g"], {}) and header["cause"] != Reason.CANCELLED.value:
@@ -283,7 +310,7 @@ class Mailbox:
         op = self.ops.get(key)
         if op is not None:
             op.when_posted(slot, callback)
-        elif not self._finished(*key):
+        elif not self._finished(*key) and not self._stale(src, key[0]):
             self.early_rts.setdefault(key, []).append((slot, callback))
         else:
             callback(False)
@@ -312,6 +339,13 @@ class Mailbox:
             fut.exception()
 
     # -- internals ----------------------------------------------------------------------
+    def _stale(self, src: int, group: str) -> bool:
+        """Whether a frame of ``group`` belongs to another epoch (then it is counted)."""
+        if (self.epoch == 0 and "/" not in group) or epoch_of(group) == self.epoch:
+            return False
+        self.stale[src] = self.stale.get(src, 0) + 1
+        return True
+
     def _finished(self, group: str, seq: int) -> bool:
         done = self.finished.get(group)
         return done is not None and seq in done
