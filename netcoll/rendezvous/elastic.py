@@ -77,7 +77,7 @@ class Elastic:
         finally:
             if not fut.done():
                 message = missing_message(group.name, group.epoch, group.members, rnd, timeout)
-                rnd.withdraw(member)
+                rnd.withdraw(member, timed_out=True)
                 self.waiters.pop(member, None)
         if not fut.done():
             log.warning("group %r: %s", group.name, escape(message, 1000))
@@ -122,7 +122,7 @@ class Elastic:
                 fut = self.waiters.pop(m, None)
                 if fut is not None:
                     fail(fut, RendezvousError(f"group {group.name!r} is gone"))
-            rnd.called, rnd.renew = [], set()
+            rnd.called, rnd.renew, rnd.gave_up = [], set(), []
             return
         outcome = rnd.check(group.members)
         if outcome is not None:

@@ -53,6 +53,7 @@ class Round:
     called: list[Member] = field(default_factory=list)  # members of the epoch waiting, in call order
     newcomers: list[Member] = field(default_factory=list)  # in arrival order
     renew: set[Member] = field(default_factory=set)  # callers that need a new epoch whatever happens
+    gave_up: list[Member] = field(default_factory=list)  # callers of this round whose wait timed out
 
     def call(self, members: list[Member], member: Member, renew: bool = False) -> Outcome | None:
         """``member`` (of ``members``, the epoch's members by rank) calls: the outcome
@@ -68,10 +69,12 @@ class Round:
             self.renew.add(member)
         return self.check(members)
 
-    def withdraw(self, member: Member) -> None:
-        """A caller stopped waiting (timed out, or its connection went away)."""
+    def withdraw(self, member: Member, *, timed_out: bool = False) -> None:
+        """A caller stopped waiting (``timed_out``, or its connection went away)."""
         if member in self.called:
             self.called.remove(member)
+            if timed_out and member not in self.gave_up:
+                self.gave_up.append(member)
         self.renew.discard(member)
 
     def arrive(self, newcomer: Member) -> None:
@@ -97,7 +100,7 @@ class Round:
         callers = tuple(m for m in live if m in self.called)
         admitted = tuple(n for n in self.newcomers if n.connected)
         changed = len(live) < len(members) or bool(admitted) or bool(self.renew)
-        self.called, self.renew = [], set()
+        self.called, self.renew, self.gave_up = [], set(), []
         if changed:
             self.newcomers = [n for n in self.newcomers if n not in admitted]
         return Outcome(changed, tuple(live) + admitted if changed else tuple(members), callers, admitted)
@@ -105,13 +108,15 @@ class Round:
 
 def missing_message(name: str, epoch: int, members: list[Member], rnd: Round, waited: float | None) -> str:
     """Why a regroup of ``name`` timed out: the members that never called it, by rank."""
-    missing = rnd.missing(members)
+    missing = [m for m in rnd.missing(members) if m not in rnd.gave_up]
     within = f" within {waited:g}s" if waited is not None else ""
     named = "; ".join(f"rank {m.rank} (member {escape(m.member_id)!r} at {escape(m.host)}:{m.port})" for m in missing)
     called = ", ".join(str(m.rank) for m in rnd.called) or "none"
+    gave_up = [m.rank for m in rnd.gave_up if m.connected and m not in rnd.called]
+    stopped = f"; ranks {', '.join(map(str, gave_up))} called but their wait ended first" if gave_up else ""
     return (
         f"regroup of group {name!r} (epoch {epoch}) did not close{within}: "
-        f"{named or 'no member'} never called regroup (ranks that called: {called}); "
+        f"{named or 'no member'} never called regroup (ranks waiting: {called}{stopped}); "
         "every live member must call regroup"
     )
 
