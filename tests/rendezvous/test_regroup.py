@@ -97,7 +97,7 @@ async def test_shrink_then_grow_in_order_with_a_newcomer_joined() -> None:
             await asyncio.sleep(0.05)
         step = await grown.broadcast(np.array([7 if grown.rank == 0 else 0]), root=0)
         y = await grown.all_reduce(np.full(2, grown.rank + 1.0))
-        return got + [grown.rank, grown.world_size, grown.joined, int(step[0]), float(y[0])]
+        return [*got, grown.rank, grown.world_size, grown.joined, int(step[0]), float(y[0])]
 
     async def newcomer(address: str) -> None:
         await shrunk.wait()
