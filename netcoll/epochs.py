@@ -27,8 +27,8 @@ from typing import Any
 
 from .comm import Communicator, form_group
 from .errors import CommunicatorClosed, RendezvousError
+from .groupids import epoch_group
 from .links.factory import LinkConfig
-from .mesh.mailbox import epoch_group
 from .mesh.tcpmesh import Listener, TcpMesh
 from .rendezvous import RendezvousClient
 

@@ -22,7 +22,7 @@ Routing:
    rank carries on alone, unless it says the operation was cancelled: a
    result this rank has is right, and the communicator stays usable.
 4. A frame of another *epoch* of the group (a regroup made a new one: its
-   group id is ``"<name>/e<epoch>"``, :func:`epoch_group`) for no operation
+   group id is ``"<name>/e<epoch>"``, :mod:`netcoll.groupids`) for no operation
    open here is dropped and counted per sender in :attr:`Mailbox.stale`: no
    result of an old epoch is ever mixed into the new one.
 5. A crashed peer fails every open operation it is a member of, and every
@@ -51,26 +51,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CollectiveError, CommunicatorClosed, LimitExceeded, MismatchError, PeerLost
+from ..groupids import epoch_of
 from ..operation import Failure, Operation, Reason, SlotKey, State
 from ..ops import Fold
 
 SNAPSHOT_OPS = 16  # operations one heartbeat reports at most
 SUCCEEDED_KEPT = 64  # recent successful operations remembered per group (for late aborts)
 Early = tuple[int, dict[str, Any], memoryview]
-EPOCH_MARK = "e"  # "<name>/e<epoch>": the group id of a regrouped epoch (group names hold no "/")
-
-
-def epoch_group(name: str, epoch: int) -> str:
-    """The group id the frames of ``name``'s epoch ``epoch`` carry (``name`` itself at 0)."""
-    return name if epoch == 0 else f"{name}/{EPOCH_MARK}{epoch}"
-
-
-def epoch_of(group: str) -> int:
-    """The epoch a group id names (``"<name>/e<N>"`` and its sub-groups: N; else 0)."""
-    parts = group.split("/", 2)
-    if len(parts) > 1 and parts[1][:1] == EPOCH_MARK and parts[1][1:].isdigit():
-        return int(parts[1][1:])
-    return 0
 
 
 class Mailbox:

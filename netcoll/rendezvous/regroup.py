@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..escape import escape
-from ..mesh.mailbox import epoch_group
+from ..groupids import epoch_group
 from .groups import Member
 
 

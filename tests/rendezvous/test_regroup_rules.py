@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from netcoll.mesh.mailbox import epoch_group, epoch_of
+from netcoll.groupids import epoch_group, epoch_of
 from netcoll.rendezvous.groups import Member
 from netcoll.rendezvous.regroup import Round, admission_message, epoch_session, missing_message
 
