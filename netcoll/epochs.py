@@ -87,6 +87,8 @@ class Epochs:
             self.comm = comm
             await form_group(comm)  # link kinds agreed, the cost model calibrated if on (docs/algorithms.md)
         except BaseException:
+            if self.comm is not None:
+                self.comm._replaced = True  # (its regroup may be called again)
             await self.close()  # the next regroup renews the epoch
             raise
         return comm
@@ -103,6 +105,8 @@ class Epochs:
         result = await self.rdv.rpc.call("regroup", params, timeout=timeout + REPLY_MARGIN)
         if not result.get("changed") and self.comm is not None:
             return self.comm
+        if self.comm is not None:
+            self.comm._replaced = True
         await self.close()
         new = await self.open(result, timeout)
         log.info("group %r: regrouped to epoch %d as rank %d of %d", self.group, self.epoch, new.rank, new.world_size)

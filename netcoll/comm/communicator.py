@@ -105,6 +105,7 @@ class Communicator:
         #: set by :func:`netcoll.connect`: makes the next epoch's Communicator (:meth:`regroup`)
         self._regrouper: Callable[[Communicator, float], Awaitable[Communicator]] | None = None
         self._joined = False
+        self._replaced = False  # closed by a regroup that made the next epoch's (which may yet fail)
 
     def __repr__(self) -> str:
         return f"<Communicator group={self.group!r} rank={self.rank} world_size={self.world_size}>"
@@ -170,11 +171,13 @@ class Communicator:
         round trip to the coordinator). A member that does not call within ``timeout``
         seconds is named in the :class:`~netcoll.errors.RegroupTimeout` the others get.
         Only a Communicator made by :func:`netcoll.connect` can regroup
-        (:class:`~netcoll.errors.RendezvousError` otherwise)."""
+        (:class:`~netcoll.errors.RendezvousError` otherwise). When linking the new epoch
+        fails (a member died meanwhile), the error is raised and calling ``regroup``
+        again, on this Communicator, starts the next round."""
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not float(timeout) > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if self.closed:
-            raise CommunicatorClosed(f"{self!r} is closed (a regroup replaced it, or it was closed)")
+        if self.closed and not self._replaced:
+            raise CommunicatorClosed(f"{self!r} was closed")
         if self._regrouper is None:
             raise RendezvousError(
                 f"{self!r} cannot regroup: only the Communicator netcoll.connect made (or a regroup returned) can"

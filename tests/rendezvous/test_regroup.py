@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import netcoll
+from netcoll.epochs import Epochs
 from netcoll.errors import CommunicatorClosed, RegroupTimeout, RendezvousError
 from netcoll.wire import Kind
 
@@ -168,3 +169,38 @@ async def test_a_newcomer_nobody_admits_times_out() -> None:
             async with netcoll.connect(coord.address, group="nobody", elastic=True, timeout=0.3):
                 pass
         assert coord.elastic.rounds["nobody"].newcomers == []  # it left the queue
+
+
+async def test_an_epoch_that_fails_to_link_is_left_by_the_next_regroup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 3 leaves; in the regroup that follows, rank 2 dies before linking the new
+    epoch: ranks 0 and 1 fail to link it, call regroup again on the Communicator they
+    hold, and get an epoch of the two of them."""
+    opened = Epochs.open
+
+    async def open_or_die(self: Epochs, result: dict[str, Any], timeout: float, *, joined: bool = False) -> Any:
+        if result.get("epoch") == 1 and result["rank"] == 2:
+            await self.rdv.close()  # gone from the coordinator, never linking
+            raise ConnectionAbortedError("rank 2 died while the group regrouped")
+        return await opened(self, result, timeout, joined=joined)
+
+    monkeypatch.setattr(Epochs, "open", open_or_die)
+
+    async def body(comm: netcoll.Communicator, i: int) -> Any:
+        if i == 3:
+            return None
+        with contextlib.suppress(netcoll.NetcollError):
+            await comm.barrier(timeout=10)
+        try:
+            await comm.regroup(timeout=1.0)
+        except ConnectionAbortedError:
+            return "died"
+        except RendezvousError as exc:  # could not link to rank 2
+            assert "could not link to ranks [2]" in str(exc), exc
+        new = await comm.regroup(timeout=20)
+        y = await new.all_reduce(np.full(2, new.rank + 1.0))
+        return [new.rank, new.world_size, new.group, y.tolist()]
+
+    async with coordinator() as coord:
+        out = await ranks(coord.address, 4, body)
+    assert out[2] == "died"
+    assert out[0] == [0, 2, "default/e2", [3.0, 3.0]] and out[1] == [1, 2, "default/e2", [3.0, 3.0]]
