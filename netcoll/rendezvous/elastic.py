@@ -71,6 +71,7 @@ class Elastic:
             raise RendezvousError(f"regroup of group {group.name!r}: {exc}") from None
         if outcome is not None:
             self._apply(group, outcome)
+            self._tidy(group.name)
         message = ""
         try:
             await asyncio.wait([fut], timeout=timeout)
@@ -79,6 +80,7 @@ class Elastic:
                 message = missing_message(group.name, group.epoch, group.members, rnd, timeout)
                 rnd.withdraw(member, timed_out=True)
                 self.waiters.pop(member, None)
+                self._tidy(group.name)
         if not fut.done():
             log.warning("group %r: %s", group.name, escape(message, 1000))
             raise RegroupTimeout(message)
@@ -123,10 +125,12 @@ class Elastic:
                 if fut is not None:
                     fail(fut, RendezvousError(f"group {group.name!r} is gone"))
             rnd.called, rnd.renew, rnd.gave_up = [], set(), []
+            self._tidy(group.name)
             return
         outcome = rnd.check(group.members)
         if outcome is not None:
             self._apply(group, outcome)
+        self._tidy(group.name)
 
     def closed(self, session: Session) -> None:
         """``session``'s connection closed: a newcomer it queued stops waiting."""
@@ -148,6 +152,13 @@ class Elastic:
         rnd = self.rounds.get(name)
         if rnd is not None:
             rnd.depart(newcomer)
+            self._tidy(name)
+
+    def _tidy(self, name: str) -> None:
+        """Forget a group name's round once nobody waits in it (names come and go)."""
+        rnd = self.rounds.get(name)
+        if rnd is not None and not rnd.called and not rnd.newcomers:
+            del self.rounds[name]
 
     def _apply(self, group: Group, outcome: Outcome) -> None:
         """Tell every caller (and admitted newcomer) how the round closed."""

@@ -168,7 +168,7 @@ async def test_a_newcomer_nobody_admits_times_out() -> None:
         with pytest.raises(RegroupTimeout, match="no group 'nobody' is running"):
             async with netcoll.connect(coord.address, group="nobody", elastic=True, timeout=0.3):
                 pass
-        assert coord.elastic.rounds["nobody"].newcomers == []  # it left the queue
+        assert "nobody" not in coord.elastic.rounds  # it left the queue, and the empty round went
 
 
 async def test_an_epoch_that_fails_to_link_is_left_by_the_next_regroup(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,3 +204,36 @@ async def test_an_epoch_that_fails_to_link_is_left_by_the_next_regroup(monkeypat
         out = await ranks(coord.address, 4, body)
     assert out[2] == "died"
     assert out[0] == [0, 2, "default/e2", [3.0, 3.0]] and out[1] == [1, 2, "default/e2", [3.0, 3.0]]
+
+
+async def test_the_coordinators_refusals_and_the_queue() -> None:
+    async with coordinator() as coord:
+        member = await netcoll.rendezvous.RendezvousClient.connect(coord.address)
+        other = await netcoll.rendezvous.RendezvousClient.connect(coord.address)
+        try:
+            await member.join("g", world_size=1, listen_port=1)
+            with pytest.raises(RendezvousError, match="at epoch 5, the group at 0"):
+                await member.rpc.call("regroup", {"group": "g", "epoch": 5, "timeout": 5})
+            with pytest.raises(TypeError, match="epoch must be an int"):
+                await member.rpc.call("regroup", {"group": "g", "epoch": "0", "timeout": 5})
+            with pytest.raises(RendezvousError, match="not a member of group 'h'"):
+                await member.rpc.call("regroup", {"group": "h", "epoch": 0, "timeout": 5})
+            elastic = {"group": "g", "elastic": True, "listen_port": 2, "timeout": 5}
+            with pytest.raises(RendezvousError, match="takes no rank"):
+                await other.rpc.call("join", {**elastic, "rank": 0, "member_id": "x"})
+            with pytest.raises(RendezvousError, match="already a member"):
+                await other.rpc.call("join", {**elastic, "member_id": member.member_id})
+            waiting = asyncio.ensure_future(other.rpc.call("join", {**elastic, "member_id": "late"}))
+            while "g" not in coord.elastic.rounds:
+                await asyncio.sleep(0.01)
+            assert [n.member_id for n in coord.elastic.rounds["g"].newcomers] == ["late"]
+            await other.close()  # its connection closes while it waits: it leaves the queue
+            with pytest.raises((ConnectionError, netcoll.NetcollError)):
+                await waiting
+            while "g" in coord.elastic.rounds:
+                await asyncio.sleep(0.01)
+            alone = await member.rpc.call("regroup", {"group": "g", "epoch": 0, "timeout": 5})
+            assert alone == {"changed": False, "epoch": 0}  # nobody was admitted
+        finally:
+            await other.close()
+            await member.close()
