@@ -26,7 +26,7 @@ import logging
 from typing import Any
 
 from .comm import Communicator, form_group
-from .errors import CommunicatorClosed, RendezvousError
+from .errors import CommunicatorClosed, NetcollError, RegroupTimeout, RendezvousError
 from .groupids import epoch_group
 from .links.factory import LinkConfig
 from .mesh.tcpmesh import Listener, TcpMesh
@@ -102,7 +102,14 @@ class Epochs:
         mesh = self.mesh
         renew = self.comm is None or mesh is None or bool(mesh.mailbox.dead)
         params = {"group": self.group, "epoch": self.epoch, "timeout": timeout, "renew": renew}
-        result = await self.rdv.rpc.call("regroup", params, timeout=timeout + REPLY_MARGIN)
+        try:
+            result = await self.rdv.rpc.call("regroup", params, timeout=timeout + REPLY_MARGIN)
+        except ConnectionError as exc:
+            raise RendezvousError(f"regroup: lost the coordinator at {self.rdv.address}: {exc}") from None
+        except TimeoutError as exc:
+            if isinstance(exc, NetcollError):  # the coordinator's own (RegroupTimeout)
+                raise
+            raise RegroupTimeout(f"regroup: the coordinator at {self.rdv.address} did not answer: {exc}") from None
         if not result.get("changed") and self.comm is not None:
             return self.comm
         if self.comm is not None:
