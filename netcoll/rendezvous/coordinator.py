@@ -31,15 +31,16 @@ RPC methods (params -> result; errors are ``RendezvousError`` /
 method     params                                                       result
 ========== ============================================================ =====================================
 join       group, world_size, rank|None, member_id, listen_port,        rank, world_size, generation, session,
-           advertise_host|None, timeout                                 peers=[{rank, host, port, member_id}]
+           advertise_host|None, timeout (elastic: true: a newcomer,     peers=[{rank, host, port, member_id}]
+           answered once a regroup admits it; :mod:`.elastic`)
 kv_set     group, key, value (or the msgpack bytes of it as payload)    {}
 kv_get     group, key, timeout                                          {key}; payload = msgpack of the value
 kv_add     group, key, amount                                           the new int
 kv_delete  group, key                                                   {deleted: bool}
 barrier    group, name, timeout                                         {}
 leave      group                                                        {}
-regroup    group, epoch, timeout                                        {changed, epoch, ...}: :mod:`.elastic`
-status     (none)                                                       {groups: [{name, world_size, state,
+regroup    group, epoch, timeout, renew                                 {changed, epoch, ...}: :mod:`.elastic`
+status     (none)                                                       {groups: [{name, world_size, state, epoch,
                                                                         generation, session, members: [...]}],
                                                                         board: [...] (netcoll.rendezvous.board)}
 lease      lease (the id the main connection declared in its HELLO)    {interval, timeout}: PING every interval
