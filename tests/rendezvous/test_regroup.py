@@ -15,6 +15,7 @@ import pytest
 import netcoll
 from netcoll.epochs import Epochs
 from netcoll.errors import CommunicatorClosed, RegroupTimeout, RendezvousError
+from netcoll.rendezvous.membership import SESSION_KEY
 from netcoll.wire import Kind
 
 pytestmark = pytest.mark.tcp
@@ -237,3 +238,33 @@ async def test_the_coordinators_refusals_and_the_queue() -> None:
         finally:
             await other.close()
             await member.close()
+
+
+async def test_a_member_judged_gone_by_liveness_is_not_waited_for() -> None:
+    """Rank 2 hangs (alive to the kernel, so its connection stays open); once liveness
+    judges it gone (what an expired lease does: Liveness.drop), the round closes without it."""
+    release = asyncio.Event()
+
+    async with coordinator() as coord:
+
+        def session_of(rank: int) -> Any:
+            for s in coord.sessions:
+                entry = s.data.get(SESSION_KEY, {}).get("default")
+                if entry is not None and entry[1].rank == rank:
+                    return s
+            raise AssertionError(f"no session of rank {rank}")
+
+        async def body(comm: netcoll.Communicator, i: int) -> Any:
+            if i == 2:
+                while len(getattr(coord.elastic.rounds.get("default"), "called", ())) < 2:
+                    await asyncio.sleep(0.01)  # ranks 0 and 1 wait in the round, for rank 2
+                coord.liveness.drop(session_of(2), "no heartbeat for 9.9s", "is gone")
+                await release.wait()
+                return None
+            new = await comm.regroup(timeout=20)
+            y = await new.all_reduce(np.full(2, new.rank + 1.0))
+            release.set()
+            return [new.rank, new.world_size, y.tolist()]
+
+        out = await ranks(coord.address, 3, body)
+    assert out[:2] == [[0, 2, [3.0, 3.0]], [1, 2, [3.0, 3.0]]]
