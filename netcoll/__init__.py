@@ -36,6 +36,7 @@ _EXPORTS = {
             "InsecureListenerError",
             "RendezvousError",
             "RendezvousTimeout",
+            "RegroupTimeout",
             "CommunicatorClosed",
             "CollectiveError",
             "CollectiveTimeout",
@@ -73,6 +74,7 @@ __all__ = [
     "PeerLost",
     "ProtocolError",
     "ReduceOp",
+    "RegroupTimeout",
     "RendezvousError",
     "RendezvousTimeout",
     "TlsConfig",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
         NetcollError,
         PeerLost,
         ProtocolError,
+        RegroupTimeout,
         RendezvousError,
         RendezvousTimeout,
     )

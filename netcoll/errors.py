@@ -8,6 +8,7 @@ Hierarchy::
     ├── AuthenticationError      token missing or wrong
     ├── RendezvousError          join refused (duplicate rank, world-size disagreement, ...)
     │   └── RendezvousTimeout    group never filled; lists who joined and who is missing
+    │       └── RegroupTimeout   a regroup did not close in time; names the members that never called it
     ├── CollectiveError          a collective failed; carries .op, .seq, .ranks, .reason
     │   ├── CollectiveTimeout    deadline passed; .ranks = peers that never delivered
     │   ├── PeerLost             a connection to a peer broke; .ranks = the lost peers
@@ -57,6 +58,11 @@ class RendezvousError(NetcollError):
 
 class RendezvousTimeout(RendezvousError, TimeoutError):
     """A group did not fill before the deadline."""
+
+
+class RegroupTimeout(RendezvousTimeout):
+    """A ``regroup`` did not close before its timeout: the message names every live
+    member that never called it (or, for a newcomer, that no regroup admitted it)."""
 
 
 class CommunicatorClosed(NetcollError):
@@ -132,6 +138,7 @@ __all__ = [
     "InsecureListenerError",
     "RendezvousError",
     "RendezvousTimeout",
+    "RegroupTimeout",
     "CommunicatorClosed",
     "CollectiveError",
     "CollectiveTimeout",

@@ -3,8 +3,9 @@
 Steps: dial the coordinator (authenticated), open this rank's peer port on the
 address the coordinator connection went out from (so what we advertise is
 routable by construction), join the group (the coordinator assigns ``rank``
-when it is None), link to every peer (:class:`TcpMesh`), and hand out a
-:class:`Communicator`. Leaving the ``async with`` closes links in order (peers
+when it is None; an elastic newcomer waits until a regroup admits it), link to
+every peer (:class:`~netcoll.mesh.tcpmesh.TcpMesh`, per epoch:
+:mod:`netcoll.epochs`), and hand out a :class:`Communicator`. Leaving the ``async with`` closes links in order (peers
 see an orderly BYE, not a crash) and leaves the group.
 """
 
@@ -17,14 +18,15 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from . import settings
-from .comm import DEFAULT_TIMEOUT, Communicator, form_group
+from .comm import DEFAULT_TIMEOUT, Communicator
+from .epochs import Epochs
 from .errors import ConfigError
 from .launched import install_excepthook, record_failure
 from .links.factory import LinkConfig
 from .mesh import auth
 from .mesh.certs import TlsConfig
 from .mesh.certs import coerce as coerce_tls
-from .mesh.tcpmesh import Listener, TcpMesh
+from .mesh.tcpmesh import Listener
 from .rendezvous import dial
 
 COORDINATOR_ENV = settings.registry.COORDINATOR.name
@@ -90,6 +92,7 @@ async def connect(
     recv_window: int | None = None,
     tls: TlsConfig | Mapping[str, Any] | None = None,
     insecure: bool = False,
+    elastic: bool = False,
 ) -> AsyncIterator[Communicator]:
     """Join ``group`` at the coordinator at ``address`` as one of ``world_size`` ranks.
 
@@ -125,8 +128,20 @@ async def connect(
             ``"tls"`` links, never plain TCP.
         insecure: allow this rank's peer port on a non-loopback address with neither
             a token nor TLS (else :class:`~netcoll.InsecureListenerError`).
+        elastic: join the *running* group ``group`` as a newcomer: return once a
+            ``regroup`` of its members admits this process (ranked after them, in
+            arrival order), with ``comm.joined`` True; ``world_size`` and ``rank`` are
+            not used. No regroup within ``timeout``: :class:`~netcoll.RegroupTimeout`.
+
+    Every Communicator it yields can :meth:`~netcoll.Communicator.regroup`; leaving
+    the ``async with`` closes whichever epoch's Communicator is current.
     """
-    address, world_size, rank = from_env(address, world_size, rank)
+    if not isinstance(elastic, bool):
+        raise TypeError(f"elastic must be True or False, got {elastic!r}")
+    if elastic and rank is not None:
+        raise ValueError("an elastic newcomer takes no rank: a regroup ranks it after the members")
+    address, world_size, rank = from_env(address, 1 if elastic and world_size is None else world_size, rank)
+    rank = None if elastic else rank
     install_excepthook()  # under netcoll run: failures caused elsewhere leave their one line to the launcher
     local_host = local_host or settings.local_host()
     _check_args(world_size, rank, group, timeout)
@@ -146,31 +161,32 @@ async def connect(
         listener = Listener(token=token, tls=secure, insecure=insecure)
         await listener.start(listen_host or rdv.local_address[0], listen_port)
         stack.push_async_callback(listener.close)
-        joined = await rdv.join(
-            group=group,
-            world_size=world_size,
-            rank=rank,
-            member_id=member_id,
-            listen_port=listener.address[1],
-            advertise_host=advertise_host,
-            timeout=left(),
-        )
-        mesh = TcpMesh(
+        epochs = Epochs(
+            rdv,
             listener,
-            rank=joined.rank,
-            size=joined.world_size,
-            session=joined.session,
-            peers=[(p.host, p.port) for p in joined.peers],
+            group=group,
             token=token,
             links=links,
+            collective_timeout=collective_timeout,
+            segment_bytes=segment_bytes,
         )
-        stack.push_async_callback(mesh.close)
-        await mesh.connect(left())
-        # heartbeats carry what we are in (the arrival board); their answers, what those we wait for are in
-        rdv.report_with(mesh.mailbox.snapshot, mesh.answers.seen)
-        comm = Communicator(mesh, group=group, timeout=collective_timeout, segment_bytes=segment_bytes)
-        stack.push_async_callback(comm.close)
-        await form_group(comm)  # link kinds agreed, the cost model calibrated if on (docs/algorithms.md)
+        stack.push_async_callback(epochs.close)
+        if elastic:
+            admitted = await epochs.join_elastic(member_id=member_id, advertise_host=advertise_host, timeout=timeout)
+            comm = await epochs.open(admitted, left(), joined=True)
+        else:
+            joined = await rdv.join(
+                group=group,
+                world_size=world_size,
+                rank=rank,
+                member_id=member_id,
+                listen_port=listener.address[1],
+                advertise_host=advertise_host,
+                timeout=left(),
+            )
+            first = {"rank": joined.rank, "world_size": joined.world_size, "session": joined.session}
+            peers = [{"host": p.host, "port": p.port} for p in joined.peers]
+            comm = await epochs.open({**first, "peers": peers, "epoch": 0}, left())
         try:
             yield comm
         except BaseException as exc:

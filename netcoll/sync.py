@@ -71,6 +71,7 @@ Array = np.ndarray[Any, Any]
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 CLOSE_TIMEOUT = 30.0  # seconds close() waits for the loop thread to leave the group
+REGROUP_MARGIN = 30.0  # seconds a regroup may take beyond its timeout (linking the new epoch)
 INTERRUPT_WAIT = 10.0  # seconds a Ctrl-C waits for the cancelled collective to be aborted on the peers
 
 log = logging.getLogger("netcoll.sync")
@@ -187,6 +188,7 @@ class SyncCommunicator:
     def __init__(self, runner: _Runner, comm: Communicator, *, owner: bool) -> None:
         self._runner, self._comm, self._owner = runner, comm, owner
         self._closed = False
+        self._next: SyncCommunicator | None = None  # the communicator a regroup replaced this one with
 
     def __repr__(self) -> str:
         return f"<SyncCommunicator group={self.group!r} rank={self.rank} world_size={self.world_size}>"
@@ -208,6 +210,7 @@ class SyncCommunicator:
     timeout = property(lambda self: self._comm.timeout, doc="the default deadline (s)")
     segment_bytes = property(lambda self: self._comm.segment_bytes, doc="message segment size")
     medium = property(lambda self: self._comm.medium, doc="the group's agreed links (Communicator.agree_links)")
+    joined = property(lambda self: self._comm.joined, doc="True when an elastic connect's regroup admitted it")
     closed = property(lambda self: self._closed or self._comm.closed, doc="True once closed")
 
     # -- the one path every call takes ------------------------------------------------
@@ -396,13 +399,32 @@ class SyncCommunicator:
         sub = self._call(self._comm.split, False, color, key, timeout=timeout)
         return None if sub is None else SyncCommunicator(self._runner, sub, owner=False)
 
+    def regroup(self, timeout: float = 60.0) -> SyncCommunicator:
+        """Blocking :meth:`Communicator.regroup <netcoll.comm.Communicator.regroup>`: every
+        live member calls it; returns this communicator if nothing changed, else the
+        next epoch's (this one is then closed, and the new one owns the loop thread:
+        closing it, or leaving this one's ``with`` block, ends the session)."""
+        new = self._runner.run(lambda: self._comm.regroup(timeout), timeout + REGROUP_MARGIN)
+        if new is self._comm:
+            return self
+        sync = SyncCommunicator(self._runner, new, owner=self._owner)
+        if self._owner:  # the session (the loop thread, atexit) goes with the current epoch
+            atexit.unregister(self.close)
+            atexit.register(sync.close)
+        self._next = sync  # closing this one (its ``with`` block ending) closes the current one
+        return sync
+
     def link_stats(self) -> dict[int, dict[str, Any]]:
         """This rank's link to each other member (see Communicator.link_stats)."""
         return self._call(self._comm.link_stats, False)  # type: ignore[no-any-return]
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Close the communicator; for the one :func:`connect` made, also leave
-        the group and stop the loop thread (waiting up to ``timeout`` s)."""
+        the group and stop the loop thread (waiting up to ``timeout`` s). On one a
+        :meth:`regroup` replaced, it closes the current one."""
+        if self._next is not None:
+            self._next.close(timeout)
+            return
         if self._closed:
             return
         self._closed = True
@@ -424,6 +446,7 @@ def connect(
     timeout: float = 60.0,
     collective_timeout: float = DEFAULT_TIMEOUT,
     loop: str | None = None,
+    elastic: bool = False,
     **options: Any,
 ) -> SyncCommunicator:
     """Join ``group`` at the coordinator and return a :class:`SyncCommunicator`
@@ -435,7 +458,8 @@ def connect(
     arguments: ``listen_host``, ``local_host``, ``recv_window``, ...), plus
     ``loop``: the event loop kind (``"asyncio"`` by default, else
     ``$NETCOLL_LOOP``; see :mod:`netcoll.loop`). Blocks until every rank has
-    joined (at most ``timeout`` s)."""
+    joined (at most ``timeout`` s); with ``elastic=True``, until a regroup of the
+    running group admits this process (``comm.joined`` is then True)."""
     runner = _Runner(loop)
     comm = runner.start(
         address=address,
@@ -445,6 +469,7 @@ def connect(
         token=token,
         timeout=timeout,
         collective_timeout=collective_timeout,
+        elastic=elastic,
         **options,
     )
     sync = SyncCommunicator(runner, comm, owner=True)

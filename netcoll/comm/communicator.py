@@ -17,7 +17,7 @@ from .. import resultpool, settings
 from ..calls import agreements, moving
 from ..calls._common import Done, Plan
 from ..engine import DEFAULT_TIMEOUT, Call, Engine
-from ..errors import CollectiveError
+from ..errors import CollectiveError, CommunicatorClosed, RendezvousError
 from ..mesh.channel import Mesh, as_bytes
 from ..operation import Work
 from ..selection import TRIAL_LAG, Pending, Version
@@ -101,6 +101,10 @@ class Communicator:
         self._engine = Engine(transport, group=group, members=members, timeout=timeout, segment_bytes=segment_bytes)
         self._splits = 0
         self._on_close: list[Callable[[], Awaitable[None]]] = []
+        #: set by :func:`netcoll.connect`: makes the next epoch's Communicator (:meth:`regroup`)
+        self._regrouper: Callable[[Communicator, float], Awaitable[Communicator]] | None = None
+        self._joined = False
+        self._replaced = False  # closed by a regroup that made the next epoch's (which may yet fail)
 
     def __repr__(self) -> str:
         return f"<Communicator group={self.group!r} rank={self.rank} world_size={self.world_size}>"
@@ -146,6 +150,38 @@ class Communicator:
     def closed(self) -> bool:
         """True once closed."""
         return self._engine.closed
+
+    @property
+    def joined(self) -> bool:
+        """True for the Communicator an elastic :func:`netcoll.connect` got when a
+        regroup admitted it (this process joined a running group); False for every other."""
+        return self._joined
+
+    async def regroup(self, timeout: float = 60.0) -> Communicator:
+        """Collective of the live members: agree on the group's membership now.
+
+        Every live member calls it (after a failure, or every few steps); the
+        coordinator waits until each member still connected has called, then drops
+        the members that are gone and admits the newcomers waiting
+        (``netcoll.connect(..., elastic=True)``). Returns a Communicator of the live
+        members in their old order (ranks renumbered from 0), then the admitted
+        newcomers in arrival order; this one is closed. With nothing changed it returns
+        this Communicator itself (the call then costs about one small collective: a
+        round trip to the coordinator). A member that does not call within ``timeout``
+        seconds is named in the :class:`~netcoll.errors.RegroupTimeout` the others get.
+        Only a Communicator made by :func:`netcoll.connect` can regroup
+        (:class:`~netcoll.errors.RendezvousError` otherwise). When linking the new epoch
+        fails (a member died meanwhile), the error is raised and calling ``regroup``
+        again, on this Communicator, starts the next round."""
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not float(timeout) > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if self.closed and not self._replaced:
+            raise CommunicatorClosed(f"{self!r} was closed")
+        if self._regrouper is None:
+            raise RendezvousError(
+                f"{self!r} cannot regroup: only the Communicator netcoll.connect made (or a regroup returned) can"
+            )
+        return await self._regrouper(self, float(timeout))
 
     # -- the collectives: thin, typed, documented where they are written ----------------
     all_reduce = reducing.all_reduce
@@ -322,9 +358,14 @@ class Communicator:
     def link_stats(self) -> dict[int, dict[str, Any]]:
         """This rank's link to each other member, by group rank: its kind
         (``"tcp"``, ``"memory"``, ...), traffic, bytes held for receives not yet
-        posted, and flow-control credit (:class:`netcoll.links.base.LinkStats`)."""
-        stats = self._engine.mesh.link_stats()
-        return {r: stats[w].as_dict() for r, w in enumerate(self.members) if w in stats}
+        posted, and flow-control credit (:class:`netcoll.links.base.LinkStats`), and
+        ``stale_frames``: frames from it of another epoch of the group (an old one,
+        before a :meth:`regroup`), dropped unread."""
+        mesh = self._engine.mesh
+        stats, stale = mesh.link_stats(), mesh.mailbox.stale
+        return {
+            r: {**stats[w].as_dict(), "stale_frames": stale.get(w, 0)} for r, w in enumerate(self.members) if w in stats
+        }
 
     async def close(self) -> None:
         """Close the communicator (and, for the one :func:`connect` made, its links)."""

@@ -21,7 +21,11 @@ Routing:
    its receivers notice a mismatch) fails the group's next operation, so no
    rank carries on alone, unless it says the operation was cancelled: a
    result this rank has is right, and the communicator stays usable.
-4. A crashed peer fails every open operation it is a member of, and every
+4. A frame of another *epoch* of the group (a regroup made a new one: its
+   group id is ``"<name>/e<epoch>"``, :mod:`netcoll.groupids`) for no operation
+   open here is dropped and counted per sender in :attr:`Mailbox.stale`: no
+   result of an old epoch is ever mixed into the new one.
+5. A crashed peer fails every open operation it is a member of, and every
    later operation that includes it fails at open; one that left in order
    (BYE) fails only operations still waiting for data from it.
 
@@ -47,6 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CollectiveError, CommunicatorClosed, LimitExceeded, MismatchError, PeerLost
+from ..groupids import epoch_of
 from ..operation import Failure, Operation, Reason, SlotKey, State
 from ..ops import Fold
 
@@ -71,6 +76,10 @@ class Mailbox:
         self.dead: dict[int, BaseException] = {}
         self.departed: set[int] = set()  # the dead that said BYE: what they sent still counts
         self.early_bytes = 0
+        #: the epoch of the group this mailbox's mesh was made for (frames of others are stale)
+        self.epoch = 0
+        #: src -> frames of another epoch dropped (see the module doc)
+        self.stale: dict[int, int] = {}
         #: recent operations that succeeded here, per group (seq -> name)
         self.succeeded: dict[str, collections.OrderedDict[int, str]] = {}
         #: group -> an ABORT that arrived for one of them
@@ -242,6 +251,9 @@ class Mailbox:
         op = self.ops.get(key)
         if op is not None:
             op.deliver(src, header, payload, held)
+        elif self._stale(src, key[0]):
+            if held:
+                self._release(src, payload.nbytes)
         elif not self._finished(*key):
             self.early.setdefault(key, []).append((src, header, payload))
             self.early_bytes += payload.nbytes
@@ -253,6 +265,8 @@ class Mailbox:
         op = self.ops.get(key)
         if op is not None:
             op.on_abort(header, op.me(self.rank))
+        elif self._stale(src, key[0]):
+            return
         elif not self._finished(*key):
             self.early_aborts.setdefault(key, header)
         elif header["q"] in self.succeeded.get(header["g"], {}) and header["cause"] != Reason.CANCELLED.value:
@@ -283,7 +297,7 @@ class Mailbox:
         op = self.ops.get(key)
         if op is not None:
             op.when_posted(slot, callback)
-        elif not self._finished(*key):
+        elif not self._finished(*key) and not self._stale(src, key[0]):
             self.early_rts.setdefault(key, []).append((slot, callback))
         else:
             callback(False)
@@ -312,6 +326,13 @@ class Mailbox:
             fut.exception()
 
     # -- internals ----------------------------------------------------------------------
+    def _stale(self, src: int, group: str) -> bool:
+        """Whether a frame of ``group`` belongs to another epoch (then it is counted)."""
+        if (self.epoch == 0 and "/" not in group) or epoch_of(group) == self.epoch:
+            return False
+        self.stale[src] = self.stale.get(src, 0) + 1
+        return True
+
     def _finished(self, group: str, seq: int) -> bool:
         done = self.finished.get(group)
         return done is not None and seq in done

@@ -5,16 +5,19 @@ One :class:`~netcoll.rpc.RpcServer` serves every group. A group is created by
 its first joiner, which fixes its ``world_size``; ``join`` long-polls until
 ``world_size`` members are in, then every joiner gets the same peer table and
 its rank (see :mod:`.groups` for the rules). The group is then *running*:
-membership is frozen, members stay connected, and a member whose connection
-drops (or who stops sending heartbeats) is reported to the others with a
-``member_lost`` EVENT.
+members stay connected, a member whose connection drops (or who stops sending
+heartbeats) is reported to the others with a ``member_lost`` EVENT, and the
+membership changes only in a ``regroup`` round that every live member calls
+(the lost are dropped, elastic newcomers admitted: a new *epoch*).
 
 The rules live beside it, one module per set: :mod:`.membership` (joining,
 completion, members leaving or lost), :mod:`.store` (the key-value store and
 barriers of one group instance), :mod:`.liveness` (leases, heartbeats, who is gone
 or unresponsive), :mod:`.roles` (who may call what); :mod:`.groups` checks one
-request. This class only routes RPC methods to them and does the socket work
-(events to members, dropping a connection).
+request; :mod:`.elastic` (rules: :mod:`.regroup`) runs regroup rounds and elastic
+joins (``join`` with ``elastic: true``), :mod:`.storerpc` the store's methods. This
+class only routes RPC methods to them and does the socket work (events to members,
+dropping a connection).
 
 When no member of a running group is left connected, the group is deleted and
 its name can be used again; each instance of a name gets the next
@@ -28,14 +31,16 @@ RPC methods (params -> result; errors are ``RendezvousError`` /
 method     params                                                       result
 ========== ============================================================ =====================================
 join       group, world_size, rank|None, member_id, listen_port,        rank, world_size, generation, session,
-           advertise_host|None, timeout                                 peers=[{rank, host, port, member_id}]
+           advertise_host|None, timeout (elastic: true: a newcomer,     peers=[{rank, host, port, member_id}]
+           answered once a regroup admits it; :mod:`.elastic`)
 kv_set     group, key, value (or the msgpack bytes of it as payload)    {}
 kv_get     group, key, timeout                                          {key}; payload = msgpack of the value
 kv_add     group, key, amount                                           the new int
 kv_delete  group, key                                                   {deleted: bool}
 barrier    group, name, timeout                                         {}
 leave      group                                                        {}
-status     (none)                                                       {groups: [{name, world_size, state,
+regroup    group, epoch, timeout, renew                                 {changed, epoch, ...}: :mod:`.elastic`
+status     (none)                                                       {groups: [{name, world_size, state, epoch,
                                                                         generation, session, members: [...]}],
                                                                         board: [...] (netcoll.rendezvous.board)}
 lease      lease (the id the main connection declared in its HELLO)    {interval, timeout}: PING every interval
@@ -69,13 +74,14 @@ from ..limits import DEFAULT, Limits
 from ..mesh import auth
 from ..mesh.certs import TlsConfig
 from ..mesh.certs import coerce as coerce_tls
-from ..rpc import Handler, Reply, RpcServer, Session
+from ..rpc import Handler, RpcServer, Session
 from ..wire import Kind
-from .groups import Member, key_param, timeout_param
+from .elastic import Elastic
+from .groups import Member
 from .liveness import LEASE_BEATS, LIVENESS_FACTOR, Liveness
 from .membership import Group, Membership
 from .roles import credential, guarded, logged
-from .store import pack
+from .storerpc import store_methods
 
 log = logging.getLogger("netcoll.rendezvous")
 
@@ -118,21 +124,20 @@ class Coordinator:
         self.tls = coerce_tls(tls)
         self.insecure = insecure
         self.limits = DEFAULT if limits is None else limits
+        self.membership = Membership(self.limits, self._notify)
+        self.elastic = Elastic(self.membership, self.limits)
+        self.membership.on_gone = self.elastic.gone
         own: dict[str, Handler] = {
             "join": self._join,
             "leave": self._leave,
             "status": self._status,
-            "barrier": self._barrier,
-            "kv_set": self._kv_set,
-            "kv_get": self._kv_get,
-            "kv_add": self._kv_add,
-            "kv_delete": self._kv_delete,
             "lease": self._lease,
+            "regroup": self._regroup,
+            **store_methods(self.membership, self.limits),
         }
         self.methods: dict[str, Handler] = {
             name: guarded(name, logged(name, h), clients=name == "status") for name, h in own.items()
         }
-        self.membership = Membership(self.limits, self._notify)
         self.liveness = Liveness(lambda: self.sessions, self._drop, self.limits)
         self._rpc: RpcServer | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -227,6 +232,7 @@ class Coordinator:
             await hook(session)
         if self._closing:
             return  # close() deletes every group itself
+        self.elastic.closed(session)
         reason = session.data.get("drop_reason", "connection closed")
         self.membership.closed(session, reason, session.data.get("drop_verdict", "was lost"))
 
@@ -251,37 +257,15 @@ class Coordinator:
 
     # -- the RPC methods: routed to the rules ------------------------------------------
     async def _join(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
+        if params.get("elastic"):
+            return await self.elastic.join(session, params)
         return await self.membership.join(session, params)
+
+    async def _regroup(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
+        return await self.elastic.regroup(session, params)
 
     async def _leave(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
         self.membership.leave(session, params)
-        return {}
-
-    async def _kv_set(self, session: Session, params: dict[str, Any], payload: memoryview) -> dict[str, Any]:
-        group, _ = self.membership.running(session, params)
-        key = key_param(params, limits=self.limits)
-        group.store.set(key, pack(key, params["value"]) if "value" in params else payload)
-        return {}
-
-    async def _kv_get(self, session: Session, params: dict[str, Any], _: memoryview) -> Reply:
-        group, _m = self.membership.running(session, params)
-        key, timeout = key_param(params, limits=self.limits), timeout_param(params, limits=self.limits)
-        return Reply({"key": key}, await group.store.get(key, timeout))
-
-    async def _kv_add(self, session: Session, params: dict[str, Any], _: memoryview) -> int:
-        group, _m = self.membership.running(session, params)
-        return group.store.add(key_param(params, limits=self.limits), params.get("amount", 1))
-
-    async def _kv_delete(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
-        group, _m = self.membership.running(session, params)
-        return {"deleted": group.store.delete(key_param(params, limits=self.limits))}
-
-    async def _barrier(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
-        group, member = self.membership.running(session, params)
-        name = key_param(params, "name", limits=self.limits)
-        timeout = timeout_param(params, limits=self.limits)
-        assert member.rank is not None
-        await group.store.barrier(member.rank, name, timeout)
         return {}
 
     async def _lease(self, session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:

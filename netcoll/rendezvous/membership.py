@@ -58,6 +58,7 @@ class Group:
     pending: list[Member] = field(default_factory=list)
     waiters: dict[Member, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     members: list[Member] = field(default_factory=list)  # by rank, once running
+    epoch: int = 0  # how many regroups changed its membership (:mod:`.elastic`)
 
 
 def names(session: Session) -> list[str]:
@@ -77,6 +78,8 @@ class Membership:
         self.notify = notify
         self.groups: dict[str, Group] = {}
         self._generations: dict[str, int] = {}
+        #: called with a running group after one of its members is gone (a regroup may close)
+        self.on_gone: Callable[[Group], None] | None = None
 
     # -- joining ------------------------------------------------------------------------
     async def join(self, session: Session, params: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +204,8 @@ class Membership:
                 self.notify(m, event)
         if not alive:
             self.delete(group, f"every member of group {group.name!r} has gone")
+        if self.on_gone is not None:
+            self.on_gone(group)
 
     def leave(self, session: Session, params: dict[str, Any]) -> None:
         """``session`` leaves the group ``params`` name."""
@@ -248,7 +253,7 @@ class Membership:
                 }
                 for m in members
             ]
-            info = {"name": group.name, "world_size": group.world_size, "state": group.state}
+            info = {"name": group.name, "world_size": group.world_size, "state": group.state, "epoch": group.epoch}
             out.append({**info, "generation": group.generation, "session": group.session_id, "members": rows})
         return out
 
