@@ -18,6 +18,7 @@ from ..engine import Call, Engine
 from ..errors import MismatchError
 from ..selection import root_shape, select
 from ..tensors import from_peer
+from . import compressed
 from ._common import (
     Done,
     Plan,
@@ -36,7 +37,9 @@ from ._common import (
 )
 
 
-def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False) -> Plan:
+def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False, compression: str = "none") -> Plan:
+    if compression != "none":
+        return compressed.broadcast(e, x, root, algorithm, compression, torch)
     root = check_root(e, root)
     algo, _ = select(e, "broadcast", algorithm, 0)
     meta: dict[str, Any] | None = None
@@ -87,9 +90,13 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False)
     )
 
 
-def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:
+def all_gather(
+    e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: bool = False, compression: str = "none"
+) -> Plan:
     x = as_array(x)
     if check_uneven(uneven):
+        if compression != "none":
+            raise ValueError(f"all_gather: compression={compression!r} takes equal arrays, not uneven=True")
         if out is not None:
             raise ValueError("all_gather: out= is not supported with uneven=True (the result is a list)")
         algo = pick_v("all_gather", algorithm, "pairwise")
@@ -105,6 +112,8 @@ def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: 
             ),
             _arrays,
         )
+    if compression != "none":
+        return compressed.all_gather(e, x, out, algorithm, compression)
     res = result(out, (e.world_size, *x.shape), x.dtype)
     res[e.rank] = unaliased(x, res, res[e.rank])
     algo, seg = select(e, "all_gather", algorithm, res.nbytes)

@@ -15,6 +15,7 @@ from ..arrays import as_array, contiguous_copy, describe, leading_ranks
 from ..engine import Call, Engine
 from ..ops import ReduceOp, check_op_dtype, finalize, parse_op
 from ..selection import select
+from . import compressed
 from ._common import (
     Done,
     Plan,
@@ -36,9 +37,11 @@ def _finalized(rop: ReduceOp, buf: np.ndarray, world_size: int) -> np.ndarray:
     return buf
 
 
-def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
+def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str, compression: str = "none") -> Plan:
     x = as_array(x)
     rop = parse_op(op)
+    if compression != "none":
+        return compressed.all_reduce(e, x, rop, out, algorithm, compression)
     check_op_dtype(rop, x.dtype)
     algo, seg = select(e, "all_reduce", algorithm, x.nbytes)
     kw: dict[str, Any] = {"segment_bytes": seg}
@@ -71,9 +74,11 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
     return Call("all_reduce", name, lambda ch: fn(ch, flat, rop, **kw), post)
 
 
-def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str) -> Plan:
+def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str, compression: str = "none") -> Plan:
     x = as_array(x)
     rop = parse_op(op)
+    if compression != "none":
+        return compressed.reduce(e, x, rop, root, out, algorithm, compression)
     check_op_dtype(rop, x.dtype)
     root = check_root(e, root)
     algo, seg = select(e, "reduce", algorithm, x.nbytes)
@@ -99,8 +104,10 @@ def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str) -> P
     return Call("reduce", name, lambda ch: fn(ch, flat, rop, root, **kw), post)
 
 
-def reduce_scatter(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
+def reduce_scatter(e: Engine, x: Any, op: Any, out: Any, algorithm: str, compression: str = "none") -> Plan:
     rop = parse_op(op)
+    if compression != "none":
+        return compressed.reduce_scatter(e, x, rop, out, algorithm, compression)
     if is_list(x):
         if out is not None:
             raise ValueError("reduce_scatter: out= is not supported for a list input")

@@ -1,0 +1,224 @@
+"""Plans of the compressed collectives (``compression=`` other than ``"none"``):
+all_reduce, reduce, reduce_scatter, all_gather and broadcast.
+
+What refuses what, at the call (before anything is sent):
+
+* an unknown codec name: ``ValueError`` (:func:`netcoll.compression.parse_compression`);
+* an input that is not float16, bfloat16, float32 or float64 (integer, bool, complex):
+  ``ValueError``;
+* the reductions take ``sum``, ``avg``, ``min`` and ``max``: ``prod`` is a
+  ``ValueError`` (a product compounds each contribution's codec error, and an int8
+  code means nothing under it), the bitwise ops a ``TypeError`` as always for floats;
+* the reductions run one plan (:mod:`netcoll.algorithms.compressed`), so their
+  ``algorithm=`` must be ``"auto"``: anything else is a ``ValueError``;
+* uneven (list) inputs: ``ValueError``.
+
+all_gather and broadcast move the encoded bytes with their usual algorithms (chosen
+for the encoded size) and every rank decodes them, the sender's own slot too, so
+every rank holds the same values: a compressed broadcast returns the root's array
+*as decoded* on the root as well (not the array it passed). The algorithm chosen is
+left out of the cost model's learning (its times include encoding).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import algorithms
+from ..algorithms import compressed
+from ..arrays import array_from_meta, as_array, check_out, describe, leading_ranks, meta_of
+from ..compression import check_codec, decode, encode, encoded_nbytes
+from ..engine import Call, Engine
+from ..errors import MismatchError
+from ..ops import ReduceOp, check_op_dtype, finalize
+from ..selection import select
+from ..tensors import from_peer
+from ._common import Done, Plan, check_root, contiguous, fp, is_list, result
+
+__all__ = ["all_gather", "all_reduce", "broadcast", "check_reduction", "reduce", "reduce_scatter"]
+
+#: the reductions a compressed call takes
+OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX)
+
+
+def check_reduction(codec: str, rop: ReduceOp, dtype: np.dtype, algorithm: str, what: str) -> None:
+    """The checks of a compressed reduction (see the module's docstring)."""
+    check_codec(codec, dtype, what)
+    check_op_dtype(rop, dtype)
+    if rop not in OPS:
+        raise ValueError(
+            f"{what}: op={rop.value!r} cannot be compressed (compression={codec!r} takes sum, avg, min, max)"
+        )
+    if algorithm != "auto":
+        raise ValueError(
+            f"{what}: compression={codec!r} runs one plan (a compressed all-to-all, then an all-gather): "
+            f"algorithm must be 'auto', not {algorithm!r}"
+        )
+
+
+def _select(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int]:
+    """:func:`select` for the encoded size; the choice is kept out of the model's learning."""
+    algo, seg = select(e, name, algorithm, nbytes)
+    e.choice, e.tuner.asked = None, None
+    return algo, seg
+
+
+def _exchange(e: Engine, x: np.ndarray, codec: str) -> tuple[Any, int]:
+    """The all_to_all of a compressed reduction's exchange, and its segment size."""
+    algo, seg = _select(e, "all_to_all", "auto", encoded_nbytes(codec, x.dtype, x.size))
+    return algorithms.ALGORITHMS["all_to_all"][algo], seg
+
+
+def _post(rop: ReduceOp, world_size: int) -> Any:
+    def post(buf: np.ndarray) -> np.ndarray:
+        finalize(rop, buf, world_size)  # avg divides once (every rank the same values)
+        return buf
+
+    return post
+
+
+def all_reduce(e: Engine, x: Any, rop: ReduceOp, out: Any, algorithm: str, codec: str) -> Plan:
+    x = as_array(x)
+    check_reduction(codec, rop, x.dtype, algorithm, "all_reduce")
+    buf = result(out, x.shape, x.dtype)
+    src = contiguous(x) if out is None or not np.may_share_memory(out, x) else contiguous(x).copy()
+    if e.world_size == 1:
+        buf[...] = src
+        return Done(_post(rop, 1)(buf))
+    exchange, seg = _exchange(e, x, codec)
+    name = fp(e, "all_reduce", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, compression=codec)
+    flat, mine = buf.reshape(-1), src.reshape(-1)
+    return Call(
+        "all_reduce",
+        name,
+        lambda ch: compressed.all_reduce(ch, flat, rop, codec=codec, exchange=exchange, src=mine, segment_bytes=seg),
+        lambda _: _post(rop, e.world_size)(buf),
+    )
+
+
+def reduce(e: Engine, x: Any, rop: ReduceOp, root: Any, out: Any, algorithm: str, codec: str) -> Plan:
+    x = as_array(x)
+    check_reduction(codec, rop, x.dtype, algorithm, "reduce")
+    root = check_root(e, root)
+    src = contiguous(x)
+    buf = result(out, x.shape, x.dtype) if e.rank == root else None
+    if buf is not None and np.may_share_memory(buf, src):
+        src = src.copy()
+    if e.world_size == 1:
+        buf[...] = src  # type: ignore[index]
+        return Done(_post(rop, 1)(buf))
+    exchange, seg = _exchange(e, x, codec)
+    name = fp(e, "reduce", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, root=root, compression=codec)
+    return Call(
+        "reduce",
+        name,
+        lambda ch: compressed.reduce(
+            ch,
+            None if buf is None else buf.reshape(-1),
+            rop,
+            root,
+            codec=codec,
+            exchange=exchange,
+            src=src.reshape(-1),
+            segment_bytes=seg,
+        ),
+        lambda _: None if buf is None else _post(rop, e.world_size)(buf),
+    )
+
+
+def reduce_scatter(e: Engine, x: Any, rop: ReduceOp, out: Any, algorithm: str, codec: str) -> Plan:
+    if is_list(x):
+        raise ValueError(f"reduce_scatter: compression={codec!r} takes one array of rows, not a list")
+    x = as_array(x)
+    leading_ranks(x, e.world_size, "reduce_scatter")
+    check_reduction(codec, rop, x.dtype, algorithm, "reduce_scatter")
+    res = result(out, x.shape[1:], x.dtype)
+    src = contiguous(x)
+    if np.may_share_memory(res, src):
+        src = src.copy()
+    if e.world_size == 1:
+        res[...] = src[0]
+        return Done(_post(rop, 1)(res))
+    exchange, seg = _exchange(e, x, codec)
+    name = fp(e, "reduce_scatter", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, compression=codec)
+    return Call(
+        "reduce_scatter",
+        name,
+        lambda ch: compressed.reduce_scatter(
+            ch, src.reshape(-1), rop, res.reshape(-1), codec=codec, exchange=exchange, segment_bytes=seg
+        ),
+        lambda _: _post(rop, e.world_size)(res),
+    )
+
+
+def all_gather(e: Engine, x: Any, out: Any, algorithm: str, codec: str) -> Plan:
+    x = as_array(x)
+    check_codec(codec, x.dtype, "all_gather")
+    res = result(out, (e.world_size, *x.shape), x.dtype)
+    slot = encoded_nbytes(codec, x.dtype, x.size)
+    wire = np.empty(e.world_size * slot, np.uint8)
+    encode(codec, x, wire[e.rank * slot : (e.rank + 1) * slot])
+
+    def post(_: Any) -> np.ndarray:
+        rows = res.reshape(e.world_size, -1)
+        for k in range(e.world_size):
+            decode(codec, wire[k * slot : (k + 1) * slot], rows[k])
+        return res
+
+    if e.world_size == 1:
+        return Done(post(None))
+    algo, seg = _select(e, "all_gather", algorithm, wire.nbytes)
+    fn = algorithms.ALGORITHMS["all_gather"][algo]
+    name = fp(e, "all_gather", segment=seg, x=describe(x.dtype, x.shape), algorithm=algo, compression=codec)
+    return Call("all_gather", name, lambda ch: fn(ch, wire, segment_bytes=seg), post)
+
+
+def broadcast(e: Engine, x: Any, root: Any, algorithm: str, codec: str, torch: bool = False) -> Plan:
+    root = check_root(e, root)
+    meta: dict[str, Any] | None = None
+    arr: np.ndarray | None = None
+    wire: np.ndarray | None = None
+    if e.rank == root:
+        arr = contiguous(as_array(x))
+        check_codec(codec, arr.dtype, "broadcast")
+        wire = encode(codec, arr)
+        meta = dict(meta_of(arr, torch), nbytes=wire.nbytes)
+    elif x is not None:
+        arr = check_out(x, x.shape, as_array(x).dtype, "broadcast buffer")
+        check_codec(codec, arr.dtype, "broadcast")
+        wire = np.empty(encoded_nbytes(codec, arr.dtype, arr.size), np.uint8)
+    algo, _ = _select(e, "broadcast", algorithm, 0 if wire is None else wire.nbytes)
+    if algo == "sized":
+        algo = "tree"  # (the root's size-based choice needs the model's bookkeeping)
+    if e.world_size == 1:
+        assert arr is not None and wire is not None
+        return Done(decode(codec, wire, np.empty(arr.shape, arr.dtype).reshape(-1)).reshape(arr.shape))
+    fn = algorithms.ALGORITHMS["broadcast"][algo]
+
+    def post(got_: tuple[Any, dict[str, Any]]) -> Any:
+        data, got_meta = got_
+        got = array_from_meta(got_meta)  # (the declared shape is checked before anything is allocated)
+        if e.rank == root:
+            assert arr is not None
+            return decode(codec, np.asarray(data), np.empty(arr.shape, arr.dtype).reshape(-1)).reshape(arr.shape)
+        if arr is None:
+            check_codec(codec, got.dtype, "broadcast")
+            return from_peer(decode(codec, np.asarray(data), got.reshape(-1)).reshape(got.shape), got_meta)
+        if arr.shape != got.shape or arr.dtype != got.dtype:
+            raise MismatchError(
+                f"broadcast from rank {root} sent {describe(got.dtype, got.shape)} but "
+                f"rank {e.rank} passed a {describe(arr.dtype, arr.shape)} buffer",
+                op="broadcast",
+                ranks=(e.rank, root),
+            )
+        decode(codec, np.asarray(data), arr.reshape(-1))
+        return arr
+
+    return Call(
+        "broadcast",
+        fp(e, "broadcast", root=root, algorithm=algo, compression=codec),
+        lambda ch: fn(ch, wire, root, meta=meta, segment_bytes=e.segment_bytes),
+        post,
+    )

@@ -1,0 +1,192 @@
+"""Codecs of compressed collectives: pure functions from a float array to raw bytes and back.
+
+A compressed collective (``compression=`` on all_reduce, reduce_scatter, all_gather,
+broadcast and reduce) sends each contribution through one of these codecs; the bytes
+travel like any other chunk (msgpack header + raw payload, never pickled). Receivers
+decode into the input's dtype and reduce there (never in fp16 unless the input is fp16).
+
+============  ==================================================  ===========================
+codec         payload of ``n`` elements                            bytes per float32 element
+============  ==================================================  ===========================
+``"none"``    the input itself (today's path, unchanged)            4
+``"fp16"``    IEEE half, round to nearest even                      2
+``"bf16"``    bfloat16, round to nearest even (``ml_dtypes``)       2
+``"int8"``    per block of :data:`INT8_BLOCK` elements: a scale     1 + 4/512
+              (``absmax / 127``; float64 for float64 input, else
+              float32), then the ``int8`` codes
+              ``round(x / scale)`` in ``[-127, 127]``
+============  ==================================================  ===========================
+
+Inputs: float16, bfloat16, float32, float64 (:func:`check_codec` refuses integer, bool
+and complex dtypes with a ValueError). Decoding ``encode(x)`` gives ``x`` back within:
+
+* ``fp16``: relative ``2**-11`` for ``|x|`` in ``[6.1e-5, 65504]``, absolute ``2**-25``
+  below; beyond ``65504`` a value becomes ``inf`` (as an IEEE cast does: use ``bf16`` for
+  wide-range data). An fp16 input is sent as it is (lossless).
+* ``bf16``: relative ``2**-8`` over float32's whole range. A bf16 input is lossless.
+* ``int8``: absolute ``scale / 2`` = ``absmax(block) / 254`` per element (a block's
+  largest value is exact up to the scale's rounding).
+
+Non-finite values: ``fp16`` and ``bf16`` keep ``inf`` and ``nan`` as they are. ``int8``
+cannot represent them: a block holding any ``inf`` or ``nan`` gets a NaN scale, so its
+whole block of :data:`INT8_BLOCK` elements decodes to NaN (a diverged value stays
+visible after the reduction, as it would in an uncompressed sum). Zeros decode to zeros
+exactly (an all-zero block has scale 0).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final, Literal, get_args
+
+import numpy as np
+
+from .ops import BFLOAT16
+
+__all__ = [
+    "CODECS",
+    "INT8_BLOCK",
+    "Compression",
+    "check_codec",
+    "decode",
+    "default_compression",
+    "encode",
+    "encoded_nbytes",
+    "parse_compression",
+]
+
+Compression = Literal["none", "fp16", "bf16", "int8"]
+CODECS: Final[tuple[str, ...]] = get_args(Compression)
+
+#: Elements per int8 block (one scale each): 512 elements are at most 4 KiB of input for
+#: every dtype (float64: 4096 bytes), 512 bytes of codes.
+INT8_BLOCK: Final = 512
+
+#: The dtypes a codec takes (float16, bfloat16, float32, float64).
+FLOATS: Final = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+
+ENV: Final = "NETCOLL_COMPRESSION"
+
+
+def parse_compression(value: object, what: str = "compression") -> str:
+    """``value`` as a codec name; a ValueError naming ``what`` for anything else."""
+    if not isinstance(value, str) or value.strip().lower() not in CODECS:
+        raise ValueError(f"{what} must be one of {', '.join(CODECS)}, not {value!r}")
+    return value.strip().lower()
+
+
+def default_compression() -> str:
+    """The codec of a call that passes none: ``NETCOLL_COMPRESSION``, else ``"none"``."""
+    # settings: fold into netcoll.settings
+    raw = os.environ.get(ENV, "").strip()
+    return parse_compression(raw, ENV) if raw else "none"
+
+
+def resolve(value: object) -> str:
+    """The codec a call runs: its ``compression=`` (``None``: the default)."""
+    return default_compression() if value is None else parse_compression(value)
+
+
+def check_codec(codec: str, dtype: np.dtype, what: str) -> None:
+    """A ValueError unless ``codec`` can compress ``dtype`` (any for ``"none"``)."""
+    if codec != "none" and np.dtype(dtype) not in FLOATS:
+        raise ValueError(
+            f"{what}: compression={codec!r} needs a float16, bfloat16, float32 or float64 input, "
+            f"not {np.dtype(dtype)} (integer, bool and complex data are sent uncompressed: compression='none')"
+        )
+
+
+def _wire_dtype(codec: str) -> np.dtype:
+    return np.dtype(np.float16) if codec == "fp16" else BFLOAT16
+
+
+def _scale_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def _blocks(n: int) -> int:
+    return -(-n // INT8_BLOCK)
+
+
+def encoded_nbytes(codec: str, dtype: np.dtype, n: int) -> int:
+    """Bytes of ``n`` elements of ``dtype`` encoded by ``codec`` (a function of sizes
+    only, so every rank sizes the same buffers the same way)."""
+    dtype = np.dtype(dtype)
+    if codec in ("fp16", "bf16"):
+        return 2 * n
+    if codec == "int8":
+        return n + _blocks(n) * _scale_dtype(dtype).itemsize
+    if codec == "none":
+        return n * dtype.itemsize
+    raise ValueError(f"unknown codec {codec!r}")
+
+
+def encode(codec: str, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``x`` (any shape; read as flat) encoded: a ``uint8`` array of
+    :func:`encoded_nbytes` bytes (written into ``out`` when given)."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    size = encoded_nbytes(codec, flat.dtype, flat.size)
+    dst = np.empty(size, np.uint8) if out is None else out
+    if dst.dtype != np.uint8 or dst.size != size:
+        raise ValueError(f"encode: out must be {size} uint8 bytes, not {dst.size} {dst.dtype}")
+    if codec == "none":
+        dst[...] = flat.view(np.uint8)
+    elif codec in ("fp16", "bf16"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            dst.view(_wire_dtype(codec))[...] = flat
+    else:
+        _encode_int8(flat, dst)
+    return dst
+
+
+def decode(codec: str, data: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Decode the bytes ``data`` into the flat array ``out`` (whose dtype and size say
+    what was encoded); returns ``out``."""
+    raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    size = encoded_nbytes(codec, out.dtype, out.size)
+    if raw.size != size:
+        raise ValueError(f"decode: {raw.size} bytes, but {out.size} {out.dtype} elements encode to {size}")
+    if codec == "none":
+        out.view(np.uint8)[...] = raw
+    elif codec in ("fp16", "bf16"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            out[...] = raw.view(_wire_dtype(codec))
+    else:
+        _decode_int8(raw, out)
+    return out
+
+
+def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
+    n, nb = flat.size, _blocks(flat.size)
+    sdt = _scale_dtype(flat.dtype)
+    scales = dst[: nb * sdt.itemsize].view(sdt)
+    codes = dst[nb * sdt.itemsize :].view(np.int8)
+    if not n:
+        return
+    pad = nb * INT8_BLOCK - n
+    wide = flat.astype(np.float64)
+    if pad:
+        wide = np.concatenate([wide, np.zeros(pad)])
+    blocks = wide.reshape(nb, INT8_BLOCK)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        finite = np.isfinite(blocks).all(axis=1)
+        absmax = np.where(finite, np.abs(np.where(np.isfinite(blocks), blocks, 0.0)).max(axis=1), np.nan)
+        scales[...] = absmax / 127.0
+        stored = scales.astype(np.float64)  # the scale as the receiver sees it
+        usable = np.isfinite(stored) & (stored > 0)
+        q = np.where(usable[:, None], blocks / np.where(usable, stored, 1.0)[:, None], 0.0)
+    codes[...] = np.clip(np.rint(q), -127, 127).astype(np.int8).reshape(-1)[:n]
+
+
+def _decode_int8(raw: np.ndarray, out: np.ndarray) -> None:
+    flat = out.reshape(-1)
+    n, nb = flat.size, _blocks(flat.size)
+    sdt = _scale_dtype(out.dtype)
+    scales = raw[: nb * sdt.itemsize].view(sdt)
+    codes = raw[nb * sdt.itemsize :].view(np.int8)
+    if not n:
+        return
+    work = np.float64 if out.dtype == np.float64 else np.float32
+    per = np.repeat(scales.astype(work), INT8_BLOCK)[:n]
+    with np.errstate(invalid="ignore", over="ignore"):
+        flat[...] = codes.astype(work) * per
