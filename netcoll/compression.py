@@ -23,7 +23,8 @@ and complex dtypes with a ValueError). Decoding ``encode(x)`` gives ``x`` back w
 * ``fp16``: relative ``2**-11`` for ``|x|`` in ``[6.1e-5, 65504]``, absolute ``2**-25``
   below; beyond ``65504`` a value becomes ``inf`` (as an IEEE cast does: use ``bf16`` for
   wide-range data). An fp16 input is sent as it is (lossless).
-* ``bf16``: relative ``2**-8`` over float32's whole range. A bf16 input is lossless.
+* ``bf16``: relative ``2**-8`` over float32's normal range (absolute ``1.2e-38`` among
+  subnormals, which may flush to zero). A bf16 input is lossless.
 * ``int8``: absolute ``scale / 2`` = ``absmax(block) / 254`` per element (a block's
   largest value is exact up to the scale's rounding).
 

@@ -15,8 +15,13 @@ How it works, ``P`` ranks, ``N`` elements cut into ``P`` shards (:func:`split`):
    (:mod:`.ring`) hands every encoded shard to every rank, which decodes all of them, its
    own included: every rank decodes the same bytes, so the result is **bit-identical on
    every rank** (and is the round trip of each reduced shard through the codec).
-   ``reduce``: a direct gather (:mod:`.direct`) of the encoded shards to the root instead.
    ``reduce_scatter`` is step 1 alone, its ``P`` blocks the shards.
+
+``reduce`` is a direct gather (:mod:`.direct`) of every rank's encoded input to the
+root, which reduces them in rank order (its own as it is): ``(P-1) c N`` bytes in all,
+``c`` times what the uncompressed tree sends (and less than the ring's), but all into
+the root. (A tree of re-encoded partial sums would spread that load at the cost of one
+codec error per level: not done.)
 
 Phase 2 runs on the same operation with its steps shifted by :data:`PHASE_STEP`
 (:class:`Shifted`), so its messages never meet phase 1's.
@@ -24,9 +29,9 @@ Phase 2 runs on the same operation with its steps shifted by :data:`PHASE_STEP`
 Cost, ``N`` bytes of input and a codec of ratio ``c`` (:func:`~netcoll.compression.encoded_nbytes`
 over input bytes: fp16 0.5, int8 about 0.25 for float32): all_reduce ``2 (P-1)/P c N``
 bytes sent per rank (the ring's volume times ``c``) in ``2(P-1)`` steps; reduce_scatter
-``(P-1)/P c N``; reduce ``(P-1)/P c N`` plus ``c N / P`` to the root. Each contribution is
-encoded once and each reduced shard once, so the error is one codec error per
-contribution plus one for the result.
+``(P-1)/P c N``; reduce ``c N`` per non-root, ``(P-1) c N`` into the root. Each contribution is
+encoded once and (all_reduce) each reduced shard once, so the error is one codec error
+per contribution (plus one for the all_reduce's result).
 """
 
 from __future__ import annotations
@@ -179,26 +184,29 @@ async def reduce(
     root: int,
     *,
     codec: str,
-    exchange: Exchange,
     src: np.ndarray,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
 ) -> None:
-    """The root's ``buf`` = the reduction of every rank's ``src``, decoded from the
-    encoded reduced shards (others pass ``buf=None``)."""
+    """The root's ``buf`` = the reduction, in rank order, of every rank's ``src``: each
+    non-root's encoded whole (a direct gather), the root's own as it is (others pass
+    ``buf=None``)."""
     mine = flat(src, "src", writeable=False)
-    bounds = split(mine.size, ch.size)
-    a, b = bounds[ch.rank]
-    shard = np.empty(b - a, mine.dtype)
-    await _exchange(ch, [mine[x:y] for x, y in bounds], op, shard, codec, exchange, segment_bytes)
-    slot = _slots(codec, mine.dtype, bounds)
-    send = np.zeros(slot, np.uint8)
-    encode(codec, shard, send[: encoded_nbytes(codec, mine.dtype, shard.size)])
+    slot = encoded_nbytes(codec, mine.dtype, mine.size)
+    send = encode(codec, mine)
     whole = np.empty(ch.size * slot, np.uint8) if ch.rank == root else None
-    await direct.gather(Shifted(ch, PHASE_STEP), send, whole, root, segment_bytes=segment_bytes)
-    if whole is not None:
-        if buf is None:
-            raise ValueError("reduce: the root must pass a buffer")
-        _decode_all(codec, whole, slot, flat(buf), bounds)
+    await direct.gather(ch, send, whole, root, segment_bytes=segment_bytes)
+    if whole is None:
+        return
+    if buf is None:
+        raise ValueError("reduce: the root must pass a buffer")
+    out, theirs = flat(buf), np.empty_like(mine)
+    for k in range(ch.size):
+        got = mine if k == root else decode(codec, whole[k * slot : (k + 1) * slot], theirs)
+        if k == 0:
+            out[...] = got
+        else:
+            reduce_into(op, out, got)
+        await asyncio.sleep(0)
 
 
 def _decode_all(codec: str, slots: np.ndarray, slot: int, data: np.ndarray, bounds: list[tuple[int, int]]) -> None:

@@ -53,7 +53,7 @@ def check_reduction(codec: str, rop: ReduceOp, dtype: np.dtype, algorithm: str, 
         )
     if algorithm != "auto":
         raise ValueError(
-            f"{what}: compression={codec!r} runs one plan (a compressed all-to-all, then an all-gather): "
+            f"{what}: compression={codec!r} runs one plan (netcoll.algorithms.compressed): "
             f"algorithm must be 'auto', not {algorithm!r}"
         )
 
@@ -109,7 +109,7 @@ def reduce(e: Engine, x: Any, rop: ReduceOp, root: Any, out: Any, algorithm: str
     if e.world_size == 1:
         buf[...] = src  # type: ignore[index]
         return Done(_post(rop, 1)(buf))
-    exchange, seg = _exchange(e, x, codec)
+    seg = e.segment_bytes  # (a direct gather of the encoded inputs: nothing to choose)
     name = fp(e, "reduce", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, root=root, compression=codec)
     return Call(
         "reduce",
@@ -120,7 +120,6 @@ def reduce(e: Engine, x: Any, rop: ReduceOp, root: Any, out: Any, algorithm: str
             rop,
             root,
             codec=codec,
-            exchange=exchange,
             src=src.reshape(-1),
             segment_bytes=seg,
         ),
