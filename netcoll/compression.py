@@ -38,7 +38,7 @@ exactly (an all-zero block has scale 0).
 from __future__ import annotations
 
 import os
-from typing import Final, Literal, get_args
+from typing import Final, Literal, NamedTuple, get_args
 
 import numpy as np
 
@@ -47,13 +47,16 @@ from .ops import BFLOAT16
 __all__ = [
     "CODECS",
     "INT8_BLOCK",
+    "NONE",
     "Compression",
+    "Requested",
     "check_codec",
     "decode",
     "default_compression",
     "encode",
     "encoded_nbytes",
     "parse_compression",
+    "resolve",
 ]
 
 Compression = Literal["none", "fp16", "bf16", "int8"]
@@ -83,9 +86,29 @@ def default_compression() -> str:
     return parse_compression(raw, ENV) if raw else "none"
 
 
-def resolve(value: object) -> str:
-    """The codec a call runs: its ``compression=`` (``None``: the default)."""
-    return default_compression() if value is None else parse_compression(value)
+class Requested(NamedTuple):
+    """The codec a call asks for: its own ``compression=`` (``explicit``: refusals are
+    strict), or ``NETCOLL_COMPRESSION``'s default (which applies only where it can:
+    :func:`netcoll.calls.compressed.applies`)."""
+
+    codec: str
+    explicit: bool
+
+
+#: no compression (today's path)
+NONE: Final = Requested("none", True)
+
+
+def resolve(value: object) -> Requested:
+    """What a call asks for: its ``compression=`` (``None``: the default)."""
+    if value is None:
+        return Requested(default_compression(), False)
+    return Requested(parse_compression(value), True)
+
+
+def compressible(dtype: np.dtype) -> bool:
+    """Whether the codecs take ``dtype`` (float16, bfloat16, float32, float64)."""
+    return np.dtype(dtype) in FLOATS
 
 
 def check_codec(codec: str, dtype: np.dtype, what: str) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms import compressed
 from ..arrays import array_from_meta, as_array, check_out, describe, leading_ranks, meta_of
-from ..compression import check_codec, decode, encode, encoded_nbytes
+from ..compression import CODECS, Requested, check_codec, compressible, decode, encode, encoded_nbytes
 from ..engine import Call, Engine
 from ..errors import MismatchError
 from ..ops import ReduceOp, check_op_dtype, finalize
@@ -37,10 +37,22 @@ from ..selection import select
 from ..tensors import from_peer
 from ._common import Done, Plan, check_root, contiguous, fp, is_list, result
 
-__all__ = ["all_gather", "all_reduce", "broadcast", "check_reduction", "reduce", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "applies", "broadcast", "check_reduction", "reduce", "reduce_scatter"]
 
 #: the reductions a compressed call takes
 OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX)
+
+
+def applies(req: Requested, dtype: np.dtype | None, rop: ReduceOp | None = None, algorithm: str = "auto") -> str:
+    """The codec a call runs: its own ``compression=`` whatever the input (the plan then
+    refuses what it cannot take), or the default where it can apply (a float input, a
+    reduction of sum, avg, min or max, ``algorithm="auto"``; ``dtype`` None: a list or
+    uneven input), else ``"none"``: ``NETCOLL_COMPRESSION=int8`` compresses a program's
+    float gradients and leaves its integer counters as they were."""
+    if req.codec == "none" or req.explicit:
+        return req.codec
+    fits = dtype is not None and compressible(dtype) and (rop is None or rop in OPS) and algorithm == "auto"
+    return req.codec if fits else "none"
 
 
 def check_reduction(codec: str, rop: ReduceOp, dtype: np.dtype, algorithm: str, what: str) -> None:
@@ -174,37 +186,48 @@ def all_gather(e: Engine, x: Any, out: Any, algorithm: str, codec: str) -> Plan:
     return Call("all_gather", name, lambda ch: fn(ch, wire, segment_bytes=seg), post)
 
 
-def broadcast(e: Engine, x: Any, root: Any, algorithm: str, codec: str, torch: bool = False) -> Plan:
+def broadcast(e: Engine, x: Any, root: Any, algorithm: str, req: Requested, torch: bool = False) -> Plan:
+    """A broadcast whose codec each rank knows from the dtype it holds (the root's ``x``,
+    another rank's buffer) and a rank without a buffer learns from the root's meta
+    (``"z"``): under the default, a root's integer array crosses as it is."""
     root = check_root(e, root)
     meta: dict[str, Any] | None = None
     arr: np.ndarray | None = None
     wire: np.ndarray | None = None
+    used: str | None = None  # the codec, once this rank knows it
     if e.rank == root:
         arr = contiguous(as_array(x))
-        check_codec(codec, arr.dtype, "broadcast")
-        wire = encode(codec, arr)
-        meta = dict(meta_of(arr, torch), nbytes=wire.nbytes)
+        used = applies(req, arr.dtype)
+        check_codec(used, arr.dtype, "broadcast")
+        wire = encode(used, arr)
+        meta = dict(meta_of(arr, torch), nbytes=wire.nbytes, z=used)
     elif x is not None:
         arr = check_out(x, x.shape, as_array(x).dtype, "broadcast buffer")
-        check_codec(codec, arr.dtype, "broadcast")
-        wire = np.empty(encoded_nbytes(codec, arr.dtype, arr.size), np.uint8)
+        used = applies(req, arr.dtype)
+        check_codec(used, arr.dtype, "broadcast")
+        wire = np.empty(encoded_nbytes(used, arr.dtype, arr.size), np.uint8)
     algo, _ = _select(e, "broadcast", algorithm, 0 if wire is None else wire.nbytes)
     if algo == "sized":
         algo = "tree"  # (the root's size-based choice needs the model's bookkeeping)
     if e.world_size == 1:
-        assert arr is not None and wire is not None
-        return Done(decode(codec, wire, np.empty(arr.shape, arr.dtype).reshape(-1)).reshape(arr.shape))
+        assert arr is not None and wire is not None and used is not None
+        return Done(_decoded(used, wire, arr.shape, arr.dtype))
     fn = algorithms.ALGORITHMS["broadcast"][algo]
 
     def post(got_: tuple[Any, dict[str, Any]]) -> Any:
         data, got_meta = got_
         got = array_from_meta(got_meta)  # (the declared shape is checked before anything is allocated)
+        sent = got_meta.get("z")
+        if sent not in CODECS or (used is not None and sent != used):
+            raise MismatchError(
+                f"broadcast from rank {root} sent codec {sent!r} but rank {e.rank} expected {used!r}",
+                op="broadcast",
+                ranks=(e.rank, root),
+            )
         if e.rank == root:
-            assert arr is not None
-            return decode(codec, np.asarray(data), np.empty(arr.shape, arr.dtype).reshape(-1)).reshape(arr.shape)
+            return _decoded(sent, data, got.shape, got.dtype)
         if arr is None:
-            check_codec(codec, got.dtype, "broadcast")
-            return from_peer(decode(codec, np.asarray(data), got.reshape(-1)).reshape(got.shape), got_meta)
+            return from_peer(decode(sent, np.asarray(data), got.reshape(-1)).reshape(got.shape), got_meta)
         if arr.shape != got.shape or arr.dtype != got.dtype:
             raise MismatchError(
                 f"broadcast from rank {root} sent {describe(got.dtype, got.shape)} but "
@@ -212,12 +235,17 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str, codec: str, torch: b
                 op="broadcast",
                 ranks=(e.rank, root),
             )
-        decode(codec, np.asarray(data), arr.reshape(-1))
+        decode(sent, np.asarray(data), arr.reshape(-1))
         return arr
 
     return Call(
         "broadcast",
-        fp(e, "broadcast", root=root, algorithm=algo, compression=codec),
+        fp(e, "broadcast", root=root, algorithm=algo, compression=req.codec),
         lambda ch: fn(ch, wire, root, meta=meta, segment_bytes=e.segment_bytes),
         post,
     )
+
+
+def _decoded(codec: str, data: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A new array of ``shape`` and ``dtype`` decoded from ``data``."""
+    return decode(codec, np.asarray(data), np.empty(shape, dtype).reshape(-1)).reshape(shape)

@@ -218,9 +218,21 @@ async def test_env_default(monkeypatch: pytest.MonkeyPatch) -> None:
     before = sent(comms)
     await asyncio.gather(*(c.all_reduce(x, compression="none") for c in comms))  # the call's own wins
     assert compressed <= 0.30 * (sent(comms) - before)
-    ints = np.ones(4, np.int32)  # the default is refused for integers, as a call's own codec is
-    with pytest.raises(ValueError, match="needs a float"):
-        comms[0].all_reduce(ints)
+    # the default applies where it can: integers, prod, a named algorithm run uncompressed
+    ints = [np.arange(5, dtype=np.int64) * (c.rank + 1) for c in comms]
+    got = await asyncio.gather(*(c.all_reduce(ints[c.rank]) for c in comms))
+    assert all(np.array_equal(g, np.arange(5) * 3) for g in got)
+    got = await asyncio.gather(*(c.broadcast(ints[0] if c.rank == 0 else None) for c in comms))
+    assert all(np.array_equal(g, ints[0]) and g.dtype == np.int64 for g in got)
+    before = sent(comms)
+    got = await asyncio.gather(*(c.all_reduce(x, op="prod") for c in comms))
+    assert np.array_equal(got[0], x * x) and sent(comms) - before >= 2 * x.nbytes
+    got = await asyncio.gather(*(c.all_reduce(x, algorithm="ring") for c in comms))
+    assert np.array_equal(got[0], x + x)
+    got = await asyncio.gather(*(c.all_gather(x, uneven=True) for c in comms))
+    assert np.array_equal(got[0][1], x)
+    with pytest.raises(ValueError, match="needs a float"):  # a call's own codec is strict
+        comms[0].all_reduce(ints[0], compression="int8")
     monkeypatch.setenv("NETCOLL_COMPRESSION", "gzip")
     with pytest.raises(ValueError, match="NETCOLL_COMPRESSION must be one of"):
         comms[0].all_reduce(x)

@@ -142,9 +142,9 @@ def test_names_and_env_default(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="compression must be one of none, fp16, bf16, int8"):
         parse_compression("zstd")
     monkeypatch.delenv("NETCOLL_COMPRESSION", raising=False)
-    assert default_compression() == "none" and resolve(None) == "none"
+    assert default_compression() == "none" and resolve(None) == ("none", False)
     monkeypatch.setenv("NETCOLL_COMPRESSION", "int8")
-    assert resolve(None) == "int8" and resolve("bf16") == "bf16"
+    assert resolve(None) == ("int8", False) and resolve("bf16") == ("bf16", True)
     monkeypatch.setenv("NETCOLL_COMPRESSION", "int4")
     with pytest.raises(ValueError, match="NETCOLL_COMPRESSION must be one of"):
         resolve(None)
