@@ -55,6 +55,7 @@ __all__ = [
     "default_compression",
     "encode",
     "encoded_nbytes",
+    "error_bound",
     "parse_compression",
     "resolve",
 ]
@@ -118,6 +119,18 @@ def check_codec(codec: str, dtype: np.dtype, what: str) -> None:
             f"{what}: compression={codec!r} needs a float16, bfloat16, float32 or float64 input, "
             f"not {np.dtype(dtype)} (integer, bool and complex data are sent uncompressed: compression='none')"
         )
+
+
+#: the largest error of one encoding, relative to the block's (int8) or the value's magnitude
+UNIT: Final = {"none": 0.0, "fp16": 2.0**-11, "bf16": 2.0**-8, "int8": 1 / 254}
+
+
+def error_bound(codec: str, magnitude: float, contributions: int) -> float:
+    """The largest error the codec adds to a reduction of ``contributions`` values of
+    magnitude at most ``magnitude`` (one encoding of each, one of the result; fp16 within
+    its range): ``2 n UNIT[codec] magnitude``. Rounding of the additions in the input
+    dtype comes on top (none for the small integers of generated data)."""
+    return 2 * contributions * UNIT[codec] * magnitude
 
 
 def _wire_dtype(codec: str) -> np.dtype:

@@ -102,6 +102,13 @@ def _add_sweep_arguments(g: argparse._ArgumentGroup) -> None:
         help="auto (default) or a collective's algorithm (listed below); collectives without it run auto",
     )
     g.add_argument(
+        "--compression",
+        default="none",
+        choices=["none", "fp16", "bf16", "int8"],
+        help="codec of all_reduce, reduce, reduce_scatter, all_gather, broadcast (float dtypes; "
+        "the others run uncompressed; default none); #wrong then allows the codec's error",
+    )
+    g.add_argument(
         "--segment-bytes",
         type=size_arg,
         default=None,
@@ -165,6 +172,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         root=args.root,
         check=bool(args.check),
         algorithm=args.algorithm,
+        compression=getattr(args, "compression", "none"),
         segment_bytes=args.segment_bytes,
         timeout=args.timeout,
     ).validate()

@@ -101,6 +101,12 @@ def _add_job_arguments(sp: argparse.ArgumentParser) -> None:
     )
     sp.add_argument("--root", type=int, help="root rank of broadcast/reduce/gather/scatter (default 0)")
     sp.add_argument("--algorithm", metavar="NAME", help="auto (default) or one of OP's algorithms (listed below)")
+    sp.add_argument(
+        "--compression",
+        choices=["none", "fp16", "bf16", "int8"],
+        help="codec of all_reduce, reduce, reduce_scatter, all_gather, broadcast on float data "
+        "(default: the rank daemons' NETCOLL_COMPRESSION, else none); docs/compression.md",
+    )
     sp.add_argument("--iters", type=int, metavar="K", help="timed iterations (default 1)")
     sp.add_argument("--warmup", type=int, metavar="W", help="untimed iterations first (default 0)")
     sp.add_argument(
