@@ -201,11 +201,11 @@ def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
     if not n:
         return
     pad = nb * INT8_BLOCK - n
-    wide = flat.astype(np.float64)
-    if pad:
-        wide = np.concatenate([wide, np.zeros(pad)])
-    blocks = wide.reshape(nb, INT8_BLOCK)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        wide = flat.astype(np.float64)
+        if pad:
+            wide = np.concatenate([wide, np.zeros(pad)])
+        blocks = wide.reshape(nb, INT8_BLOCK)
         finite = np.isfinite(blocks).all(axis=1)
         absmax = np.where(finite, np.abs(np.where(np.isfinite(blocks), blocks, 0.0)).max(axis=1), np.nan)
         scales[...] = absmax / 127.0

@@ -16,7 +16,8 @@ What refuses what, at the call (before anything is sent):
 all_gather and broadcast move the encoded bytes with their usual algorithms (chosen
 for the encoded size) and every rank decodes them, the sender's own slot too, so
 every rank holds the same values: a compressed broadcast returns the root's array
-*as decoded* on the root as well (not the array it passed). The algorithm chosen is
+*as decoded* on the root as well (not the array it passed). A group of one sends
+nothing, so its results are exact (as uncompressed). The algorithm chosen is
 left out of the cost model's learning (its times include encoding).
 """
 
@@ -178,8 +179,9 @@ def all_gather(e: Engine, x: Any, out: Any, algorithm: str, codec: str) -> Plan:
             decode(codec, wire[k * slot : (k + 1) * slot], rows[k])
         return res
 
-    if e.world_size == 1:
-        return Done(post(None))
+    if e.world_size == 1:  # nothing crosses a link: exact
+        res[0] = x
+        return Done(res)
     algo, seg = _select(e, "all_gather", algorithm, wire.nbytes)
     fn = algorithms.ALGORITHMS["all_gather"][algo]
     name = fp(e, "all_gather", segment=seg, x=describe(x.dtype, x.shape), algorithm=algo, compression=codec)
@@ -209,9 +211,8 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str, req: Requested, torc
     algo, _ = _select(e, "broadcast", algorithm, 0 if wire is None else wire.nbytes)
     if algo == "sized":
         algo = "tree"  # (the root's size-based choice needs the model's bookkeeping)
-    if e.world_size == 1:
-        assert arr is not None and wire is not None and used is not None
-        return Done(_decoded(used, wire, arr.shape, arr.dtype))
+    if e.world_size == 1:  # nothing crosses a link: the root's own array, as uncompressed
+        return Done(arr)
     fn = algorithms.ALGORITHMS["broadcast"][algo]
 
     def post(got_: tuple[Any, dict[str, Any]]) -> Any:
