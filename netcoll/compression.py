@@ -38,7 +38,7 @@ exactly (an all-zero block has scale 0).
 from __future__ import annotations
 
 import os
-from typing import Final, Literal, NamedTuple, get_args
+from typing import Any, Final, Literal, NamedTuple, get_args
 
 import numpy as np
 
@@ -193,6 +193,12 @@ def decode(codec: str, data: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def _work_dtype(dtype: np.dtype) -> type[np.floating[Any]]:
+    """The dtype the int8 codec computes in: float64 for float64, else float32 (exact for
+    float16 and bfloat16 values)."""
+    return np.float64 if dtype == np.float64 else np.float32
+
+
 def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
     n, nb = flat.size, _blocks(flat.size)
     sdt = _scale_dtype(flat.dtype)
@@ -200,19 +206,21 @@ def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
     codes = dst[nb * sdt.itemsize :].view(np.int8)
     if not n:
         return
-    pad = nb * INT8_BLOCK - n
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        wide = flat.astype(np.float64)
-        if pad:
-            wide = np.concatenate([wide, np.zeros(pad)])
+    work = _work_dtype(flat.dtype)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore", under="ignore"):
+        wide = flat.astype(work)
+        if nb * INT8_BLOCK > n:
+            wide = np.concatenate([wide, np.zeros(nb * INT8_BLOCK - n, work)])
         blocks = wide.reshape(nb, INT8_BLOCK)
-        finite = np.isfinite(blocks).all(axis=1)
-        absmax = np.where(finite, np.abs(np.where(np.isfinite(blocks), blocks, 0.0)).max(axis=1), np.nan)
-        scales[...] = absmax / 127.0
-        stored = scales.astype(np.float64)  # the scale as the receiver sees it
+        absmax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))  # inf or NaN: a non-finite value
+        scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
+        stored = scales.astype(work)  # the scale as the receiver sees it
         usable = np.isfinite(stored) & (stored > 0)
-        q = np.where(usable[:, None], blocks / np.where(usable, stored, 1.0)[:, None], 0.0)
-    codes[...] = np.clip(np.rint(q), -127, 127).astype(np.int8).reshape(-1)[:n]
+        np.divide(blocks, np.where(usable, stored, work(1))[:, None], out=blocks)
+        blocks[~usable] = 0
+        np.rint(blocks, out=blocks)
+        np.clip(blocks, -127, 127, out=blocks)
+    codes[...] = blocks.reshape(-1)[:n]
 
 
 def _decode_int8(raw: np.ndarray, out: np.ndarray) -> None:
@@ -223,7 +231,13 @@ def _decode_int8(raw: np.ndarray, out: np.ndarray) -> None:
     codes = raw[nb * sdt.itemsize :].view(np.int8)
     if not n:
         return
-    work = np.float64 if out.dtype == np.float64 else np.float32
-    per = np.repeat(scales.astype(work), INT8_BLOCK)[:n]
+    work = _work_dtype(out.dtype)
+    whole = n // INT8_BLOCK * INT8_BLOCK
+    per = scales.astype(work)
     with np.errstate(invalid="ignore", over="ignore"):
-        flat[...] = codes.astype(work) * per
+        if whole:
+            full = codes[:whole].reshape(-1, INT8_BLOCK).astype(work)
+            full *= per[: whole // INT8_BLOCK, None]
+            flat[:whole] = full.reshape(-1)
+        if whole < n:
+            flat[whole:] = codes[whole:].astype(work) * per[-1]
