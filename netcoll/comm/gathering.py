@@ -138,8 +138,7 @@ def all_gather(
         table = await comm.all_gather(np.array([comm.rank, n_items]))  # shape (world_size, 2)
         parts = await comm.all_gather(shard, uneven=True)             # list of world_size arrays
     """
-    x, out, io = inputs(x, out)
-    codec = resolve(compression)
+    (x, out, io), codec = inputs(x, out), resolve(compression)
     return self._plan(lambda e: moving.all_gather(e, x, uneven, out, algorithm, io is not None, codec), timeout, io)
 
 

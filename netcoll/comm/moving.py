@@ -125,8 +125,7 @@ def broadcast(
 
         weights = await comm.broadcast(weights if comm.rank == 0 else None, root=0)
     """
-    x, _, io = inputs(x)
-    codec = resolve(compression)
+    (x, _, io), codec = inputs(x), resolve(compression)
     return self._plan(lambda e: moving.broadcast(e, x, root, algorithm, io is not None, codec), timeout, io)
 
 

@@ -123,8 +123,7 @@ def all_reduce(
         grads = await comm.all_reduce(grads, op="avg")
         work = comm.all_reduce(loss)  # in flight; await it later
     """
-    x, out, io = inputs(x, out)
-    codec = resolve(compression)
+    (x, out, io), codec = inputs(x, out), resolve(compression)
     return self._plan(lambda e: reducing.all_reduce(e, x, op, out, algorithm, codec), timeout, io)
 
 
@@ -201,8 +200,7 @@ def reduce(
         if comm.rank == 0:
             assert total is not None
     """
-    x, out, io = inputs(x, out)
-    codec = resolve(compression)
+    (x, out, io), codec = inputs(x, out), resolve(compression)
     return self._plan(lambda e: reducing.reduce(e, x, op, root, out, algorithm, codec), timeout, io)
 
 
@@ -277,8 +275,7 @@ def reduce_scatter(
 
         mine = await comm.reduce_scatter(grads.reshape(comm.world_size, -1), op="avg")
     """
-    x, out, io = inputs(x, out)
-    codec = resolve(compression)
+    (x, out, io), codec = inputs(x, out), resolve(compression)
     return self._plan(lambda e: reducing.reduce_scatter(e, x, op, out, algorithm, codec), timeout, io)
 
 
