@@ -78,10 +78,11 @@ def _select(e: Engine, name: str, algorithm: str, nbytes: int) -> tuple[str, int
     return algo, seg
 
 
-def _exchange(e: Engine, x: np.ndarray, codec: str) -> tuple[Any, int]:
-    """The all_to_all of a compressed reduction's exchange, and its segment size."""
+def _exchange(e: Engine, x: np.ndarray, codec: str) -> tuple[Any, str, int]:
+    """The all_to_all of a compressed reduction's exchange, the name the call's fingerprint
+    (and the metrics' ``algorithm`` label) gives the plan, and its segment size."""
     algo, seg = _select(e, "all_to_all", "auto", encoded_nbytes(codec, x.dtype, x.size))
-    return algorithms.ALGORITHMS["all_to_all"][algo], seg
+    return algorithms.ALGORITHMS["all_to_all"][algo], f"compressed:{algo}", seg
 
 
 def _post(rop: ReduceOp, world_size: int) -> Any:
@@ -100,8 +101,9 @@ def all_reduce(e: Engine, x: Any, rop: ReduceOp, out: Any, algorithm: str, codec
     if e.world_size == 1:
         buf[...] = src
         return Done(_post(rop, 1)(buf))
-    exchange, seg = _exchange(e, x, codec)
-    name = fp(e, "all_reduce", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, compression=codec)
+    exchange, plan, seg = _exchange(e, x, codec)
+    x_ = describe(x.dtype, x.shape)
+    name = fp(e, "all_reduce", segment=seg, x=x_, op=rop.value, algorithm=plan, compression=codec)
     flat, mine = buf.reshape(-1), src.reshape(-1)
     return Call(
         "all_reduce",
@@ -123,7 +125,8 @@ def reduce(e: Engine, x: Any, rop: ReduceOp, root: Any, out: Any, algorithm: str
         buf[...] = src  # type: ignore[index]
         return Done(_post(rop, 1)(buf))
     seg = e.segment_bytes  # (a direct gather of the encoded inputs: nothing to choose)
-    name = fp(e, "reduce", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, root=root, compression=codec)
+    x_ = describe(x.dtype, x.shape)
+    name = fp(e, "reduce", segment=seg, x=x_, op=rop.value, root=root, algorithm="compressed:direct", compression=codec)
     return Call(
         "reduce",
         name,
@@ -153,8 +156,9 @@ def reduce_scatter(e: Engine, x: Any, rop: ReduceOp, out: Any, algorithm: str, c
     if e.world_size == 1:
         res[...] = src[0]
         return Done(_post(rop, 1)(res))
-    exchange, seg = _exchange(e, x, codec)
-    name = fp(e, "reduce_scatter", segment=seg, x=describe(x.dtype, x.shape), op=rop.value, compression=codec)
+    exchange, plan, seg = _exchange(e, x, codec)
+    x_ = describe(x.dtype, x.shape)
+    name = fp(e, "reduce_scatter", segment=seg, x=x_, op=rop.value, algorithm=plan, compression=codec)
     return Call(
         "reduce_scatter",
         name,

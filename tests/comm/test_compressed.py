@@ -251,3 +251,20 @@ async def test_ranks_that_disagree_on_the_codec_get_a_mismatch() -> None:
         30,
     )
     assert all(isinstance(r, MismatchError) for r in res), res
+
+
+def test_the_fingerprint_names_the_plan_and_the_codec() -> None:
+    from netcoll.calls import compressed
+    from netcoll.engine import Call
+    from netcoll.observe import algorithm_of
+    from netcoll.ops import ReduceOp
+
+    _, comms = memory_world(2)
+    e, x = comms[0]._engine, np.ones(1000, np.float32)
+    for plan in (
+        compressed.all_reduce(e, x, ReduceOp.SUM, None, "auto", "int8"),
+        compressed.reduce(e, x, ReduceOp.SUM, 0, None, "auto", "int8"),
+        compressed.reduce_scatter(e, x.reshape(2, -1), ReduceOp.SUM, None, "auto", "int8"),
+    ):
+        assert isinstance(plan, Call) and algorithm_of(plan.fp).startswith("compressed:")  # the metrics' label
+        assert "compression=int8" in plan.fp
