@@ -129,7 +129,7 @@ async def measure(ranks: int, n: int) -> dict[str, Any]:
             "ranks": ranks,
             "elements_per_rank": n,
             "dtype": "float32",
-            "links": "memory (in-process; bytes_sent counts payloads and frame headers)",
+            "links": "memory (in-process; bytes_sent counts payload bytes, int8 scales included, not frame headers)",
             "python": platform.python_version(),
             "numpy": np.__version__,
         },
