@@ -268,3 +268,19 @@ def test_the_fingerprint_names_the_plan_and_the_codec() -> None:
     ):
         assert isinstance(plan, Call) and algorithm_of(plan.fp).startswith("compressed:")  # the metrics' label
         assert "compression=int8" in plan.fp
+
+
+async def test_torch_tensors_in_torch_tensors_out() -> None:
+    torch = pytest.importorskip("torch")
+    n = 2
+    gen = torch.Generator().manual_seed(0)
+    ts = [torch.randn(1000, generator=gen).to(torch.bfloat16) for _ in range(n)]
+    res = await run_world(n, lambda c: c.all_reduce(ts[c.rank], compression="int8"))
+    assert all(isinstance(r, torch.Tensor) and r.dtype == torch.bfloat16 for r in res)
+    assert torch.equal(res[0], res[1])
+    want = (ts[0].double() + ts[1].double()).abs().max().item()
+    assert (res[0].double() - ts[0].double() - ts[1].double()).abs().max().item() <= 0.05 * want
+    got = await run_world(n, lambda c: c.broadcast(ts[0] if c.rank == 0 else None, compression="fp16"))
+    assert all(isinstance(g, torch.Tensor) and g.dtype == torch.bfloat16 for g in got)
+    assert torch.equal(got[0], got[1])
+    assert torch.allclose(got[1].double(), ts[0].double(), rtol=2.0**-8, atol=2.0**-24)
