@@ -66,6 +66,7 @@ class CallArgs:
     out: Any = None
     algorithm: Any = "auto"
     timeout: float | None = None
+    compression: Any = None  #: a codec name, for the collectives that take one (None: the default)
 
 
 Invoke = Callable[["Communicator", Any, CallArgs], Awaitable[Any]]
@@ -89,6 +90,7 @@ class Collective:
     root_sends: bool = False  #: only the root passes data; the others pass None
     root_receives: bool = False  #: only the root gets a result; the others get None
     root_result_is_input: bool = False  #: the root's result is its own input (broadcast)
+    takes_compression: bool = False  #: ``compression=`` (netcoll.compression)
 
     # -- facts ------------------------------------------------------------------------------
     @property
@@ -152,13 +154,15 @@ class Collective:
         out: Any = None,
         algorithm: str = "auto",
         timeout: float | None = None,
+        compression: str | None = None,
     ) -> Awaitable[Any]:
         """``comm.<name>(...)`` with the arguments this collective takes; await the result.
 
         ``x``: this rank's input (ignored where :meth:`sends` is False). ``out``:
-        a result buffer (a broadcast non-root receives into it).
+        a result buffer (a broadcast non-root receives into it). ``compression``: passed
+        to the collectives that take it (:attr:`takes_compression`), else ignored.
         """
-        return self.invoke(comm, x, CallArgs(op, root, out, algorithm, timeout))
+        return self.invoke(comm, x, CallArgs(op, root, out, algorithm, timeout, compression))
 
     # -- generated data ---------------------------------------------------------------------
     def make_input(self, data: TestData, block: int, rank: int, root: int) -> np.ndarray | None:
@@ -167,9 +171,14 @@ class Collective:
             return None
         return data.array(self.input_shape(data.world_size, block), rank)
 
-    def count_wrong(self, data: TestData, block: int, rank: int, root: int, y: Any) -> int:
+    def count_wrong(
+        self, data: TestData, block: int, rank: int, root: int, y: Any, compression: str | None = None
+    ) -> int:
         """Wrong elements in ``rank``'s result ``y`` for inputs from :meth:`make_input`
-        (a missing or misshapen result counts as wholly wrong; 0 means correct)."""
+        (a missing or misshapen result counts as wholly wrong; 0 means correct). With a
+        lossy ``compression`` (which ran: float data, a collective that takes it) an element
+        is right within the codec's bound (:func:`netcoll.compression.error_bound`)."""
+        atol = self.tolerance(data, compression)
         if self.expected is None:
             return 0
         if not self.receives(rank, root):
@@ -183,21 +192,35 @@ class Collective:
         wrong = 0
         for i, (source, offset) in enumerate(segments):
             pattern = data.reduced() if source == REDUCED else data.pattern(source)
-            wrong += pattern.count_wrong(flat[i * size : (i + 1) * size], offset * block)
+            wrong += pattern.count_wrong(flat[i * size : (i + 1) * size], offset * block, atol)
         return wrong
+
+    def tolerance(self, data: TestData, compression: str | None) -> float:
+        """The error allowed in a result of generated ``data`` under ``compression``
+        (None: ``NETCOLL_COMPRESSION``'s default): 0 where it does not run."""
+        from .compression import compressible, error_bound, resolve
+        from .testdata import MAX_ABS
+
+        codec = resolve(compression).codec
+        if codec == "none" or not self.takes_compression or not compressible(data.dtype):
+            return 0.0
+        n = data.world_size if self.takes_op else 1
+        return error_bound(codec, MAX_ABS, n) * (1 + 1e-6)
 
 
 # -- dispatch, one function per Communicator method ------------------------------------------------
 def _all_reduce(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
-    return comm.all_reduce(x, op=a.op, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
+    return comm.all_reduce(x, op=a.op, out=a.out, timeout=a.timeout, algorithm=a.algorithm, compression=a.compression)
 
 
 def _all_gather(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
-    return comm.all_gather(x, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
+    return comm.all_gather(x, out=a.out, timeout=a.timeout, algorithm=a.algorithm, compression=a.compression)
 
 
 def _reduce_scatter(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
-    return comm.reduce_scatter(x, op=a.op, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
+    return comm.reduce_scatter(
+        x, op=a.op, out=a.out, timeout=a.timeout, algorithm=a.algorithm, compression=a.compression
+    )
 
 
 def _all_to_all(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
@@ -207,11 +230,13 @@ def _all_to_all(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any
 def _broadcast(comm: Communicator, x: Any, a: CallArgs) -> Awaitable[Any]:
     """Non-roots receive into ``out`` (None: a new array)."""
     buf: np.ndarray | None = x if comm.rank == a.root else a.out
-    return comm.broadcast(buf, root=a.root, timeout=a.timeout, algorithm=a.algorithm)
+    return comm.broadcast(buf, root=a.root, timeout=a.timeout, algorithm=a.algorithm, compression=a.compression)
 
 
 def _reduce(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
-    return comm.reduce(x, op=a.op, root=a.root, out=a.out, timeout=a.timeout, algorithm=a.algorithm)
+    return comm.reduce(
+        x, op=a.op, root=a.root, out=a.out, timeout=a.timeout, algorithm=a.algorithm, compression=a.compression
+    )
 
 
 def _gather(comm: Communicator, x: np.ndarray, a: CallArgs) -> Awaitable[Any]:
@@ -283,6 +308,7 @@ REGISTRY: Final[dict[str, Collective]] = _registry(
         busbw=_all_reduce_bus,
         expected=_reduced,
         takes_op=True,
+        takes_compression=True,
     ),
     Collective(
         "all_gather",
@@ -292,6 +318,7 @@ REGISTRY: Final[dict[str, Collective]] = _registry(
         expected=_every_rank,
         uneven="flag",
         output_blocks=True,
+        takes_compression=True,
     ),
     Collective(
         "reduce_scatter",
@@ -302,6 +329,7 @@ REGISTRY: Final[dict[str, Collective]] = _registry(
         takes_op=True,
         uneven="lists",
         input_blocks=True,
+        takes_compression=True,
     ),
     Collective(
         "all_to_all",
@@ -322,6 +350,7 @@ REGISTRY: Final[dict[str, Collective]] = _registry(
         takes_root=True,
         root_sends=True,
         root_result_is_input=True,
+        takes_compression=True,
     ),
     Collective(
         "reduce",
@@ -332,6 +361,7 @@ REGISTRY: Final[dict[str, Collective]] = _registry(
         takes_op=True,
         takes_root=True,
         root_receives=True,
+        takes_compression=True,
     ),
     Collective(
         "gather",

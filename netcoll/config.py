@@ -446,6 +446,8 @@ class SubmitConfig(ClientConfig):
     reduce_op: str = "sum"
     root: int = Field(default=0, ge=0)
     algorithm: str = "auto"
+    #: none, fp16, bf16, int8 (netcoll.compression); None: the rank daemons' NETCOLL_COMPRESSION
+    compression: str | None = None
     iters: int = Field(default=1, ge=1, le=100_000)
     warmup: int = Field(default=0, ge=0, le=10_000)
     world_size: int | None = Field(default=None, ge=1)
@@ -472,6 +474,7 @@ class SubmitConfig(ClientConfig):
             "reduce_op": self.reduce_op,
             "root": self.root,
             "algorithm": self.algorithm,
+            "compression": self.compression,
             "iters": self.iters,
             "warmup": self.warmup,
             "world_size": self.world_size,

@@ -61,6 +61,7 @@ from .comm.types import (
     ScatterAlgorithm,
     TensorLike,
 )
+from .compression import Compression
 from .errors import CollectiveCancelled, CommunicatorClosed
 from .launched import record_failure
 from .loop import new_event_loop
@@ -260,9 +261,19 @@ class SyncCommunicator:
         out: Array | None = None,
         timeout: float | None = None,
         algorithm: AllReduceAlgorithm = "auto",
+        compression: Compression | None = None,
         async_op: bool = False,
     ) -> Any:
-        return self._call(self._comm.all_reduce, async_op, x, op, out=out, timeout=timeout, algorithm=algorithm)
+        return self._call(
+            self._comm.all_reduce,
+            async_op,
+            x,
+            op,
+            out=out,
+            timeout=timeout,
+            algorithm=algorithm,
+            compression=compression,
+        )
 
     @_blocking
     def broadcast(
@@ -272,9 +283,12 @@ class SyncCommunicator:
         *,
         timeout: float | None = None,
         algorithm: BroadcastAlgorithm = "auto",
+        compression: Compression | None = None,
         async_op: bool = False,
     ) -> Any:
-        return self._call(self._comm.broadcast, async_op, x, root, timeout=timeout, algorithm=algorithm)
+        return self._call(
+            self._comm.broadcast, async_op, x, root, timeout=timeout, algorithm=algorithm, compression=compression
+        )
 
     @_blocking
     def reduce(
@@ -286,9 +300,20 @@ class SyncCommunicator:
         out: Array | None = None,
         timeout: float | None = None,
         algorithm: ReduceAlgorithm = "auto",
+        compression: Compression | None = None,
         async_op: bool = False,
     ) -> Any:
-        return self._call(self._comm.reduce, async_op, x, op, root, out=out, timeout=timeout, algorithm=algorithm)
+        return self._call(
+            self._comm.reduce,
+            async_op,
+            x,
+            op,
+            root,
+            out=out,
+            timeout=timeout,
+            algorithm=algorithm,
+            compression=compression,
+        )
 
     @_blocking
     def all_gather(
@@ -299,10 +324,18 @@ class SyncCommunicator:
         out: Array | None = None,
         timeout: float | None = None,
         algorithm: AllGatherAlgorithm = "auto",
+        compression: Compression | None = None,
         async_op: bool = False,
     ) -> Any:
         return self._call(
-            self._comm.all_gather, async_op, x, uneven=uneven, out=out, timeout=timeout, algorithm=algorithm
+            self._comm.all_gather,
+            async_op,
+            x,
+            uneven=uneven,
+            out=out,
+            timeout=timeout,
+            algorithm=algorithm,
+            compression=compression,
         )
 
     @_blocking
@@ -343,9 +376,19 @@ class SyncCommunicator:
         out: Array | None = None,
         timeout: float | None = None,
         algorithm: ReduceScatterAlgorithm = "auto",
+        compression: Compression | None = None,
         async_op: bool = False,
     ) -> Any:
-        return self._call(self._comm.reduce_scatter, async_op, x, op, out=out, timeout=timeout, algorithm=algorithm)
+        return self._call(
+            self._comm.reduce_scatter,
+            async_op,
+            x,
+            op,
+            out=out,
+            timeout=timeout,
+            algorithm=algorithm,
+            compression=compression,
+        )
 
     @_blocking
     def all_to_all(

@@ -24,7 +24,7 @@ import numpy as np
 
 from .ops import reduce_reference
 
-__all__ = ["CHUNK", "PERIOD", "RANK_SHIFT", "Pattern", "TestData"]
+__all__ = ["CHUNK", "MAX_ABS", "PERIOD", "RANK_SHIFT", "Pattern", "TestData"]
 
 PERIOD: Final = 65521  # prime, so no power-of-two segment or block size is a multiple of it
 RANK_SHIFT: Final = 7919  # rank k's data is the table rotated by k * RANK_SHIFT
@@ -34,6 +34,8 @@ CHUNK: Final = 4 * PERIOD  # elements per fill / compare step
 CACHED_PATTERNS: Final = 8
 
 _TABLE = np.random.default_rng(20240604).integers(-8, 9, size=PERIOD, dtype=np.int64)
+#: the largest magnitude of a float rank's data (compressed checks scale their tolerance by it)
+MAX_ABS: Final = 8
 
 
 def _values(redop: str, dt: np.dtype) -> np.ndarray:
@@ -66,12 +68,18 @@ class Pattern:
             m = min(CHUNK, len(out) - s)
             out[s : s + m] = self.window(start + s, m)
 
-    def count_wrong(self, got: np.ndarray, start: int = 0) -> int:
-        """Elements of flat ``got`` that differ from ``pattern[start:]``."""
+    def count_wrong(self, got: np.ndarray, start: int = 0, atol: float = 0.0) -> int:
+        """Elements of flat ``got`` that differ from ``pattern[start:]`` (by more than
+        ``atol``, when given: a lossy compressed collective's result; NaN is wrong)."""
         wrong = 0
         for s in range(0, len(got), CHUNK):
             m = min(CHUNK, len(got) - s)
-            wrong += int(np.count_nonzero(got[s : s + m] != self.window(start + s, m)))
+            want = self.window(start + s, m)
+            if atol:
+                near = np.abs(got[s : s + m].astype(np.float64) - want.astype(np.float64)) <= atol
+                wrong += m - int(np.count_nonzero(near))
+            else:
+                wrong += int(np.count_nonzero(got[s : s + m] != want))
         return wrong
 
 

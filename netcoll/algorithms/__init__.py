@@ -32,6 +32,11 @@ collective          algorithms                 call
 ``barrier``         doubling                   ``fn(ch) -> None``
 ==================  =========================  ==============================================
 
+Compressed reductions (``compression=``) run :mod:`.compressed` (an all_to_all of
+encoded shards, a reduction in the input's dtype, then an all_gather or gather of the
+encoded result); it is not in the table: its signature takes the codec and the
+all_to_all it runs.
+
 Block buffers (all_gather, all_to_all, gather, scatter) are handled as raw
 bytes; reduction buffers keep their dtype. Which one ``algorithm="auto"``
 runs is :mod:`netcoll.selection`'s business. Point-to-point messages of any
@@ -45,6 +50,7 @@ from typing import Any, Final
 
 from . import (
     allpairs,
+    compressed,
     direct,
     doubling,
     halving,
@@ -60,6 +66,7 @@ __all__ = [
     "ALGORITHMS",
     "DEFAULT_SEGMENT_BYTES",
     "allpairs",
+    "compressed",
     "direct",
     "doubling",
     "linear",

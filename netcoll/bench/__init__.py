@@ -95,20 +95,7 @@ def _add_sweep_arguments(g: argparse._ArgumentGroup) -> None:
         default=1,
         help="verify every result against numpy (#wrong; default 1)",
     )
-    g.add_argument(
-        "--algorithm",
-        default="auto",
-        metavar="NAME",
-        help="auto (default) or a collective's algorithm (listed below); collectives without it run auto",
-    )
-    g.add_argument(
-        "--segment-bytes",
-        type=size_arg,
-        default=None,
-        metavar="SIZE",
-        help="largest message a collective sends (default: netcoll's)",
-    )
-    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="deadline of each call")
+    _add_call_arguments(g)
 
 
 def _add_cluster_arguments(c: argparse._ArgumentGroup) -> None:
@@ -148,6 +135,31 @@ def _add_output_arguments(o: argparse._ArgumentGroup) -> None:
     o.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal anyway)")
 
 
+def _add_call_arguments(g: argparse._ArgumentGroup) -> None:
+    """How each call runs: algorithm, compression, segment size, deadline."""
+    g.add_argument(
+        "--algorithm",
+        default="auto",
+        metavar="NAME",
+        help="auto (default) or a collective's algorithm (listed below); collectives without it run auto",
+    )
+    g.add_argument(
+        "--compression",
+        default="none",
+        choices=["none", "fp16", "bf16", "int8"],
+        help="codec of all_reduce, reduce, reduce_scatter, all_gather, broadcast (float dtypes; "
+        "the others run uncompressed; default none); #wrong then allows the codec's error",
+    )
+    g.add_argument(
+        "--segment-bytes",
+        type=size_arg,
+        default=None,
+        metavar="SIZE",
+        help="largest message a collective sends (default: netcoll's)",
+    )
+    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="deadline of each call")
+
+
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
     """The sweep the parsed arguments ask for. Raises ValueError."""
     pos, flag = getattr(args, "op_positional", None), getattr(args, "op", None)
@@ -165,6 +177,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         root=args.root,
         check=bool(args.check),
         algorithm=args.algorithm,
+        compression=getattr(args, "compression", "none"),
         segment_bytes=args.segment_bytes,
         timeout=args.timeout,
     ).validate()

@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import collectives
 from ..collectives import Collective
+from ..compression import compressible, parse_compression
 from ..ops import BFLOAT16, check_dtype, check_op_dtype, parse_op
 
 #: ``--op all`` runs these, in this order: the registry's collectives that move data.
@@ -168,6 +169,8 @@ class SweepConfig:
     root: int = 0
     check: bool = True
     algorithm: str = "auto"
+    #: the codec of the collectives that take one (netcoll.compression), on float dtypes
+    compression: str = "none"
     segment_bytes: int | None = None
     timeout: float | None = None
     #: algorithms (``auto`` included) to alternate in one group, each size in turn: a block
@@ -200,6 +203,9 @@ class SweepConfig:
                     f"--algorithm {self.algorithm!r} is not an algorithm of "
                     f"{', '.join(self.ops)}; choose auto or one of {', '.join(known)}"
                 )
+        self.compression = parse_compression(self.compression, "--compression")
+        if self.compression != "none" and self.algorithm != "auto":
+            raise ValueError(f"--compression {self.compression} runs with --algorithm auto")
         if self.rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
         names = {a for op in self.ops for a in collectives.get(op).algorithms}
@@ -214,6 +220,16 @@ class SweepConfig:
     @property
     def np_dtype(self) -> np.dtype:
         return parse_dtype(self.dtype)
+
+    def compression_for(self, op: str) -> str:
+        """``compression`` where it runs: a collective that takes it, a float dtype, a
+        reduction it takes (sum, avg, min, max); else ``"none"``."""
+        coll = collectives.get(op)
+        if not coll.takes_compression or not compressible(self.np_dtype):
+            return "none"
+        if coll.takes_op and self.redop not in ("sum", "avg", "min", "max"):
+            return "none"
+        return self.compression
 
     def algorithm_for(self, op: str) -> str:
         """``algorithm``, or ``auto`` for a collective that has no algorithm of that name

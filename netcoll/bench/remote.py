@@ -33,6 +33,7 @@ def _job_fields(cfg: SweepConfig, g: Geometry) -> dict[str, Any]:
         "reduce_op": cfg.redop,
         "root": cfg.root,
         "algorithm": cfg.algorithm_for(g.op),
+        "compression": cfg.compression_for(g.op),
         "iters": cfg.iters,
         "warmup": cfg.warmup,
         "world_size": g.world_size,
@@ -77,6 +78,7 @@ def _row(cfg: SweepConfig, g: Geometry, rec: dict[str, Any], requested: int) -> 
         iters=cfg.iters,
         warmup=cfg.warmup,
         **_algorithm_fields(cfg, g, rec),
+        compression=cfg.compression_for(g.op),
         job=rec["id"],
         rank_time_us=[per_rank[r] * 1e6 for r in sorted(per_rank)],
     )

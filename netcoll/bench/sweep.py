@@ -51,7 +51,10 @@ def _call(
     """A zero-argument function making one call of the collective (the registry's dispatch)."""
     coll = g.collective
     algorithm, root, redop, timeout = cfg.algorithm_for(g.op), cfg.root, cfg.redop, cfg.timeout
-    return lambda: coll.call(comm, x, op=redop, root=root, out=out, algorithm=algorithm, timeout=timeout)
+    codec = cfg.compression_for(g.op)
+    return lambda: coll.call(
+        comm, x, op=redop, root=root, out=out, algorithm=algorithm, timeout=timeout, compression=codec
+    )
 
 
 def _out_buffer(g: Geometry, rank: int, root: int) -> np.ndarray | None:
@@ -118,7 +121,8 @@ async def _measure(comm: Any, g: Geometry, cfg: SweepConfig, data: TestData) -> 
     if cfg.check:  # one more call (on every rank) into poisoned buffers
         if out is not None:
             out.reshape(-1).view(np.uint8).fill(0xA5)
-        wrong = coll.count_wrong(data, g.block, rank, cfg.root, await call())
+        codec = cfg.compression_for(g.op)
+        wrong = coll.count_wrong(data, g.block, rank, cfg.root, await call(), codec)
     data.forget()
     return _Measured(total, durations, wrong)
 
@@ -157,6 +161,7 @@ async def _report(
         iters=cfg.iters,
         warmup=cfg.warmup,
         algorithm=_algorithm(cfg, g, comm),
+        compression=cfg.compression_for(g.op),
         segment_bytes=int(table[0, 7]),
         predicted_us=None if np.isnan(table[0, 8]) else float(table[0, 8]) * 1e6,
         peak_rss_bytes=int(table[:, 4].max()),

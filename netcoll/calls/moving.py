@@ -14,10 +14,12 @@ import numpy as np
 
 from .. import algorithms
 from ..arrays import array_from_meta, as_array, check_out, contiguous_copy, describe, leading_ranks, meta_of
+from ..compression import NONE, Requested
 from ..engine import Call, Engine
 from ..errors import MismatchError
 from ..selection import root_shape, select
 from ..tensors import from_peer
+from . import compressed
 from ._common import (
     Done,
     Plan,
@@ -36,7 +38,9 @@ from ._common import (
 )
 
 
-def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False) -> Plan:
+def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False, compression: Requested = NONE) -> Plan:
+    if compression.codec != "none":
+        return compressed.broadcast(e, x, root, algorithm, compression, torch)
     root = check_root(e, root)
     algo, _ = select(e, "broadcast", algorithm, 0)
     meta: dict[str, Any] | None = None
@@ -87,9 +91,13 @@ def broadcast(e: Engine, x: Any, root: Any, algorithm: str, torch: bool = False)
     )
 
 
-def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: bool = False) -> Plan:
+def all_gather(
+    e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: bool = False, compression: Requested = NONE
+) -> Plan:
     x = as_array(x)
     if check_uneven(uneven):
+        if compression.codec != "none" and compression.explicit:
+            raise ValueError(f"all_gather: compression={compression.codec!r} takes equal arrays, not uneven=True")
         if out is not None:
             raise ValueError("all_gather: out= is not supported with uneven=True (the result is a list)")
         algo = pick_v("all_gather", algorithm, "pairwise")
@@ -105,6 +113,9 @@ def all_gather(e: Engine, x: Any, uneven: Any, out: Any, algorithm: str, torch: 
             ),
             _arrays,
         )
+    codec = compressed.applies(compression, x.dtype)
+    if codec != "none":
+        return compressed.all_gather(e, x, out, algorithm, codec)
     res = result(out, (e.world_size, *x.shape), x.dtype)
     res[e.rank] = unaliased(x, res, res[e.rank])
     algo, seg = select(e, "all_gather", algorithm, res.nbytes)

@@ -12,9 +12,11 @@ import numpy as np
 
 from .. import algorithms
 from ..arrays import as_array, contiguous_copy, describe, leading_ranks
+from ..compression import NONE, Requested
 from ..engine import Call, Engine
 from ..ops import ReduceOp, check_op_dtype, finalize, parse_op
 from ..selection import select
+from . import compressed
 from ._common import (
     Done,
     Plan,
@@ -36,9 +38,12 @@ def _finalized(rop: ReduceOp, buf: np.ndarray, world_size: int) -> np.ndarray:
     return buf
 
 
-def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
+def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str, compression: Requested = NONE) -> Plan:
     x = as_array(x)
     rop = parse_op(op)
+    codec = compressed.applies(compression, x.dtype, rop, algorithm)
+    if codec != "none":
+        return compressed.all_reduce(e, x, rop, out, algorithm, codec)
     check_op_dtype(rop, x.dtype)
     algo, seg = select(e, "all_reduce", algorithm, x.nbytes)
     kw: dict[str, Any] = {"segment_bytes": seg}
@@ -71,9 +76,12 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
     return Call("all_reduce", name, lambda ch: fn(ch, flat, rop, **kw), post)
 
 
-def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str) -> Plan:
+def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str, compression: Requested = NONE) -> Plan:
     x = as_array(x)
     rop = parse_op(op)
+    codec = compressed.applies(compression, x.dtype, rop, algorithm)
+    if codec != "none":
+        return compressed.reduce(e, x, rop, root, out, algorithm, codec)
     check_op_dtype(rop, x.dtype)
     root = check_root(e, root)
     algo, seg = select(e, "reduce", algorithm, x.nbytes)
@@ -99,8 +107,11 @@ def reduce(e: Engine, x: Any, op: Any, root: Any, out: Any, algorithm: str) -> P
     return Call("reduce", name, lambda ch: fn(ch, flat, rop, root, **kw), post)
 
 
-def reduce_scatter(e: Engine, x: Any, op: Any, out: Any, algorithm: str) -> Plan:
+def reduce_scatter(e: Engine, x: Any, op: Any, out: Any, algorithm: str, compression: Requested = NONE) -> Plan:
     rop = parse_op(op)
+    codec = compressed.applies(compression, None if is_list(x) else as_array(x).dtype, rop, algorithm)
+    if codec != "none":
+        return compressed.reduce_scatter(e, x, rop, out, algorithm, codec)
     if is_list(x):
         if out is not None:
             raise ValueError("reduce_scatter: out= is not supported for a list input")

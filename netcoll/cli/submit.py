@@ -101,6 +101,12 @@ def _add_job_arguments(sp: argparse.ArgumentParser) -> None:
     )
     sp.add_argument("--root", type=int, help="root rank of broadcast/reduce/gather/scatter (default 0)")
     sp.add_argument("--algorithm", metavar="NAME", help="auto (default) or one of OP's algorithms (listed below)")
+    sp.add_argument(
+        "--compression",
+        choices=["none", "fp16", "bf16", "int8"],
+        help="codec of all_reduce, reduce, reduce_scatter, all_gather, broadcast on float data "
+        "(default: the rank daemons' NETCOLL_COMPRESSION, else none); docs/compression.md",
+    )
     sp.add_argument("--iters", type=int, metavar="K", help="timed iterations (default 1)")
     sp.add_argument("--warmup", type=int, metavar="W", help="untimed iterations first (default 0)")
     sp.add_argument(
@@ -295,7 +301,7 @@ def job_json(rec: dict[str, Any], coordinator: str) -> dict[str, Any]:
 
 
 def _job_data_line(rec: dict[str, Any]) -> str | None:
-    """What the job ran on: data, reduction, root, algorithm, iterations (None for barrier)."""
+    """What the job ran on: data, reduction, root, codec, algorithm, iterations (None for barrier)."""
     spec = rec.get("spec") or {}
     coll = collectives.REGISTRY.get(rec["op"])
     if coll is None or not coll.has_data:
@@ -307,6 +313,7 @@ def _job_data_line(rec: dict[str, Any]) -> str | None:
     )
     extra = f", op {spec.get('reduce_op')}" if coll.takes_op else ""
     extra += f", root {spec.get('root')}" if coll.takes_root else ""
+    extra += f", compression {spec['compression']}" if spec.get("compression") not in (None, "none") else ""
     warmup = f" + {spec.get('warmup')} warm-up" if spec.get("warmup") else ""
     iters = spec.get("iters")
     count = plural(iters, "iteration") if isinstance(iters, int) else f"{iters} iterations"

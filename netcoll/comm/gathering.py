@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..calls import moving
+from ..compression import resolve
 from ..tensors import inputs
 
 if TYPE_CHECKING:
+    from ..compression import Compression
     from ..operation import Work
     from .communicator import Communicator
     from .types import AllGatherAlgorithm, Array, ArrayIn, GatherAlgorithm, TensorLike, TensorOut
@@ -27,6 +29,7 @@ def all_gather(
     out: TensorLike[TensorOut] | None = None,
     timeout: float | None = None,
     algorithm: AllGatherAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[TensorOut]: ...
 
 
@@ -38,6 +41,7 @@ def all_gather(
     uneven: Literal[True],
     timeout: float | None = None,
     algorithm: AllGatherAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[list[TensorOut]]: ...
 
 
@@ -50,6 +54,7 @@ def all_gather(
     out: Array | None = None,
     timeout: float | None = None,
     algorithm: AllGatherAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Array]: ...
 
 
@@ -61,6 +66,7 @@ def all_gather(
     uneven: Literal[True],
     timeout: float | None = None,
     algorithm: AllGatherAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[list[Array]]: ...
 
 
@@ -73,6 +79,7 @@ def all_gather(
     out: Array | TensorLike[Any] | None = None,
     timeout: float | None = None,
     algorithm: AllGatherAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Any]: ...
 def all_gather(
     self: Communicator,
@@ -82,6 +89,7 @@ def all_gather(
     out: Array | TensorLike[Any] | None = None,
     timeout: float | None = None,
     algorithm: AllGatherAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Any]:
     """Every rank's ``x``, stacked on every rank: row ``r`` from rank ``r``.
 
@@ -101,6 +109,10 @@ def all_gather(
             the others are told to abort.
         algorithm: ``"auto"``, ``"ring"`` or ``"doubling"`` (Bruck's);
             with ``uneven=True``, ``"auto"`` or ``"pairwise"``.
+        compression: ``"none"``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (None: the default,
+            ``NETCOLL_COMPRESSION``, else ``"none"``): the codec every contribution crosses the
+            links in; every row, this rank's own too, is the decoded one; not with ``uneven``. Float
+            inputs only (``ValueError`` for integer, bool or complex). Bounds: docs/compression.md.
 
     Returns:
         A :class:`~netcoll.Work`, issued now: an array of shape
@@ -126,8 +138,8 @@ def all_gather(
         table = await comm.all_gather(np.array([comm.rank, n_items]))  # shape (world_size, 2)
         parts = await comm.all_gather(shard, uneven=True)             # list of world_size arrays
     """
-    x, out, io = inputs(x, out)
-    return self._plan(lambda e: moving.all_gather(e, x, uneven, out, algorithm, io is not None), timeout, io)
+    (x, out, io), codec = inputs(x, out), resolve(compression)
+    return self._plan(lambda e: moving.all_gather(e, x, uneven, out, algorithm, io is not None, codec), timeout, io)
 
 
 @overload

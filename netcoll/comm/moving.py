@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from ..calls import moving
+from ..compression import resolve
 from ..tensors import inputs
 
 if TYPE_CHECKING:
+    from ..compression import Compression
     from ..operation import Work
     from .communicator import Communicator
     from .types import (
@@ -40,6 +42,7 @@ def broadcast(
     *,
     timeout: float | None = None,
     algorithm: BroadcastAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Any]: ...
 
 
@@ -51,6 +54,7 @@ def broadcast(
     *,
     timeout: float | None = None,
     algorithm: BroadcastAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[TensorOut]: ...
 
 
@@ -62,6 +66,7 @@ def broadcast(
     *,
     timeout: float | None = None,
     algorithm: BroadcastAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Array]: ...
 def broadcast(
     self: Communicator,
@@ -70,6 +75,7 @@ def broadcast(
     *,
     timeout: float | None = None,
     algorithm: BroadcastAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Any]:
     """Rank ``root``'s ``x`` to every rank.
 
@@ -88,6 +94,11 @@ def broadcast(
         algorithm: ``"auto"`` (the root chooses the tree or the chain by
             the size, the others follow), ``"tree"``, ``"ring"`` (a
             pipelined chain) or ``"sized"`` (what ``auto`` runs).
+        compression: ``"none"``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (None: the default,
+            ``NETCOLL_COMPRESSION``, else ``"none"``): the codec every contribution crosses the
+            links in; every rank, the root too, returns the decoded array (not the root's ``x``
+            itself). Float inputs only (``ValueError`` for integer, bool or complex). Bounds:
+            docs/compression.md.
 
     Returns:
         A :class:`~netcoll.Work`, issued now: the root's array. At the root
@@ -114,8 +125,8 @@ def broadcast(
 
         weights = await comm.broadcast(weights if comm.rank == 0 else None, root=0)
     """
-    x, _, io = inputs(x)
-    return self._plan(lambda e: moving.broadcast(e, x, root, algorithm, io is not None), timeout, io)
+    (x, _, io), codec = inputs(x), resolve(compression)
+    return self._plan(lambda e: moving.broadcast(e, x, root, algorithm, io is not None, codec), timeout, io)
 
 
 @overload

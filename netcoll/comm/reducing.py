@@ -11,9 +11,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from ..calls import reducing
+from ..compression import resolve
 from ..tensors import inputs
 
 if TYPE_CHECKING:
+    from ..compression import Compression
     from ..operation import Work
     from .communicator import Communicator
     from .types import (
@@ -37,6 +39,7 @@ def all_reduce(
     out: TensorLike[TensorOut] | None = None,
     timeout: float | None = None,
     algorithm: AllReduceAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[TensorOut]: ...
 
 
@@ -49,6 +52,7 @@ def all_reduce(
     out: Array | None = None,
     timeout: float | None = None,
     algorithm: AllReduceAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Array]: ...
 def all_reduce(
     self: Communicator,
@@ -58,6 +62,7 @@ def all_reduce(
     out: Array | TensorLike[Any] | None = None,
     timeout: float | None = None,
     algorithm: AllReduceAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Any]:
     """Reduce ``x`` element-wise over every rank; every rank gets the result.
 
@@ -86,6 +91,12 @@ def all_reduce(
         algorithm: ``"auto"`` (chosen by size, world size and links;
             ``NETCOLL_ALGO`` may force one), or ``"ring"``, ``"tree"``,
             ``"doubling"``, ``"halving"``, ``"allpairs"``.
+        compression: ``"none"``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (None: the default,
+            ``NETCOLL_COMPRESSION``, else ``"none"``): the codec every contribution crosses the
+            links in; reduced in ``x``'s dtype in rank order, and the result decoded from the same
+            bytes on every rank (still bit-identical); ``op`` sum, avg, min or max; ``algorithm``
+            ``"auto"``. Float inputs only (``ValueError`` for integer, bool or complex). Bounds:
+            docs/compression.md.
 
     Returns:
         A :class:`~netcoll.Work`, issued now (its place in the group's
@@ -112,8 +123,8 @@ def all_reduce(
         grads = await comm.all_reduce(grads, op="avg")
         work = comm.all_reduce(loss)  # in flight; await it later
     """
-    x, out, io = inputs(x, out)
-    return self._plan(lambda e: reducing.all_reduce(e, x, op, out, algorithm), timeout, io)
+    (x, out, io), codec = inputs(x, out), resolve(compression)
+    return self._plan(lambda e: reducing.all_reduce(e, x, op, out, algorithm, codec), timeout, io)
 
 
 @overload
@@ -126,6 +137,7 @@ def reduce(
     out: TensorLike[TensorOut] | None = None,
     timeout: float | None = None,
     algorithm: ReduceAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[TensorOut | None]: ...
 
 
@@ -139,6 +151,7 @@ def reduce(
     out: Array | None = None,
     timeout: float | None = None,
     algorithm: ReduceAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Array | None]: ...
 def reduce(
     self: Communicator,
@@ -149,6 +162,7 @@ def reduce(
     out: Array | TensorLike[Any] | None = None,
     timeout: float | None = None,
     algorithm: ReduceAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Any]:
     """Reduce ``x`` element-wise over every rank into rank ``root``.
 
@@ -162,6 +176,11 @@ def reduce(
         timeout: seconds the call may run (default: the communicator's
             :attr:`timeout`); as for :meth:`all_reduce`.
         algorithm: ``"auto"``, ``"tree"`` or ``"ring"``.
+        compression: ``"none"``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (None: the default,
+            ``NETCOLL_COMPRESSION``, else ``"none"``): the codec every contribution crosses the
+            links in; reduced in ``x``'s dtype; ``op`` sum, avg, min or max; ``algorithm``
+            ``"auto"``. Float inputs only (``ValueError`` for integer, bool or complex). Bounds:
+            docs/compression.md.
 
     Returns:
         A :class:`~netcoll.Work`, issued now: the reduced array at the
@@ -181,8 +200,8 @@ def reduce(
         if comm.rank == 0:
             assert total is not None
     """
-    x, out, io = inputs(x, out)
-    return self._plan(lambda e: reducing.reduce(e, x, op, root, out, algorithm), timeout, io)
+    (x, out, io), codec = inputs(x, out), resolve(compression)
+    return self._plan(lambda e: reducing.reduce(e, x, op, root, out, algorithm, codec), timeout, io)
 
 
 @overload
@@ -194,6 +213,7 @@ def reduce_scatter(
     out: TensorLike[TensorOut] | None = None,
     timeout: float | None = None,
     algorithm: ReduceScatterAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[TensorOut]: ...
 
 
@@ -206,6 +226,7 @@ def reduce_scatter(
     out: Array | None = None,
     timeout: float | None = None,
     algorithm: ReduceScatterAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Array]: ...
 def reduce_scatter(
     self: Communicator,
@@ -215,6 +236,7 @@ def reduce_scatter(
     out: Array | TensorLike[Any] | None = None,
     timeout: float | None = None,
     algorithm: ReduceScatterAlgorithm = "auto",
+    compression: Compression | None = None,
 ) -> Work[Any]:
     """Reduce ``x`` over every rank; rank ``r`` gets row ``r`` of the result.
 
@@ -232,6 +254,11 @@ def reduce_scatter(
             :attr:`timeout`); as for :meth:`all_reduce`.
         algorithm: ``"auto"``, ``"ring"`` or ``"halving"``; a list takes
             ``"auto"`` or ``"pairwise"``.
+        compression: ``"none"``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (None: the default,
+            ``NETCOLL_COMPRESSION``, else ``"none"``): the codec every contribution crosses the
+            links in; reduced in ``x``'s dtype in rank order; one array ``x``, not a list; ``op``
+            sum, avg, min or max; ``algorithm`` ``"auto"``. Float inputs only (``ValueError`` for
+            integer, bool or complex). Bounds: docs/compression.md.
 
     Returns:
         A :class:`~netcoll.Work`, issued now: this rank's reduced row
@@ -248,8 +275,8 @@ def reduce_scatter(
 
         mine = await comm.reduce_scatter(grads.reshape(comm.world_size, -1), op="avg")
     """
-    x, out, io = inputs(x, out)
-    return self._plan(lambda e: reducing.reduce_scatter(e, x, op, out, algorithm), timeout, io)
+    (x, out, io), codec = inputs(x, out), resolve(compression)
+    return self._plan(lambda e: reducing.reduce_scatter(e, x, op, out, algorithm, codec), timeout, io)
 
 
 __all__ = ["all_reduce", "reduce", "reduce_scatter"]

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import choices, collectives
 from ..collectives import Collective
+from ..compression import check_codec, parse_compression
 from ..limits import DEFAULT as LIMITS
 from ..limits import exceeded
 from ..ops import BFLOAT16, ReduceOp, check_dtype, check_op_dtype
@@ -75,6 +76,9 @@ class JobSpec(BaseModel):
     reduce_op: str = "sum"
     root: int = Field(default=0, ge=0)
     algorithm: str = "auto"
+    #: the codec (netcoll.compression) of all_reduce, reduce, reduce_scatter, all_gather and
+    #: broadcast: "none", "fp16", "bf16", "int8"; None: the rank daemons' NETCOLL_COMPRESSION
+    compression: str | None = None
     iters: int = Field(default=1, ge=1, le=100_000)
     warmup: int = Field(default=0, ge=0, le=10_000)
     world_size: int | None = Field(default=None, ge=1, description="wait for this many ranks")
@@ -105,6 +109,11 @@ class JobSpec(BaseModel):
     @classmethod
     def _rop(cls, v: str) -> str:
         return choices.check_reduce_op(v)
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, v: str | None) -> str | None:
+        return None if v is None else parse_compression(v)
 
     @field_validator("size", mode="before")
     @classmethod
@@ -138,6 +147,18 @@ class JobSpec(BaseModel):
             check_op_dtype(ReduceOp(self.reduce_op), self.np_dtype)
         choices.check_algorithm(coll, self.algorithm)
         choices.check_root(coll, self.root, self.world_size)
+        if self.compression not in (None, "none"):
+            self._check_compression(coll, self.compression)
+
+    def _check_compression(self, coll: Collective, codec: str) -> None:
+        """What a compressed call refuses, refused at submission (netcoll.calls.compressed)."""
+        if not coll.takes_compression:
+            raise ValueError(f"{coll.name} takes no compression (compression={codec!r})")
+        check_codec(codec, self.np_dtype, coll.name)
+        if coll.takes_op and self.reduce_op not in ("sum", "avg", "min", "max"):
+            raise ValueError(f"reduce_op={self.reduce_op!r} cannot be compressed (sum, avg, min, max)")
+        if coll.takes_op and self.algorithm != "auto":
+            raise ValueError(f"compression={codec!r} runs {coll.name}'s one compressed plan: algorithm must be 'auto'")
 
     def _check_generated(self) -> None:
         """A default size, whole elements, and the per-rank limit."""
@@ -190,5 +211,6 @@ def verify(spec: JobSpec, rank: int, world: int, got: Any) -> tuple[bool, int]:
     coll = spec.collective
     if coll is None:
         return True, 0
-    wrong = coll.count_wrong(_data(spec, world), coll.block_of(spec.count, world), rank, spec.root, got)
+    block = coll.block_of(spec.count, world)
+    wrong = coll.count_wrong(_data(spec, world), block, rank, spec.root, got, spec.compression)
     return wrong == 0, wrong

@@ -93,7 +93,14 @@ async def call(
     if coll.takes_root:
         check_root(spec.root, comm.world_size)
     return await coll.call(
-        comm, x, op=spec.reduce_op, root=spec.root, out=out, algorithm=spec.algorithm, timeout=timeout
+        comm,
+        x,
+        op=spec.reduce_op,
+        root=spec.root,
+        out=out,
+        algorithm=spec.algorithm,
+        timeout=timeout,
+        compression=spec.compression,
     )
 
 

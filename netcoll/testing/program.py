@@ -72,6 +72,10 @@ SUB_CHANCE: Final = 0.35  # of a step after a split running on one of its sub-gr
 OUT_CHANCE: Final = 0.2  # of a step of :data:`OUTS` passing ``out=`` buffers
 TASK_CANCEL_CHANCE: Final = 0.35  # of a cancel being that of the task awaiting the Work
 GATHER_CHANCE: Final = 0.3  # of a rank awaiting some Works together, each in a task of its own
+COMPRESS_CHANCE: Final = 0.3  # of a step that can be compressed being compressed
+#: the collectives that take ``compression=`` (on float dtypes; reductions: sum avg min max)
+COMPRESSIBLE: Final = ("all_reduce", "reduce", "reduce_scatter", "all_gather", "broadcast")
+CODECS: Final = ("fp16", "bf16", "int8")
 OUTS: Final = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all")
 
 
@@ -96,6 +100,7 @@ class Step:
     colors: tuple[int | None, ...] = ()
     keys: tuple[int, ...] = ()
     out: bool = False  # results into buffers passed as ``out=`` (a broadcast's: as its buffer)
+    compression: str = "none"  # the codec (netcoll.compression) of a step of COMPRESSIBLE
 
     def describe(self, members: tuple[int, ...]) -> str:
         where = "" if self.on is None else f"on split#{self.on[0]}:{self.on[1]} (world ranks {list(members)}) "
@@ -107,6 +112,7 @@ class Step:
         if self.kind == "p2p":
             return f"{text} {self.src}->{self.dst} tag={self.tag}"
         text += f" op={self.op}" * (self.kind in REDUCING) + f" root={self.root}" * (self.kind in ROOTED)
+        text += f" compression={self.compression}" * (self.compression != "none")
         return f"{text} algorithm={self.algorithm}" + " out=buffer" * self.out
 
 
@@ -248,7 +254,21 @@ def generate(seed: int, ranks: int, *, tuning: bool = False, steps: int | None =
             on = (split, color)
         out.append(_step(rng, i, kind, on, size))
     program = Program(seed, ranks, tuning, tuple(out), None, int(rng.choice([2, 3, 5])), int(rng.choice([1, 2, 4])))
-    return _with_more(seed, _with_cancel(rng, program))
+    return _with_compression(seed, _with_more(seed, _with_cancel(rng, program)))
+
+
+def _with_compression(seed: int, program: Program) -> Program:
+    """Now and then a step compressed (a codec drawn apart, so the rest stays as it was): a
+    float step of :data:`COMPRESSIBLE` (reductions: sum, avg, min, max, algorithm auto)."""
+    rng = np.random.default_rng([seed, program.ranks, 36])
+    steps = []
+    for s in program.steps:
+        pick, codec = rng.random() < COMPRESS_CHANCE, CODECS[int(rng.integers(len(CODECS)))]
+        fits = s.kind in COMPRESSIBLE and s.dtype in ("float16", "bfloat16", "float32", "float64")
+        if pick and fits and (s.kind not in REDUCING or s.op in ("sum", "avg", "min", "max")):
+            s = dataclasses.replace(s, compression=codec, algorithm="auto" if s.kind in REDUCING else s.algorithm)
+        steps.append(s)
+    return dataclasses.replace(program, steps=tuple(steps))
 
 
 def _with_more(seed: int, program: Program) -> Program:

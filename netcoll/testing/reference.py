@@ -12,6 +12,12 @@ on every rank) with one exception: a complex product, whose zero imaginary
 parts may be +0 or -0 by fold order, is compared by value. ``avg`` is the sum
 divided once, correctly rounded (in float64, then cast: the double rounding is
 innocuous for these exact inputs).
+
+A compressed step's result is computed as its plan makes it
+(:mod:`netcoll.algorithms.compressed`): every contribution but the receiver's own
+through the codec, reduced in rank order in the input dtype, an all_reduce's reduced
+shards (and every moved block) through the codec once more, then ``avg`` divided as
+:func:`netcoll.ops.finalize` does; compared byte for byte like the rest.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..ops import BFLOAT16
+from ..compression import decode, encode
+from ..ops import BFLOAT16, finalize, reduce_into
 from .program import REDUCING, Program, Step
 
 Array = np.ndarray[Any, Any]
@@ -129,6 +136,8 @@ def expected(program: Program, step: Step, rank: int) -> Any:
         return None
     xs = [_pristine(program.seed, step, w) for w in members]
     kind = step.kind
+    if step.compression != "none" and len(xs) > 1:  # (a group of one sends nothing: exact)
+        return _compressed(step, xs, g)
     if kind == "p2p":
         return xs[step.src] if g == step.dst else None
     if kind in ("reduce", "gather") and g != step.root:
@@ -145,6 +154,42 @@ def expected(program: Program, step: Step, rank: int) -> Any:
         return xs[step.root][g]
     assert kind == "all_to_all", kind
     return np.stack([x[g] for x in xs])
+
+
+def _through(codec: str, x: Array) -> Array:
+    """``x`` encoded and decoded (what a receiver of it holds)."""
+    return decode(codec, encode(codec, x), np.empty(x.size, x.dtype)).reshape(x.shape)
+
+
+def _in_order(step: Step, parts: list[Array], own: int) -> Array:
+    """The parts reduced in rank order, every one but ``own`` through the codec."""
+    acc = parts[0].copy() if own == 0 else _through(step.compression, parts[0])
+    for k in range(1, len(parts)):
+        reduce_into(step.op, acc, parts[k] if k == own else _through(step.compression, parts[k]))
+    return acc
+
+
+def _compressed(step: Step, xs: list[Array], g: int) -> Any:
+    """What group rank ``g`` gets from a compressed ``step`` (see the module docstring)."""
+    kind, codec, n = step.kind, step.compression, len(xs)
+    if kind == "broadcast":
+        return _through(codec, xs[step.root])
+    if kind == "all_gather":
+        return np.stack([_through(codec, x) for x in xs])
+    if kind == "reduce" and g != step.root:
+        return None
+    if kind == "reduce":
+        got = _in_order(step, [x.reshape(-1) for x in xs], step.root).reshape(xs[0].shape)
+    elif kind == "reduce_scatter":
+        got = _in_order(step, [x[g] for x in xs], g)
+    else:
+        flat = [x.reshape(-1) for x in xs]
+        q, rem = divmod(flat[0].size, n)
+        bounds = np.cumsum([0] + [q + (1 if i < rem else 0) for i in range(n)])
+        shards = [_in_order(step, [f[bounds[k] : bounds[k + 1]] for f in flat], k) for k in range(n)]
+        got = np.concatenate([_through(codec, s) for s in shards]).reshape(xs[0].shape)
+    finalize(step.op, got, n)
+    return got
 
 
 def differs(step: Step, got: Any, want: Any) -> str | None:

@@ -171,14 +171,17 @@ class Runner:
         out = self.outs[step.index] = reference.out_buffer(step, g, len(self.program.members(step)))
         if kind == "p2p":
             return c.send(x, step.dst, step.tag) if g == step.src else c.recv(step.src, step.tag)
+        z = step.compression
         if kind == "all_reduce":
-            return c.all_reduce(x, step.op, out=out, algorithm=algo)
+            return c.all_reduce(x, step.op, out=out, algorithm=algo, compression=z)
         if kind == "reduce":
-            return c.reduce(x, step.op, step.root, out=out, algorithm=algo)
+            return c.reduce(x, step.op, step.root, out=out, algorithm=algo, compression=z)
         if kind == "reduce_scatter":
-            return c.reduce_scatter(x, step.op, out=out, algorithm=algo)
+            return c.reduce_scatter(x, step.op, out=out, algorithm=algo, compression=z)
         if kind == "broadcast":
-            return c.broadcast(x if out is None else out, step.root, algorithm=algo)
+            return c.broadcast(x if out is None else out, step.root, algorithm=algo, compression=z)
+        if kind == "all_gather":
+            return c.all_gather(x, out=out, algorithm=algo, compression=z)
         if kind in ("scatter", "gather"):
             return getattr(c, kind)(x, step.root, out=out, algorithm=algo)
         return getattr(c, kind)(x, out=out, algorithm=algo)

@@ -55,3 +55,9 @@ def test_status_says_what_time_per_iteration_is(capsys: pytest.CaptureFixture[st
     print_status({"members": [], "jobs": [job], "epoch": 1}, "127.0.0.1:29400", 10)
     out = capsys.readouterr().out
     assert "time/iter: the mean of each iteration's slowest rank" in out
+
+
+def test_a_compressed_job_names_its_codec(capsys: pytest.CaptureFixture[str]) -> None:
+    line = data_line(record(spec={**record()["spec"], "compression": "int8"}), capsys)
+    assert line.startswith("  1 MiB float32 per rank, op sum, compression int8, algorithm auto")
+    assert "compression" not in data_line(record(spec={**record()["spec"], "compression": None}), capsys)

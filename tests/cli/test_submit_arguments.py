@@ -46,3 +46,14 @@ def test_the_message_says_what_the_collective_is_and_which_take_it(capsys: pytes
     )
     assert main(["submit", "barrier", "--size", "1GiB", *NOBODY]) == 2
     assert capsys.readouterr().err.strip() == "netcoll submit: invalid job: barrier takes no --size: it moves no data"
+
+
+def test_compression_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    ns = build_parser().parse_args(["submit", "all_reduce", "--compression", "int8"])
+    assert job_spec(SubmitConfig.load(flags(ns), {})).compression == "int8"
+    ns = build_parser().parse_args(["submit", "broadcast"])
+    assert job_spec(SubmitConfig.load(flags(ns), {})).compression is None  # the daemons' default
+    assert main(["submit", "all_to_all", "--compression", "fp16", *NOBODY]) == 2
+    assert "all_to_all takes no compression" in capsys.readouterr().err
+    assert main(["submit", "all_reduce", "--dtype", "int32", "--compression", "fp16", *NOBODY]) == 2
+    assert "needs a float" in capsys.readouterr().err

@@ -249,9 +249,11 @@ async def test_dispatch_passes_exactly_the_arguments_the_collective_takes(name: 
         out=out,  # type: ignore[arg-type]
         algorithm="ring",
         timeout=5.0,
+        compression="int8",
     )
     assert method == name
     assert kw.pop("algorithm") == "ring" and kw.pop("timeout") == 5.0
+    assert ("compression" in kw) == coll.takes_compression and kw.pop("compression", "int8") == "int8"
     assert ("op" in kw) == coll.takes_op and kw.pop("op", "max") == "max"
     assert ("root" in kw) == coll.takes_root and kw.pop("root", 0) == 0
     if coll.has_data:

@@ -261,3 +261,26 @@ def test_the_error_that_ends_a_block_is_noted(
     with netcoll.sync.connect(coordinator, world_size=1):
         pass
     assert json.loads(note.read_text())["error"] == "ValueError: second"  # no error, no note
+
+
+def test_compression_passes_through(coordinator: str) -> None:
+    def rank_main(rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x = np.random.default_rng(rank).standard_normal(3000)
+        with netcoll.sync.connect(coordinator, world_size=N, rank=rank) as comm:
+            with pytest.raises(ValueError, match="needs a float"):
+                comm.all_reduce(np.ones(3, np.int32), compression="int8")
+            before = sum(v["bytes_sent"] for v in comm.link_stats().values())
+            got = comm.all_reduce(x, compression="int8")
+            after = sum(v["bytes_sent"] for v in comm.link_stats().values())
+            comm.all_reduce(x)
+            plain = sum(v["bytes_sent"] for v in comm.link_stats().values()) - after
+            assert after - before <= 0.30 * plain
+            gathered = comm.all_gather(x, compression="fp16")
+            return got, gathered, comm.broadcast(x if rank == 0 else None, compression="bf16")
+
+    got = in_threads(N, rank_main)
+    xs = np.stack([np.random.default_rng(r).standard_normal(3000) for r in range(N)])
+    for out in got:
+        assert np.array_equal(out[0], got[0][0]) and np.array_equal(out[1], got[0][1])
+        assert np.array_equal(out[2], got[0][2])
+    assert np.abs(got[0][0] - xs.sum(0)).max() <= 2 * N * np.abs(xs).max() / 254 * 1.01

@@ -1,0 +1,241 @@
+"""Codecs of compressed collectives: pure functions from a float array to raw bytes and back.
+
+A compressed collective (``compression=`` on all_reduce, reduce_scatter, all_gather,
+broadcast and reduce) sends each contribution through one of these codecs; the bytes
+travel like any other chunk (msgpack header + raw payload, never pickled). Receivers
+decode into the input's dtype and reduce there (never in fp16 unless the input is fp16).
+
+============  ==================================================  ===========================
+codec         payload of ``n`` elements                            bytes per float32 element
+============  ==================================================  ===========================
+``"none"``    the input itself (today's path, unchanged)            4
+``"fp16"``    IEEE half, round to nearest even                      2
+``"bf16"``    bfloat16, round to nearest even (``ml_dtypes``)       2
+``"int8"``    per block of :data:`INT8_BLOCK` elements: a scale     1 + 4/512
+              (``absmax / 127``; float64 for float64 input, else
+              float32), then the ``int8`` codes
+              ``round(x / scale)`` in ``[-127, 127]``
+============  ==================================================  ===========================
+
+Inputs: float16, bfloat16, float32, float64 (:func:`check_codec` refuses integer, bool
+and complex dtypes with a ValueError). Decoding ``encode(x)`` gives ``x`` back within:
+
+* ``fp16``: relative ``2**-11`` for ``|x|`` in ``[6.1e-5, 65504]``, absolute ``2**-25``
+  below; beyond ``65504`` a value becomes ``inf`` (as an IEEE cast does: use ``bf16`` for
+  wide-range data). An fp16 input is sent as it is (lossless).
+* ``bf16``: relative ``2**-8`` over float32's normal range (absolute ``1.2e-38`` among
+  subnormals, which may flush to zero). A bf16 input is lossless.
+* ``int8``: absolute ``scale / 2`` = ``absmax(block) / 254`` per element (a block's
+  largest value is exact up to the scale's rounding).
+
+Non-finite values: ``fp16`` and ``bf16`` keep ``inf`` and ``nan`` as they are. ``int8``
+cannot represent them: a block holding any ``inf`` or ``nan`` gets a NaN scale, so its
+whole block of :data:`INT8_BLOCK` elements decodes to NaN (a diverged value stays
+visible after the reduction, as it would in an uncompressed sum). Zeros decode to zeros
+exactly (an all-zero block has scale 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal, NamedTuple, get_args
+
+import numpy as np
+
+from . import settings
+from .ops import BFLOAT16
+
+__all__ = [
+    "CODECS",
+    "INT8_BLOCK",
+    "NONE",
+    "Compression",
+    "Requested",
+    "check_codec",
+    "decode",
+    "default_compression",
+    "encode",
+    "encoded_nbytes",
+    "error_bound",
+    "parse_compression",
+    "resolve",
+]
+
+Compression = Literal["none", "fp16", "bf16", "int8"]
+CODECS: Final[tuple[str, ...]] = get_args(Compression)
+
+#: Elements per int8 block (one scale each): 512 elements are at most 4 KiB of input for
+#: every dtype (float64: 4096 bytes), 512 bytes of codes.
+INT8_BLOCK: Final = 512
+
+#: The dtypes a codec takes (float16, bfloat16, float32, float64).
+FLOATS: Final = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+
+ENV: Final = "NETCOLL_COMPRESSION"
+
+
+def parse_compression(value: object, what: str = "compression") -> str:
+    """``value`` as a codec name; a ValueError naming ``what`` for anything else."""
+    if not isinstance(value, str) or value.strip().lower() not in CODECS:
+        raise ValueError(f"{what} must be one of {', '.join(CODECS)}, not {value!r}")
+    return value.strip().lower()
+
+
+def default_compression() -> str:
+    """The codec of a call that passes none: ``NETCOLL_COMPRESSION``, else ``"none"``."""
+    return settings.compression()
+
+
+class Requested(NamedTuple):
+    """The codec a call asks for: its own ``compression=`` (``explicit``: refusals are
+    strict), or ``NETCOLL_COMPRESSION``'s default (which applies only where it can:
+    :func:`netcoll.calls.compressed.applies`)."""
+
+    codec: str
+    explicit: bool
+
+
+#: no compression (today's path)
+NONE: Final = Requested("none", True)
+
+
+def resolve(value: object) -> Requested:
+    """What a call asks for: its ``compression=`` (``None``: the default)."""
+    if value is None:
+        return Requested(default_compression(), False)
+    return Requested(parse_compression(value), True)
+
+
+def compressible(dtype: np.dtype) -> bool:
+    """Whether the codecs take ``dtype`` (float16, bfloat16, float32, float64)."""
+    return np.dtype(dtype) in FLOATS
+
+
+def check_codec(codec: str, dtype: np.dtype, what: str) -> None:
+    """A ValueError unless ``codec`` can compress ``dtype`` (any for ``"none"``)."""
+    if codec != "none" and np.dtype(dtype) not in FLOATS:
+        raise ValueError(
+            f"{what}: compression={codec!r} needs a float16, bfloat16, float32 or float64 input, "
+            f"not {np.dtype(dtype)} (integer, bool and complex data are sent uncompressed: compression='none')"
+        )
+
+
+#: the largest error of one encoding, relative to the block's (int8) or the value's magnitude
+UNIT: Final = {"none": 0.0, "fp16": 2.0**-11, "bf16": 2.0**-8, "int8": 1 / 254}
+
+
+def error_bound(codec: str, magnitude: float, contributions: int) -> float:
+    """The largest error the codec adds to a reduction of ``contributions`` values of
+    magnitude at most ``magnitude`` (one encoding of each, one of the result; fp16 within
+    its range): ``2 n UNIT[codec] magnitude``. Rounding of the additions in the input
+    dtype comes on top (none for the small integers of generated data)."""
+    return 2 * contributions * UNIT[codec] * magnitude
+
+
+def _wire_dtype(codec: str) -> np.dtype:
+    return np.dtype(np.float16) if codec == "fp16" else BFLOAT16
+
+
+def _scale_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def _blocks(n: int) -> int:
+    return -(-n // INT8_BLOCK)
+
+
+def encoded_nbytes(codec: str, dtype: np.dtype, n: int) -> int:
+    """Bytes of ``n`` elements of ``dtype`` encoded by ``codec`` (a function of sizes
+    only, so every rank sizes the same buffers the same way)."""
+    dtype = np.dtype(dtype)
+    if codec in ("fp16", "bf16"):
+        return 2 * n
+    if codec == "int8":
+        return n + _blocks(n) * _scale_dtype(dtype).itemsize
+    if codec == "none":
+        return n * dtype.itemsize
+    raise ValueError(f"unknown codec {codec!r}")
+
+
+def encode(codec: str, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``x`` (any shape; read as flat) encoded: a ``uint8`` array of
+    :func:`encoded_nbytes` bytes (written into ``out`` when given)."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    size = encoded_nbytes(codec, flat.dtype, flat.size)
+    dst = np.empty(size, np.uint8) if out is None else out
+    if dst.dtype != np.uint8 or dst.size != size:
+        raise ValueError(f"encode: out must be {size} uint8 bytes, not {dst.size} {dst.dtype}")
+    if codec == "none":
+        dst[...] = flat.view(np.uint8)
+    elif codec in ("fp16", "bf16"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            dst.view(_wire_dtype(codec))[...] = flat
+    else:
+        _encode_int8(flat, dst)
+    return dst
+
+
+def decode(codec: str, data: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Decode the bytes ``data`` into the flat array ``out`` (whose dtype and size say
+    what was encoded); returns ``out``."""
+    raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    size = encoded_nbytes(codec, out.dtype, out.size)
+    if raw.size != size:
+        raise ValueError(f"decode: {raw.size} bytes, but {out.size} {out.dtype} elements encode to {size}")
+    if codec == "none":
+        out.view(np.uint8)[...] = raw
+    elif codec in ("fp16", "bf16"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            out[...] = raw.view(_wire_dtype(codec))
+    else:
+        _decode_int8(raw, out)
+    return out
+
+
+def _work_dtype(dtype: np.dtype) -> type[np.floating[Any]]:
+    """The dtype the int8 codec computes in: float64 for float64, else float32 (exact for
+    float16 and bfloat16 values)."""
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
+    n, nb = flat.size, _blocks(flat.size)
+    sdt = _scale_dtype(flat.dtype)
+    scales = dst[: nb * sdt.itemsize].view(sdt)
+    codes = dst[nb * sdt.itemsize :].view(np.int8)
+    if not n:
+        return
+    work = _work_dtype(flat.dtype)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore", under="ignore"):
+        wide = flat.astype(work)
+        if nb * INT8_BLOCK > n:
+            wide = np.concatenate([wide, np.zeros(nb * INT8_BLOCK - n, work)])
+        blocks = wide.reshape(nb, INT8_BLOCK)
+        absmax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))  # inf or NaN: a non-finite value
+        scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
+        stored = scales.astype(work)  # the scale as the receiver sees it
+        usable = np.isfinite(stored) & (stored > 0)
+        np.divide(blocks, np.where(usable, stored, work(1))[:, None], out=blocks)
+        blocks[~usable] = 0
+        np.rint(blocks, out=blocks)
+        np.clip(blocks, -127, 127, out=blocks)
+    codes[...] = blocks.reshape(-1)[:n]
+
+
+def _decode_int8(raw: np.ndarray, out: np.ndarray) -> None:
+    flat = out.reshape(-1)
+    n, nb = flat.size, _blocks(flat.size)
+    sdt = _scale_dtype(out.dtype)
+    scales = raw[: nb * sdt.itemsize].view(sdt)
+    codes = raw[nb * sdt.itemsize :].view(np.int8)
+    if not n:
+        return
+    work = _work_dtype(out.dtype)
+    whole = n // INT8_BLOCK * INT8_BLOCK
+    per = scales.astype(work)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if whole:
+            full = codes[:whole].reshape(-1, INT8_BLOCK).astype(work)
+            full *= per[: whole // INT8_BLOCK, None]
+            flat[:whole] = full.reshape(-1)
+        if whole < n:
+            flat[whole:] = codes[whole:].astype(work) * per[-1]
