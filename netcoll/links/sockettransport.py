@@ -268,7 +268,7 @@ class SocketTransport(asyncio.Transport):
             self._loop.remove_writer(self._fd)
             self._writing = False
             if self._closing:
-                self._loop.call_soon(self._finish, None)
+                self._loop.call_soon(self._drained)
             elif self._eof_pending:
                 self._shutdown_write()
 
@@ -324,7 +324,25 @@ class SocketTransport(asyncio.Transport):
         self._closing = True
         self.pause_reading()
         if not self._queue:
-            self._loop.call_soon(self._finish, None)
+            self._loop.call_soon(self._drained)
+
+    def _drained(self) -> None:
+        """Everything queued is sent after :meth:`close`: finish (a TLS transport
+        says goodbye first)."""
+        self._finish(None)
+
+    def release(self) -> socket.socket:
+        """Stop all I/O and hand over the socket, still open, without telling the
+        protocol (:func:`netcoll.links.connection.start_tls` wraps it in TLS)."""
+        self._drop()
+        self._lost = True
+        self._protocol = _GONE
+        return self._sock
+
+    @property
+    def delayed(self) -> bool:
+        """Whether reads pass an emulated delay line (``NETCOLL_EMULATE_DELAY_US``)."""
+        return self._line is not None
 
     def abort(self) -> None:
         self._closing = True
@@ -385,10 +403,16 @@ class SocketTransport(asyncio.Transport):
 
 
 async def connect(
-    host: str, port: int, protocol_factory: Callable[[], asyncio.BufferedProtocol], *, local_host: str | None = None
+    host: str,
+    port: int,
+    protocol_factory: Callable[[], asyncio.BufferedProtocol],
+    *,
+    local_host: str | None = None,
+    reading: bool = True,
 ) -> tuple[SocketTransport, asyncio.BufferedProtocol]:
     """Connect to ``host:port`` (every address it resolves to, in turn) and
-    return the transport and its protocol."""
+    return the transport and its protocol (not reading yet unless ``reading``:
+    TLS reads nothing before its handshake)."""
     loop = asyncio.get_running_loop()
     infos = _numeric(host, port) or await loop.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
@@ -411,7 +435,7 @@ async def connect(
             sock.close()
             raise
         protocol = protocol_factory()
-        return SocketTransport(loop, sock, protocol), protocol
+        return SocketTransport(loop, sock, protocol, reading=reading), protocol
     assert last is not None
     raise last
 
