@@ -60,8 +60,10 @@ class SocketTransport(asyncio.Transport):
     """An ``asyncio.Transport`` for a connected non-blocking socket and a
     ``BufferedProtocol`` (``get_buffer``/``buffer_updated``).
 
-    ``loop.start_tls`` can run TLS over it (asyncio's own TLS layer, which
-    copies and encrypts: :meth:`writev` is then not used)."""
+    TLS runs on its socket (:class:`~.tlstransport.TlsTransport`, after
+    :meth:`release`), or over it with ``loop.start_tls`` (asyncio's own TLS
+    layer, which copies and encrypts: :meth:`writev` is then not used) when
+    reads pass an emulated delay line."""
 
     _start_tls_compatible = True  # asyncio.loop.start_tls() accepts this transport
 
@@ -333,7 +335,10 @@ class SocketTransport(asyncio.Transport):
 
     def release(self) -> socket.socket:
         """Stop all I/O and hand over the socket, still open, without telling the
-        protocol (:func:`netcoll.links.connection.start_tls` wraps it in TLS)."""
+        protocol (:func:`netcoll.links.connection.start_tls` wraps it in TLS).
+        Only with nothing queued: bytes written before TLS would be lost."""
+        if self._queue or self._lost:
+            raise RuntimeError("cannot hand over a socket with bytes queued, or a lost one")
         self._drop()
         self._lost = True
         self._protocol = _GONE
