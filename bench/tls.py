@@ -1,9 +1,13 @@
-"""TLS against plain TCP on one machine (issue 36.3): all_reduce bus bandwidth of a
-local cluster (``netcoll.bench.local``: a coordinator and N rank processes on
-127.0.0.1) with every link forced to ``tcp``, then to ``tls`` (mutual TLS with a
-throwaway CA made here), alternately, ``--reps`` times; a cell is the median over
-the repetitions of the sweep's busbw (each rank's mean over its timed calls, the
-slowest rank), and the ratio is tls / tcp of the medians.
+"""TLS against plain TCP on one machine (issue 36.3): all_reduce of a local cluster
+(a coordinator here and N rank processes on 127.0.0.1) with every link forced to
+``tcp``, then to ``tls`` (mutual TLS with a throwaway CA made here), alternately,
+``--reps`` times. Per size each rank times ``--iters`` calls after ``--warmup``,
+and measures its CPU time (user + system) over them: bus bandwidth from the
+slowest rank's mean call, CPU per call as the mean over ranks. A cell is the
+median over the repetitions; the ratios are tls / tcp of bus bandwidth, and
+tcp / tls of CPU per call (what bus bandwidth would give where the ranks fill
+the cores and nothing else runs: CPU time is far less disturbed by other
+processes on a shared machine than wall time).
 
     python3 bench/tls.py                                    # 1, 16, 64 MiB; 2 and 4 ranks; 5 reps
     python3 bench/tls.py --json bench/tls-results.json      # record (replaces the run of its --label)
@@ -22,6 +26,7 @@ import asyncio
 import datetime
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -29,14 +34,13 @@ import time
 from typing import Any
 
 from bench import machine
-from netcoll.bench.common import SweepConfig
-from netcoll.bench.local import run_local
 from netcoll.sizes import format_size, parse_size
 
 KINDS = ("tcp", "tls")
 STATISTIC = (
-    "busbw of one sweep row (time per call = each rank's mean over its timed calls, then the slowest rank); "
-    "median over the repetitions, tcp and tls runs alternating; ratio = median tls / median tcp"
+    "busbw from the slowest rank's mean over its timed calls, CPU per call (user + system) the mean over ranks; "
+    "each the median over the repetitions, tcp and tls clusters alternating; "
+    "ratios: tls / tcp of busbw, tcp / tls of CPU per call"
 )
 
 
@@ -73,58 +77,114 @@ def make_pki(directory: str) -> dict[str, str]:
     return {"NETCOLL_TLS_CERT": paths["cert"], "NETCOLL_TLS_KEY": paths["key"], "NETCOLL_TLS_CA": paths["ca"]}
 
 
-def sweep_once(kind: str, ranks: int, cfg: SweepConfig, pki: dict[str, str], limit: float) -> dict[int, float]:
-    """One local cluster with every link ``kind``: size -> busbw (GB/s)."""
-    saved = {k: os.environ.get(k) for k in ("NETCOLL_TRANSPORT", *pki)}
-    os.environ["NETCOLL_TRANSPORT"] = kind
-    for k, v in pki.items():
-        if kind == "tls":
-            os.environ[k] = v
-        else:
-            os.environ.pop(k, None)
+async def _rank(address: str, world: int, rank: int, sizes: list[int], iters: int, warmup: int) -> None:
+    """One rank (``--worker``): per size, time ``iters`` all_reduce calls and their CPU
+    time, check the result, print one JSON line."""
+    import numpy as np
+
+    import netcoll
+
+    async with netcoll.connect(address, world_size=world, rank=rank, timeout=60) as comm:
+        for size in sizes:
+            x = np.ones(size // 4, np.float32)
+            for _ in range(warmup):
+                await comm.all_reduce(x)
+            await comm.barrier()
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            for _ in range(iters):
+                out = await comm.all_reduce(x)
+            seconds = (time.perf_counter() - t0) / iters
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / iters
+            right = bool(np.all(out == world))
+            kinds = sorted({str(s["kind"]) for s in comm.link_stats().values()})
+            print(json.dumps({"size": size, "seconds": seconds, "cpu": cpu, "right": right, "kinds": kinds}))
+            await comm.barrier()
+
+
+async def _cluster(kind: str, ranks: int, args: list[str], env: dict[str, str], limit: float) -> list[dict[str, Any]]:
+    """A coordinator here and ``ranks`` worker processes; every rank's lines."""
+    import netcoll
+    from netcoll.mesh.certs import TlsConfig
+
+    tls = TlsConfig(env["NETCOLL_TLS_CERT"], env["NETCOLL_TLS_KEY"], env["NETCOLL_TLS_CA"]) if kind == "tls" else None
+    procs: list[asyncio.subprocess.Process] = []
     try:
-        result = asyncio.run(run_local(cfg, ranks, limit=limit))
+        async with netcoll.Coordinator(host="127.0.0.1", tls=tls) as coord:
+            for r in range(ranks):
+                argv = ["-m", "bench.tls", "--worker", coord.address, str(ranks), str(r), *args]
+                procs.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable, *argv, cwd=machine.ROOT, env=env, stdout=asyncio.subprocess.PIPE
+                    )
+                )
+            outs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), limit)
     finally:
-        for k, old in saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
-    return {int(row["size"]): float(row["busbw"]) for row in result["rows"] if row.get("wrong") in (0, None)}
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"a rank failed over {kind} (exit codes {[p.returncode for p in procs]})")
+    lines = [json.loads(line) for out, _ in outs for line in out.decode().splitlines() if line.startswith("{")]
+    if any(not line["right"] or line["kinds"] != [kind] for line in lines):
+        raise RuntimeError(f"a wrong result, or links other than {kind}: {lines}")
+    return lines
+
+
+def cluster_once(
+    kind: str, ranks: int, sizes: list[int], iters: int, warmup: int, pki: dict[str, str], limit: float
+) -> dict[int, tuple[float, float]]:
+    """One local cluster with every link ``kind``: size -> (busbw GB/s, CPU ms per call)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NETCOLL_TLS_")}
+    env.update(NETCOLL_TRANSPORT=kind, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    if kind == "tls":
+        env.update(pki)
+    args = [",".join(map(str, sizes)), str(iters), str(warmup)]
+    lines = asyncio.run(_cluster(kind, ranks, args, env, limit))
+    got = {}
+    for size in sizes:
+        mine = [line for line in lines if line["size"] == size]
+        slowest = max(line["seconds"] for line in mine)
+        busbw = size / slowest * 2 * (ranks - 1) / ranks / 1e9
+        got[size] = (busbw, 1e3 * statistics.fmean(line["cpu"] for line in mine))
+    return got
 
 
 def measure(sizes: list[int], ranks: list[int], reps: int, iters: int, warmup: int, limit: float) -> dict[str, Any]:
-    """Every (ranks, kind) sweep ``reps`` times, alternating kinds; the cells and their samples."""
-    samples: dict[tuple[int, str, int], list[float]] = {}
-    cfg = SweepConfig(
-        ops=["all_reduce"], minbytes=min(sizes), maxbytes=max(sizes), stepfactor=4, iters=iters, warmup=warmup
-    ).validate()
+    """Every (ranks, kind) cluster ``reps`` times, alternating kinds; the cells and their samples."""
+    bus: dict[tuple[int, str, int], list[float]] = {}
+    cpu: dict[tuple[int, str, int], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="netcoll-bench-tls-") as d:
         pki = make_pki(d)
         for rep in range(reps):
             for p in ranks:
                 for kind in KINDS if rep % 2 == 0 else tuple(reversed(KINDS)):
-                    got = sweep_once(kind, p, cfg, pki, limit)
-                    for size in sizes:
-                        if size in got:
-                            samples.setdefault((p, kind, size), []).append(got[size])
-                    print(
-                        f"rep {rep} ranks {p} {kind}: "
-                        + ", ".join(f"{format_size(s)} {got.get(s, 0):.3f}" for s in sizes)
-                    )
+                    got = cluster_once(kind, p, sizes, iters, warmup, pki, limit)
+                    for size, (b, c) in got.items():
+                        bus.setdefault((p, kind, size), []).append(b)
+                        cpu.setdefault((p, kind, size), []).append(c)
+                    figures = ", ".join(f"{format_size(s)} {b:.3f} GB/s {c:.1f} ms" for s, (b, c) in got.items())
+                    print(f"rep {rep} ranks {p} {kind}: {figures}", flush=True)
     cells = []
     for p in ranks:
         for size in sizes:
-            med = {k: statistics.median(samples.get((p, k, size), [0.0])) for k in KINDS}
+            mb = {k: statistics.median(bus[(p, k, size)]) for k in KINDS}
+            mc = {k: statistics.median(cpu[(p, k, size)]) for k in KINDS}
             cells.append(
                 {
                     "ranks": p,
                     "bytes": size,
-                    "tcp_gbs": round(med["tcp"], 3),
-                    "tls_gbs": round(med["tls"], 3),
-                    "ratio": round(med["tls"] / med["tcp"], 2) if med["tcp"] else None,
-                    "tcp_samples": [round(x, 3) for x in samples.get((p, "tcp", size), [])],
-                    "tls_samples": [round(x, 3) for x in samples.get((p, "tls", size), [])],
+                    "tcp_gbs": round(mb["tcp"], 3),
+                    "tls_gbs": round(mb["tls"], 3),
+                    "ratio": round(mb["tls"] / mb["tcp"], 2),
+                    "tcp_cpu_ms": round(mc["tcp"], 2),
+                    "tls_cpu_ms": round(mc["tls"], 2),
+                    "cpu_ratio": round(mc["tcp"] / mc["tls"], 2),
+                    "tcp_samples": [round(x, 3) for x in bus[(p, "tcp", size)]],
+                    "tls_samples": [round(x, 3) for x in bus[(p, "tls", size)]],
+                    "tcp_cpu_samples": [round(x, 2) for x in cpu[(p, "tcp", size)]],
+                    "tls_cpu_samples": [round(x, 2) for x in cpu[(p, "tls", size)]],
                 }
             )
     return {"cells": cells}
@@ -135,20 +195,20 @@ def render(path: str) -> str:
     with open(path) as f:
         data = json.load(f)
     lines = [
-        "| run | ranks | size | tcp busbw (GB/s) | tls busbw (GB/s) | tls / tcp |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| run | ranks | size | busbw tcp | busbw tls | tls / tcp | CPU per call tcp | CPU per call tls | tcp / tls |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     notes = []
     for label, run in data["runs"].items():
         for c in run["cells"]:
-            ratio = "" if c["ratio"] is None else f"{c['ratio']:.2f}"
-            figures = f"{c['tcp_gbs']:.2f} | {c['tls_gbs']:.2f} | {ratio}"
-            lines.append(f"| {label} | {c['ranks']} | {format_size(c['bytes'])} | {figures} |")
+            bus = f"{c['tcp_gbs']:.2f} GB/s | {c['tls_gbs']:.2f} GB/s | **{c['ratio']:.2f}**"
+            cpu = f"{c['tcp_cpu_ms']:.1f} ms | {c['tls_cpu_ms']:.1f} ms | **{c['cpu_ratio']:.2f}**"
+            lines.append(f"| {label} | {c['ranks']} | {format_size(c['bytes'])} | {bus} | {cpu} |")
         m = run["machine"]
         notes.append(
-            f"{label}: {run['date']}, netcoll {m.get('commit', '?')}, {m.get('nproc')} CPUs ({m.get('cpu')}), "
-            f"Python {m.get('python')}, {run.get('openssl', '?')}, {run['reps']} repetitions of "
-            f"{run['iters']} timed calls, load {run.get('load_before')}"
+            f"{label}: {run['date']}, {m.get('nproc')} CPUs ({m.get('cpu')}), Python {m.get('python')}, "
+            f"{run.get('openssl', '?')}, {run['reps']} repetitions of {run['iters']} timed calls "
+            f"(load average {run.get('load_before')} before)"
         )
     lines.append("")
     lines.append("_" + "; ".join(notes) + f". Statistic: {data['statistic']}._")
@@ -168,11 +228,19 @@ def main() -> None:
     ap.add_argument("--label", default="current", help="the run's name in the JSON (default current)")
     ap.add_argument("--json", help="record the run in this file (replacing a run of the same --label)")
     ap.add_argument("--render", metavar="JSON", help="print a --json file as the docs' table, and stop")
+    ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)  # ADDRESS WORLD RANK SIZES ITERS WARMUP
     ns = ap.parse_args()
+    if ns.worker:
+        address, world, rank, sizes_csv, iters, warmup = ns.worker
+        sizes_w = [int(x) for x in sizes_csv.split(",")]
+        asyncio.run(_rank(address, int(world), int(rank), sizes_w, int(iters), int(warmup)))
+        return
     if ns.render:
         print(render(ns.render))
         return
     import ssl
+
+    import netcoll
 
     sizes = sorted(parse_size(s) for s in ns.sizes.split(","))
     ranks = [int(r) for r in ns.ranks.split(",")]
@@ -183,6 +251,7 @@ def main() -> None:
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         machine=machine.facts(),
         openssl=ssl.OPENSSL_VERSION,
+        netcoll_from=os.path.dirname(os.path.dirname(os.path.abspath(netcoll.__file__))),
         reps=ns.reps,
         iters=ns.iters,
         warmup=ns.warmup,
@@ -201,7 +270,7 @@ def main() -> None:
             json.dump(data, f, indent=1)
             f.write("\n")
     for c in run["cells"]:
-        figures = f"tcp {c['tcp_gbs']:.3f} tls {c['tls_gbs']:.3f} GB/s, ratio {c['ratio']}"
+        figures = f"tcp {c['tcp_gbs']:.3f} tls {c['tls_gbs']:.3f} GB/s, ratio {c['ratio']}; cpu ratio {c['cpu_ratio']}"
         print(f"{c['ranks']} ranks {format_size(c['bytes'])}: {figures}")
 
 
