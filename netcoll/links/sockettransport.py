@@ -75,6 +75,7 @@ class SocketTransport(asyncio.Transport):
         extra: dict[str, Any] | None = None,
         *,
         reading: bool = True,
+        delay_line: bool = True,
     ) -> None:
         super().__init__(extra)
         sock.setblocking(False)
@@ -91,8 +92,9 @@ class SocketTransport(asyncio.Transport):
         self._closing = False
         self._eof_pending = False
         self._lost = False
-        #: an emulated network delay on what is read (NETCOLL_EMULATE_DELAY_US; benchmarks only)
-        self._line = delayline.line_for(loop, sock, self)
+        #: an emulated network delay on what is read (NETCOLL_EMULATE_DELAY_US; benchmarks only;
+        #: ``delay_line=False``: never, for a subclass whose socket is not read directly)
+        self._line = delayline.line_for(loop, sock, self) if delay_line else None
         info: dict[str, Any] = self._extra  # type: ignore[attr-defined]  # set by BaseTransport.__init__
         info.setdefault("socket", sock)
         for key, get in (("sockname", sock.getsockname), ("peername", sock.getpeername)):

@@ -104,10 +104,10 @@ class TlsTransport(SocketTransport):
             "cipher": sock.cipher(),
             "compression": sock.compression(),
         }
-        super().__init__(loop, sock, _Adopt(), extra, reading=False)
+        # (an emulated delay line stays with asyncio's TLS: see start_tls)
+        super().__init__(loop, sock, _Adopt(), extra, reading=False, delay_line=False)
         self._protocol = protocol
         protocol.transport = self  # type: ignore[attr-defined]  # FramedProtocol's attribute
-        self._line = None  # an emulated delay line stays with asyncio's TLS (see start_tls)
         self.resume_reading()
 
     def can_write_eof(self) -> bool:
