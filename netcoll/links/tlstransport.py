@@ -3,18 +3,20 @@ socket is an ``ssl.SSLSocket`` (OpenSSL reads and writes the file descriptor).
 
 asyncio's own TLS layer (``loop.start_tls``) runs OpenSSL over memory BIOs in
 Python: every byte read is copied from the socket into a 256 KiB buffer, from
-there into the incoming BIO, and decrypted out of it; every byte written is
-encrypted into the outgoing BIO, copied out of it into ``bytes`` and handed to
-the socket transport; each step is an event-loop turn or a Python loop per
-16 KiB record. Profiled on a 16 MiB all_reduce between two processes that was
-about 40% of a rank's CPU time besides the cipher itself (``docs/reliability.md``).
+there into the incoming BIO, and decrypted out of it; a payload written is
+encrypted whole into the outgoing BIO and copied out of it into ``bytes`` for
+the socket transport's queue (so ciphertext of the segments in flight is held).
 
 Here OpenSSL reads records from the socket and decrypts them straight into the
 buffer the protocol hands out (a large payload's destination), and encrypts
-straight from the caller's buffer into the socket: the cipher is the only pass
-over the data besides the kernel's copy. Everything else is the socket
-transport's: the queue of caller's buffers for zero-copy :meth:`writev`, the
-write buffer limits and flow control, closing and failing. What differs:
+straight from the caller's buffer into the socket: besides the kernel's copy
+and the cipher, the only pass over the data is OpenSSL's own copy into and out
+of its record buffer. The price is system calls: two reads and one write per
+16 KiB record. Measured, the two ways cost about the same CPU per byte
+(``docs/reliability.md``, "What TLS costs"); this one holds no copies. Everything else
+is the socket transport's: the queue of caller's buffers for zero-copy
+:meth:`writev`, the write buffer limits and flow control, closing and failing.
+What differs:
 
 * one ``SSL_write`` per queued buffer (no ``sendmsg`` vectors), and a write
   that would block is retried with the same buffer (what OpenSSL requires);
