@@ -35,7 +35,7 @@ from ..limits import DEFAULT as DEFAULT_SETTINGS
 from ..mesh.certs import SHUTDOWN_TIMEOUT as TLS_SHUTDOWN_TIMEOUT
 from ..mesh.certs import TlsConfig, describe_failure
 from ..wire import Frame, Kind
-from . import sockettransport
+from . import sockettransport, tlstransport
 
 if TYPE_CHECKING:
     from ..mesh.server import Server
@@ -269,7 +269,9 @@ async def open_connection(
 ) -> FramedProtocol:
     """Connect to ``host:port``; with ``tls``, run the TLS handshake (within
     ``timeout``) before returning: ``AuthenticationError`` when it fails."""
-    _, proto = await sockettransport.connect(host, port, lambda: FramedProtocol(limits), local_host=local_host)
+    _, proto = await sockettransport.connect(
+        host, port, lambda: FramedProtocol(limits), local_host=local_host, reading=tls is None
+    )
     assert isinstance(proto, FramedProtocol)
     if tls is not None:
         try:
@@ -290,12 +292,41 @@ async def start_tls(
     server_hostname: str | None = None,
     timeout: float = HANDSHAKE_TIMEOUT,
 ) -> None:
-    """Run TLS (asyncio's TLS layer) under ``proto``'s connection; raises the
-    handshake's error (an ``OSError``: ``ssl.SSLError``, a reset...), after which
-    the connection is closed and ``proto`` knows it is lost."""
+    """Run TLS under ``proto``'s connection: OpenSSL on the socket itself
+    (:class:`~.tlstransport.TlsTransport`), or asyncio's TLS layer over an
+    emulated delay line. Raises the handshake's error (an ``OSError``:
+    ``ssl.SSLError``, a reset, ``ConnectionAbortedError`` past ``timeout``),
+    after which the connection is closed and ``proto`` knows it is lost."""
     raw = proto.transport
     if raw is None or proto.lost is not None:
         raise _as_connection_error(proto.lost)
+    if not isinstance(raw, sockettransport.SocketTransport) or raw.delayed:
+        await _start_asyncio_tls(proto, raw, context, server_side, server_hostname, timeout)
+        return
+    sock = raw.release()
+    try:
+        secure = tlstransport.wrap(sock, context, server_side=server_side, server_hostname=server_hostname)
+        sock = secure
+        await tlstransport.handshake(secure, max(0.1, timeout))
+    except BaseException as exc:
+        sock.close()
+        proto.connection_lost(exc if isinstance(exc, Exception) else None)
+        raise
+    tlstransport.TlsTransport(asyncio.get_running_loop(), secure, proto)
+    secure_transport = proto.transport
+    assert secure_transport is not None
+    secure_transport.set_write_buffer_limits(high=HIGH_WATER)
+
+
+async def _start_asyncio_tls(
+    proto: FramedProtocol,
+    raw: asyncio.Transport,
+    context: ssl.SSLContext,
+    server_side: bool,
+    server_hostname: str | None,
+    timeout: float,
+) -> None:
+    """asyncio's TLS layer (memory BIOs) over ``raw``, which can then keep its delay line."""
     try:
         secure = await asyncio.get_running_loop().start_tls(
             raw,

@@ -60,8 +60,10 @@ class SocketTransport(asyncio.Transport):
     """An ``asyncio.Transport`` for a connected non-blocking socket and a
     ``BufferedProtocol`` (``get_buffer``/``buffer_updated``).
 
-    ``loop.start_tls`` can run TLS over it (asyncio's own TLS layer, which
-    copies and encrypts: :meth:`writev` is then not used)."""
+    TLS runs on its socket (:class:`~.tlstransport.TlsTransport`, after
+    :meth:`release`), or over it with ``loop.start_tls`` (asyncio's own TLS
+    layer, which copies and encrypts: :meth:`writev` is then not used) when
+    reads pass an emulated delay line."""
 
     _start_tls_compatible = True  # asyncio.loop.start_tls() accepts this transport
 
@@ -73,6 +75,7 @@ class SocketTransport(asyncio.Transport):
         extra: dict[str, Any] | None = None,
         *,
         reading: bool = True,
+        delay_line: bool = True,
     ) -> None:
         super().__init__(extra)
         sock.setblocking(False)
@@ -89,8 +92,9 @@ class SocketTransport(asyncio.Transport):
         self._closing = False
         self._eof_pending = False
         self._lost = False
-        #: an emulated network delay on what is read (NETCOLL_EMULATE_DELAY_US; benchmarks only)
-        self._line = delayline.line_for(loop, sock, self)
+        #: an emulated network delay on what is read (NETCOLL_EMULATE_DELAY_US; benchmarks only;
+        #: ``delay_line=False``: never, for a subclass whose socket is not read directly)
+        self._line = delayline.line_for(loop, sock, self) if delay_line else None
         info: dict[str, Any] = self._extra  # type: ignore[attr-defined]  # set by BaseTransport.__init__
         info.setdefault("socket", sock)
         for key, get in (("sockname", sock.getsockname), ("peername", sock.getpeername)):
@@ -268,7 +272,7 @@ class SocketTransport(asyncio.Transport):
             self._loop.remove_writer(self._fd)
             self._writing = False
             if self._closing:
-                self._loop.call_soon(self._finish, None)
+                self._loop.call_soon(self._drained)
             elif self._eof_pending:
                 self._shutdown_write()
 
@@ -324,7 +328,28 @@ class SocketTransport(asyncio.Transport):
         self._closing = True
         self.pause_reading()
         if not self._queue:
-            self._loop.call_soon(self._finish, None)
+            self._loop.call_soon(self._drained)
+
+    def _drained(self) -> None:
+        """Everything queued is sent after :meth:`close`: finish (a TLS transport
+        says goodbye first)."""
+        self._finish(None)
+
+    def release(self) -> socket.socket:
+        """Stop all I/O and hand over the socket, still open, without telling the
+        protocol (:func:`netcoll.links.connection.start_tls` wraps it in TLS).
+        Only with nothing queued: bytes written before TLS would be lost."""
+        if self._queue or self._lost:
+            raise RuntimeError("cannot hand over a socket with bytes queued, or a lost one")
+        self._drop()
+        self._lost = True
+        self._protocol = _GONE
+        return self._sock
+
+    @property
+    def delayed(self) -> bool:
+        """Whether reads pass an emulated delay line (``NETCOLL_EMULATE_DELAY_US``)."""
+        return self._line is not None
 
     def abort(self) -> None:
         self._closing = True
@@ -385,10 +410,16 @@ class SocketTransport(asyncio.Transport):
 
 
 async def connect(
-    host: str, port: int, protocol_factory: Callable[[], asyncio.BufferedProtocol], *, local_host: str | None = None
+    host: str,
+    port: int,
+    protocol_factory: Callable[[], asyncio.BufferedProtocol],
+    *,
+    local_host: str | None = None,
+    reading: bool = True,
 ) -> tuple[SocketTransport, asyncio.BufferedProtocol]:
     """Connect to ``host:port`` (every address it resolves to, in turn) and
-    return the transport and its protocol."""
+    return the transport and its protocol (not reading yet unless ``reading``:
+    TLS reads nothing before its handshake)."""
     loop = asyncio.get_running_loop()
     infos = _numeric(host, port) or await loop.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
@@ -411,7 +442,7 @@ async def connect(
             sock.close()
             raise
         protocol = protocol_factory()
-        return SocketTransport(loop, sock, protocol), protocol
+        return SocketTransport(loop, sock, protocol, reading=reading), protocol
     assert last is not None
     raise last
 

@@ -287,3 +287,25 @@ async def test_connect_refused_and_by_name() -> None:
     finally:
         listener.close()
         listener.close()  # idempotent
+
+
+async def test_release_hands_over_the_socket_only_with_nothing_queued() -> None:
+    """TLS wraps a released socket: the transport lets go without telling its protocol,
+    and refuses while bytes it took are unsent (they would be lost)."""
+    listener, client, server = await pair()
+    try:
+        t = client.transport
+        assert t is not None and server.transport is not None
+        server.transport.pause_reading()
+        assert t.writev([memoryview(pattern(BIG))]) is not None
+        with pytest.raises(RuntimeError, match="bytes queued"):
+            t.release()
+        other = server.transport
+        sock = other.release()
+        assert sock.fileno() != -1  # still open: the TLS layer takes it over
+        await asyncio.sleep(0)
+        assert not server.lost.done()  # the protocol was not told
+        sock.close()
+    finally:
+        listener.close()
+        client.transport.abort()  # type: ignore[union-attr]
