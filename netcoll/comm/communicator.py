@@ -101,6 +101,7 @@ class Communicator:
     ) -> None:
         self._engine = Engine(transport, group=group, members=members, timeout=timeout, segment_bytes=segment_bytes)
         self._splits = 0
+        self._joined = False  # set on a newcomer's Communicator by the elastic regroup
         self._on_close: list[Callable[[], Awaitable[None]]] = []
 
     def __repr__(self) -> str:
@@ -120,6 +121,13 @@ class Communicator:
     def group(self) -> str:
         """The group's name."""
         return self._engine.group
+
+    @property
+    def joined(self) -> bool:
+        """True on a Communicator returned to a newcomer that a ``regroup`` admitted
+        (DESIGN.md, "Elastic groups"), False on every other: what
+        :func:`netcoll.elastic.heal` reads to tell joiners from live members."""
+        return self._joined
 
     @property
     def members(self) -> tuple[int, ...]:
