@@ -1,0 +1,145 @@
+"""One round of a heal's transfer: sources send their slices to joiners in chunks,
+joiners receive from every source at once and check each slice's checksum.
+
+A round is a list of :class:`Task`: slice ``i`` of the stream (:mod:`.stream`),
+sent by rank ``source`` to ranks ``joiners``. A source sends its tasks in
+order, each chunk to every joiner of its task (the same view: no copy per
+joiner), keeping at most ``window`` messages per joiner in flight, and after
+its last chunk sends each joiner the CRC-32 of every slice it sent it. A
+joiner runs one receiver per source, all at once, each with ``window``
+receives posted ahead (so at most ``sources * window`` chunks of memory held
+besides the state), copies each chunk into the state and checks each slice's
+CRC-32 against the source's. Messages travel on the communicator's ``send`` /
+``recv`` with tags of their own (:data:`DATA_TAG`, :data:`SUM_TAG`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .stream import Stream, chunks
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
+    from ..operation import Work
+
+#: p2p tags of a heal's messages (each (source, joiner, tag) is an ordered sequence of its own)
+LAYOUT_TAG = 0x4EA1_0001
+DATA_TAG = 0x4EA1_0002
+SUM_TAG = 0x4EA1_0003
+
+#: test hook: called with (slice, source, chunk) on a joiner before the chunk is checked
+#: and stored (tests corrupt a chunk here); None in normal use
+on_chunk: Callable[[int, int, np.ndarray], None] | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """Slice ``slice`` (``[start, end)`` of the stream), sent by ``source`` to ``joiners``."""
+
+    slice: int
+    start: int
+    end: int
+    source: int
+    joiners: tuple[int, ...]
+
+
+class Deadline:
+    """One deadline over a whole heal: each call gets the seconds left (at least 1 ms,
+    so a call after it times out at once with the collective's own timeout error)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(self.at - time.monotonic(), 1e-3)
+
+
+async def send_round(
+    comm: Communicator, stream: Stream, tasks: Sequence[Task], chunk_bytes: int, window: int, deadline: Deadline
+) -> None:
+    """This source's part of a round: its tasks' chunks, then each joiner's checksums."""
+    mine = [t for t in tasks if t.source == comm.rank]
+    joiners = sorted({j for t in mine for j in t.joiners})
+    inflight: deque[Work[None]] = deque()
+    sums: dict[int, list[int]] = {j: [] for j in joiners}
+    try:
+        for t in mine:
+            crc = 0
+            for a, b in chunks(t.start, t.end, chunk_bytes):
+                data = stream.read(a, b)
+                crc = zlib.crc32(data.data, crc)
+                for j in t.joiners:
+                    inflight.append(comm.send(data, j, DATA_TAG, timeout=deadline.left()))
+                while len(inflight) > window * len(t.joiners):
+                    await inflight.popleft()
+            for j in t.joiners:
+                sums[j].append(crc)
+        for j in joiners:
+            inflight.append(comm.send(np.array(sums[j], np.int64), j, SUM_TAG, timeout=deadline.left()))
+        while inflight:
+            await inflight.popleft()
+    finally:
+        _cancel(inflight)
+
+
+async def recv_round(
+    comm: Communicator, stream: Stream, tasks: Sequence[Task], chunk_bytes: int, window: int, deadline: Deadline
+) -> list[Task]:
+    """This joiner's part of a round, from every source at once: the tasks whose slice
+    arrived with a checksum other than its source's."""
+    mine = [t for t in tasks if comm.rank in t.joiners]
+    sources = sorted({t.source for t in mine})
+    got = await asyncio.gather(
+        *(_from(comm, stream, [t for t in mine if t.source == s], chunk_bytes, window, deadline) for s in sources)
+    )
+    return sorted((t for bad in got for t in bad), key=lambda t: t.slice)
+
+
+async def _from(
+    comm: Communicator, stream: Stream, tasks: list[Task], chunk_bytes: int, window: int, deadline: Deadline
+) -> list[Task]:
+    """Receive ``tasks`` (all from one source, in its order), ``window`` receives ahead."""
+    source = tasks[0].source
+    plan = [(k, a, b) for k, t in enumerate(tasks) for a, b in chunks(t.start, t.end, chunk_bytes)]
+    posted: deque[Work[Any]] = deque()
+    crcs = [0] * len(tasks)
+    try:
+        issued = 0
+        for k, a, _ in plan:
+            while issued < len(plan) and len(posted) < window:
+                posted.append(comm.recv(source, DATA_TAG, timeout=deadline.left()))
+                issued += 1
+            data = _flat(await posted.popleft())
+            if on_chunk is not None:
+                on_chunk(tasks[k].slice, source, data)
+            crcs[k] = zlib.crc32(data.data, crcs[k])
+            stream.write(a, data)
+        sent = _flat(await comm.recv(source, SUM_TAG, timeout=deadline.left()))
+    finally:
+        _cancel(posted)
+    theirs = sent.view(np.int64) if sent.nbytes == 8 * len(tasks) else None
+    return [t for k, t in enumerate(tasks) if theirs is None or int(theirs[k]) != crcs[k]]
+
+
+def _flat(x: Any) -> np.ndarray:
+    """A received array as flat bytes (a message is sent as uint8 / int64 numpy arrays)."""
+    arr = np.asarray(x)
+    return arr.reshape(-1).view(np.uint8)
+
+
+def _cancel(works: deque[Work[Any]]) -> None:
+    for w in works:
+        if not w.done():
+            w.cancel()
+
+
+__all__ = ["DATA_TAG", "LAYOUT_TAG", "SUM_TAG", "Deadline", "Task", "recv_round", "send_round"]
