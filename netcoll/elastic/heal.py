@@ -30,7 +30,7 @@ import numpy as np
 
 from ..tensors import is_tensor, to_tensor
 from . import layout as lay
-from .errors import ChecksumMismatch, LayoutMismatch, NoSources
+from .errors import ChecksumMismatch, HealError, LayoutMismatch, NoSources
 from .stream import Stream, slices
 from .transfer import LAYOUT_TAG, Deadline, Task, recv_round, send_round
 
@@ -42,6 +42,8 @@ SLICE_BYTES = 64 << 20
 CHUNK_BYTES = 16 << 20
 #: messages in flight per (source, joiner) pair
 WINDOW = 2
+#: the smallest slice_bytes and chunk_bytes taken
+MIN_BYTES = 4096
 
 
 async def heal(
@@ -62,7 +64,8 @@ async def heal(
             shapes, dtypes and scalar values; a joiner's may be empty or stale.
         timeout: seconds the whole heal may take (default: ``comm.timeout``).
         slice_bytes: the stream is cut in slices of about this size, spread over the
-            live members (one checksum each); chunk_bytes: one message's bytes.
+            live members (one checksum each); chunk_bytes: one message's bytes (at least
+            4096 each; the first live member's values are the ones used, on every rank).
 
     Returns:
         On a live member: ``state`` itself (``dict(state)`` if it is another mapping).
@@ -75,20 +78,17 @@ async def heal(
     Raises:
         TypeError: at the call: ``state`` not a mapping, or (live member) a value that
             is not one of the above (the error names its path).
-        ValueError: at the call: ``slice_bytes``/``chunk_bytes``/``timeout`` not positive.
+        ValueError: at the call: ``slice_bytes``/``chunk_bytes`` under 4096, ``timeout``
+            not positive.
         NoSources, LayoutMismatch, ChecksumMismatch: on every rank (:mod:`.errors`).
         CollectiveError: a transfer failed (``CollectiveTimeout``, ``PeerLost``, ...).
     """
-    for what, v in (("slice_bytes", slice_bytes), ("chunk_bytes", chunk_bytes)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"heal: {what} must be a positive int, got {v!r}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"heal: timeout must be positive seconds, got {timeout!r}")
+    _check(slice_bytes, chunk_bytes, timeout)
     joined = bool(comm.joined)
     entries, arrays = lay.flatten(state, strict=not joined)
     encoded = lay.encode(entries)
     deadline = Deadline(comm.timeout if timeout is None else timeout)
-    row = np.array([int(joined), *np.frombuffer(lay.digest(encoded), np.int64)], np.int64)
+    row = np.array([int(joined), *np.frombuffer(lay.digest(encoded), np.int64), slice_bytes, chunk_bytes], np.int64)
     table = await comm.all_gather(row, timeout=deadline.left())
     joiners = tuple(r for r in range(comm.world_size) if table[r, 0])
     sources = tuple(r for r in range(comm.world_size) if not table[r, 0])
@@ -96,35 +96,63 @@ async def heal(
         return _same(state)
     if not sources:
         raise NoSources(f"heal: all {comm.world_size} ranks are joiners; no live member holds the state")
-    digests = {bytes(table[r, 1:].tobytes()) for r in sources}
-    if len(digests) > 1:
+    if len({_digest(table, r) for r in sources}) > 1:
         raise await _mismatch(comm, table, sources, encoded, deadline)
+    out = None
     if joined:
-        entries, arrays, out = await _receive_layout(comm, sources[0], table[sources[0], 1:].tobytes(), state, deadline)
-    else:
-        if comm.rank == sources[0]:
-            blob = np.frombuffer(encoded, np.uint8)
-            for w in [comm.send(blob, j, LAYOUT_TAG, timeout=deadline.left()) for j in joiners]:
-                await w
-        out = None
+        entries, arrays, out = await _receive_layout(comm, sources[0], _digest(table, sources[0]), state, deadline)
+    elif comm.rank == sources[0]:
+        blob = np.frombuffer(encoded, np.uint8)
+        for w in [comm.send(blob, j, LAYOUT_TAG, timeout=deadline.left()) for j in joiners]:
+            await w
     stream = Stream([arrays[e.path] for e in entries if e.dtype is not None])
-    cuts = slices(stream.nbytes, len(sources), slice_bytes)
-    first = [Task(i, a, b, sources[i % len(sources)], joiners) for i, (a, b) in enumerate(cuts) if b > a]
-    bad = await _round(comm, stream, first, len(cuts), chunk_bytes, deadline)
-    if bad:
-        again = _retry(bad, cuts, sources)
-        still = await _round(comm, stream, again, len(cuts), chunk_bytes, deadline)
-        if still:
-            j, i = still[0]
-            raise ChecksumMismatch(
-                f"heal: slice {i} (stream bytes {cuts[i][0]}..{cuts[i][1]}) arrived corrupt on rank {j} from rank "
-                f"{sources[i % len(sources)]} and again from rank {sources[(i + 1) % len(sources)]}"
-                + (f" ({len(still)} corrupt slice(s) in all)" if len(still) > 1 else ""),
-                slice=i,
-                joiner=j,
-                sources=tuple(dict.fromkeys((sources[i % len(sources)], sources[(i + 1) % len(sources)]))),
-            )
+    sizes = (int(table[sources[0], 3]), int(table[sources[0], 4]))  # the first live member's slice and chunk
+    await _transfer(comm, stream, sources, joiners, sizes, deadline)
     return _same(state) if out is None else out
+
+
+def _check(slice_bytes: int, chunk_bytes: int, timeout: float | None) -> None:
+    for what, v in (("slice_bytes", slice_bytes), ("chunk_bytes", chunk_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or not MIN_BYTES <= v < 1 << 62:
+            raise ValueError(f"heal: {what} must be an int of at least {MIN_BYTES}, got {v!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"heal: timeout must be positive seconds, got {timeout!r}")
+
+
+def _digest(table: np.ndarray, rank: int) -> bytes:
+    """Rank ``rank``'s layout digest, from the first all_gather's table."""
+    return bytes(table[rank, 1:3].tobytes())
+
+
+async def _transfer(
+    comm: Communicator,
+    stream: Stream,
+    sources: tuple[int, ...],
+    joiners: tuple[int, ...],
+    sizes: tuple[int, int],
+    deadline: Deadline,
+) -> None:
+    """Steps 3 and 4: the slices from every source, and once more from the next for the corrupt."""
+    (slice_bytes, chunk_bytes), k = sizes, len(sources)
+    if min(sizes) < MIN_BYTES:
+        raise HealError(f"heal: rank {sources[0]} sent slice/chunk sizes {sizes} (at least {MIN_BYTES} each)")
+    cuts = slices(stream.nbytes, k, slice_bytes)
+    first = [Task(i, a, b, sources[i % k], joiners) for i, (a, b) in enumerate(cuts) if b > a]
+    bad = await _round(comm, stream, first, len(cuts), chunk_bytes, deadline)
+    if not bad:
+        return
+    still = await _round(comm, stream, _retry(bad, cuts, sources), len(cuts), chunk_bytes, deadline)
+    if still:
+        j, i = still[0]
+        them = (sources[i % k], sources[(i + 1) % k])
+        raise ChecksumMismatch(
+            f"heal: slice {i} (stream bytes {cuts[i][0]}..{cuts[i][1]}) arrived corrupt on rank {j} from rank "
+            f"{them[0]} and again from rank {them[1]}"
+            + (f" ({len(still)} corrupt slice(s) in all)" if len(still) > 1 else ""),
+            slice=i,
+            joiner=j,
+            sources=tuple(dict.fromkeys(them)),
+        )
 
 
 def _same(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,7 +190,7 @@ async def _mismatch(
     layouts = await comm.all_gather(np.frombuffer(encoded, np.uint8), uneven=True, timeout=deadline.left())
     groups: dict[bytes, list[int]] = {}
     for r in sources:
-        groups.setdefault(bytes(table[r, 1:].tobytes()), []).append(r)
+        groups.setdefault(_digest(table, r), []).append(r)
     ranks_a, ranks_b = list(groups.values())[:2]
     left = lay.decode(bytes(layouts[ranks_a[0]]), sender=ranks_a[0])
     right = lay.decode(bytes(layouts[ranks_b[0]]), sender=ranks_b[0])

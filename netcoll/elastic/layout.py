@@ -61,11 +61,10 @@ class Entry:
         return [list(self.path), self.kind, dtype, list(self.shape), self.value]
 
     def show(self) -> str:
-        """``model/w: float32[3,4]``, ``step: 12``: how an entry reads in errors."""
-        name = "/".join(self.path)
+        """``array float32[3,4]``, ``12``, ``{}``: what an entry holds, as errors show it."""
         if self.dtype is not None:
-            return f"{name}: {self.kind} {describe(self.dtype, self.shape)}"
-        return f"{name}: {{}}" if self.kind == "dict" else f"{name}: {self.value!r}"
+            return f"{self.kind} {describe(self.dtype, self.shape)}"
+        return "{}" if self.kind == "dict" else repr(self.value)
 
 
 def _scalar(x: Any) -> tuple[bool, Any]:
@@ -131,7 +130,7 @@ def _leaf(path: Path, x: Any, strict: bool) -> tuple[Entry | None, np.ndarray | 
         return Entry(path, "value", value=value), None
     if strict:
         raise TypeError(
-            f"heal: {'/'.join(path)} is a {type(x).__name__}; a state holds numpy arrays, CPU torch tensors, "
+            f"heal: {'/'.join(path)} is of type {type(x).__name__}; a state holds numpy arrays, CPU torch tensors, "
             "int/float/bool/str/bytes/None and mappings of them"
         )
     return None, None
@@ -187,14 +186,14 @@ def _entry(item: Any, limits: Limits) -> Entry:
 
 def difference(a: list[Entry], b: list[Entry]) -> str:
     """The first entry where two layouts differ, as a phrase (``"model/w: array float32[4]
-    against array float32[8]"``)."""
+    against array float32[8]"``, ``"step: 12 against (missing)"``)."""
     by_a, by_b = {e.path: e for e in a}, {e.path: e for e in b}
     for path in sorted(by_a.keys() | by_b.keys()):
         x, y = by_a.get(path), by_b.get(path)
         if x is None or y is None or x.wire() != y.wire():
             left = "(missing)" if x is None else x.show()
             right = "(missing)" if y is None else y.show()
-            return f"{left} against {right}"
+            return f"{'/'.join(path)}: {left} against {right}"
     return "the same entries (in a different encoding)"
 
 
