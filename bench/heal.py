@@ -1,0 +1,188 @@
+"""Time to heal a joiner (issue 35 item 3): ``netcoll.elastic.heal`` of ``--size`` of
+state (float32 arrays of ``--array`` bytes each, and a step counter) at ``--ranks`` ranks,
+``--joiners`` of them joiners, the others live members (sources). One process per rank,
+run by ``netcoll run`` on loopback, over TCP and over shared memory. Each run heals
+``--iters`` times (after a barrier; the joiner's arrays zeroed before each, then filled in
+place); a heal's time is the slowest rank's, and the run reports their median. The
+joiner checks every byte. Also measured here: CRC-32 (zlib) over 1 GiB on one core, the
+checksum's cost on a joiner, which checks all it receives.
+
+Until the regroup branch lands, a rank is made a joiner by setting ``comm._joined``
+(what a Communicator admitted by ``regroup`` has).
+
+    python3 bench/heal.py                                    # 1 GiB, 4 ranks, 1 joiner, tcp and shm
+    python3 bench/heal.py --json bench/heal-results.json
+    python3 bench/heal.py --render bench/heal-results.json   # the docs' table
+
+Loopback only: the launcher's coordinator and the ranks listen on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+
+from netcoll.sizes import format_size, parse_size
+
+MARK = "HEAL "
+
+
+def state_of(size: int, array: int, fill: bool) -> dict[str, Any]:
+    """``size`` bytes of float32 arrays of ``array`` bytes (the last one shorter), and a step."""
+    model: dict[str, Any] = {}
+    for k, start in enumerate(range(0, size, array)):
+        n = min(array, size - start) // 4
+        first = start // 4
+        model[f"w{k:03d}"] = np.arange(first, first + n, dtype=np.float32) if fill else np.zeros(n, np.float32)
+    return {"model": model, "step": 1000 if fill else 0}
+
+
+async def _worker(size: int, array: int, joiners: int, iters: int) -> None:
+    import netcoll
+    import netcoll.elastic
+
+    async with netcoll.connect(collective_timeout=900) as comm:
+        comm._joined = comm.rank >= comm.world_size - joiners
+        state = state_of(size, array, not comm.joined)
+        seconds, right = [], True
+        for _ in range(iters):
+            if comm.joined:
+                for a in state["model"].values():
+                    a[:] = 0
+            await comm.barrier()
+            start = time.perf_counter()
+            got = await netcoll.elastic.heal(comm, state, timeout=900)
+            seconds.append(time.perf_counter() - start)
+            if comm.joined:
+                want = state_of(size, array, True)
+                right &= got["step"] == 1000 and all(
+                    np.array_equal(got["model"][k], want["model"][k]) for k in want["model"]
+                )
+                right &= all(got["model"][k] is state["model"][k] for k in state["model"])  # filled in place
+                del want
+        kinds = sorted({s["kind"] for s in comm.link_stats().values()})
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        line = {"rank": comm.rank, "joined": comm.joined, "seconds": seconds, "right": right}
+        print(MARK + json.dumps({**line, "peak_rss": rss, "kinds": kinds}), flush=True)
+
+
+def run(size: int, array: int, ranks: int, joiners: int, links: str, iters: int, limit: float) -> dict[str, Any]:
+    """One ``netcoll run`` of the workers: the row of the results."""
+    env = {**os.environ, "NETCOLL_TRANSPORT": "tcp" if links == "tcp" else "auto"}
+    cmd = [sys.executable, "-m", "netcoll", "run", "-n", str(ranks), __file__, "--worker", "--size", str(size)]
+    cmd += ["--array", str(array), "--joiners", str(joiners), "--iters", str(iters)]
+    row: dict[str, Any] = {"bytes": size, "array_bytes": array, "ranks": ranks, "joiners": joiners, "links": links}
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit, check=False)
+        rows = [json.loads(line.split(MARK, 1)[1]) for line in out.stdout.splitlines() if MARK in line]
+        error = None if out.returncode == 0 else out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+    except subprocess.TimeoutExpired:
+        rows, error = [], [f"no result within {limit:g}s"]
+    if error or len(rows) != ranks:
+        row.update(ok=False, error=" ".join(error or ["missing rank results"]))
+        return row
+    rows.sort(key=lambda x: x["rank"])
+    per_heal = [max(x["seconds"][i] for x in rows) for i in range(iters)]  # the slowest rank, each heal
+    median = statistics.median(per_heal)
+    row.update(
+        ok=all(x["right"] for x in rows),
+        kinds=sorted({k for x in rows for k in x["kinds"]}),
+        seconds=[round(s, 3) for s in per_heal],
+        median_s=round(median, 3),
+        gbs=round(size / median / 1e9, 3),
+        peak_rss=[x["peak_rss"] for x in rows],
+    )
+    return row
+
+
+def crc32_seconds(nbytes: int = 1 << 30, piece: int = 16 << 20) -> float:
+    """Seconds of zlib.crc32 over ``nbytes`` (in pieces, as a joiner checks its chunks), one core."""
+    buf = np.random.default_rng(0).integers(0, 255, piece, dtype=np.uint8)
+    start, crc = time.perf_counter(), 0
+    for _ in range(nbytes // piece):
+        crc = zlib.crc32(buf.data, crc)
+    return time.perf_counter() - start
+
+
+def render(path: str) -> str:
+    """The rows of a ``--json`` file as the Markdown table docs/training.md shows."""
+    with open(path) as f:
+        data = json.load(f)
+    lines = [
+        "| state | ranks (joiners) | links | median s | GB/s | heals (s) | peak RSS (worst rank) | right |",
+        "|---:|---|---|---:|---:|---|---:|---|",
+    ]
+    for r in data["rows"]:
+        head = f"| {format_size(r['bytes'])} | {r['ranks']} ({r['joiners']}) | {r['links']}"
+        if not r["ok"] and "seconds" not in r:
+            lines.append(f"{head} | | | | | NO: {r.get('error', 'wrong')} |")
+            continue
+        rss = max(r["peak_rss"]) / 2**30
+        heals = ", ".join(f"{s:.2f}" for s in r["seconds"])
+        right = "yes" if r["ok"] else "NO"
+        lines.append(f"{head} | {r['median_s']:.2f} | {r['gbs']:.2f} | {heals} | {rss:.2f} GiB | {right} |")
+    m = data["machine"]
+    lines.append("")
+    lines.append(
+        f"_{data['date']}; {m['cpus']} CPUs ({m['cpu']}), Python {m['python']}, numpy {m['numpy']}, netcoll "
+        f"{m['netcoll']} ({m['commit']}); CRC-32 over 1 GiB on one core: {data['crc32_s_per_gib']:.2f} s;"
+        f" from `{path}`._"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--size", default="1G", help="bytes of state (default 1G)")
+    ap.add_argument("--array", default="64M", help="bytes per array of the state (default 64M)")
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--joiners", type=int, default=1)
+    ap.add_argument("--iters", type=int, default=5, help="heals per run: the median is reported")
+    ap.add_argument("--links", default="tcp,shm")
+    ap.add_argument("--limit", type=float, default=1800.0, help="seconds one run may take")
+    ap.add_argument("--json", help="write the rows (and the machine) to this file")
+    ap.add_argument("--render", metavar="JSON", help="print a --json file's rows as a Markdown table, and stop")
+    args = ap.parse_args()
+    if args.render:
+        print(render(args.render))
+        return
+    size, array = parse_size(args.size), parse_size(args.array)
+    if args.worker:
+        asyncio.run(_worker(size, array, args.joiners, args.iters))
+        return
+    rows = []
+    for links in args.links.split(","):
+        row = run(size, array, args.ranks, args.joiners, links, args.iters, args.limit)
+        rows.append(row)
+        what = f"median {row.get('median_s', '-')} s of {row.get('seconds', '-')}, {row.get('gbs', '-')} GB/s"
+        verdict = "right" if row["ok"] else f"FAILED: {row.get('error', 'wrong result')}"
+        print(f"{format_size(size)} at {args.ranks} ranks ({args.joiners} joiner) {links}: {what}: {verdict}")
+    crc = crc32_seconds()
+    print(f"crc32 over 1 GiB, one core: {crc:.2f} s")
+    if args.json:
+        from bench.machine import facts
+
+        f = facts()
+        machine = {k: f[k] for k in ("cpu", "kernel", "python", "numpy", "netcoll", "commit")} | {"cpus": f["nproc"]}
+        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        with open(args.json, "w") as out:
+            json.dump({"date": date, "machine": machine, "crc32_s_per_gib": round(crc, 3), "rows": rows}, out, indent=1)
+    sys.exit(0 if all(r["ok"] for r in rows) else 1)
+
+
+if __name__ == "__main__":
+    main()
