@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import resource
@@ -48,9 +49,13 @@ def state_of(size: int, array: int, fill: bool) -> dict[str, Any]:
     return {"model": model, "step": 1000 if fill else 0}
 
 
-async def _worker(size: int, array: int, joiners: int, iters: int) -> None:
+async def _worker(size: int, array: int, joiners: int, iters: int, checksum: bool) -> None:
     import netcoll
     import netcoll.elastic
+    from netcoll.elastic import transfer
+
+    if not checksum:  # what the CRC-32 costs: the same heal with a checksum that reads nothing
+        transfer.checksum = lambda data, crc: 0
 
     async with netcoll.connect(collective_timeout=900) as comm:
         comm._joined = comm.rank >= comm.world_size - joiners
@@ -77,12 +82,16 @@ async def _worker(size: int, array: int, joiners: int, iters: int) -> None:
         print(MARK + json.dumps({**line, "peak_rss": rss, "kinds": kinds}), flush=True)
 
 
-def run(size: int, array: int, ranks: int, joiners: int, links: str, iters: int, limit: float) -> dict[str, Any]:
+def run(
+    size: int, array: int, ranks: int, joiners: int, links: str, iters: int, limit: float, checksum: bool
+) -> dict[str, Any]:
     """One ``netcoll run`` of the workers: the row of the results."""
     env = {**os.environ, "NETCOLL_TRANSPORT": "tcp" if links == "tcp" else "auto"}
     cmd = [sys.executable, "-m", "netcoll", "run", "-n", str(ranks), __file__, "--worker", "--size", str(size)]
     cmd += ["--array", str(array), "--joiners", str(joiners), "--iters", str(iters)]
+    cmd += ["--checksum", "on" if checksum else "off"]
     row: dict[str, Any] = {"bytes": size, "array_bytes": array, "ranks": ranks, "joiners": joiners, "links": links}
+    row["checksum"] = "crc32" if checksum else "off"
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit, check=False)
         rows = [json.loads(line.split(MARK, 1)[1]) for line in out.stdout.splitlines() if MARK in line]
@@ -120,11 +129,11 @@ def render(path: str) -> str:
     with open(path) as f:
         data = json.load(f)
     lines = [
-        "| state | ranks (joiners) | links | median s | GB/s | heals (s) | peak RSS (worst rank) | right |",
-        "|---:|---|---|---:|---:|---|---:|---|",
+        "| state | ranks (joiners) | links | checksum | median s | GB/s | heals (s) | peak RSS (worst rank) | right |",
+        "|---:|---|---|---|---:|---:|---|---:|---|",
     ]
     for r in data["rows"]:
-        head = f"| {format_size(r['bytes'])} | {r['ranks']} ({r['joiners']}) | {r['links']}"
+        head = f"| {format_size(r['bytes'])} | {r['ranks']} ({r['joiners']}) | {r['links']} | {r['checksum']}"
         if not r["ok"] and "seconds" not in r:
             lines.append(f"{head} | | | | | NO: {r.get('error', 'wrong')} |")
             continue
@@ -153,6 +162,7 @@ def main() -> None:
     ap.add_argument("--joiners", type=int, default=1)
     ap.add_argument("--iters", type=int, default=5, help="heals per run: the median is reported")
     ap.add_argument("--links", default="tcp,shm")
+    ap.add_argument("--checksum", default="on", help="on, off (what CRC-32 costs), or on,off: both")
     ap.add_argument("--limit", type=float, default=1800.0, help="seconds one run may take")
     ap.add_argument("--json", help="write the rows (and the machine) to this file")
     ap.add_argument("--render", metavar="JSON", help="print a --json file's rows as a Markdown table, and stop")
@@ -162,15 +172,16 @@ def main() -> None:
         return
     size, array = parse_size(args.size), parse_size(args.array)
     if args.worker:
-        asyncio.run(_worker(size, array, args.joiners, args.iters))
+        asyncio.run(_worker(size, array, args.joiners, args.iters, args.checksum == "on"))
         return
     rows = []
-    for links in args.links.split(","):
-        row = run(size, array, args.ranks, args.joiners, links, args.iters, args.limit)
+    for links, checksum in itertools.product(args.links.split(","), args.checksum.split(",")):
+        row = run(size, array, args.ranks, args.joiners, links, args.iters, args.limit, checksum == "on")
         rows.append(row)
         what = f"median {row.get('median_s', '-')} s of {row.get('seconds', '-')}, {row.get('gbs', '-')} GB/s"
         verdict = "right" if row["ok"] else f"FAILED: {row.get('error', 'wrong result')}"
-        print(f"{format_size(size)} at {args.ranks} ranks ({args.joiners} joiner) {links}: {what}: {verdict}")
+        where = f"{format_size(size)} at {args.ranks} ranks ({args.joiners} joiner) {links}, checksum {checksum}"
+        print(f"{where}: {what}: {verdict}", flush=True)
     crc = crc32_seconds()
     print(f"crc32 over 1 GiB, one core: {crc:.2f} s")
     if args.json:
