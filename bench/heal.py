@@ -145,7 +145,8 @@ def render(path: str) -> str:
     lines.append("")
     lines.append(
         f"_{data['date']}; {m['cpus']} CPUs ({m['cpu']}), Python {m['python']}, numpy {m['numpy']}, netcoll "
-        f"{m['netcoll']} ({m['commit']}); CRC-32 over 1 GiB on one core: {data['crc32_s_per_gib']:.2f} s;"
+        f"{m['netcoll']} ({m['commit']}), load average {m['load']} at the start (other work on the machine);"
+        f" CRC-32 over 1 GiB on one core: {data['crc32_s_per_gib']:.2f} s;"
         f" from `{path}`._"
     )
     return "\n".join(lines)
@@ -174,7 +175,9 @@ def main() -> None:
     if args.worker:
         asyncio.run(_worker(size, array, args.joiners, args.iters, args.checksum == "on"))
         return
-    rows = []
+    from bench.machine import loadavg
+
+    load, rows = loadavg(), []
     for links, checksum in itertools.product(args.links.split(","), args.checksum.split(",")):
         row = run(size, array, args.ranks, args.joiners, links, args.iters, args.limit, checksum == "on")
         rows.append(row)
@@ -188,7 +191,9 @@ def main() -> None:
         from bench.machine import facts
 
         f = facts()
-        machine = {k: f[k] for k in ("cpu", "kernel", "python", "numpy", "netcoll", "commit")} | {"cpus": f["nproc"]}
+        f["load"] = load
+        keys = ("cpu", "kernel", "python", "numpy", "netcoll", "commit", "load")
+        machine = {k: f[k] for k in keys} | {"cpus": f["nproc"]}
         date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         with open(args.json, "w") as out:
             json.dump({"date": date, "machine": machine, "crc32_s_per_gib": round(crc, 3), "rows": rows}, out, indent=1)
