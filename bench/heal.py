@@ -37,6 +37,10 @@ import numpy as np
 from netcoll.sizes import format_size, parse_size
 
 MARK = "HEAL "
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the markers around the table in docs/training.md (``--docs`` rewrites what is between them)
+DOCS = os.path.join(ROOT, "docs", "training.md")
+BEGIN, END = "<!-- heal-results -->", "<!-- /heal-results -->"
 
 
 def state_of(size: int, array: int, fill: bool) -> dict[str, Any]:
@@ -147,9 +151,16 @@ def render(path: str) -> str:
         f"_{data['date']}; {m['cpus']} CPUs ({m['cpu']}), Python {m['python']}, numpy {m['numpy']}, netcoll "
         f"{m['netcoll']} ({m['commit']}), load average {m['load']} at the start (other work on the machine);"
         f" CRC-32 over 1 GiB on one core: {data['crc32_s_per_gib']:.2f} s;"
-        f" from `{path}`._"
+        f" from `{os.path.relpath(path, ROOT)}`._"
     )
     return "\n".join(lines)
+
+
+def docs_with(text: str, table: str) -> str:
+    """``text`` (docs/training.md) with ``table`` between the markers."""
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
 
 
 def main() -> None:
@@ -167,9 +178,16 @@ def main() -> None:
     ap.add_argument("--limit", type=float, default=1800.0, help="seconds one run may take")
     ap.add_argument("--json", help="write the rows (and the machine) to this file")
     ap.add_argument("--render", metavar="JSON", help="print a --json file's rows as a Markdown table, and stop")
+    ap.add_argument("--docs", metavar="JSON", help="write a --json file's table into docs/training.md, and stop")
     args = ap.parse_args()
     if args.render:
         print(render(args.render))
+        return
+    if args.docs:
+        with open(DOCS) as page:
+            text = docs_with(page.read(), render(args.docs))
+        with open(DOCS, "w") as page:
+            page.write(text)
         return
     size, array = parse_size(args.size), parse_size(args.array)
     if args.worker:

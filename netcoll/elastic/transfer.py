@@ -9,8 +9,11 @@ its last chunk sends each joiner the CRC-32 of every slice it sent it. A
 joiner runs one receiver per source, all at once, each with ``window``
 receives posted ahead (so at most ``sources * window`` chunks of memory held
 besides the state), copies each chunk into the state and checks each slice's
-CRC-32 against the source's. Messages travel on the communicator's ``send`` /
-``recv`` with tags of their own (:data:`DATA_TAG`, :data:`SUM_TAG`).
+CRC-32 against the source's (a chunk of another size than planned makes its
+slice bad too, and is not written). Chunks of :data:`OFFLOAD` bytes or more are
+checked and copied in a worker thread, while the event loop goes on receiving.
+Messages travel on the communicator's ``send`` / ``recv`` with tags of their own
+(:data:`DATA_TAG`, :data:`SUM_TAG`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ SUM_TAG = 0x4EA1_0003
 #: about 2.4 GB/s on one core of the benchmark machine (bench/heal.py ``--checksum off``
 #: measures a heal without it)
 checksum: Callable[[memoryview, int], int] = zlib.crc32
+
+#: chunks of at least this many bytes are checked and stored in a worker thread
+OFFLOAD = 1 << 20
 
 #: test hook: called with (slice, source, chunk) on a joiner before the chunk is checked
 #: and stored (tests corrupt a chunk here); None in normal use
@@ -116,23 +122,34 @@ async def _from(
     source = tasks[0].source
     plan = [(k, a, b) for k, t in enumerate(tasks) for a, b in chunks(t.start, t.end, chunk_bytes)]
     posted: deque[Work[Any]] = deque()
-    crcs = [0] * len(tasks)
+    crcs: list[int | None] = [0] * len(tasks)
     try:
         issued = 0
-        for k, a, _ in plan:
+        for k, a, b in plan:
             while issued < len(plan) and len(posted) < window:
                 posted.append(comm.recv(source, DATA_TAG, timeout=deadline.left()))
                 issued += 1
             data = _flat(await posted.popleft())
-            if on_chunk is not None:
-                on_chunk(tasks[k].slice, source, data)
-            crcs[k] = checksum(data.data, crcs[k])
-            stream.write(a, data)
+            take = (tasks[k].slice, source, stream, a, b, data, crcs[k])
+            # big chunks in a thread (zlib and numpy's copy release the GIL): the loop goes on receiving
+            crcs[k] = await asyncio.to_thread(_take, *take) if data.nbytes >= OFFLOAD else _take(*take)
         sent = _flat(await comm.recv(source, SUM_TAG, timeout=deadline.left()))
     finally:
         _cancel(posted)
     theirs = sent.view(np.int64) if sent.nbytes == 8 * len(tasks) else None
-    return [t for k, t in enumerate(tasks) if theirs is None or int(theirs[k]) != crcs[k]]
+    return [t for k, t in enumerate(tasks) if theirs is None or crcs[k] is None or int(theirs[k]) != crcs[k]]
+
+
+def _take(slice_: int, source: int, stream: Stream, a: int, b: int, data: np.ndarray, crc: int | None) -> int | None:
+    """Check and store one chunk meant for stream bytes ``[a, b)``: the slice's checksum so far,
+    None (the slice is bad, nothing written) once a chunk of another size came."""
+    if crc is None or data.nbytes != b - a:
+        return None
+    if on_chunk is not None:
+        on_chunk(slice_, source, data)
+    crc = checksum(data.data, crc)
+    stream.write(a, data)
+    return crc
 
 
 def _flat(x: Any) -> np.ndarray:

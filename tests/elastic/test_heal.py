@@ -13,7 +13,7 @@ import pytest
 
 import netcoll
 from netcoll.comm import Communicator
-from netcoll.elastic import ChecksumMismatch, HealError, LayoutMismatch, NoSources, heal, transfer
+from netcoll.elastic import ChecksumMismatch, HealError, LayoutMismatch, NoSources, heal, stream, transfer
 from tests.elastic.states import fingerprint, live_state, stale_state
 from tests.support import memory_world
 
@@ -217,3 +217,23 @@ async def test_the_first_live_members_slice_sizes_are_used_on_every_rank() -> No
         )
     assert fingerprint(got[2]) == fingerprint(live_state())
     assert comms[0].link_stats()[2]["frames_sent"] > 4  # rank 0's small chunks: several messages
+
+
+async def test_chunks_checked_in_worker_threads_heal_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transfer, "OFFLOAD", 0)  # every chunk through asyncio.to_thread
+    _, _, got = await heal_world(4, 2)
+    assert all(fingerprint(g) == fingerprint(live_state()) for g in got), got
+
+
+async def test_a_chunk_of_the_wrong_size_is_a_bad_slice_and_is_not_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    read = stream.Stream.read
+
+    def short(self: stream.Stream, a: int, b: int) -> np.ndarray:  # live members send chunk 0 a byte short
+        return read(self, a, b)[:-1] if a == 0 else read(self, a, b)
+
+    monkeypatch.setattr(stream.Stream, "read", short)
+    states = [live_state(), live_state(), stale_state()]
+    w = states[2]["model"]["w"]
+    _, _, got = await heal_world(3, 1, states=states)
+    assert all(isinstance(g, ChecksumMismatch) and g.slice == 0 for g in got), got
+    assert not w.any()  # in slice 0: nothing of a slice is written once one of its chunks came short
