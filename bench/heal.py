@@ -1,11 +1,14 @@
 """Time to heal a joiner (issue 35 item 3): ``netcoll.elastic.heal`` of ``--size`` of
 state (float32 arrays of ``--array`` bytes each, and a step counter) at ``--ranks`` ranks,
 ``--joiners`` of them joiners, the others live members (sources). One process per rank,
-run by ``netcoll run`` on loopback, over TCP and over shared memory. Each run heals
-``--iters`` times (after a barrier; the joiner's arrays zeroed before each, then filled in
-place); a heal's time is the slowest rank's, and the run reports their median. The
-joiner checks every byte. Also measured here: CRC-32 (zlib) over 1 GiB on one core, the
-checksum's cost on a joiner, which checks all it receives.
+run by ``netcoll run`` on loopback, over TCP and over shared memory.
+
+Each run heals ``2 * --iters`` times, alternately with the CRC-32 check and with a
+checksum that reads nothing (what the check costs, measured under the same load: the
+machine may be shared), each after a barrier, the joiner's arrays zeroed before and
+filled in place. A heal's time is the slowest rank's; a run reports the median of each
+kind. The joiner checks every byte of every heal. Also measured: CRC-32 (zlib) over
+1 GiB on one core.
 
 Until the regroup branch lands, a rank is made a joiner by setting ``comm._joined``
 (what a Communicator admitted by ``regroup`` has).
@@ -13,6 +16,7 @@ Until the regroup branch lands, a rank is made a joiner by setting ``comm._joine
     python3 bench/heal.py                                    # 1 GiB, 4 ranks, 1 joiner, tcp and shm
     python3 bench/heal.py --json bench/heal-results.json
     python3 bench/heal.py --render bench/heal-results.json   # the docs' table
+    python3 bench/heal.py --docs bench/heal-results.json     # ... written into docs/training.md
 
 Loopback only: the launcher's coordinator and the ranks listen on 127.0.0.1.
 """
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import resource
@@ -47,55 +50,53 @@ def state_of(size: int, array: int, fill: bool) -> dict[str, Any]:
     """``size`` bytes of float32 arrays of ``array`` bytes (the last one shorter), and a step."""
     model: dict[str, Any] = {}
     for k, start in enumerate(range(0, size, array)):
-        n = min(array, size - start) // 4
-        first = start // 4
+        n, first = min(array, size - start) // 4, start // 4
         model[f"w{k:03d}"] = np.arange(first, first + n, dtype=np.float32) if fill else np.zeros(n, np.float32)
     return {"model": model, "step": 1000 if fill else 0}
 
 
-async def _worker(size: int, array: int, joiners: int, iters: int, checksum: bool) -> None:
+async def _worker(size: int, array: int, joiners: int, iters: int) -> None:
     import netcoll
     import netcoll.elastic
     from netcoll.elastic import transfer
 
-    if not checksum:  # what the CRC-32 costs: the same heal with a checksum that reads nothing
-        transfer.checksum = lambda data, crc: 0
-
+    crc32 = transfer.checksum
     async with netcoll.connect(collective_timeout=900) as comm:
         comm._joined = comm.rank >= comm.world_size - joiners
         state = state_of(size, array, not comm.joined)
-        seconds, right = [], True
-        for _ in range(iters):
-            if comm.joined:
+        want = state_of(size, array, True) if comm.joined else None
+        seconds: dict[str, list[float]] = {"crc32": [], "none": []}
+        right = True
+        for i in range(2 * iters):
+            kind = ("crc32", "none")[i % 2]
+            transfer.checksum = crc32 if kind == "crc32" else lambda data, crc: 0
+            if want is not None:
                 for a in state["model"].values():
                     a[:] = 0
             await comm.barrier()
             start = time.perf_counter()
             got = await netcoll.elastic.heal(comm, state, timeout=900)
-            seconds.append(time.perf_counter() - start)
-            if comm.joined:
-                want = state_of(size, array, True)
+            seconds[kind].append(time.perf_counter() - start)
+            if want is not None:
                 right &= got["step"] == 1000 and all(
-                    np.array_equal(got["model"][k], want["model"][k]) for k in want["model"]
+                    np.array_equal(got["model"][k], v) for k, v in want["model"].items()
                 )
                 right &= all(got["model"][k] is state["model"][k] for k in state["model"])  # filled in place
-                del want
         kinds = sorted({s["kind"] for s in comm.link_stats().values()})
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         line = {"rank": comm.rank, "joined": comm.joined, "seconds": seconds, "right": right}
         print(MARK + json.dumps({**line, "peak_rss": rss, "kinds": kinds}), flush=True)
 
 
-def run(
-    size: int, array: int, ranks: int, joiners: int, links: str, iters: int, limit: float, checksum: bool
-) -> dict[str, Any]:
+def run(size: int, array: int, ranks: int, joiners: int, links: str, iters: int, limit: float) -> dict[str, Any]:
     """One ``netcoll run`` of the workers: the row of the results."""
+    from bench.machine import loadavg
+
     env = {**os.environ, "NETCOLL_TRANSPORT": "tcp" if links == "tcp" else "auto"}
     cmd = [sys.executable, "-m", "netcoll", "run", "-n", str(ranks), __file__, "--worker", "--size", str(size)]
     cmd += ["--array", str(array), "--joiners", str(joiners), "--iters", str(iters)]
-    cmd += ["--checksum", "on" if checksum else "off"]
     row: dict[str, Any] = {"bytes": size, "array_bytes": array, "ranks": ranks, "joiners": joiners, "links": links}
-    row["checksum"] = "crc32" if checksum else "off"
+    row["load_before"] = loadavg()
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit, check=False)
         rows = [json.loads(line.split(MARK, 1)[1]) for line in out.stdout.splitlines() if MARK in line]
@@ -106,15 +107,16 @@ def run(
         row.update(ok=False, error=" ".join(error or ["missing rank results"]))
         return row
     rows.sort(key=lambda x: x["rank"])
-    per_heal = [max(x["seconds"][i] for x in rows) for i in range(iters)]  # the slowest rank, each heal
-    median = statistics.median(per_heal)
+    for kind in ("crc32", "none"):
+        per_heal = [max(x["seconds"][kind][i] for x in rows) for i in range(iters)]  # the slowest rank, each heal
+        row[f"seconds_{kind}"] = [round(s, 3) for s in per_heal]
+        row[f"median_{kind}_s"] = round(statistics.median(per_heal), 3)
     row.update(
         ok=all(x["right"] for x in rows),
         kinds=sorted({k for x in rows for k in x["kinds"]}),
-        seconds=[round(s, 3) for s in per_heal],
-        median_s=round(median, 3),
-        gbs=round(size / median / 1e9, 3),
+        gbs=round(size / row["median_crc32_s"] / 1e9, 3),
         peak_rss=[x["peak_rss"] for x in rows],
+        load_after=loadavg(),
     )
     return row
 
@@ -133,24 +135,28 @@ def render(path: str) -> str:
     with open(path) as f:
         data = json.load(f)
     lines = [
-        "| state | ranks (joiners) | links | checksum | median s | GB/s | heals (s) | peak RSS (worst rank) | right |",
-        "|---:|---|---|---|---:|---:|---|---:|---|",
+        "| state | ranks (joiners) | links | median s | GB/s | heals (s) | no checksum: median s | peak RSS"
+        " (worst rank) | load average | right |",
+        "|---:|---|---|---:|---:|---|---:|---:|---|---|",
     ]
     for r in data["rows"]:
-        head = f"| {format_size(r['bytes'])} | {r['ranks']} ({r['joiners']}) | {r['links']} | {r['checksum']}"
-        if not r["ok"] and "seconds" not in r:
-            lines.append(f"{head} | | | | | NO: {r.get('error', 'wrong')} |")
+        head = f"| {format_size(r['bytes'])} | {r['ranks']} ({r['joiners']}) | {r['links']}"
+        if "seconds_crc32" not in r:
+            lines.append(f"{head} | | | | | | | NO: {r.get('error', 'wrong')} |")
             continue
         rss = max(r["peak_rss"]) / 2**30
-        heals = ", ".join(f"{s:.2f}" for s in r["seconds"])
+        heals = ", ".join(f"{s:.2f}" for s in r["seconds_crc32"])
         right = "yes" if r["ok"] else "NO"
-        lines.append(f"{head} | {r['median_s']:.2f} | {r['gbs']:.2f} | {heals} | {rss:.2f} GiB | {right} |")
+        load = f"{r['load_before']} → {r['load_after']}"
+        lines.append(
+            f"{head} | {r['median_crc32_s']:.2f} | {r['gbs']:.2f} | {heals} | {r['median_none_s']:.2f}"
+            f" | {rss:.2f} GiB | {load} | {right} |"
+        )
     m = data["machine"]
     lines.append("")
     lines.append(
         f"_{data['date']}; {m['cpus']} CPUs ({m['cpu']}), Python {m['python']}, numpy {m['numpy']}, netcoll "
-        f"{m['netcoll']} ({m['commit']}), load average {m['load']} at the start (other work on the machine);"
-        f" CRC-32 over 1 GiB on one core: {data['crc32_s_per_gib']:.2f} s;"
+        f"{m['netcoll']} ({m['commit']}); CRC-32 over 1 GiB on one core: {data['crc32_s_per_gib']:.2f} s;"
         f" from `{os.path.relpath(path, ROOT)}`._"
     )
     return "\n".join(lines)
@@ -172,9 +178,8 @@ def main() -> None:
     ap.add_argument("--array", default="64M", help="bytes per array of the state (default 64M)")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--joiners", type=int, default=1)
-    ap.add_argument("--iters", type=int, default=5, help="heals per run: the median is reported")
+    ap.add_argument("--iters", type=int, default=5, help="heals of each kind per run: the median is reported")
     ap.add_argument("--links", default="tcp,shm")
-    ap.add_argument("--checksum", default="on", help="on, off (what CRC-32 costs), or on,off: both")
     ap.add_argument("--limit", type=float, default=1800.0, help="seconds one run may take")
     ap.add_argument("--json", help="write the rows (and the machine) to this file")
     ap.add_argument("--render", metavar="JSON", help="print a --json file's rows as a Markdown table, and stop")
@@ -191,26 +196,25 @@ def main() -> None:
         return
     size, array = parse_size(args.size), parse_size(args.array)
     if args.worker:
-        asyncio.run(_worker(size, array, args.joiners, args.iters, args.checksum == "on"))
+        asyncio.run(_worker(size, array, args.joiners, args.iters))
         return
-    from bench.machine import loadavg
-
-    load, rows = loadavg(), []
-    for links, checksum in itertools.product(args.links.split(","), args.checksum.split(",")):
-        row = run(size, array, args.ranks, args.joiners, links, args.iters, args.limit, checksum == "on")
+    rows = []
+    for links in args.links.split(","):
+        row = run(size, array, args.ranks, args.joiners, links, args.iters, args.limit)
         rows.append(row)
-        what = f"median {row.get('median_s', '-')} s of {row.get('seconds', '-')}, {row.get('gbs', '-')} GB/s"
+        what = f"median {row.get('median_crc32_s', '-')} s of {row.get('seconds_crc32', '-')}"
+        what += f" ({row.get('median_none_s', '-')} s without the checksum)"
         verdict = "right" if row["ok"] else f"FAILED: {row.get('error', 'wrong result')}"
-        where = f"{format_size(size)} at {args.ranks} ranks ({args.joiners} joiner) {links}, checksum {checksum}"
-        print(f"{where}: {what}: {verdict}", flush=True)
+        print(
+            f"{format_size(size)} at {args.ranks} ranks ({args.joiners} joiner) {links}: {what}: {verdict}", flush=True
+        )
     crc = crc32_seconds()
     print(f"crc32 over 1 GiB, one core: {crc:.2f} s")
     if args.json:
         from bench.machine import facts
 
         f = facts()
-        f["load"] = load
-        keys = ("cpu", "kernel", "python", "numpy", "netcoll", "commit", "load")
+        keys = ("cpu", "kernel", "python", "numpy", "netcoll", "commit")
         machine = {k: f[k] for k in keys} | {"cpus": f["nproc"]}
         date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         with open(args.json, "w") as out:
