@@ -32,7 +32,7 @@ from ..tensors import is_tensor, to_tensor
 from . import layout as lay
 from .errors import ChecksumMismatch, HealError, LayoutMismatch, NoSources
 from .stream import Stream, slices
-from .transfer import LAYOUT_TAG, Deadline, Task, recv_round, send_round
+from .transfer import LAYOUT_TAG, Deadline, Round, Task, recv_round, send_round
 
 if TYPE_CHECKING:
     from ..comm import Communicator
@@ -53,6 +53,7 @@ async def heal(
     timeout: float | None = None,
     slice_bytes: int = SLICE_BYTES,
     chunk_bytes: int = CHUNK_BYTES,
+    checksum: bool = True,
 ) -> dict[str, Any]:
     """Collective: make every joiner's state equal to the live members' (bit for bit).
 
@@ -66,6 +67,10 @@ async def heal(
         slice_bytes: the stream is cut in slices of about this size, spread over the
             live members (one checksum each); chunk_bytes: one message's bytes (at least
             4096 each; the first live member's values are the ones used, on every rank).
+        checksum: check each slice's CRC-32 on the joiners (the first live member's choice
+            holds). It costs a pass over the data on every rank (measured in
+            docs/training.md, "Healing a joiner"); links already checksum what they carry
+            (TCP's 16-bit sum, shared memory none), so leave it on unless that pass shows.
 
     Returns:
         On a live member: ``state`` itself (``dict(state)`` if it is another mapping).
@@ -88,7 +93,8 @@ async def heal(
     entries, arrays = lay.flatten(state, strict=not joined)
     encoded = lay.encode(entries)
     deadline = Deadline(comm.timeout if timeout is None else timeout)
-    row = np.array([int(joined), *np.frombuffer(lay.digest(encoded), np.int64), slice_bytes, chunk_bytes], np.int64)
+    digest = np.frombuffer(lay.digest(encoded), np.int64)
+    row = np.array([int(joined), *digest, slice_bytes, chunk_bytes, int(bool(checksum))], np.int64)
     table = await comm.all_gather(row, timeout=deadline.left())
     joiners = tuple(r for r in range(comm.world_size) if table[r, 0])
     sources = tuple(r for r in range(comm.world_size) if not table[r, 0])
@@ -106,8 +112,8 @@ async def heal(
         for w in [comm.send(blob, j, LAYOUT_TAG, timeout=deadline.left()) for j in joiners]:
             await w
     stream = Stream([arrays[e.path] for e in entries if e.dtype is not None])
-    sizes = (int(table[sources[0], 3]), int(table[sources[0], 4]))  # the first live member's slice and chunk
-    await _transfer(comm, stream, sources, joiners, sizes, deadline)
+    first = table[sources[0]]  # the first live member's slice and chunk sizes and checksum choice
+    await _transfer(comm, stream, sources, joiners, (int(first[3]), int(first[4]), bool(first[5])), deadline)
     return _same(state) if out is None else out
 
 
@@ -129,19 +135,20 @@ async def _transfer(
     stream: Stream,
     sources: tuple[int, ...],
     joiners: tuple[int, ...],
-    sizes: tuple[int, int],
+    how: tuple[int, int, bool],
     deadline: Deadline,
 ) -> None:
     """Steps 3 and 4: the slices from every source, and once more from the next for the corrupt."""
-    (slice_bytes, chunk_bytes), k = sizes, len(sources)
-    if min(sizes) < MIN_BYTES:
-        raise HealError(f"heal: rank {sources[0]} sent slice/chunk sizes {sizes} (at least {MIN_BYTES} each)")
+    (slice_bytes, chunk_bytes, check), k = how, len(sources)
+    if min(slice_bytes, chunk_bytes) < MIN_BYTES:
+        raise HealError(f"heal: rank {sources[0]} sent slice/chunk sizes {how[:2]} (at least {MIN_BYTES} each)")
     cuts = slices(stream.nbytes, k, slice_bytes)
+    plan = Round(chunk_bytes, WINDOW, deadline, check)
     first = [Task(i, a, b, sources[i % k], joiners) for i, (a, b) in enumerate(cuts) if b > a]
-    bad = await _round(comm, stream, first, len(cuts), chunk_bytes, deadline)
+    bad = await _round(comm, stream, first, len(cuts), plan)
     if not bad:
         return
-    still = await _round(comm, stream, _retry(bad, cuts, sources), len(cuts), chunk_bytes, deadline)
+    still = await _round(comm, stream, _retry(bad, cuts, sources), len(cuts), plan)
     if still:
         j, i = still[0]
         them = (sources[i % k], sources[(i + 1) % k])
@@ -161,16 +168,16 @@ def _same(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _round(
-    comm: Communicator, stream: Stream, tasks: list[Task], nslices: int, chunk_bytes: int, deadline: Deadline
+    comm: Communicator, stream: Stream, tasks: list[Task], nslices: int, how: Round
 ) -> list[tuple[int, int]]:
     """Run one transfer round; every rank learns the (joiner, slice) pairs that arrived corrupt."""
     flags = np.zeros(max(nslices, 1), np.uint8)
     if comm.joined:
-        for t in await recv_round(comm, stream, tasks, chunk_bytes, WINDOW, deadline):
+        for t in await recv_round(comm, stream, tasks, how):
             flags[t.slice] = 1
     else:
-        await send_round(comm, stream, tasks, chunk_bytes, WINDOW, deadline)
-    table = await comm.all_gather(flags, timeout=deadline.left())
+        await send_round(comm, stream, tasks, how)
+    table = await comm.all_gather(flags, timeout=how.deadline.left())
     return [(int(j), int(i)) for j, i in zip(*np.nonzero(table), strict=True)]
 
 

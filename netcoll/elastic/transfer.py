@@ -4,8 +4,9 @@ joiners receive from every source at once and check each slice's checksum.
 A round is a list of :class:`Task`: slice ``i`` of the stream (:mod:`.stream`),
 sent by rank ``source`` to ranks ``joiners``. A source sends its tasks in
 order, each chunk to every joiner of its task (the same view: no copy per
-joiner), keeping at most ``window`` messages per joiner in flight, and after
-its last chunk sends each joiner the CRC-32 of every slice it sent it. A
+joiner; its CRC-32 computed in a worker thread while those sends run), keeping
+at most ``window`` messages per joiner in flight, and after its last chunk
+sends each joiner the CRC-32 of every slice it sent it. A
 joiner runs one receiver per source, all at once, each with ``window``
 receives posted ahead (so at most ``sources * window`` chunks of memory held
 besides the state), copies each chunk into the state and checks each slice's
@@ -74,9 +75,28 @@ class Deadline:
         return max(self.at - time.monotonic(), 1e-3)
 
 
-async def send_round(
-    comm: Communicator, stream: Stream, tasks: Sequence[Task], chunk_bytes: int, window: int, deadline: Deadline
-) -> None:
+@dataclass(frozen=True)
+class Round:
+    """How a round moves its slices: chunk size, messages in flight per pair, the deadline,
+    and whether slices are checksummed (``check``; else every checksum sent is 0)."""
+
+    chunk_bytes: int
+    window: int
+    deadline: Deadline
+    check: bool = True
+
+
+async def _summed(how: Round, data: np.ndarray, crc: int) -> int:
+    """``crc`` fed ``data``: in a worker thread for a big chunk (zlib releases the GIL), so the
+    event loop goes on moving the chunks already issued; 0 when the round checks nothing."""
+    if not how.check:
+        return 0
+    if data.nbytes >= OFFLOAD:
+        return await asyncio.to_thread(checksum, data.data, crc)
+    return checksum(data.data, crc)
+
+
+async def send_round(comm: Communicator, stream: Stream, tasks: Sequence[Task], how: Round) -> None:
     """This source's part of a round: its tasks' chunks, then each joiner's checksums."""
     mine = [t for t in tasks if t.source == comm.rank]
     joiners = sorted({j for t in mine for j in t.joiners})
@@ -85,69 +105,66 @@ async def send_round(
     try:
         for t in mine:
             crc = 0
-            for a, b in chunks(t.start, t.end, chunk_bytes):
+            for a, b in chunks(t.start, t.end, how.chunk_bytes):
                 data = stream.read(a, b)
-                crc = checksum(data.data, crc)
                 for j in t.joiners:
-                    inflight.append(comm.send(data, j, DATA_TAG, timeout=deadline.left()))
-                while len(inflight) > window * len(t.joiners):
+                    inflight.append(comm.send(data, j, DATA_TAG, timeout=how.deadline.left()))
+                crc = await _summed(how, data, crc)  # while the sends run
+                while len(inflight) > how.window * len(t.joiners):
                     await inflight.popleft()
             for j in t.joiners:
                 sums[j].append(crc)
         for j in joiners:
-            inflight.append(comm.send(np.array(sums[j], np.int64), j, SUM_TAG, timeout=deadline.left()))
+            inflight.append(comm.send(np.array(sums[j], np.int64), j, SUM_TAG, timeout=how.deadline.left()))
         while inflight:
             await inflight.popleft()
     finally:
         _cancel(inflight)
 
 
-async def recv_round(
-    comm: Communicator, stream: Stream, tasks: Sequence[Task], chunk_bytes: int, window: int, deadline: Deadline
-) -> list[Task]:
+async def recv_round(comm: Communicator, stream: Stream, tasks: Sequence[Task], how: Round) -> list[Task]:
     """This joiner's part of a round, from every source at once: the tasks whose slice
     arrived with a checksum other than its source's."""
     mine = [t for t in tasks if comm.rank in t.joiners]
     sources = sorted({t.source for t in mine})
-    got = await asyncio.gather(
-        *(_from(comm, stream, [t for t in mine if t.source == s], chunk_bytes, window, deadline) for s in sources)
-    )
+    got = await asyncio.gather(*(_from(comm, stream, [t for t in mine if t.source == s], how) for s in sources))
     return sorted((t for bad in got for t in bad), key=lambda t: t.slice)
 
 
-async def _from(
-    comm: Communicator, stream: Stream, tasks: list[Task], chunk_bytes: int, window: int, deadline: Deadline
-) -> list[Task]:
+async def _from(comm: Communicator, stream: Stream, tasks: list[Task], how: Round) -> list[Task]:
     """Receive ``tasks`` (all from one source, in its order), ``window`` receives ahead."""
     source = tasks[0].source
-    plan = [(k, a, b) for k, t in enumerate(tasks) for a, b in chunks(t.start, t.end, chunk_bytes)]
+    plan = [(k, a, b) for k, t in enumerate(tasks) for a, b in chunks(t.start, t.end, how.chunk_bytes)]
     posted: deque[Work[Any]] = deque()
     crcs: list[int | None] = [0] * len(tasks)
     try:
         issued = 0
         for k, a, b in plan:
-            while issued < len(plan) and len(posted) < window:
-                posted.append(comm.recv(source, DATA_TAG, timeout=deadline.left()))
+            while issued < len(plan) and len(posted) < how.window:
+                posted.append(comm.recv(source, DATA_TAG, timeout=how.deadline.left()))
                 issued += 1
             data = _flat(await posted.popleft())
-            take = (tasks[k].slice, source, stream, a, b, data, crcs[k])
+            take = (tasks[k].slice, source, stream, a, b, data, crcs[k], how.check)
             # big chunks in a thread (zlib and numpy's copy release the GIL): the loop goes on receiving
             crcs[k] = await asyncio.to_thread(_take, *take) if data.nbytes >= OFFLOAD else _take(*take)
-        sent = _flat(await comm.recv(source, SUM_TAG, timeout=deadline.left()))
+        sent = _flat(await comm.recv(source, SUM_TAG, timeout=how.deadline.left()))
     finally:
         _cancel(posted)
     theirs = sent.view(np.int64) if sent.nbytes == 8 * len(tasks) else None
     return [t for k, t in enumerate(tasks) if theirs is None or crcs[k] is None or int(theirs[k]) != crcs[k]]
 
 
-def _take(slice_: int, source: int, stream: Stream, a: int, b: int, data: np.ndarray, crc: int | None) -> int | None:
+def _take(
+    slice_: int, source: int, stream: Stream, a: int, b: int, data: np.ndarray, crc: int | None, check: bool
+) -> int | None:
     """Check and store one chunk meant for stream bytes ``[a, b)``: the slice's checksum so far,
     None (the slice is bad, nothing written) once a chunk of another size came."""
     if crc is None or data.nbytes != b - a:
         return None
     if on_chunk is not None:
         on_chunk(slice_, source, data)
-    crc = checksum(data.data, crc)
+    if check:
+        crc = checksum(data.data, crc)
     stream.write(a, data)
     return crc
 
@@ -164,4 +181,4 @@ def _cancel(works: deque[Work[Any]]) -> None:
             w.cancel()
 
 
-__all__ = ["DATA_TAG", "LAYOUT_TAG", "SUM_TAG", "Deadline", "Task", "recv_round", "send_round"]
+__all__ = ["DATA_TAG", "LAYOUT_TAG", "SUM_TAG", "Deadline", "Round", "Task", "recv_round", "send_round"]

@@ -80,7 +80,7 @@ async def test_no_joiners_moves_no_state() -> None:
     total = sum(a.nbytes for a in _arrays(live_state()))
     for c in comms:
         sent = sum(s["bytes_sent"] for s in c.link_stats().values())
-        assert sent < 1024 < total, sent  # the one all_gather of a 24-byte row
+        assert sent < 1024 < total, sent  # the one all_gather of a 48-byte row
 
 
 async def test_a_joiner_with_an_empty_state() -> None:
@@ -237,3 +237,30 @@ async def test_a_chunk_of_the_wrong_size_is_a_bad_slice_and_is_not_written(monke
     _, _, got = await heal_world(3, 1, states=states)
     assert all(isinstance(g, ChecksumMismatch) and g.slice == 0 for g in got), got
     assert not w.any()  # in slice 0: nothing of a slice is written once one of its chunks came short
+
+
+async def test_the_first_live_members_checksum_choice_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """checksum=False on the first live member: nothing is checked (a corrupt chunk goes
+    through), whatever the joiner passed; the rest of the state still heals."""
+
+    done: list[int] = []
+
+    def corrupt(slice_: int, source: int, chunk: np.ndarray) -> None:
+        if not done:  # the first chunk: stream byte 0, model/b's first
+            done.append(slice_)
+            chunk[0] ^= 0xFF
+
+    monkeypatch.setattr(transfer, "on_chunk", corrupt)
+    _, comms = memory_world(3)
+    comms[2]._joined = True
+    async with asyncio.timeout(30):
+        got = await asyncio.gather(
+            heal(comms[0], live_state(), checksum=False, **SMALL),
+            heal(comms[1], live_state(), **SMALL),
+            heal(comms[2], stale_state(), checksum=True),
+        )
+    healed, want = got[2], live_state()
+    assert healed["step"] == 1000 and fingerprint(healed) != fingerprint(want)
+    assert healed["model"]["b"].view(np.uint8)[0] == want["model"]["b"].view(np.uint8)[0] ^ 0xFF
+    healed["model"]["b"].view(np.uint8)[0] ^= 0xFF
+    assert fingerprint(healed) == fingerprint(want)  # that byte only
