@@ -264,3 +264,26 @@ async def test_the_first_live_members_checksum_choice_holds(monkeypatch: pytest.
     assert healed["model"]["b"].view(np.uint8)[0] == want["model"]["b"].view(np.uint8)[0] ^ 0xFF
     healed["model"]["b"].view(np.uint8)[0] ^= 0xFF
     assert fingerprint(healed) == fingerprint(want)  # that byte only
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_seeded_schedules_heal_the_same(seed: int) -> None:
+    """Seeded worlds (2-4 ranks, 1 to all-but-one joiners, slice and chunk sizes) whose ranks
+    enter heal after random delays and in random order; replay one with its seed."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 5))
+    joiners = int(rng.integers(1, n))
+    sizes = {"slice_bytes": int(rng.integers(4096, 40_000)), "chunk_bytes": int(rng.integers(4096, 20_000))}
+    delays = rng.uniform(0, 0.02, n)
+    _, comms = memory_world(n)
+    for c in comms[n - joiners :]:
+        c._joined = True
+
+    async def one(c: Communicator) -> Any:
+        await asyncio.sleep(float(delays[c.rank]))
+        return await heal(c, stale_state() if c.joined else live_state(scale=3), **sizes)
+
+    async with asyncio.timeout(60):
+        got = await asyncio.gather(*(one(c) for c in rng.permutation(comms)))
+    want = fingerprint(live_state(scale=3))
+    assert all(fingerprint(g) == want for g in got), f"seed {seed}: {n} ranks, {joiners} joiners, {sizes}"
