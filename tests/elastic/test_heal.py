@@ -287,3 +287,10 @@ async def test_seeded_schedules_heal_the_same(seed: int) -> None:
         got = await asyncio.gather(*(one(c) for c in rng.permutation(comms)))
     want = fingerprint(live_state(scale=3))
     assert all(fingerprint(g) == want for g in got), f"seed {seed}: {n} ranks, {joiners} joiners, {sizes}"
+
+
+async def test_a_state_of_scalars_only_heals_with_the_layout_alone() -> None:
+    live = {"step": 42, "sched": {"lr": 0.1, "name": "cosine"}, "empty": np.zeros((0, 3), np.float32)}
+    _, _, got = await heal_world(3, 1, states=[live, dict(live), {"step": 0}])
+    assert got[2]["step"] == 42 and got[2]["sched"] == {"lr": 0.1, "name": "cosine"}
+    assert got[2]["empty"].shape == (0, 3) and got[2]["empty"].dtype == np.float32
