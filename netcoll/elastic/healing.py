@@ -11,7 +11,9 @@ False are *sources* (live members), the others *joiners*. In order:
    (:class:`~.errors.LayoutMismatch`), on every rank.
 2. The first source sends the layout to each joiner, which checks it against
    the digest and makes the arrays it lacks (or holds in another shape or
-   dtype, or not C-contiguous and writeable).
+   dtype, or not C-contiguous and writeable); a 1-byte ``all_gather`` tells
+   every rank whether every joiner could (else :class:`~.errors.HealError`
+   on every rank).
 3. Round 1 (:mod:`.transfer`): slice ``i`` from source ``i mod k`` to every
    joiner, all sources at once, each slice's CRC-32 checked.
 4. ``all_gather`` of each rank's bad slices. Any: round 2 sends each bad slice
@@ -104,17 +106,33 @@ async def heal(
         raise NoSources(f"heal: all {comm.world_size} ranks are joiners; no live member holds the state")
     if len({_digest(table, r) for r in sources}) > 1:
         raise await _mismatch(comm, table, sources, encoded, deadline)
-    out = None
+    out, refused = None, None
     if joined:
-        entries, arrays, out = await _receive_layout(comm, sources[0], _digest(table, sources[0]), state, deadline)
+        try:
+            entries, arrays, out = await _receive_layout(comm, sources[0], _digest(table, sources[0]), state, deadline)
+        except HealError as exc:
+            refused = exc
     elif comm.rank == sources[0]:
         blob = np.frombuffer(encoded, np.uint8)
         for w in [comm.send(blob, j, LAYOUT_TAG, timeout=deadline.left()) for j in joiners]:
             await w
+    await _agree_layout(comm, refused, sources[0], deadline)
     stream = Stream([arrays[e.path] for e in entries if e.dtype is not None])
     first = table[sources[0]]  # the first live member's slice and chunk sizes and checksum choice
     await _transfer(comm, stream, sources, joiners, (int(first[3]), int(first[4]), bool(first[5])), deadline)
     return _same(state) if out is None else out
+
+
+async def _agree_layout(comm: Communicator, refused: HealError | None, sender: int, deadline: Deadline) -> None:
+    """Every rank learns whether every joiner took the layout (a 1-byte all_gather), so a
+    joiner that could not use it fails every rank at once instead of leaving the live
+    members to send into a deadline."""
+    flags = await comm.all_gather(np.array([refused is not None], np.uint8), timeout=deadline.left())
+    if refused is not None:
+        raise refused
+    if flags.any():
+        ranks = [int(r) for r in np.flatnonzero(flags)]
+        raise HealError(f"heal: rank(s) {ranks} could not use the state layout rank {sender} sent (see their error)")
 
 
 def _check(slice_bytes: int, chunk_bytes: int, timeout: float | None) -> None:

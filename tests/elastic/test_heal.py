@@ -13,7 +13,7 @@ import pytest
 
 import netcoll
 from netcoll.comm import Communicator
-from netcoll.elastic import ChecksumMismatch, HealError, LayoutMismatch, NoSources, heal, stream, transfer
+from netcoll.elastic import ChecksumMismatch, HealError, LayoutMismatch, NoSources, heal, healing, stream, transfer
 from tests.elastic.states import fingerprint, live_state, stale_state
 from tests.support import memory_world
 
@@ -294,3 +294,14 @@ async def test_a_state_of_scalars_only_heals_with_the_layout_alone() -> None:
     _, _, got = await heal_world(3, 1, states=[live, dict(live), {"step": 0}])
     assert got[2]["step"] == 42 and got[2]["sched"] == {"lr": 0.1, "name": "cosine"}
     assert got[2]["empty"].shape == (0, 3) and got[2]["empty"].dtype == np.float32
+
+
+async def test_a_layout_a_joiner_cannot_use_fails_every_rank_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(blob: bytes, *, sender: int) -> Any:
+        raise HealError(f"rank {sender} sent a malformed state layout: test")
+
+    monkeypatch.setattr(healing.lay, "decode", refuse)  # only joiners decode (no mismatch here)
+    _, _, got = await heal_world(4, 1, timeout=30)
+    assert isinstance(got[3], HealError) and "malformed state layout: test" in str(got[3]), got
+    for g in got[:3]:
+        assert type(g) is HealError and "rank(s) [3] could not use the state layout rank 0 sent" in str(g), got
