@@ -154,7 +154,8 @@ class Communicator:
     @property
     def joined(self) -> bool:
         """True for the Communicator an elastic :func:`netcoll.connect` got when a
-        regroup admitted it (this process joined a running group); False for every other."""
+        regroup admitted it (this process joined a running group); False for every other.
+        :func:`netcoll.elastic.heal` reads it to tell joiners from live members."""
         return self._joined
 
     async def regroup(self, timeout: float = 60.0) -> Communicator:
