@@ -120,14 +120,14 @@ class Mailbox:
         self.ops[key] = op
         if seq >= self.next_seq.get(group, 0):
             self.next_seq[group] = seq + 1
+        if self.early_aborts:  # first: an abort names the cause (a rank lost may be its echo)
+            abort = self.early_aborts.pop(key, None)
+            if abort is not None:
+                op.on_abort(abort, op.me(self.rank))
         if self.dead:
             for w in members:
                 if w in self.dead and w not in self.departed:
                     op.lost(w, str(self.dead[w]), graceful=False)
-        if self.early_aborts:
-            abort = self.early_aborts.pop(key, None)
-            if abort is not None:
-                op.on_abort(abort, op.me(self.rank))
         if self.late_aborts:
             self._apply_late_abort(op)
         if self.early:
