@@ -261,8 +261,23 @@ class SyncCommunicator:
         timeout: float | None = None,
         algorithm: AllReduceAlgorithm = "auto",
         async_op: bool = False,
+        partial: bool = False,
+        deadline: float | None = None,
     ) -> Any:
-        return self._call(self._comm.all_reduce, async_op, x, op, out=out, timeout=timeout, algorithm=algorithm)
+        """:meth:`netcoll.Communicator.all_reduce`, blocking. With ``partial=True`` it
+        returns the reduction over the ranks that delivered by the deadline; to know which,
+        pass ``async_op=True`` too and read the Work's ``contributors`` after ``wait()``."""
+        return self._call(
+            self._comm.all_reduce,
+            async_op,
+            x,
+            op,
+            out=out,
+            timeout=timeout,
+            algorithm=algorithm,
+            partial=partial,
+            deadline=deadline,
+        )
 
     @_blocking
     def broadcast(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+from ..calls import partial as partial_
 from ..calls import reducing
 from ..tensors import inputs
 
@@ -37,6 +38,8 @@ def all_reduce(
     out: TensorLike[TensorOut] | None = None,
     timeout: float | None = None,
     algorithm: AllReduceAlgorithm = "auto",
+    partial: bool = False,
+    deadline: float | None = None,
 ) -> Work[TensorOut]: ...
 
 
@@ -49,6 +52,8 @@ def all_reduce(
     out: Array | None = None,
     timeout: float | None = None,
     algorithm: AllReduceAlgorithm = "auto",
+    partial: bool = False,
+    deadline: float | None = None,
 ) -> Work[Array]: ...
 def all_reduce(
     self: Communicator,
@@ -58,6 +63,8 @@ def all_reduce(
     out: Array | TensorLike[Any] | None = None,
     timeout: float | None = None,
     algorithm: AllReduceAlgorithm = "auto",
+    partial: bool = False,
+    deadline: float | None = None,
 ) -> Work[Any]:
     """Reduce ``x`` element-wise over every rank; every rank gets the result.
 
@@ -86,11 +93,24 @@ def all_reduce(
         algorithm: ``"auto"`` (chosen by size, world size and links;
             ``NETCOLL_ALGO`` may force one), or ``"ring"``, ``"tree"``,
             ``"doubling"``, ``"halving"``, ``"allpairs"``.
-
-    Returns:
-        A :class:`~netcoll.Work`, issued now (its place in the group's
-        order is fixed at the call): awaiting it gives the reduced array
-        (``out`` if given; a ``torch.Tensor`` for a tensor).
+        partial: reduce over the ranks that delivered by the deadline
+            instead of failing without them (local SGD, DiLoCo-style outer
+            steps; docs/training.md, "Partial results"). Every rank sends
+            ``x`` to every other; a rank whose link is lost is left out at
+            once, a slow one when the deadline passes; the coordinator
+            decides the contributors (the first proposal wins), named by
+            ``work.contributors``; ``avg`` divides by their number. Every
+            rank that returns gets the same bits and contributors; a rank
+            left out gets :class:`~netcoll.errors.PartialExcluded`, one that
+            lacks an agreed contribution whose sender was lost
+            :class:`~netcoll.errors.PartialMismatch`. All ranks delivering:
+            the result is ``algorithm="allpairs"``'s, bit for bit. Needs a
+            Communicator of :func:`netcoll.connect` (or a ``MemoryHub``);
+            ``algorithm`` must be ``"auto"``. Cost: ``(world_size - 1)`` times
+            ``x``'s bytes sent per rank, and a coordinator round trip.
+        deadline: with ``partial``: seconds to wait for contributions
+            (default: ``timeout``); at most ``timeout``. The call may then run
+            up to 30 s past ``timeout`` to agree and finish.
 
     Raises:
         TypeError: at the call, before anything is sent: an unsupported
@@ -98,7 +118,10 @@ def all_reduce(
             another type, ``out`` not an array.
         ValueError: at the call: an unknown op or algorithm, ``out`` of
             another shape or dtype or not C-contiguous, ``timeout`` not
-            positive, ``x`` over ``max_array_bytes`` (16 GiB).
+            positive, ``x`` over ``max_array_bytes`` (16 GiB); with
+            ``partial``: an algorithm other than ``"auto"``, a ``deadline``
+            not positive or over ``timeout``, a Communicator with no decider;
+            ``deadline`` without ``partial``. (TypeError: ``partial`` not a bool.)
         CommunicatorClosed: at the call, on a closed communicator.
         CollectiveError: from the Work: ``CollectiveTimeout`` (names the
             ranks still awaited, or the deadlock), ``PeerLost``,
@@ -112,8 +135,22 @@ def all_reduce(
         grads = await comm.all_reduce(grads, op="avg")
         work = comm.all_reduce(loss)  # in flight; await it later
     """
+    if partial_.check_partial(partial, algorithm):
+        return _partial(self, x, op, out, timeout, deadline)
+    if deadline is not None:
+        raise ValueError("deadline= is for all_reduce(partial=True) only")
     x, out, io = inputs(x, out)
     return self._plan(lambda e: reducing.all_reduce(e, x, op, out, algorithm), timeout, io)
+
+
+def _partial(self: Communicator, x: Any, op: Op, out: Any, timeout: float | None, deadline: float | None) -> Work[Any]:
+    """A partial all_reduce (:mod:`netcoll.calls.partial`): its Work names the contributors."""
+    window, limit = partial_.deadlines(self.timeout, timeout, deadline)
+    x, out, io = inputs(x, out)
+    agreement = partial_.Agreement()
+    work = self._plan(lambda e: partial_.all_reduce(e, x, op, out, agreement, window, limit), limit, io)
+    work._agreed = agreement
+    return work
 
 
 @overload
