@@ -9,8 +9,10 @@ How it works (hivemind's averaging, with one decider):
    contribution counts as *received* once all its segments are here.
 2. *Collect.* The rank waits until every other rank is received or known lost (its
    link closed, it left, or it aborted the operation: the operation's ``tolerance``
-   hook says so at once, :attr:`netcoll.operation.Operation.tolerance`), or the
-   collection window (the deadline) passes, whichever is first.
+   hook says so at once, :attr:`netcoll.operation.Operation.tolerance`) and its own
+   sends are handed to the links, or the collection window (the deadline) passes,
+   whichever is first. (Waiting for its own sends makes "my proposal includes me but
+   my data never left" rare: a rank that dies after proposing has sent its data.)
 3. *Propose and agree.* It proposes ``sorted(received + itself)`` to the decider
    (``decide(group id, seq, proposal)``: the coordinator's store, a set-once value per
    ``(group id incl. epoch, seq)``, :meth:`netcoll.rendezvous.store.Store.decide`). The
@@ -18,9 +20,9 @@ How it works (hivemind's averaging, with one decider):
 4. *Finish.* A rank not in the agreed set fails with
    :class:`~netcoll.errors.PartialExcluded`. A rank in it waits for the agreed
    contributions it lacks (they were sent; a slower link may still be bringing them)
-   until each is here or its sender is lost (then
+   until each is here, or its sender is lost, or one more window has passed (then
    :class:`~netcoll.errors.PartialMismatch` naming it), waits for its own sends to
-   the agreed ranks, and folds the agreed contributions in rank order
+   the agreed ranks (also before failing so: the others need them), and folds the agreed contributions in rank order
    ``((x_a op x_b) op x_c) ...`` (``avg``: then divides by their number).
 
 Correctness (every rank that returns returns the same bits and the same contributors):
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
 __all__ = ["Agreement", "all_reduce", "check_agreed"]
 
 MIN_DECIDE_S = 1.0  # the decider's answer is waited for at least this long
+FINISH_MARGIN_S = 1.0  # an agreed contribution still missing is given up this long before the call's limit
 
 
 class Agreement:
@@ -141,8 +144,9 @@ async def all_reduce(
     sends = {p: asyncio.ensure_future(_send_all(ch, p, data, segs)) for p in ((r + k) % P for k in range(1, P))}
     for task in sends.values():
         task.add_done_callback(_retrieved)
+        task.add_done_callback(lambda _: agreement.changed.set())
     try:
-        await _collect(ch, agreement, posted, set(parts), start + window)
+        await _collect(ch, agreement, posted, set(parts), start + window, sends)
         received = _received(posted)
         proposal = tuple(sorted({*received, r}))
         wait = max(start + limit - loop.time(), MIN_DECIDE_S)
@@ -156,14 +160,16 @@ async def all_reduce(
                 ranks=agreed,
             )
         missing = {p for p in agreed if p != r and p not in received}
-        if missing:
-            await _collect(ch, agreement, posted, missing, None)
+        if missing:  # sent to us too, maybe still on its way: one more window at most
+            until = min(loop.time() + window, start + limit - FINISH_MARGIN_S)
+            await _collect(ch, agreement, posted, missing, until)
             lacking = sorted(missing - _received(posted))
             if lacking:
+                await _settle(sends, set(agreed))  # the other agreed ranks still need this rank's data
                 raise PartialMismatch(
                     f"{ch.op.where()}: the partial all_reduce agreed on ranks {list(agreed)}, but the "
                     f"contribution of {', '.join(f'rank {p}' for p in lacking)} never reached rank {r} "
-                    "(its link was lost first)",
+                    "(its link was lost first, or it did not arrive within one more window)",
                     op=ch.op.name,
                     seq=ch.op.seq,
                     ranks=lacking,
@@ -207,20 +213,23 @@ async def _collect(
     agreement: Agreement,
     posted: dict[int, list[asyncio.Future[Any]]],
     wanted: set[int],
-    until: float | None,
+    until: float,
+    sends: dict[int, asyncio.Task[bool]] | None = None,
 ) -> None:
-    """Wait until every peer of ``wanted`` is received or lost, or the loop time ``until``
-    passes (None: no end but the operation's); raise the operation's error if it failed."""
+    """Wait until every peer of ``wanted`` is received or lost and every task of ``sends``
+    is done, or the loop time ``until`` passes; raise the operation's error if it failed."""
     loop = asyncio.get_running_loop()
     members = ch.op.members
     while True:
         if ch.op.failure is not None:
             raise ch.op.error  # type: ignore[misc]
         received = _received(posted)
-        if all(p in received or members[p] in agreement.gone for p in wanted):
+        if all(p in received or members[p] in agreement.gone for p in wanted) and (
+            sends is None or all(t.done() for t in sends.values())
+        ):
             return
-        left = None if until is None else until - loop.time()
-        if left is not None and left <= 0:
+        left = until - loop.time()
+        if left <= 0:
             return
         agreement.changed.clear()
         with contextlib.suppress(TimeoutError):
