@@ -112,6 +112,12 @@ def all_reduce(
             (default: ``timeout``); at most ``timeout``. The call may then run
             up to 30 s past ``timeout`` to agree and finish.
 
+    Returns:
+        A :class:`~netcoll.Work`, issued now (its place in the group's
+        order is fixed at the call): awaiting it gives the reduced array
+        (``out`` if given; a ``torch.Tensor`` for a tensor). Its
+        ``contributors`` is None, or with ``partial`` the agreed ranks.
+
     Raises:
         TypeError: at the call, before anything is sent: an unsupported
             dtype, an ``op`` the dtype does not allow, an ``op`` of
@@ -128,7 +134,8 @@ def all_reduce(
             ``MismatchError`` (the ranks called different collectives,
             shapes, dtypes or ops: both calls named), ``CollectiveAborted``
             (another rank failed it), ``CollectiveCancelled``,
-            ``CollectiveClosed``, ``LimitExceeded``.
+            ``CollectiveClosed``, ``LimitExceeded``; with ``partial``:
+            ``PartialExcluded``, ``PartialMismatch``.
 
     Example::
 
