@@ -5,6 +5,7 @@ the refusals, and the Work's contributors (netcoll/algorithms/partial.py)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -168,3 +169,36 @@ async def test_a_shorter_deadline_within_the_timeout() -> None:
     go.set()
     assert isinstance(await held, PartialExcluded)
     assert [contributors for _, contributors in got] == [(0, 1), (0, 1)]
+
+
+async def test_a_rank_that_cancels_is_left_out_at_once() -> None:
+    _, comms = memory_world(3)
+    xs = inputs(3)
+    cancelled = comms[2].all_reduce(xs[2], partial=True, timeout=3600)
+    cancelled.cancel()  # before it ran: nothing of it was sent; the others are told at once
+    got = await asyncio.wait_for(asyncio.gather(*(partial(c, xs[c.rank], timeout=3600) for c in comms[:2])), timeout=60)
+    assert [contributors for _, contributors in got] == [(0, 1), (0, 1)]
+    assert cancelled.cancelled()
+    again = await asyncio.gather(*(c.all_reduce(xs[c.rank]) for c in comms))  # the group goes on
+    np.testing.assert_allclose(again[2], reduce_reference(ReduceOp.SUM, xs), rtol=1e-6)
+
+
+async def test_in_flight_with_other_collectives_awaited_in_any_order() -> None:
+    _, comms = memory_world(N)
+    xs = inputs(N)
+
+    async def rank(c: Communicator) -> tuple[Any, ...]:
+        a = c.all_reduce(xs[c.rank], partial=True, timeout=30)
+        b = c.all_gather(xs[c.rank])
+        d = c.all_reduce(xs[c.rank], op="max", partial=True, timeout=30)
+        order = [d, b, a] if c.rank % 2 else [b, a, d]
+        for w in order:
+            await w
+        return a.result(), a.contributors, b.result(), d.result(), d.contributors
+
+    got = await asyncio.gather(*(rank(c) for c in comms))
+    for a, ca, b, d, cd in got:
+        assert ca == cd == (0, 1, 2, 3)
+        assert a.tobytes() == got[0][0].tobytes() and d.tobytes() == got[0][3].tobytes()
+        np.testing.assert_array_equal(b, np.stack(xs))
+        np.testing.assert_array_equal(d, reduce_reference(ReduceOp.MAX, xs))
