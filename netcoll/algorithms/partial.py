@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import resultpool
 from ..errors import PartialExcluded, PartialMismatch
 from ..ops import ReduceOp, reduce_into
 from ._common import DEFAULT_SEGMENT_BYTES, num_segments, reduction_args, split
@@ -136,7 +137,8 @@ async def all_reduce(
     start = loop.time()
     P, r = ch.size, ch.rank
     segs = split(data.size, num_segments(data.nbytes, segment_bytes))
-    parts = {p: np.empty_like(data) for p in range(P) if p != r}
+    # scratch from the result pool: a loop of calls reuses it instead of page-faulting it in each time
+    parts = {p: resultpool.empty(data.shape, data.dtype) for p in range(P) if p != r}
     posted = {p: [ch.post(p, step=0, chunk=j, out=parts[p][a:b]) for j, (a, b) in enumerate(segs)] for p in parts}
     for futs in posted.values():
         for fut in futs:
@@ -246,9 +248,11 @@ async def _settle(sends: dict[int, asyncio.Task[bool]], agreed: set[int]) -> Non
 
 
 def _fold(rop: ReduceOp, data: np.ndarray, parts: dict[int, np.ndarray], agreed: tuple[int, ...], r: int) -> None:
-    """``data`` = the agreed contributions folded in rank order (``avg``: summed)."""
+    """``data`` = the agreed contributions folded in rank order (``avg``: summed). (This
+    rank's sends are over: ``data`` may be folded into when it comes first.)"""
     first = agreed[0]
-    acc = data.copy() if first == r else parts[first]
+    acc = data if first == r else parts[first]
     for p in agreed[1:]:
         reduce_into(rop, acc, data if p == r else parts[p])
-    data[...] = acc
+    if acc is not data:
+        data[...] = acc
