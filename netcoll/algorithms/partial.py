@@ -66,7 +66,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import resultpool
-from ..errors import PartialExcluded, PartialMismatch
+from ..errors import CollectiveError, PartialExcluded, PartialMismatch
+from ..operation import Reason
 from ..ops import ReduceOp, reduce_into
 from ._common import DEFAULT_SEGMENT_BYTES, num_segments, reduction_args, split
 
@@ -154,12 +155,14 @@ async def all_reduce(
         wait = max(start + limit - loop.time(), MIN_DECIDE_S)
         agreed = check_agreed(await decide(ch.op.group, ch.op.seq, proposal, wait), P)
         if r not in agreed:
-            raise PartialExcluded(
-                f"{ch.op.where()}: rank {r} was excluded from the partial all_reduce: the ranks agreed on "
-                f"{list(agreed)} before its contribution counted (it was late or its link failed)",
-                op=ch.op.name,
-                seq=ch.op.seq,
-                ranks=agreed,
+            raise _aborted(
+                PartialExcluded(
+                    f"{ch.op.where()}: rank {r} was excluded from the partial all_reduce: the ranks agreed on "
+                    f"{list(agreed)} before its contribution counted (it was late or its link failed)",
+                    op=ch.op.name,
+                    seq=ch.op.seq,
+                    ranks=agreed,
+                )
             )
         missing = {p for p in agreed if p != r and p not in received}
         if missing:  # sent to us too, maybe still on its way: one more window at most
@@ -168,13 +171,15 @@ async def all_reduce(
             lacking = sorted(missing - _received(posted))
             if lacking:
                 await _settle(sends, set(agreed))  # the other agreed ranks still need this rank's data
-                raise PartialMismatch(
-                    f"{ch.op.where()}: the partial all_reduce agreed on ranks {list(agreed)}, but the "
-                    f"contribution of {', '.join(f'rank {p}' for p in lacking)} never reached rank {r} "
-                    "(its link was lost first, or it did not arrive within one more window)",
-                    op=ch.op.name,
-                    seq=ch.op.seq,
-                    ranks=lacking,
+                raise _aborted(
+                    PartialMismatch(
+                        f"{ch.op.where()}: the partial all_reduce agreed on ranks {list(agreed)}, but the "
+                        f"contribution of {', '.join(f'rank {p}' for p in lacking)} never reached rank {r} "
+                        "(its link was lost first, or it did not arrive within one more window)",
+                        op=ch.op.name,
+                        seq=ch.op.seq,
+                        ranks=lacking,
+                    )
                 )
         await _settle(sends, set(agreed))
         _fold(rop, data, parts, agreed, r)
@@ -197,6 +202,13 @@ async def _send_all(ch: Channel, peer: int, data: np.ndarray, segs: list[tuple[i
     except ConnectionError:  # PeerLost: that rank is gone; its absence is the agreement's business
         return False
     return True
+
+
+def _aborted(exc: CollectiveError) -> CollectiveError:
+    """``exc`` with the reason of a collective that ended without this rank's result
+    (:class:`~netcoll.operation.Reason` ``ABORTED``: logged at INFO, counted as aborted)."""
+    exc.reason = Reason.ABORTED
+    return exc
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:

@@ -202,3 +202,22 @@ async def test_in_flight_with_other_collectives_awaited_in_any_order() -> None:
         assert a.tobytes() == got[0][0].tobytes() and d.tobytes() == got[0][3].tobytes()
         np.testing.assert_array_equal(b, np.stack(xs))
         np.testing.assert_array_equal(d, reduce_reference(ReduceOp.MAX, xs))
+
+
+async def test_the_typed_errors_carry_the_aborted_reason() -> None:
+    from netcoll.operation import Reason
+
+    _, comms = memory_world(2)
+    go = asyncio.Event()
+
+    async def late(c: Communicator) -> BaseException:
+        await go.wait()
+        with pytest.raises(PartialExcluded) as info:
+            await c.all_reduce(np.ones(3), partial=True, timeout=30)
+        return info.value
+
+    held = asyncio.ensure_future(late(comms[1]))
+    await comms[0].all_reduce(np.ones(3), partial=True, timeout=0.2)
+    go.set()
+    error = await held
+    assert error.reason is Reason.ABORTED and error.seq == 0 and error.op == "all_reduce"  # type: ignore[attr-defined]
