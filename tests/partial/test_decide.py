@@ -5,6 +5,7 @@ netcoll.connect's Communicators (a partial all_reduce over loopback TCP)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -77,3 +78,35 @@ async def test_connected_ranks_agree_through_the_coordinator() -> None:
         from netcoll.rendezvous.client import RendezvousClient
 
         assert isinstance(comms[0].transport.decider.__self__.rdv, RendezvousClient)  # type: ignore[union-attr]
+
+
+@pytest.mark.tcp
+async def test_over_tcp_a_late_rank_behind_a_small_window_and_the_next_collective(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As in memory: sends to the held rank stall on its window (TCP links), are abandoned
+    once the others decided; the late rank gets PartialExcluded; the next all_reduce is right."""
+    from netcoll.errors import PartialExcluded
+
+    monkeypatch.setenv("NETCOLL_RECV_WINDOW", "256K")
+    monkeypatch.setenv("NETCOLL_TRANSPORT", "tcp")
+    async with connected_world(3) as comms:
+        xs = [np.full(1 << 20, r + 1.0, np.float32) for r in range(3)]  # 4 MiB each
+        go = asyncio.Event()
+
+        async def late(c: Any) -> BaseException:
+            await go.wait()
+            with pytest.raises(PartialExcluded) as info:
+                await c.all_reduce(xs[c.rank], partial=True, timeout=2.0)
+            return info.value
+
+        held = asyncio.ensure_future(late(comms[2]))
+        works = [c.all_reduce(xs[c.rank], partial=True, timeout=3.0) for c in comms[:2]]
+        got = await asyncio.gather(*works)
+        go.set()
+        assert (await held).ranks == (0, 1)
+        assert [w.contributors for w in works] == [(0, 1), (0, 1)]
+        np.testing.assert_array_equal(got[0], np.full(1 << 20, 3.0, np.float32))
+        again = await asyncio.wait_for(asyncio.gather(*(c.all_reduce(xs[c.rank]) for c in comms)), timeout=60)
+        for y in again:
+            np.testing.assert_array_equal(y, np.full(1 << 20, 6.0, np.float32))

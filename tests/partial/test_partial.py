@@ -221,3 +221,39 @@ async def test_the_typed_errors_carry_the_aborted_reason() -> None:
     go.set()
     error = await held
     assert error.reason is Reason.ABORTED and error.seq == 0 and error.op == "all_reduce"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("window", [64 << 10, 1 << 20])
+async def test_any_receive_window(window: int) -> None:
+    hub = MemoryHub(3, window=window)
+    comms = [Communicator(m) for m in hub.meshes]
+    xs = inputs(3, (1 << 20,), np.float32)  # 4 MiB per rank, sent to two peers
+    got = await asyncio.gather(*(partial(c, xs[c.rank], op="sum", timeout=60) for c in comms))
+    for y, contributors in got:
+        assert contributors == (0, 1, 2)
+        np.testing.assert_array_equal(y, got[0][0])
+        np.testing.assert_allclose(y, reduce_reference(ReduceOp.SUM, xs), rtol=1e-6)
+
+
+async def test_a_late_rank_behind_a_small_window_and_the_next_collective() -> None:
+    """The on-time ranks' sends to the held rank stall on its receive window; they are
+    abandoned once the others decided, and the links still carry the next collective."""
+    hub = MemoryHub(3, window=64 << 10)
+    comms = [Communicator(m, segment_bytes=16 << 10) for m in hub.meshes]
+    xs = inputs(3, (1 << 18,), np.float32)  # 1 MiB: far more than the window
+    go = asyncio.Event()
+
+    async def late(c: Communicator) -> BaseException:
+        await go.wait()
+        with pytest.raises(PartialExcluded) as info:
+            await c.all_reduce(xs[c.rank], partial=True, timeout=1.0)
+        return info.value
+
+    held = asyncio.ensure_future(late(comms[2]))
+    got = await asyncio.gather(*(partial(c, xs[c.rank], op="sum", timeout=2.0) for c in comms[:2]))
+    go.set()
+    assert (await held).ranks == (0, 1)
+    assert [contributors for _, contributors in got] == [(0, 1), (0, 1)]
+    again = await asyncio.wait_for(asyncio.gather(*(c.all_reduce(xs[c.rank]) for c in comms)), timeout=60)
+    for y in again:
+        np.testing.assert_allclose(y, reduce_reference(ReduceOp.SUM, xs), rtol=1e-6)
