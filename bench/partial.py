@@ -4,8 +4,8 @@
     python3 bench/partial.py [--ranks 4] [--sizes 1M,16M] [--iters 15] [--links tcp]
 
 Starts a coordinator, then one process per rank (``netcoll.connect``, each from its
-own loopback address); each size is timed ``iters`` times per kind, the two kinds
-alternating, each call after a barrier. Rank 0 prints the median seconds per call
+own loopback address); each size is timed ``iters`` times per kind (:data:`KINDS`), the
+kinds alternating, each call after a barrier. Rank 0 prints the median seconds per call
 of each kind (the slowest rank's time of each call, gathered after the loop).
 """
 
@@ -25,6 +25,11 @@ import netcoll
 from netcoll.sizes import parse_size
 
 
+#: the normal all_reduce (``auto``: the ring at these sizes), the partial one, and the normal
+#: one over the partial's pattern (every rank to every rank): partial - allpairs is the agreement
+KINDS = ("normal", "partial", "allpairs")
+
+
 async def rank(address: str, index: int, world: int, sizes: list[int], iters: int) -> None:
     async with netcoll.connect(
         address, world_size=world, rank=index, local_host=f"127.0.0.{index + 2}", collective_timeout=120
@@ -32,12 +37,15 @@ async def rank(address: str, index: int, world: int, sizes: list[int], iters: in
         rows = []
         for size in sizes:
             x = np.ones(size // 4, np.float32)
-            times: dict[str, list[float]] = {"normal": [], "partial": []}
+            times: dict[str, list[float]] = {kind: [] for kind in KINDS}
             for i in range(iters + 2):  # two warm-up rounds
-                for kind in ("normal", "partial"):
+                for kind in KINDS:
                     await comm.barrier()
                     t0 = time.perf_counter()
-                    y = await comm.all_reduce(x, partial=kind == "partial", timeout=120)
+                    if kind == "allpairs":
+                        y = await comm.all_reduce(x, algorithm="allpairs", timeout=120)
+                    else:
+                        y = await comm.all_reduce(x, partial=kind == "partial", timeout=120)
                     took = time.perf_counter() - t0
                     assert float(y[0]) == world, (kind, y[0])
                     if i >= 2:
