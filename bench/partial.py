@@ -24,7 +24,6 @@ import numpy as np
 import netcoll
 from netcoll.sizes import parse_size
 
-
 #: the normal all_reduce (``auto``: the ring at these sizes), the partial one, and the normal
 #: one over the partial's pattern (every rank to every rank): partial - allpairs is the agreement
 KINDS = ("normal", "partial", "allpairs")
