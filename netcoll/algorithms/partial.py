@@ -21,25 +21,36 @@ How it works (hivemind's averaging, with one decider):
    :class:`~netcoll.errors.PartialExcluded`. A rank in it waits for the agreed
    contributions it lacks (they were sent; a slower link may still be bringing them)
    until each is here, or its sender is lost, or one more window has passed (then
-   :class:`~netcoll.errors.PartialMismatch` naming it), waits for its own sends to
-   the agreed ranks (also before failing so: the others need them), and folds the agreed contributions in rank order
-   ``((x_a op x_b) op x_c) ...`` (``avg``: then divides by their number).
+   :class:`~netcoll.errors.PartialMismatch` naming it); it lets its own sends to the
+   agreed ranks finish (also before failing so: the others need them), and folds the
+   agreed contributions in rank order ``((x_a op x_b) op x_c) ...`` (``avg``: then
+   divides by their number).
 
 Correctness (every rank that returns returns the same bits and the same contributors):
-the decider returns one value per key, the first proposal, to every caller, so all
-ranks that get past step 3 hold the same set ``W``; a rank returns only after it holds
-every contribution in ``W`` (step 4), each the sender's unmodified buffer, and folds
-them in the one order ``W`` fixes, so the values are equal bit for bit. Whatever rank
-dies when: before sending, it is in no proposal unless its data fully reached the
-proposer, and a rank that lacks that data fails (never returns another value); in the
-middle of the agreement (after proposing, or before), the decision is the coordinator's
-alone (set once, atomically, on its event loop), so a proposal it made either won (and
-its data reached the winner's proposer, itself) or not, and the survivors use the same
-``W`` either way; if the decider itself is lost, every rank fails with its error rather
-than decide alone. A rank that is late (its proposal reaches the decider after another)
-is in ``W`` only if the winner had received its data; otherwise it gets
-``PartialExcluded`` and returns nothing. Liveness: a rank proposes at the latest when
-the window ends, and ``decide`` answers at once once a value is set.
+
+* *One set.* The decider keeps the first proposal per key and returns it to every
+  caller, so every rank past step 3 holds the same set ``W``.
+* *One value.* A rank returns only once it holds every contribution of ``W`` whole
+  (a receive completes only with all of a frame's bytes), each the sender's buffer as
+  it was at the call (a sender folds into its buffer only after its sends to ``W``
+  finished, and cancels only sends to ranks outside ``W``, which never return), and
+  folds them in the one order ``W`` fixes: equal bits everywhere.
+* *A rank dies before or while sending.* It is in a proposal only if its whole
+  contribution reached that proposer; a rank of ``W`` that lacks it fails with
+  ``PartialMismatch`` (after its sender's link is lost, or one more window) and never
+  returns another value.
+* *A rank dies in the middle of the agreement.* Before its proposal reached the decider:
+  it proposed nothing, and the others' proposals decide. After: its proposal may have
+  won; ``W`` is then what it had received, and the survivors proceed as in any other
+  decision (each has ``W``'s data, or fails as above). The decision itself is the
+  coordinator's alone (set once, atomically, on its event loop), so no two survivors
+  see different decisions, whoever died when. If the decider itself is lost, every
+  rank that has not decided fails with that error rather than decide alone.
+* *A rank is late.* Its proposal comes after another's won: it is in ``W`` only if the
+  winner's proposer had its whole contribution; otherwise it gets ``PartialExcluded``
+  and returns nothing.
+* *Liveness.* Every rank proposes at the latest when the window ends and the decider
+  answers at once; the wait for missing agreed data is bounded by one more window.
 
 Messages are those of one operation (one group id and seq), so nothing of another
 call or epoch mixes in. The operation is *tolerant*: a lost or aborting member does not
