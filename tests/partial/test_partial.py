@@ -257,3 +257,20 @@ async def test_a_late_rank_behind_a_small_window_and_the_next_collective() -> No
     again = await asyncio.wait_for(asyncio.gather(*(c.all_reduce(xs[c.rank]) for c in comms)), timeout=60)
     for y in again:
         np.testing.assert_allclose(y, reduce_reference(ReduceOp.SUM, xs), rtol=1e-6)
+
+
+async def test_a_lost_decider_fails_every_rank_with_a_collective_error() -> None:
+    from netcoll.errors import CollectiveError
+
+    hub, comms = memory_world(3)
+
+    async def gone(group: str, seq: int, proposal: tuple[int, ...], timeout: float) -> tuple[int, ...]:
+        raise ConnectionError("lost the coordinator")
+
+    for mesh in hub.meshes:
+        mesh.decider = gone
+    got = await asyncio.gather(
+        *(c.all_reduce(np.ones(3), partial=True, timeout=30) for c in comms), return_exceptions=True
+    )
+    for error in got:
+        assert isinstance(error, CollectiveError) and "lost the coordinator" in str(error), error
