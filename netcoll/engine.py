@@ -73,6 +73,9 @@ class Call:
     #: what the call ran, asked once it has run, when the plan could not know it (a
     #: broadcast's size and a ``sized`` broadcast's shape: only its root chooses); default ``choice``
     ran: Callable[[], Choice | None] | None = None
+    #: a tolerant operation's hook for a missing member (a partial all_reduce:
+    #: :attr:`netcoll.operation.Operation.tolerance`); its failures are this rank's alone
+    tolerance: Callable[[int], None] | None = None
     waits: asyncio.Future[Any] | None = None  # deferred: ``rebuild(call)`` plans it once this is done
     rebuild: Callable[[Call], None] | None = None
 
@@ -203,6 +206,7 @@ class Engine:
             call.name,
             work.get_loop(),
             call.labels,
+            call.tolerance,
         )
         work.op = op
         driver = asyncio.current_task() if log.isEnabledFor(logging.DEBUG) else None
@@ -365,6 +369,8 @@ class Engine:
         """Tell the other members how ``op`` failed here (unless they told us)."""
         failure = op.failure
         assert failure is not None
+        if op.tolerance is not None and failure.reason is not Reason.CANCELLED:
+            return  # a tolerant operation's failure is this rank's alone: the others go on without it
         if failure.waiting:  # a peer timed out; tell everyone whom *we* were waiting for
             await self.mesh.abort(
                 op,

@@ -72,6 +72,7 @@ class Epochs:
             self.listener, rank=rank, size=size, session=session, peers=peers, token=self.token, links=self.links
         )
         mesh.mailbox.epoch = epoch
+        mesh.decider = self.decide  # a partial all_reduce's contributors: the coordinator decides
         self.mesh = mesh
         try:
             await mesh.connect(timeout)
@@ -92,6 +93,12 @@ class Epochs:
             await self.close()  # the next regroup renews the epoch
             raise
         return comm
+
+    async def decide(self, group: str, seq: int, proposal: tuple[int, ...], timeout: float) -> tuple[int, ...]:
+        """A partial all_reduce's contributors (:mod:`netcoll.algorithms.partial`): the
+        first proposal for ``(group id, seq)`` the coordinator's store was given."""
+        agreed = await self.rdv.kv_decide(f"partial/{group}", seq, list(proposal), group=self.group, timeout=timeout)
+        return tuple(agreed) if isinstance(agreed, list) else agreed  # (checked by the algorithm)
 
     async def regroup(self, comm: Communicator, timeout: float) -> Communicator:
         """One regroup round from the current epoch (whichever of this session's

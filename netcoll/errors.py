@@ -15,7 +15,9 @@ Hierarchy::
     │   ├── MismatchError        ranks called different collectives/shapes/dtypes at one step
     │   ├── LimitExceeded        a peer declared more than a configured limit allows
     │   ├── CollectiveAborted    another rank failed this collective and told us why
-    │   │   └── CollectiveCancelled   the collective was cancelled (.ranks = the cancelling rank)
+    │   │   ├── CollectiveCancelled   the collective was cancelled (.ranks = the cancelling rank)
+    │   │   ├── PartialExcluded      a partial all_reduce agreed without this rank (it was late)
+    │   │   └── PartialMismatch      a partial all_reduce agreed on a rank whose data never reached this one
     │   └── CollectiveClosed     the communicator closed under the collective (also a CommunicatorClosed)
     ├── CommunicatorClosed       the communicator was closed
     └── ConfigError              a setting (flag or NETCOLL_* variable) is missing or invalid
@@ -123,6 +125,20 @@ class CollectiveCancelled(CollectiveAborted):
     cancelled awaiting task); every other rank of the group gets this."""
 
 
+class PartialExcluded(CollectiveAborted):
+    """A partial ``all_reduce`` (``partial=True``) was agreed without this rank: its
+    contribution did not count, because the decision was made before it delivered
+    (it was late, or its link failed). The others returned; ``ranks`` is the agreed
+    contributors. Call ``regroup()`` (a lost link) or simply go on: the next
+    collective includes this rank again."""
+
+
+class PartialMismatch(CollectiveAborted):
+    """A partial ``all_reduce`` was agreed on contributors one of which (``ranks``)
+    never delivered to this rank before its link was lost: this rank cannot compute
+    the agreed result, so it fails rather than return a different one."""
+
+
 class LimitExceeded(CollectiveError):
     """A peer declared a size beyond a configured limit; nothing was allocated for it."""
 
@@ -146,6 +162,8 @@ __all__ = [
     "MismatchError",
     "CollectiveAborted",
     "CollectiveCancelled",
+    "PartialExcluded",
+    "PartialMismatch",
     "LimitExceeded",
     "CollectiveClosed",
     "ConfigError",

@@ -263,7 +263,12 @@ class SyncCommunicator:
         algorithm: AllReduceAlgorithm = "auto",
         compression: Compression | None = None,
         async_op: bool = False,
+        partial: bool = False,
+        deadline: float | None = None,
     ) -> Any:
+        """:meth:`netcoll.Communicator.all_reduce`, blocking. With ``partial=True`` it
+        returns the reduction over the ranks that delivered by the deadline; to know which,
+        pass ``async_op=True`` too and read the Work's ``contributors`` after ``wait()``."""
         return self._call(
             self._comm.all_reduce,
             async_op,
@@ -273,6 +278,8 @@ class SyncCommunicator:
             timeout=timeout,
             algorithm=algorithm,
             compression=compression,
+            partial=partial,
+            deadline=deadline,
         )
 
     @_blocking

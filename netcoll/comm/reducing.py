@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+from ..calls import partial as partial_
 from ..calls import reducing
 from ..compression import resolve
 from ..tensors import inputs
@@ -40,6 +41,8 @@ def all_reduce(
     timeout: float | None = None,
     algorithm: AllReduceAlgorithm = "auto",
     compression: Compression | None = None,
+    partial: bool = False,
+    deadline: float | None = None,
 ) -> Work[TensorOut]: ...
 
 
@@ -53,6 +56,8 @@ def all_reduce(
     timeout: float | None = None,
     algorithm: AllReduceAlgorithm = "auto",
     compression: Compression | None = None,
+    partial: bool = False,
+    deadline: float | None = None,
 ) -> Work[Array]: ...
 def all_reduce(
     self: Communicator,
@@ -63,6 +68,8 @@ def all_reduce(
     timeout: float | None = None,
     algorithm: AllReduceAlgorithm = "auto",
     compression: Compression | None = None,
+    partial: bool = False,
+    deadline: float | None = None,
 ) -> Work[Any]:
     """Reduce ``x`` element-wise over every rank; every rank gets the result.
 
@@ -97,11 +104,30 @@ def all_reduce(
             bytes on every rank (still bit-identical); ``op`` sum, avg, min or max; ``algorithm``
             ``"auto"``. Float inputs only (``ValueError`` for integer, bool or complex). Bounds:
             docs/compression.md.
+        partial: reduce over the ranks that delivered by the deadline
+            instead of failing without them (local SGD, DiLoCo-style outer
+            steps; docs/training.md, "Partial results"). Every rank sends
+            ``x`` to every other; a rank whose link is lost is left out at
+            once, a slow one when the deadline passes; the coordinator
+            decides the contributors (the first proposal wins), named by
+            ``work.contributors``; ``avg`` divides by their number. Every
+            rank that returns gets the same bits and contributors; a rank
+            left out gets :class:`~netcoll.errors.PartialExcluded`, one that
+            lacks an agreed contribution whose sender was lost
+            :class:`~netcoll.errors.PartialMismatch`. All ranks delivering:
+            the result is ``algorithm="allpairs"``'s, bit for bit. Needs a
+            Communicator of :func:`netcoll.connect` (or a ``MemoryHub``);
+            ``algorithm`` must be ``"auto"``. Cost: ``(world_size - 1)`` times
+            ``x``'s bytes sent per rank, and a coordinator round trip.
+        deadline: with ``partial``: seconds to wait for contributions
+            (default: ``timeout``); at most ``timeout``. The call may then run
+            up to 30 s past ``timeout`` to agree and finish.
 
     Returns:
         A :class:`~netcoll.Work`, issued now (its place in the group's
         order is fixed at the call): awaiting it gives the reduced array
-        (``out`` if given; a ``torch.Tensor`` for a tensor).
+        (``out`` if given; a ``torch.Tensor`` for a tensor). Its
+        ``contributors`` is None, or with ``partial`` the agreed ranks.
 
     Raises:
         TypeError: at the call, before anything is sent: an unsupported
@@ -109,22 +135,53 @@ def all_reduce(
             another type, ``out`` not an array.
         ValueError: at the call: an unknown op or algorithm, ``out`` of
             another shape or dtype or not C-contiguous, ``timeout`` not
-            positive, ``x`` over ``max_array_bytes`` (16 GiB).
+            positive, ``x`` over ``max_array_bytes`` (16 GiB); with
+            ``partial``: an algorithm other than ``"auto"``, a ``deadline``
+            not positive or over ``timeout``, a Communicator with no decider;
+            ``deadline`` without ``partial``. (TypeError: ``partial`` not a bool.)
         CommunicatorClosed: at the call, on a closed communicator.
         CollectiveError: from the Work: ``CollectiveTimeout`` (names the
             ranks still awaited, or the deadlock), ``PeerLost``,
             ``MismatchError`` (the ranks called different collectives,
             shapes, dtypes or ops: both calls named), ``CollectiveAborted``
             (another rank failed it), ``CollectiveCancelled``,
-            ``CollectiveClosed``, ``LimitExceeded``.
+            ``CollectiveClosed``, ``LimitExceeded``; with ``partial``:
+            ``PartialExcluded``, ``PartialMismatch``.
 
     Example::
 
         grads = await comm.all_reduce(grads, op="avg")
         work = comm.all_reduce(loss)  # in flight; await it later
     """
+    return _all_reduce(self, x, op, out, timeout, algorithm, compression, partial, deadline)
+
+
+def _all_reduce(
+    self: Communicator,
+    x: Any,
+    op: Op,
+    out: Any,
+    timeout: float | None,
+    algorithm: Any,
+    compression: Any,
+    partial: bool,
+    deadline: float | None,
+) -> Work[Any]:
+    """The all_reduce of every rank, compressed or not, or a partial one (:func:`_partial`)."""
+    if partial_.check_partial(partial, algorithm, compression, deadline):
+        return _partial(self, x, op, out, timeout, deadline)
     (x, out, io), codec = inputs(x, out), resolve(compression)
     return self._plan(lambda e: reducing.all_reduce(e, x, op, out, algorithm, codec), timeout, io)
+
+
+def _partial(self: Communicator, x: Any, op: Op, out: Any, timeout: float | None, deadline: float | None) -> Work[Any]:
+    """A partial all_reduce (:mod:`netcoll.calls.partial`): its Work names the contributors."""
+    window, limit = partial_.deadlines(self.timeout, timeout, deadline)
+    x, out, io = inputs(x, out)
+    agreement = partial_.Agreement()
+    work = self._plan(lambda e: partial_.all_reduce(e, x, op, out, agreement, window, limit), limit, io)
+    work._agreed = agreement
+    return work
 
 
 @overload

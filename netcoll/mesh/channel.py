@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,12 @@ CLOSE_TIMEOUT = 2.0  # how long an orderly close waits for the peers to close th
 #: bulk (TCP, TLS) keeps netcoll's loop from polling until it closes (:meth:`Mesh.hold_spin`;
 #: measured in docs/performance.md, "No spinning in large socket transfers")
 QUIET_MIN = 4 << 20
+
+
+#: a partial all_reduce's decider: ``decide(group id, seq, proposal, timeout)`` returns the
+#: agreed contributors, the first proposal made for that ``(group id, seq)``, to every caller
+#: (:mod:`netcoll.algorithms.partial`)
+Decide = Callable[[str, int, tuple[int, ...], float], Awaitable[tuple[int, ...]]]
 
 
 def as_bytes(x: np.ndarray | memoryview | bytes | bytearray) -> memoryview:
@@ -75,6 +81,10 @@ class Mesh:
         #: every rank's link kinds and host, agreed by the world group when it formed
         #: (:class:`netcoll.selection.media.Layout`); None before that
         self.layout: Any = None
+        #: who decides a partial all_reduce's contributors for the groups over this mesh: the
+        #: coordinator's store (:func:`netcoll.connect`), one in-process table (:mod:`.inprocess`);
+        #: None: partial all_reduce is refused
+        self.decider: Decide | None = None
 
     def attach(self, link: Link) -> None:
         """Make ``link`` this rank's link to ``link.peer`` and start it."""

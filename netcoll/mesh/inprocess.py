@@ -34,6 +34,9 @@ class MemoryHub:
         self.size = size
         self.config = LinkConfig(window=window)
         self.meshes = [InProcessMesh(r, size, self) for r in range(size)]
+        self.decider = LocalDecider()  # (partial all_reduce: the ranks of this hub agree through it)
+        for mesh in self.meshes:
+            mesh.decider = self.decider
         factory = LinkFactory(self.config, offers=("memory",))  # in-process: NETCOLL_TRANSPORT does not apply
         factory.register("memory", MemoryLink)
         caps = factory.capabilities()
@@ -59,6 +62,28 @@ class MemoryHub:
             )
         )
         t.sever(ConnectionResetError("peer process died"))
+
+
+class LocalDecider:
+    """The decider of a partial all_reduce (:data:`~.channel.Decide`) for ranks in one
+    process: the first proposal for a ``(group id, seq)`` wins. Keeps the last
+    :data:`KEPT` decisions; one asked after it forgot raises ``LookupError``."""
+
+    KEPT = 4096
+
+    def __init__(self) -> None:
+        self.decided: dict[tuple[str, int], tuple[int, ...]] = {}
+        self.floor: dict[str, int] = {}  # group id -> the highest seq forgotten
+
+    async def __call__(self, group: str, seq: int, proposal: tuple[int, ...], timeout: float) -> tuple[int, ...]:
+        if seq <= self.floor.get(group, -1):
+            raise LookupError(f"the decision of {group!r} #{seq} was forgotten (over {self.KEPT} ago)")
+        agreed = self.decided.setdefault((group, seq), tuple(proposal))
+        if len(self.decided) > self.KEPT:
+            (g, q), _ = next(iter(self.decided.items()))
+            del self.decided[(g, q)]
+            self.floor[g] = max(self.floor.get(g, -1), q)
+        return agreed
 
 
 class InProcessMesh(Mesh):

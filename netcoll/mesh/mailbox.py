@@ -108,15 +108,18 @@ class Mailbox:
         name: str,
         loop: asyncio.AbstractEventLoop | None = None,
         labels: dict[int, int] | None = None,
+        tolerance: Callable[[int], None] | None = None,
     ) -> Operation:
         """Open and start operation ``(group, seq)``: it receives what arrived for it
-        (``labels``: the ranks its messages name, see :class:`Operation`)."""
+        (``labels``: the ranks its messages name; ``tolerance``: a tolerant operation's
+        hook for missing members, :attr:`Operation.tolerance`)."""
         key = (group, seq)
         if key in self.ops:
             raise RuntimeError(f"operation {key} is already open")
         rank_of = self._rank_of.get(members) or self._group_ranks(members)
         op = Operation(group, seq, fp, members, name, rank_of, loop, self._release, labels)
         op.state = State.RUNNING
+        op.tolerance = tolerance
         self.ops[key] = op
         if seq >= self.next_seq.get(group, 0):
             self.next_seq[group] = seq + 1

@@ -55,6 +55,7 @@ class Operation:
         "blocked",
         "lends_from",
         "sync_from",
+        "tolerance",
         "_loop",
         "_release",
     )
@@ -112,6 +113,11 @@ class Operation:
         #: says from which step (:meth:`~netcoll.mesh.channel.Channel.sync_from`: a gather's
         #: and a tree reduce's non-roots, measured faster that way).
         self.sync_from = NO_STEP
+        #: a *tolerant* operation's (a partial all_reduce's) hook: ``tolerance(world rank)`` is
+        #: called instead of failing the operation when that member's link is lost or it
+        #: aborts the operation; its algorithm decides what a missing member means. None: the
+        #: operation fails (the rule of every other operation)
+        self.tolerance: Callable[[int], None] | None = None
         self._loop = loop or asyncio.get_running_loop()
         self._release = release
 
@@ -296,7 +302,12 @@ class Operation:
 
     def on_abort(self, header: dict[str, Any], me: int) -> None:
         """Member ``header['origin']`` failed this operation and says why (a timeout:
-        what it waits for, kept in :attr:`reports`)."""
+        what it waits for, kept in :attr:`reports`). A tolerant operation is told the
+        member is missing instead (:attr:`tolerance`)."""
+        if self.tolerance is not None:
+            if self.state is State.RUNNING or self.state is State.ISSUED:
+                self.tolerance(header["origin"])
+            return
         r = self.me(header["origin"])
         cause = reason_of(header["cause"])
         ranks = tuple(header.get("ranks") or (r,))
@@ -364,6 +375,10 @@ class Operation:
         or it and others ``gone`` too, could send (a receive posted under two keys,
         :meth:`take_either`, still waits for the other sender)."""
         if peer not in self.rank_of:
+            return
+        if self.tolerance is not None:
+            if self.state is State.RUNNING or self.state is State.ISSUED:
+                self.tolerance(peer)
             return
         if graceful and not self.waits_on({peer}, gone):
             return

@@ -45,7 +45,7 @@ class Work(asyncio.Future[T]):
             communication, e.g. on a group of one).
     """
 
-    __slots__ = ("name", "seq", "op", "_drive", "_driver", "_cancelling")
+    __slots__ = ("name", "seq", "op", "_drive", "_driver", "_cancelling", "_agreed")
 
     def __init__(self, name: str, seq: int | None, *, loop: asyncio.AbstractEventLoop) -> None:
         _future_init(self, loop=loop)  # (not super(): this is on every collective's path)
@@ -58,6 +58,17 @@ class Work(asyncio.Future[T]):
         self._driver: asyncio.Task[Any] | None = None
         #: cancel() interrupted the driver (undone on it: the Work was cancelled, not the task)
         self._cancelling = False
+        #: a partial all_reduce's agreement (anything with ``.contributors``); None for the rest
+        self._agreed: Any = None
+
+    @property
+    def contributors(self) -> tuple[int, ...] | None:
+        """The ranks whose contributions a partial ``all_reduce`` (``partial=True``)
+        reduced, sorted: the same on every rank that got the result, and set before
+        the result is. ``None`` for every other operation (every rank contributed to
+        it), and for a partial one that has not ended or failed."""
+        agreed = self._agreed
+        return None if agreed is None else agreed.contributors
 
     def __repr__(self) -> str:
         state = (

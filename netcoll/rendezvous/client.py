@@ -511,6 +511,17 @@ class RendezvousClient:
         """Atomically add ``amount`` to the int under ``key`` (missing: 0); return the new value."""
         return int(await self.rpc.call("kv_add", {"group": self._group(group), "key": key, "amount": amount}))
 
+    async def kv_decide(
+        self, key: str, seq: int, value: Any, *, group: str | None = None, timeout: float | None = None
+    ) -> Any:
+        """Set-once: the value decided for ``(key, seq)``, ``value`` if this call was the
+        first for it, else the first caller's (:meth:`~.store.Store.decide`)."""
+        packed = msgpack.packb(value, use_bin_type=True)
+        _, payload = await self.rpc.call_payload(
+            "kv_decide", {"group": self._group(group), "key": key, "seq": seq}, payload=packed, timeout=timeout
+        )
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+
     async def kv_delete(self, key: str, *, group: str | None = None) -> bool:
         """Delete ``key``; True if it existed."""
         result = await self.rpc.call("kv_delete", {"group": self._group(group), "key": key})

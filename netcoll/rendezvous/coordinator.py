@@ -37,6 +37,7 @@ kv_set     group, key, value (or the msgpack bytes of it as payload)    {}
 kv_get     group, key, timeout                                          {key}; payload = msgpack of the value
 kv_add     group, key, amount                                           the new int
 kv_delete  group, key                                                   {deleted: bool}
+kv_decide  group, key, seq; payload = msgpack of a value (set once)      {key}; payload = the first value given
 barrier    group, name, timeout                                         {}
 leave      group                                                        {}
 regroup    group, epoch, timeout, renew                                 {changed, epoch, ...}: :mod:`.elastic`

@@ -7,6 +7,12 @@ is checked before anything is copied or allocated by it: a value against
 plus keys being waited for plus open barriers against ``max_kv_keys``
 (:mod:`netcoll.limits`); a refusal is a ``RendezvousError`` naming the limit.
 
+A *decision* (:meth:`Store.decide`) is a set-once value per ``(name, seq)``: the
+first value given for it is kept and returned to every caller (a partial
+all_reduce's contributors, :mod:`netcoll.algorithms.partial`). The last
+:data:`DECISIONS_KEPT` of a name are kept; one asked after it was forgotten is
+refused rather than decided again. Each name counts as a key, its values as bytes.
+
 Waiting (``get`` of a key not set yet, ``barrier`` before every rank arrived) is an
 asyncio future per waiter; :meth:`Store.close` fails them all when the group goes away,
 :meth:`Store.break_barriers` the barriers when a member is gone (they cannot complete).
@@ -41,6 +47,18 @@ def pack(key: str, value: Any) -> bytes:
     return packed
 
 
+DECISIONS_KEPT = 4096  # the decisions of one name kept (its latest seqs)
+
+
+@dataclass(eq=False)
+class Decisions:
+    """The set-once values of one name, by seq (in the order they were decided), and
+    the highest seq forgotten."""
+
+    values: dict[int, bytes] = field(default_factory=dict)
+    floor: int = -1
+
+
 @dataclass(eq=False)
 class Barrier:
     """The ranks waiting at one named barrier."""
@@ -60,6 +78,7 @@ class Store:
         self.kv_bytes = 0  # sum of the stored values' sizes
         self.kv_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.barriers: dict[str, Barrier] = {}
+        self.decisions: dict[str, Decisions] = {}
         self.broken: str | None = None  # why barriers can no longer complete (a member is gone)
 
     # -- limits ----------------------------------------------------------------------
@@ -74,7 +93,7 @@ class Store:
 
     def _count_open(self, what: str) -> None:
         """Refuse a new stored key, awaited key or barrier over ``max_kv_keys``."""
-        n = len(self.kv) + len(self.kv_waiters) + len(self.barriers)
+        n = len(self.kv) + len(self.kv_waiters) + len(self.barriers) + len(self.decisions)
         if n >= self.limits.max_kv_keys:
             raise limit_error(
                 f"{what} in group {self.group!r} with", f"{n} keys and barriers", "max_kv_keys", self.limits
@@ -140,6 +159,34 @@ class Store:
         if old is not None:
             self.kv_bytes -= len(old)
         return old is not None
+
+    def decide(self, name: str, seq: Any, data: bytes | memoryview) -> bytes:
+        """The value decided for ``(name, seq)``: ``data`` if none was yet (set once),
+        else the first one given. RendezvousError for a seq of ``name`` forgotten
+        (more than :data:`DECISIONS_KEPT` decisions ago) or over a store limit."""
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= INT64_MAX:
+            raise TypeError(f"seq must be a non-negative 64-bit int, got {show(seq)}")
+        book = self.decisions.get(name)
+        if book is not None and seq in book.values:
+            return book.values[seq]
+        if book is not None and seq <= book.floor:
+            raise RendezvousError(
+                f"the decision {show(name)} #{seq} of group {self.group!r} was forgotten "
+                f"(only the last {DECISIONS_KEPT} are kept): decide it again under a new seq"
+            )
+        if book is None:
+            self._count_open(f"new decision name {show(name)}")
+        nbytes = data.nbytes if isinstance(data, memoryview) else len(data)
+        self._check_value(name, nbytes)
+        if book is None:
+            book = self.decisions[name] = Decisions()
+        packed = book.values[seq] = bytes(data)
+        self.kv_bytes += len(packed)
+        if len(book.values) > DECISIONS_KEPT:
+            old = next(iter(book.values))
+            self.kv_bytes -= len(book.values.pop(old))
+            book.floor = max(book.floor, old)
+        return packed
 
     # -- barriers --------------------------------------------------------------------
     async def barrier(self, rank: int, name: str, timeout: float | None) -> None:

@@ -1,5 +1,5 @@
 """The store's RPC methods (``kv_set``, ``kv_get``, ``kv_add``, ``kv_delete``,
-``barrier``): a member's request routed to its running group's
+``kv_decide``, ``barrier``): a member's request routed to its running group's
 :class:`~.store.Store`, each parameter checked against the limits first."""
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ def store_methods(membership: Membership, limits: Limits) -> dict[str, Handler]:
         group, _m = membership.running(session, params)
         return {"deleted": group.store.delete(key_param(params, limits=limits))}
 
+    async def kv_decide(session: Session, params: dict[str, Any], payload: memoryview) -> Reply:
+        group, _m = membership.running(session, params)
+        key = key_param(params, limits=limits)
+        return Reply({"key": key}, group.store.decide(key, params.get("seq"), payload))
+
     async def barrier(session: Session, params: dict[str, Any], _: memoryview) -> dict[str, Any]:
         group, member = membership.running(session, params)
         name = key_param(params, "name", limits=limits)
@@ -43,7 +48,14 @@ def store_methods(membership: Membership, limits: Limits) -> dict[str, Handler]:
         await group.store.barrier(member.rank, name, timeout)
         return {}
 
-    return {"kv_set": kv_set, "kv_get": kv_get, "kv_add": kv_add, "kv_delete": kv_delete, "barrier": barrier}
+    return {
+        "kv_set": kv_set,
+        "kv_get": kv_get,
+        "kv_add": kv_add,
+        "kv_delete": kv_delete,
+        "kv_decide": kv_decide,
+        "barrier": barrier,
+    }
 
 
 __all__ = ["store_methods"]

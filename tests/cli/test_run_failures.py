@@ -76,7 +76,8 @@ def test_the_rank_that_raised_leads_and_the_others_get_one_line_each(tmp_path: P
     lines = said(err)
     assert lines[0].startswith("coordinator 127.0.0.1:")
     # the others still running when the launcher sees rank 1 end: both, or one already ended of its failure
-    assert re.fullmatch(r"rank 1 failed: ValueError: rank 1 is broken; stopping the other [12] rank\(s\)", lines[1]), lines
+    leads = r"rank 1 failed: ValueError: rank 1 is broken; stopping the other [12] rank\(s\)"
+    assert re.fullmatch(leads, lines[1]), lines
     victims = [line for line in lines[2:-1] if re.match(r"rank \d: ", line)]
     assert sorted(line[:7] for line in victims) == ["rank 0:", "rank 2:"], lines  # one line each
     assert all("raises.py:9" in line and "rank 1" in line for line in victims), victims

@@ -116,6 +116,8 @@ async def _running_group(coord: Coordinator) -> Any:
             ("kv_set", "key"),
             ("barrier", "name"),
             ("kv_delete", "key"),
+            ("kv_decide", "key"),
+            ("kv_decide", "seq"),
         ]
     ),
     value=ANY_VALUE,
@@ -125,7 +127,15 @@ def test_kv_and_barrier_fields_of_any_value_are_refused_cleanly(
     call: tuple[str, str], value: Any, preset: int | None
 ) -> None:
     method, field = call
-    params: dict[str, Any] = {"group": "g", "key": "k", "name": "b", "timeout": 30.0, "amount": 1, "value": 1}
+    params: dict[str, Any] = {
+        "group": "g",
+        "key": "k",
+        "name": "b",
+        "timeout": 30.0,
+        "amount": 1,
+        "value": 1,
+        "seq": 0,
+    }
     params[field] = value
 
     async def main() -> None:
@@ -133,9 +143,10 @@ def test_kv_and_barrier_fields_of_any_value_are_refused_cleanly(
         session = await _running_group(coord)
         if preset is not None:  # an int already stored (kv_add must not overflow it)
             assert await _call(coord, "kv_set", session, {"group": "g", "key": "k", "value": preset}) == {}
-        await _call(coord, method, session, params)
-        group = coord.groups["g"]
-        assert group.store.kv_bytes == sum(len(v) for v in group.store.kv.values())
+        await _call(coord, method, session, params, b"\x91\x00" if method == "kv_decide" else b"")
+        store = coord.groups["g"].store
+        decided = sum(len(v) for book in store.decisions.values() for v in book.values.values())
+        assert store.kv_bytes == sum(len(v) for v in store.kv.values()) + decided
 
     _run(main())
 

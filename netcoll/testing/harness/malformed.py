@@ -21,7 +21,7 @@ CONTROL = [5, 9, 10, 11, 12, 13, 14, 15]
 HUGE = 2**64 - 1  # the largest msgpack int
 METHODS = [
     "join", "leave", "status", "barrier", "kv_set", "kv_get", "kv_add", "kv_delete",
-    "daemon_register", "daemon_drain", "submit", "wait", "job", "cancel", "members",
+    "kv_decide", "daemon_register", "daemon_drain", "submit", "wait", "job", "cancel", "members",
     "cluster", "watch", "job_progress", "job_result", "put", "get", "delete",
 ]  # fmt: skip
 #: methods fuzzed with short timeouts only (they may block for their timeout)
