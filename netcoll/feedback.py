@@ -97,6 +97,14 @@ class ErrorFeedback:
         """``key``'s residual (flat), if it has one."""
         return self._residuals.get(key)
 
+    def held(self) -> list[Hashable]:
+        """The keys that have a residual."""
+        return list(self._residuals)
+
+    def discard(self, key: Hashable) -> None:
+        """Forget ``key``'s residual (if any)."""
+        self._residuals.pop(key, None)
+
     def reset(self) -> None:
         """Forget every residual."""
         self._residuals.clear()
