@@ -14,7 +14,7 @@ Scenarios:
 ``final`` is the example's own final loss (ddp.py: the loss of the next batch; torch_ddp.py:
 of a held-out batch), ``reference`` the same training in one process, uncompressed.
 
-    python3 bench/losscurves.py --json bench/losscurves-results.json   # about 5 minutes
+    python3 bench/losscurves.py --json bench/losscurves-results.json   # about 10 minutes
     python3 bench/losscurves.py --render bench/losscurves-results.json [--plot docs/losscurves.png]
 """
 
