@@ -41,6 +41,12 @@ def grads(p, x, y):
     return {"w1": x.T @ d_h, "b1": d_h.sum(axis=0), "w2": h.T @ d_out, "b2": d_out.sum(axis=0)}
 
 
+def loss(p, x, y):
+    """The mean squared error of the model ``p`` on the rows of ``x``."""
+    h = np.tanh(x @ p["w1"] + p["b1"])
+    return float(np.mean((h @ p["w2"] + p["b2"] - y) ** 2))
+
+
 def flatten(tensors):
     return np.concatenate([tensors[k].ravel() for k in NAMES])
 
@@ -53,12 +59,12 @@ def unflatten(flat, like):
     return out
 
 
-def train_single_process(lr, momentum=0.0):
-    """The reference: whole batches, one process, SGD (with momentum)."""
+def train_single_process(lr, momentum=0.0, steps=STEPS, data=batch):
+    """The reference: whole batches (``data(step)``), one process, SGD (with momentum)."""
     p = init_params()
     velocity = {k: np.zeros_like(v) for k, v in p.items()}
-    for step in range(STEPS):
-        g = grads(p, *batch(step))
+    for step in range(steps):
+        g = grads(p, *data(step))
         for k in NAMES:
             velocity[k] = momentum * velocity[k] + g[k]
             p[k] = p[k] - lr * velocity[k]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from .backend import ProcessGroupNetcoll
+from .hooks import CompressionState, compressed_allreduce_hook, compression_hook
 from .world import GROUP, create, world
 
 #: the backend's name for ``init_process_group`` / ``new_group``
@@ -25,4 +26,13 @@ BACKEND = "netcoll"
 if BACKEND not in dist.Backend.backend_list:
     dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
 
-__all__ = ["BACKEND", "GROUP", "ProcessGroupNetcoll", "create", "world"]
+__all__ = [
+    "BACKEND",
+    "GROUP",
+    "CompressionState",
+    "ProcessGroupNetcoll",
+    "compressed_allreduce_hook",
+    "compression_hook",
+    "create",
+    "world",
+]

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..compression import Compression
 from ..tensors import to_tensor
 from .issue import Issuer, completed
 
@@ -121,6 +122,19 @@ class ProcessGroupNetcoll(dist.ProcessGroup):
         t, op, timeout = _one(tensors, "allreduce"), opts.reduceOp, _timeout(opts)
         out = t if t.is_contiguous() else None
         return self._issue(lambda c: c.all_reduce(t, op, out=out, timeout=timeout), lambda r: _into(t, r, tensors))
+
+    def allreduce_compressed(
+        self, tensor: torch.Tensor, compression: Compression, op: Any = dist.ReduceOp.AVG, timeout: float | None = None
+    ) -> dist.Work:
+        """``allreduce`` with the codec ``compression`` (netcoll's ``compression=``, which
+        torch's ``all_reduce`` has no way to pass): what the DDP hook of
+        :mod:`netcoll.torch.hooks` calls. In place, like ``allreduce``; the future's value is
+        ``[tensor]``."""
+        out = tensor if tensor.is_contiguous() else None
+        return self._issue(
+            lambda c: c.all_reduce(tensor, op, out=out, timeout=timeout, compression=compression),
+            lambda r: _into(tensor, r, [tensor]),
+        )
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any) -> dist.Work:  # type: ignore[override]
         if len({t.dtype for t in tensors}) > 1:

@@ -4,10 +4,12 @@ checks its distributed result against a single-process numpy computation
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +61,28 @@ def test_push_weights_example() -> None:
     for v in (1, 2, 3):
         assert any(line.startswith(f"version {v}: 65536 bytes on all 3 replicas in ") for line in lines), lines
     assert lines[-1] == "push_weights: every replica holds each new version, bit for bit"
+
+
+@pytest.mark.parametrize("flags", [["--compression", "bf16"], ["--compression", "int8", "--error-feedback"]])
+def test_ddp_example_compressed(flags: list[str], tmp_path: Path) -> None:
+    """Under a codec: parameters still identical on every rank (the example asserts it),
+    the final loss within the stated tolerance of uncompressed training's, and the loss
+    curve written."""
+    losses = tmp_path / "losses.json"
+    proc = run(
+        "-m", "netcoll", "run", "-n", "4", str(EXAMPLES / "ddp.py"), *flags, "--steps", "40", "--losses", str(losses)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    feedback = " with error feedback" if "--error-feedback" in flags else ""
+    says = (
+        rf"\[rank 0\] ddp: 40 steps on 4 ranks, {flags[1]}{feedback}; parameters identical on every rank; "
+        r"final loss (\S+), uncompressed (\S+) \(allowed: (\S+) apart\)"
+    )
+    found = re.fullmatch(says, proc.stdout.strip())
+    assert found, proc.stdout
+    final, reference, allowed = map(float, found.groups())
+    assert abs(final - reference) <= allowed
+    curve = json.loads(losses.read_text())
+    assert curve["compression"] == flags[1] and curve["error_feedback"] == bool(feedback)
+    assert len(curve["loss"]) == 40 and curve["loss"][-1] < curve["loss"][0]
+    assert curve["final"] == pytest.approx(final, rel=1e-3) and curve["reference"] == pytest.approx(reference, rel=1e-3)

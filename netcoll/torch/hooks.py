@@ -1,0 +1,105 @@
+"""A DDP communication hook that averages gradient buckets with netcoll's compressed
+all_reduce, optionally with error feedback.
+
+::
+
+    model = DistributedDataParallel(model)
+    model.register_comm_hook(*netcoll.torch.compression_hook("int8", error_feedback=True))
+
+Each bucket crosses the wire encoded by the codec (:mod:`netcoll.compression`: ``"fp16"``,
+``"bf16"``, ``"int8"``; ``"none"`` is the plain all_reduce) and is averaged over the ranks
+in the bucket's dtype; the averaged gradient is bit-identical on every rank (the codec's
+guarantee), so the replicas stay identical. Unlike torch's ``fp16_compress_hook``, which
+all-reduces a float16 tensor (and sums in float16), the sums here are in float32.
+
+With ``error_feedback=True`` (:class:`netcoll.feedback.ErrorFeedback`) each rank adds to a
+bucket what the codec dropped of that bucket's previous contribution before sending it:
+nothing is lost for good, so compressed training follows uncompressed training closely.
+Cost: one residual per bucket (the gradients' size once more, in their dtype: a 10 M
+parameter float32 model keeps 40 MB more per rank), and one local encode and decode of each
+bucket per step. Residuals are kept by bucket index and start from zero when a bucket's size
+changes (DDP rebuilds its buckets after the first step).
+
+Follows torch's hook conventions (``hook(state, bucket) -> Future[Tensor]``, the state an
+object of its own as PowerSGD's): register it on a DDP model whose process group is a
+netcoll one (``init_process_group("netcoll")`` or ``new_group`` under it).
+"""
+
+# no `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations
+# with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import GradBucket  # what torch.distributed re-exports (its stub does not)
+
+from ..compression import Compression, parse_compression
+from ..feedback import ErrorFeedback
+from ..tensors import to_numpy
+from .backend import ProcessGroupNetcoll
+
+__all__ = ["CompressionState", "compressed_allreduce_hook", "compression_hook"]
+
+Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
+
+
+class CompressionState:
+    """What :func:`compressed_allreduce_hook` needs: the process group (``None``: the
+    default one), the codec, and the error feedback's residuals (when asked for)."""
+
+    def __init__(self, process_group: Any = None, compression: str = "fp16", *, error_feedback: bool = True) -> None:
+        self.process_group = process_group
+        self.compression = cast(Compression, parse_compression(compression))
+        self.error_feedback = error_feedback
+        self.feedback: ErrorFeedback | None = None  # made at the first bucket (rank and size of the group)
+
+    def group(self) -> ProcessGroupNetcoll:
+        """The netcoll process group the hook all-reduces on."""
+        pg = self.process_group if self.process_group is not None else dist.group.WORLD
+        if not isinstance(pg, ProcessGroupNetcoll):
+            raise TypeError(
+                f"netcoll's compression hook needs a netcoll process group (init_process_group('netcoll')), not {pg!r}"
+            )
+        return pg
+
+    def compensate(self, pg: ProcessGroupNetcoll, bucket: GradBucket) -> None:
+        """Add the bucket's residual to its buffer, in place, and keep the new residual."""
+        if not self.error_feedback or self.compression == "none":
+            return
+        if self.feedback is None:
+            self.feedback = ErrorFeedback(self.compression, rank=pg.rank(), world_size=pg.size())
+        buffer = to_numpy(bucket.buffer(), "bucket")
+        self.feedback.compensate(bucket.index(), buffer, out=buffer)
+        if bucket.is_last():  # fewer buckets than before (DDP rebuilt them): drop the others' residuals
+            for key in self.feedback.held():
+                if not isinstance(key, int) or key > bucket.index():
+                    self.feedback.discard(key)
+
+    @property
+    def residual_bytes(self) -> int:
+        """Bytes the error feedback's residuals hold (one per bucket)."""
+        return 0 if self.feedback is None else self.feedback.nbytes
+
+
+def compressed_allreduce_hook(state: CompressionState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average ``bucket`` over the group with netcoll's compressed all_reduce (in place);
+    the future's value is the bucket's buffer, as DDP expects."""
+    pg = state.group()
+    state.compensate(pg, bucket)
+    buffer = bucket.buffer()
+    work = pg.allreduce_compressed(buffer, state.compression, dist.ReduceOp.AVG)
+
+    def averaged(fut: torch.futures.Future[Any]) -> torch.Tensor:
+        value: torch.Tensor = fut.value()[0]
+        return value
+
+    return work.get_future().then(averaged)
+
+
+def compression_hook(
+    compression: str = "fp16", *, error_feedback: bool = True, process_group: Any = None
+) -> tuple[CompressionState, Hook]:
+    """``(state, hook)`` for ``model.register_comm_hook(state, hook)``: gradient buckets
+    averaged with ``compression`` (see the module docstring)."""
+    return CompressionState(process_group, compression, error_feedback=error_feedback), compressed_allreduce_hook
