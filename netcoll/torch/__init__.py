@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from .backend import ProcessGroupNetcoll
-from .world import GROUP, create, world
+from .world import GROUP, create, rebuild, world
 
 #: the backend's name for ``init_process_group`` / ``new_group``
 BACKEND = "netcoll"
@@ -25,4 +25,4 @@ BACKEND = "netcoll"
 if BACKEND not in dist.Backend.backend_list:
     dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
 
-__all__ = ["BACKEND", "GROUP", "ProcessGroupNetcoll", "create", "world"]
+__all__ = ["BACKEND", "GROUP", "ProcessGroupNetcoll", "create", "rebuild", "world"]
