@@ -218,7 +218,7 @@ def render(path: str) -> str:
         f"at most {max(r['steps_repeated'] for r in data['failures'])}. Final parameters: bit-identical on the "
         f"{fin['ranks']} ranks: {'yes' if fin['identical'] else 'NO'}; loss on the evaluation batch "
         f"{fin['eval_loss']:.6f} against {fin['reference_eval_loss']:.6f} for the same {c['steps']} steps without "
-        f"failures (one process): {fin['loss_diff_pct']:.4f} % apart (goal: within 1 %); max |parameter difference| "
+        f"failures (one process): {fin['loss_diff_pct']:.2g} % apart (goal: within 1 %); max |parameter difference| "
         f"{fin['max_param_diff']:.1e}.",
         "",
         f"_{data['date']}; {m['cpus']} CPUs ({m['cpu']}), Python {m['python']}, numpy {m['numpy']}, netcoll "

@@ -35,7 +35,7 @@ def test_render_shows_each_failure_and_the_summary(tmp_path: Path) -> None:
     assert lines[2] == "| 22 | 0 | 0.231 | 0.055 | 0.228 | 1 | 0 | 2.02 | 35 |"
     assert lines[3] == "| 42 | 1 | 0.500 | – | 0.228 | 1 | 0 | – | – |"
     assert "kill → next completed step median 0.366 s, worst 0.500 s" in lines[5]
-    assert "bit-identical on the 4 ranks: yes" in lines[5] and "0.1397 % apart" in lines[5]
+    assert "bit-identical on the 4 ranks: yes" in lines[5] and "0.14 % apart" in lines[5]
     assert lines[-1].startswith("_2026-11-29 06:30 UTC; 2 CPUs (Xeon)") and "load average 3.5 → 4.0" in lines[-1]
 
 
