@@ -3,19 +3,24 @@ rendered, and a short chaos run (30 steps, one kill and a replacement) ends righ
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import netcoll
+import netcoll.sync
 from bench import chaos_training, chaoslib
 from tests.support import REPO
 from tests.support.env import subprocess_env
+from tests.support.loops import LoopThread
 
 FAILURE = {"kill_step": 22, "victim_rank": 0, "recovery_s": 0.2314, "detect_s": 0.055, "regroup_s": 0.228}
 FAILURE |= {"steps_lost": 1, "steps_repeated": 0, "join_s": 2.02, "joined_at_step": 35}
@@ -84,3 +89,33 @@ def test_a_short_chaos_run_recovers_and_ends_as_without_failures(tmp_path: Path)
     assert failure["joined_at_step"] is not None
     assert data["final"]["identical"] and data["final"]["ranks"] == 4 and data["final"]["steps"] == 30
     assert data["final"]["loss_diff_pct"] < 1.0
+
+
+def test_survivors_a_step_apart_all_take_the_most_advanced_state() -> None:
+    """chaoslib.recover: a collective that ended on some ranks and failed on others leaves
+    survivors a step apart; every rank goes on from the finished step's state."""
+    thread = LoopThread("coordinator")
+    coord = netcoll.Coordinator()
+    asyncio.run_coroutine_threadsafe(coord.__aenter__(), thread.loop).result(30)
+
+    def rank_main(rank: int) -> tuple[int, chaoslib.Params, chaoslib.Params]:
+        p, m = chaoslib.init()
+        step = 4 if rank == 1 else 5  # rank 1 failed step 5, ranks 0 and 2 finished it
+        for k in p:
+            p[k] += step
+            m[k] += 10 * step
+        with netcoll.sync.connect(coord.address, world_size=3, rank=rank, group="apart", timeout=30) as comm:
+            return chaoslib.recover(comm, p, m, step), p, m
+
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            got = [f.result(60) for f in [pool.submit(rank_main, r) for r in range(3)]]
+    finally:
+        asyncio.run_coroutine_threadsafe(coord.__aexit__(None, None, None), thread.loop).result(30)
+        thread.stop()
+    want_p, want_m = chaoslib.init()
+    for step, p, m in got:
+        assert step == 5
+        for k in p:
+            np.testing.assert_array_equal(p[k], want_p[k] + 5)
+            np.testing.assert_array_equal(m[k], want_m[k] + 50)
