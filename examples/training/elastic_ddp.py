@@ -25,8 +25,8 @@ waiting replacement gets in. The data follow the step, not the rank: batch
 by 1, 2, 3, 4, 6 and 8), so DDP's averaged gradient is the whole batch's at
 any size and a step done again after a failure is the same step. At the end
 the parent checks that every rank's parameters are bit-identical, that the
-loss went down, and that they are within ``TOLERANCE`` of the same 60 steps
-replayed in one process without failures; exit status 1 if not. Every
+loss went down, and that they are within ``TOLERANCE`` of the same 80 steps
+the same 80 steps replayed in one process without failures; exit status 1 if not. Every
 process it started is ended (by PID) before it exits.
 """
 
@@ -290,7 +290,7 @@ def check(ranks: list[Rank], steps: int) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--kill-at", type=int, default=12, help="kill rank 3 once rank 0 finished this step")
     parser.add_argument("--regroup-every", type=int, default=5)
     parser.add_argument("--pause", type=float, default=0.1, help="seconds each step sleeps (a longer step)")
