@@ -39,7 +39,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -62,6 +62,8 @@ from .comm.types import (
     TensorLike,
 )
 from .compression import Compression
+from .elastic import CHUNK_BYTES, SLICE_BYTES
+from .elastic import heal as _heal
 from .errors import CollectiveCancelled, CommunicatorClosed
 from .launched import record_failure
 from .loop import new_event_loop
@@ -463,6 +465,26 @@ class SyncCommunicator:
             atexit.register(sync.close)
         self._next = sync  # closing this one (its ``with`` block ending) closes the current one
         return sync
+
+    def heal(
+        self,
+        state: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        slice_bytes: int = SLICE_BYTES,
+        chunk_bytes: int = CHUNK_BYTES,
+        checksum: bool = True,
+    ) -> dict[str, Any]:
+        """Blocking :func:`netcoll.elastic.heal`: every rank of the group calls it (after a
+        :meth:`regroup` that admitted newcomers); a joiner (``joined`` True) gets the live
+        members' state, a live member its own back. The arguments are heal's."""
+        wait = (self._comm.timeout if timeout is None else timeout) + REGROUP_MARGIN
+        return self._runner.run(
+            lambda: _heal(
+                self._comm, state, timeout=timeout, slice_bytes=slice_bytes, chunk_bytes=chunk_bytes, checksum=checksum
+            ),
+            wait,
+        )
 
     def link_stats(self) -> dict[int, dict[str, Any]]:
         """This rank's link to each other member (see Communicator.link_stats)."""

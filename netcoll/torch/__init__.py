@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from .backend import ProcessGroupNetcoll
 from .hooks import CompressionState, compressed_allreduce_hook, compression_hook
-from .world import GROUP, create, world
+from .world import GROUP, create, rebuild, world
 
 #: the backend's name for ``init_process_group`` / ``new_group``
 BACKEND = "netcoll"
@@ -34,5 +34,6 @@ __all__ = [
     "compressed_allreduce_hook",
     "compression_hook",
     "create",
+    "rebuild",
     "world",
 ]

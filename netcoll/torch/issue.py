@@ -40,6 +40,11 @@ class NetcollWork(dist.Work):
     def __init__(self, fut: torch.futures.Future[Any]) -> None:
         super().__init__()
         self._fut = fut
+        # for torch's C++ side (DDP's reducer): a future whose error is an error there too.
+        # ``set_exception`` from Python completes a future *with the exception as its value*,
+        # unwrapped only by Python's wait(); the reducer would read it as its tensors (and
+        # crash). A ``then`` whose callback raises is an errored future in C++ as well.
+        self._cpp_fut: torch.futures.Future[Any] = fut.then(_unwrap)
         self._ended = threading.Event()
         fut.add_done_callback(lambda _: self._ended.set())
 
@@ -51,7 +56,7 @@ class NetcollWork(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
-        return self._fut
+        return self._cpp_fut
 
     def is_completed(self) -> bool:
         return self._fut.done()
@@ -73,6 +78,11 @@ class NetcollWork(dist.Work):
 
     def synchronize(self) -> None:
         self.wait()
+
+
+def _unwrap(fut: torch.futures.Future[Any]) -> Any:
+    """The value of a finished future, or its error raised (see NetcollWork)."""
+    return fut.wait()
 
 
 class Issuer:

@@ -8,26 +8,36 @@ thread per process carries every group's traffic. Each later group
 (``new_group``, which torch creates on its members only) gets a communicator
 of its own over the same links, named after torch's group name (the same on
 every rank) and made of torch's global ranks, which are the netcoll ranks.
+
+:func:`rebuild` makes torch's default group anew on a communicator the caller
+already holds (a ``netcoll.sync`` one, typically the one a ``regroup``
+returned), in the same process: elastic training's "rebuild the process
+group" step. The caller keeps that communicator: the process group never
+closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import timedelta
 from typing import Any
+
+import torch.distributed as dist
 
 from .. import settings, sync
 from ..comm import Communicator
 from .backend import ProcessGroupNetcoll
 from .issue import Issuer
 
-__all__ = ["GROUP", "create", "world"]
+__all__ = ["GROUP", "create", "rebuild", "world"]
 
 #: the netcoll group that the default torch process group joins at the coordinator
 GROUP = "torch"
 
 _lock = threading.Lock()
 _world: sync.SyncCommunicator | None = None
+_given: sync.SyncCommunicator | None = None  # the communicator rebuild() hands to create()
 
 
 def world() -> sync.SyncCommunicator | None:
@@ -41,6 +51,8 @@ def create(opts: Any, pg_options: Any = None) -> ProcessGroupNetcoll:
     rank, size = int(opts.group_rank), int(opts.group_size)
     seconds = max(float(opts.timeout.total_seconds()), 1.0)
     ranks = [int(r) for r in opts.global_ranks_in_group]
+    if not ranks and _given is not None:  # rebuild(): the caller's communicator
+        return _adopt(_given, rank, size)
     if not ranks:  # the default group
         default = _connect(rank, size, seconds)
         return ProcessGroupNetcoll(Issuer(default.communicator, default.loop), rank, size, on_shutdown=_close_world)
@@ -84,3 +96,57 @@ def _close_world() -> None:
         session, _world = _world, None
     if session is not None:
         session.close()
+
+
+def rebuild(comm: sync.SyncCommunicator, *, timeout: float | None = None) -> None:
+    """Make torch's default process group the ``"netcoll"`` group over ``comm``
+    (its rank and world size), destroying the current one first (and with it
+    every group ``new_group`` made): after ``comm = comm.regroup()``, every rank
+    of the new group calls ``rebuild(comm)`` and wraps its model in a new
+    ``DistributedDataParallel``. Also builds the first group from a
+    communicator of one's own (``netcoll.sync.connect(..., elastic=True)``).
+
+    ``comm`` stays the caller's: neither this nor ``destroy_process_group``
+    closes it (the one a regroup replaced is closed already). ``timeout``:
+    torch's default for the group's collectives (default: ``comm.timeout``).
+    Not a collective: nothing is sent (torch's own store is a local
+    ``HashStore``, unused).
+    """
+    global _given, _world
+    if not isinstance(comm, sync.SyncCommunicator) or comm.closed:
+        raise ValueError(f"netcoll.torch.rebuild needs an open netcoll.sync communicator, got {comm!r}")
+    with _lock:
+        _world = None  # detached, never closed here: a regrouped one is closed already, else it is the caller's
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    seconds = comm.timeout if timeout is None else float(timeout)
+    with _lock:
+        _given = comm
+    try:
+        dist.init_process_group(
+            "netcoll",
+            store=dist.HashStore(),  # type: ignore[attr-defined]  # (exported at runtime; the stub lacks it)
+            rank=comm.rank,
+            world_size=comm.world_size,
+            timeout=timedelta(seconds=seconds),
+        )
+    finally:
+        with _lock:
+            _given = None
+
+
+def _adopt(comm: sync.SyncCommunicator, rank: int, size: int) -> ProcessGroupNetcoll:
+    """The default group over the communicator :func:`rebuild` was given."""
+    global _world
+    if (rank, size) != (comm.rank, comm.world_size):
+        raise RuntimeError(f"netcoll: torch asks for rank {rank} of {size}, the communicator is {comm!r}")
+    with _lock:
+        _world = comm
+
+    def release() -> None:  # the group ends; the communicator stays the caller's
+        global _world
+        with _lock:
+            if _world is comm:
+                _world = None
+
+    return ProcessGroupNetcoll(Issuer(comm.communicator, comm.loop), rank, size, on_shutdown=release)

@@ -94,5 +94,5 @@ def test_work_waits_raises_and_reports_completion() -> None:
     ok: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
     good = NetcollWork(ok)
     ok.set_result([torch.ones(2)])
-    assert good.wait() and good.is_success() and good.get_future() is ok
+    assert good.wait() and good.is_success() and good.get_future().value() is ok.value()
     assert torch.equal(good.result()[0], torch.ones(2))
