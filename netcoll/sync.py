@@ -474,6 +474,7 @@ class SyncCommunicator:
         slice_bytes: int = SLICE_BYTES,
         chunk_bytes: int = CHUNK_BYTES,
         checksum: bool = True,
+        joined: bool | None = None,
     ) -> dict[str, Any]:
         """Blocking :func:`netcoll.elastic.heal`: every rank of the group calls it (after a
         :meth:`regroup` that admitted newcomers); a joiner (``joined`` True) gets the live
@@ -481,7 +482,13 @@ class SyncCommunicator:
         wait = (self._comm.timeout if timeout is None else timeout) + REGROUP_MARGIN
         return self._runner.run(
             lambda: _heal(
-                self._comm, state, timeout=timeout, slice_bytes=slice_bytes, chunk_bytes=chunk_bytes, checksum=checksum
+                self._comm,
+                state,
+                timeout=timeout,
+                slice_bytes=slice_bytes,
+                chunk_bytes=chunk_bytes,
+                checksum=checksum,
+                joined=joined,
             ),
             wait,
         )

@@ -56,6 +56,7 @@ async def heal(
     slice_bytes: int = SLICE_BYTES,
     chunk_bytes: int = CHUNK_BYTES,
     checksum: bool = True,
+    joined: bool | None = None,
 ) -> dict[str, Any]:
     """Collective: make every joiner's state equal to the live members' (bit for bit).
 
@@ -73,6 +74,10 @@ async def heal(
             holds). It costs a pass over the data on every rank (measured in
             docs/training.md, "Healing a joiner"); links already checksum what they carry
             (TCP's 16-bit sum, shared memory none), so leave it on unless that pass shows.
+        joined: whether this rank is a joiner (default: ``comm.joined``). Only the
+            Communicator a newcomer's admitting regroup returned has ``joined`` True, so a
+            joiner whose heal failed (its state is not the group's) passes ``joined=True``
+            to the heal after the next ``regroup``, lest it serve its half-healed state.
 
     Returns:
         On a live member: ``state`` itself (``dict(state)`` if it is another mapping).
@@ -91,7 +96,7 @@ async def heal(
         CollectiveError: a transfer failed (``CollectiveTimeout``, ``PeerLost``, ...).
     """
     _check(slice_bytes, chunk_bytes, timeout)
-    joined = bool(comm.joined)
+    joined = bool(comm.joined if joined is None else joined)
     entries, arrays = lay.flatten(state, strict=not joined)
     encoded = lay.encode(entries)
     deadline = Deadline(comm.timeout if timeout is None else timeout)
@@ -190,7 +195,7 @@ async def _round(
 ) -> list[tuple[int, int]]:
     """Run one transfer round; every rank learns the (joiner, slice) pairs that arrived corrupt."""
     flags = np.zeros(max(nslices, 1), np.uint8)
-    if comm.joined:
+    if any(comm.rank in t.joiners for t in tasks):  # a joiner (comm.joined, or heal's joined=)
         for t in await recv_round(comm, stream, tasks, how):
             flags[t.slice] = 1
     else:

@@ -305,3 +305,18 @@ async def test_a_layout_a_joiner_cannot_use_fails_every_rank_at_once(monkeypatch
     assert isinstance(got[3], HealError) and "malformed state layout: test" in str(got[3]), got
     for g in got[:3]:
         assert type(g) is HealError and "rank(s) [3] could not use the state layout rank 0 sent" in str(g), got
+
+
+async def test_joined_argument_makes_a_rank_a_joiner_whatever_its_communicator_says() -> None:
+    """A joiner whose heal failed is a plain member of the next epoch (``comm.joined`` False):
+    ``heal(..., joined=True)`` still fills it from the others instead of serving its state."""
+    _, comms = memory_world(3)
+    assert not any(c.joined for c in comms)
+    states = [live_state(), live_state(), stale_state()]
+    async with asyncio.timeout(60):
+        got = await asyncio.gather(
+            *(heal(c, s, joined=(c.rank == 2), **SMALL) for c, s in zip(comms, states, strict=True))
+        )
+    want = fingerprint(live_state())
+    assert [fingerprint(g) for g in got] == [want] * 3
+    assert got[0] is states[0] and got[2] is not states[2]
