@@ -3,13 +3,16 @@ ranks' measured bandwidths, so that every rank finishes together (hivemind's loa
 balancing, from measured rather than declared bandwidth).
 
 How it works: rank ``i`` owns ``s_i`` consecutive elements of the buffer (its *share*;
-``sum s_i = n``, :func:`shares`). In the reduce-scatter every rank sends each other
-rank that rank's share of its input (step 1) and folds the ``P-1`` shares it receives
-into its own, segment by segment, in rank order ``((x0 op x1) op x2) ...``; in the
-all-gather every rank sends its reduced share to every other rank (step 2), which
-receives it in place. The sends to each peer run as a task of their own, the receives
-are posted ahead (a :class:`~._common.RecvWindow` over scratch segments), so no rank
-waits on a peer except for that peer's own bytes.
+``sum s_i = n``, :func:`shares`). Every rank sends each other rank that rank's share of
+its input (step 1), and folds the ``P-1`` contributions to its own share it receives,
+segment by segment, in rank order ``((x0 op x1) op x2) ...``; each reduced segment goes
+at once to every other rank (step 2), which receives it in place (where its own input
+for that owner was: the owner sends it only after receiving that input). All of it runs
+at once: a task per peer and direction, the receives posted ahead (a
+:class:`~._common.RecvWindow` over scratch segments), so no rank waits on a peer except
+for that peer's own bytes, and a rank's input going out overlaps the results coming in
+(a share is at least :data:`PIECES` messages: :func:`piece`). Without that overlap a
+rank that owns nothing would send ``n`` and only then receive ``n``: slower than the ring.
 
 Shares: rank ``i`` sends and receives ``n - s_i + (P-1) s_i = n + (P-2) s_i`` elements,
 at its rate ``w_i``, so it takes ``(n + (P-2) s_i) / w_i``. :func:`shares` minimises the
@@ -46,7 +49,6 @@ from ._common import (
     DEFAULT_SEGMENT_BYTES,
     RecvWindow,
     drain,
-    gather_all,
     num_segments,
     reduction_args,
     scratch,
@@ -57,11 +59,14 @@ from ._common import (
 if TYPE_CHECKING:
     from ..mesh.channel import Channel
 
-__all__ = ["all_reduce", "busiest", "shares"]
+__all__ = ["all_reduce", "busiest", "ideal", "piece", "shares"]
 
 #: step numbers of the two phases' messages
 SCATTER_STEP = 1
 GATHER_STEP = 2
+#: messages per share, at least (:func:`piece`), each of at least MIN_PIECE_BYTES
+PIECES = 8
+MIN_PIECE_BYTES = 64 * 1024
 
 
 def _usable(rates: Sequence[float] | None, p: int) -> list[float] | None:
@@ -155,24 +160,39 @@ async def all_reduce(
     if P == 1:
         return
     at = bounds(shares(data.size, rates, P))
-    per = max(1, segment_bytes // max(1, data.itemsize))
-    senders = [
-        asyncio.ensure_future(_send_share(ch, data[at[p] : at[p + 1]], p, per, SCATTER_STEP)) for p in _peers(r, P)
-    ]
-    try:
-        await _reduce_own(ch, op, data[at[r] : at[r + 1]], per)
-        await gather_all(senders)
-    except BaseException:
-        await drain(senders)
-        raise
+    per = piece(data.size, data.itemsize, P, segment_bytes)
     mine = data[at[r] : at[r + 1]]
-    senders = [asyncio.ensure_future(_send_share(ch, mine, p, per, GATHER_STEP)) for p in _peers(r, P)]
+    ready = [asyncio.Event() for _ in _segments(mine.size, per)]
+    tasks = [asyncio.ensure_future(_send_share(ch, data[at[p] : at[p + 1]], p, per)) for p in _peers(r, P)]
+    tasks += [asyncio.ensure_future(_send_reduced(ch, mine, p, per, ready)) for p in _peers(r, P)]
+    tasks += [
+        asyncio.ensure_future(_reduce_own(ch, op, mine, per, ready)),
+        asyncio.ensure_future(_gather_shares(ch, data, at, per)),
+    ]
+    await _all_or_first_error(tasks)
+
+
+async def _all_or_first_error(tasks: Sequence[asyncio.Future[None]]) -> None:
+    """Await every task; on the first to fail (whichever it is: a send may wait on a
+    segment that a failed receive never reduces) cancel the rest and re-raise it."""
     try:
-        await _gather_shares(ch, data, at, per)
-        await gather_all(senders)
-    except BaseException:
-        await drain(senders)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except BaseException:  # cancelled from outside
+        await drain(tasks)
         raise
+    failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+    if failed:
+        await drain(tasks)
+        raise failed[0].exception()  # type: ignore[misc]
+
+
+def piece(n: int, itemsize: int, p: int, segment_bytes: int) -> int:
+    """Elements per message: at most ``segment_bytes``, and small enough that a share is
+    :data:`PIECES` messages (so a rank's sends and receives overlap: the owners reduce and
+    send back each piece as soon as it is in), but not below :data:`MIN_PIECE_BYTES`."""
+    most = max(1, segment_bytes // max(1, itemsize))
+    want = max(-(-n // (p * PIECES)), MIN_PIECE_BYTES // max(1, itemsize))
+    return max(1, min(most, want))
 
 
 def _peers(r: int, p: int) -> list[int]:
@@ -185,14 +205,22 @@ def _segments(count: int, per: int) -> list[tuple[int, int]]:
     return split(count, num_segments(count, per)) if count else []
 
 
-async def _send_share(ch: Channel, part: np.ndarray, peer: int, per: int, step: int) -> None:
+async def _send_share(ch: Channel, part: np.ndarray, peer: int, per: int) -> None:
+    """This rank's input for ``peer``'s share, segment by segment."""
     for j, (a, b) in enumerate(_segments(part.size, per)):
-        await ch.send(peer, part[a:b], step=step, chunk=j)
+        await ch.send(peer, part[a:b], step=SCATTER_STEP, chunk=j)
 
 
-async def _reduce_own(ch: Channel, op: ReduceOp, own: np.ndarray, per: int) -> None:
+async def _send_reduced(ch: Channel, mine: np.ndarray, peer: int, per: int, ready: list[asyncio.Event]) -> None:
+    """This rank's reduced share to ``peer``, each segment once it is reduced."""
+    for j, (a, b) in enumerate(_segments(mine.size, per)):
+        await ready[j].wait()
+        await ch.send(peer, mine[a:b], step=GATHER_STEP, chunk=j)
+
+
+async def _reduce_own(ch: Channel, op: ReduceOp, own: np.ndarray, per: int, ready: list[asyncio.Event]) -> None:
     """Receive every other rank's contribution to ``own`` and fold all ``P`` in rank
-    order, segment by segment, into ``own``."""
+    order, segment by segment, into ``own``; each segment's event is set once it is."""
     P, r = ch.size, ch.rank
     segs = _segments(own.size, per)
     if not segs:
@@ -223,19 +251,25 @@ async def _reduce_own(ch: Channel, op: ReduceOp, own: np.ndarray, per: int) -> N
                     else:
                         reduce_into(op, total, part)
                 own[a:b] = total
+                ready[j].set()
 
 
 async def _gather_shares(ch: Channel, data: np.ndarray, at: list[int], per: int) -> None:
-    """Receive every other rank's reduced share in place."""
+    """Receive every other rank's reduced share in place, segment ``j`` of every owner
+    before segment ``j+1`` of any (the order they are reduced in). A segment's receive
+    lands where this rank's own input for that owner was: the owner sends it only after
+    it received that input."""
     P, r = ch.size, ch.rank
-    plans = [
-        (q, j, a + at[q], b + at[q]) for q in _peers(r, P) for j, (a, b) in enumerate(_segments(at[q + 1] - at[q], per))
-    ]
+    owned = {q: _segments(at[q + 1] - at[q], per) for q in _peers(r, P)}
+    plans = sorted(
+        ((j, q, a + at[q], b + at[q]) for q, segs in owned.items() for j, (a, b) in enumerate(segs)),
+        key=lambda x: (x[0], (x[1] - r) % P),
+    )
     if not plans:
         return
 
     def plan(i: int) -> tuple[int, int, int, np.ndarray]:
-        q, j, a, b = plans[i]
+        j, q, a, b = plans[i]
         return q, GATHER_STEP, j, data[a:b]
 
     async with RecvWindow(ch, plan, len(plans), 4 * (P - 1)) as window:
