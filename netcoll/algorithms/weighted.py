@@ -27,7 +27,8 @@ way): the shares are equal.
 
 Cost, ``P`` ranks, ``N`` bytes, shares ``s_i`` (bytes), rates ``w_i``: 2 steps;
 ``max_i (N + (P-2) s_i) / w_i`` on the busiest rank (equal rates: ``2(P-1)/P N``, as the
-ring); ``(P-1) s_i`` bytes reduced by rank ``i``; ``2 (P-1) ceil(s/segment)`` messages.
+ring); ``(P-1) s_i`` bytes reduced by rank ``i``; ``2 (P-1) ceil(s/piece)`` messages
+(:func:`piece`: at most ``segment_bytes``, a share at least :data:`PIECES` of them).
 Scratch: a few segments (within ``SCRATCH_BUDGET_BYTES``).
 
 Bits: every element is reduced by its owner alone, in rank order, and copied to
@@ -64,9 +65,13 @@ __all__ = ["all_reduce", "busiest", "ideal", "piece", "shares"]
 #: step numbers of the two phases' messages
 SCATTER_STEP = 1
 GATHER_STEP = 2
-#: messages per share, at least (:func:`piece`), each of at least MIN_PIECE_BYTES
-PIECES = 8
-MIN_PIECE_BYTES = 64 * 1024
+#: messages per share, at least (:func:`piece`), each of at least MIN_PIECE_BYTES (fewer,
+#: larger messages cost less per byte where links are fast). Measured on the emulated
+#: network (bench/slowrank.py: 4 ranks, 1 Gbit/s, rank 2 at 250 Mbit/s, a loaded 2-core
+#: machine), 64 MiB against the ring's 3.7-3.9 s: pieces of 2 MiB 3.2-3.3 s, 512 KiB 2.7 s,
+#: 256 KiB 3.1 s; 16 MiB against 0.95-1.05 s: 512 KiB 0.69 s, 128 KiB 0.72-0.76 s
+PIECES = 32
+MIN_PIECE_BYTES = 256 * 1024
 
 
 def _usable(rates: Sequence[float] | None, p: int) -> list[float] | None:

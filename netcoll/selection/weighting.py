@@ -19,15 +19,15 @@ from . import cost
 #: how much faster (predicted) the weighted shares must be than the model's choice
 GAIN: Final = 0.10
 #: smaller buffers keep the model's choice: there its 2 steps alone may be predicted
-#: faster than the model's choice (at 1 MiB, 4 ranks, a loopback-like machine: 8% with
-#: equal rates), so a little noise in the rates would pick it (4 MiB: 2%)
+#: faster than the model's choice with equal rates (a loopback-like machine, 4 ranks:
+#: 20% at 256 KiB, 8% at 1 MiB), so a little noise in the rates would pick it (4 MiB: -3%)
 MIN_BYTES: Final = 4 << 20
 
 
 def predict(nbytes: int, world_size: int, params: cost.Params, segment: int) -> float:
     """Predicted seconds of the weighted all_reduce with ``params``' rates: 2 steps,
-    ``2(P-1)`` messages per segment of the largest share, and the latest rank's
-    transfers and reduction, ``max_i (N + (P-2) s_i) beta min(w)/w_i + (P-1) s_i gamma``
+    ``2(P-1)`` messages per piece of the largest share (:func:`~netcoll.algorithms.weighted.piece`),
+    and the latest rank's transfers and reduction, ``max_i (N + (P-2) s_i) beta min(w)/w_i + (P-1) s_i gamma``
     (``beta`` is the slowest rank's rate: calibration agrees on the maximum; the
     shares are :func:`~netcoll.algorithms.weighted.ideal`'s)."""
     p, n = world_size, float(nbytes)
@@ -35,7 +35,7 @@ def predict(nbytes: int, world_size: int, params: cost.Params, segment: int) -> 
     shares = weighted.ideal(n, params.rates, p)
     w = params.rates if len(params.rates) == p and min(params.rates) > 0 else (1.0,) * p
     slow = min(w)
-    segs = max(1.0, -(-max(shares) // max(1, segment)))
+    segs = max(1.0, -(-max(shares) // weighted.piece(nbytes, 1, p, segment)))
     busiest = max((n + (p - 2) * s) * beta * slow / wi + (p - 1) * s * gamma for s, wi in zip(shares, w, strict=True))
     return 2.0 * alpha + 2.0 * (p - 1) * segs * overhead + busiest
 
