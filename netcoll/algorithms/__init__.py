@@ -15,7 +15,9 @@ one also takes ``segment_bytes: int = DEFAULT_SEGMENT_BYTES`` as a keyword:
 collective          algorithms                 call
 ==================  =========================  ==============================================
 ``all_reduce``      ring, tree, doubling,      ``fn(ch, buf, op) -> None``  (buf in place,
-                    allpairs, halving          bit-identical on every rank)
+                    allpairs, halving,         bit-identical on every rank; weighted
+                    weighted                   also takes ``rates=``, the agreed
+                                               per-rank bandwidths)
 ``broadcast``       tree, ring, sized          ``fn(ch, buf_or_None, root, meta=None)
                                                -> (buf, meta)`` (sized: also
                                                ``chain=``, the root's choice,
@@ -59,6 +61,7 @@ from . import (
     ring,
     sized,
     tree,
+    weighted,
 )
 from ._common import DEFAULT_SEGMENT_BYTES
 
@@ -74,6 +77,7 @@ __all__ = [
     "ring",
     "sized",
     "tree",
+    "weighted",
 ]
 
 ALGORITHMS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
@@ -83,6 +87,7 @@ ALGORITHMS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
         "doubling": doubling.all_reduce,
         "allpairs": allpairs.all_reduce,
         "halving": halving.all_reduce,
+        "weighted": weighted.all_reduce,
     },
     "broadcast": {"tree": tree.broadcast, "ring": ring.broadcast, "sized": sized.broadcast},
     "reduce": {"tree": tree.reduce, "ring": ring.reduce},

@@ -76,14 +76,17 @@ def calibrate(e: Engine) -> Call:
     """Measure the links (a ring shift of a small, a mid and a large payload and
     bursts of small messages: :func:`netcoll.selection.probe.probe`) and the
     local reduction bandwidth, fit each rank's estimate, and agree on the
-    maximum of every parameter over the group (the slowest link sets the pace)."""
+    maximum of every parameter over the group (the slowest link sets the pace); and
+    each rank's own bandwidth (:func:`netcoll.selection.probe.rate`), kept per rank
+    (:attr:`~netcoll.selection.cost.Params.rates`: the weighted all_reduce's shares)."""
     e.tuner.active = True
 
     async def body(ch: Channel) -> np.ndarray:
         samples = await probe.probe(ch)
+        own = await probe.rate(ch)
         samples += probe.reduce_samples()
         local = fit.fit(samples, cost.DEFAULT_PARAMS, CALIBRATE_WEIGHT)
-        return await probe.exchange(ch, np.array(local.row(), np.float64))
+        return await probe.exchange(ch, np.array(fit.with_rate(local, own), np.float64))
 
     return _model_call(e, "calibrate", body, "max")
 
@@ -116,9 +119,10 @@ def refine(e: Engine, trial: tuple[str, int, bool] | None = None, after: Sequenc
             local = fit.fit_factors(list(tuner.samples), local)
             tuner.samples.clear()  # the next refinement learns from the calls after this one
         local = dataclasses.replace(local, measured=tuner.measured())
+        own = local.rates[ch.rank] if len(local.rates) == ch.size else 0.0  # kept as calibrated
         tuner.agreeing += 1
         try:
-            return await probe.exchange(ch, np.array(local.row(), np.float64))
+            return await probe.exchange(ch, np.array(fit.with_rate(local, own), np.float64))
         finally:
             tuner.agreeing -= 1
             tuner.agreed_at = time.perf_counter()
@@ -127,9 +131,10 @@ def refine(e: Engine, trial: tuple[str, int, bool] | None = None, after: Sequenc
 
 
 def on_trial(params: cost.Params, name: str, nbytes: int, size: int, segment: int | None) -> bool:
-    """Whether the algorithm ``"auto"`` now runs in this size band has no agreed time yet."""
+    """Whether the algorithm ``"auto"`` now runs in this size band has no agreed time yet
+    (one the model does not time, the weighted all_reduce, is never on trial)."""
     algo = decide(name, nbytes, size, params, segment)[0]
-    return params.seen(name, algo, nbytes) is None
+    return algo in cost.FORMULAS[name] and params.seen(name, algo, nbytes) is None
 
 
 __all__ = ["CALIBRATE_WEIGHT", "agree_links", "calibrate", "on_trial", "refine"]

@@ -15,7 +15,7 @@ from ..arrays import as_array, contiguous_copy, describe, leading_ranks
 from ..compression import NONE, Requested
 from ..engine import Call, Engine
 from ..ops import ReduceOp, check_op_dtype, finalize, parse_op
-from ..selection import select
+from ..selection import select, weights
 from . import compressed
 from ._common import (
     Done,
@@ -47,6 +47,8 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str, compression
     check_op_dtype(rop, x.dtype)
     algo, seg = select(e, "all_reduce", algorithm, x.nbytes)
     kw: dict[str, Any] = {"segment_bytes": seg}
+    if algo == "weighted":
+        kw["rates"] = weights(e, "all_reduce")
     if (
         algo in ("ring", "tree")
         and e.world_size > 1

@@ -97,7 +97,8 @@ def all_reduce(
             the others are told to abort.
         algorithm: ``"auto"`` (chosen by size, world size and links;
             ``NETCOLL_ALGO`` may force one), or ``"ring"``, ``"tree"``,
-            ``"doubling"``, ``"halving"``, ``"allpairs"``.
+            ``"doubling"``, ``"halving"``, ``"allpairs"``, ``"weighted"`` (shares
+            by the ranks' measured rates; docs/algorithms.md).
         compression: ``"none"``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (None: the default,
             ``NETCOLL_COMPRESSION``, else ``"none"``): the codec every contribution crosses the
             links in; reduced in ``x``'s dtype in rank order, and the result decoded from the same

@@ -95,7 +95,7 @@ class TensorLike(Protocol[Detached]):
 #: the tensor type a call returns for a tensor argument (``torch.Tensor``)
 TensorOut = TypeVar("TensorOut")
 
-AllReduceAlgorithm: TypeAlias = Literal["auto", "ring", "tree", "doubling", "halving", "allpairs"]
+AllReduceAlgorithm: TypeAlias = Literal["auto", "ring", "tree", "doubling", "halving", "allpairs", "weighted"]
 BroadcastAlgorithm: TypeAlias = Literal["auto", "ring", "tree", "sized"]
 ReduceAlgorithm: TypeAlias = Literal["auto", "ring", "tree"]
 #: ``pairwise``: the uneven form's (``uneven=True``)

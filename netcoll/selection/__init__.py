@@ -9,7 +9,8 @@ One entry point for the calls' plans, :func:`select` (:mod:`.plan`); behind it:
 * :mod:`.cost` — the cost formulas and :class:`~.cost.Params`;
 * :mod:`.fit` — fitting the parameters to measured times and combining them over a group;
 * :mod:`.tuner` — per communicator, the agreed versions of the parameters and the trials;
-* :mod:`.probe` — the link and reduction measurements and the group exchange of rows.
+* :mod:`.probe` — the link, per-rank rate and reduction measurements and the group exchange of rows;
+* :mod:`.weighting` — when ``"auto"`` runs the weighted all_reduce (measured rates unequal).
 
 The group agreements that feed them (links, calibration, refinement) are plans issued like
 the collectives: :mod:`netcoll.calls.agreements`. The algorithms themselves and their
@@ -18,9 +19,9 @@ registry are :mod:`netcoll.algorithms`; nothing there imports this package.
 
 from __future__ import annotations
 
-from . import auto, cost, fit, media, probe, table, tuner
+from . import auto, cost, fit, media, probe, table, tuner, weighting
 from .auto import ALGO_ENV, SIZE_UNKNOWN, broadcast_shape, choose, decide, overrides_from_env, parse_overrides
-from .plan import Planning, agreed, root_shape, select
+from .plan import Planning, agreed, root_shape, select, weights
 from .tuner import TRIAL_LAG, Choice, Pending, Tuner, Version, describe
 
 __all__ = [
@@ -48,4 +49,6 @@ __all__ = [
     "select",
     "table",
     "tuner",
+    "weighting",
+    "weights",
 ]

@@ -14,7 +14,7 @@ from typing import Final
 from .. import settings
 from ..algorithms import ALGORITHMS
 from ..errors import ConfigError
-from . import cost, table
+from . import cost, table, weighting
 
 
 def choose(
@@ -61,7 +61,8 @@ def decide(
 ) -> tuple[str, int | None, float | None]:
     """``algorithm="auto"`` with the cost model: ``(algorithm, segment_bytes,
     predicted seconds)``: :func:`cost.learnt` (the model's candidates, then
-    the fastest measured in this size band). ``params`` None (not agreed yet,
+    the fastest measured in this size band), or the weighted all_reduce when the
+    group's measured per-rank rates favour it (:func:`.weighting.consider`). ``params`` None (not agreed yet,
     or the model is off) or a size only the root knows: the table
     (:func:`choose`), segment and prediction None. ``segment``: the
     communicator's fixed segment size (set by the user), else the model picks
@@ -96,9 +97,11 @@ def broadcast_shape(
 def _decided(
     collective: str, nbytes: int, world_size: int, params: cost.Params, segment: int | None
 ) -> tuple[str, int | None, float]:
-    """:func:`decide` by the model, remembered (every call of a training loop asks the same)."""
+    """:func:`decide` by the model, remembered (every call of a training loop asks the same);
+    then the weighted all_reduce if the group's measured rates favour it (:mod:`.weighting`)."""
     segments = cost.SEGMENTS if segment is None else (segment,)
     algo, seg, predicted = cost.learnt(collective, nbytes, world_size, params, segments=segments)
+    algo, _, predicted = weighting.consider(collective, nbytes, world_size, params, (algo, seg, predicted))
     return algo, (None if segment is not None else seg), predicted
 
 

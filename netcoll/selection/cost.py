@@ -92,6 +92,9 @@ class Params:
     solo: float | None = None
     #: measured seconds per call, agreed: ``(slot, seconds)`` sorted by slot (:func:`slot`)
     measured: tuple[tuple[int, float], ...] = ()
+    #: each rank's measured bandwidth (bytes/s, by group rank; :func:`~.probe.rate`), agreed:
+    #: what :mod:`netcoll.algorithms.weighted` sizes its shares by (empty: not measured)
+    rates: tuple[float, ...] = ()
 
     def vector(self) -> tuple[float, float, float, float, float]:
         return (self.alpha, self.overhead, self.beta, self.gamma, self.beta if self.solo is None else self.solo)
@@ -139,6 +142,8 @@ class Params:
             out["factors"] = {f"{c}/{a}": list(self.factor(c, a)) for c, a in PAIRS if self.factor(c, a) != (1.0, 1.0)}
         if self.measured:
             out["measured_s"] = {_slot_name(k): seconds for k, seconds in self.measured}
+        if self.rates:
+            out["rates_Bps"] = list(self.rates)
         return out
 
 

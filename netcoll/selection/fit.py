@@ -21,13 +21,15 @@ from typing import Final
 
 import numpy as np
 
-from .cost import BOUNDS, PAIR_INDEX, PAIRS, Params, Terms, split_cost
+from .cost import BANDS, BOUNDS, PAIR_INDEX, PAIRS, Params, Terms, split_cost
 
 #: one finished call: (collective, algorithm, terms, seconds)
 Sample = tuple[str, str, Terms, float]
 
 #: the ridge weight of the prior, per parameter (relative units)
 PRIOR_WEIGHT: Final = 0.05
+#: the length of :meth:`Params.row`
+ROW: Final = len(BOUNDS) + 2 * len(PAIRS) + len(PAIRS) * BANDS
 
 
 def _ridge(rows: Iterable[tuple[Sequence[float], float]], prior: np.ndarray, weight: float) -> np.ndarray:
@@ -82,7 +84,7 @@ def fit_factors(samples: Iterable[Sample], params: Params, weight: float = PRIOR
         i = 2 * PAIR_INDEX[pair]
         prior = np.array(factors[i : i + 2], dtype=np.float64)
         factors[i : i + 2] = (float(v) for v in _ridge_arrays(parts, np.array(secs), prior, weight))
-    return dataclasses.replace(Params.of(params.vector(), factors), measured=params.measured)
+    return dataclasses.replace(Params.of(params.vector(), factors), measured=params.measured, rates=params.rates)
 
 
 def _round3(v: float) -> float:
@@ -94,9 +96,24 @@ def combine(table: Sequence[Sequence[float]], how: str) -> Params:
     overhead, beta, gamma by ``how`` (``"max"`` or ``"median"``) per column, the
     factors by the median, a measured time by the median of the ranks that
     have one (none unless at least half do); each clamped and rounded to 3
-    significant digits (a pure function of the table, so the same on every rank)."""
+    significant digits (a pure function of the table, so the same on every rank).
+    A row may end with one more number, the rank's own bandwidth (:func:`with_rate`):
+    kept per rank as :attr:`Params.rates` (rounded; none unless every rank has one)."""
     cols = np.array(table, dtype=np.float64)
     cols = np.where(np.isfinite(cols), cols, 0.0)  # clamped to the lower bound below
+    rates: tuple[float, ...] = ()
+    if cols.ndim == 2 and cols.shape[1] == ROW + 1:
+        column, cols = cols[:, -1], cols[:, :-1]
+        rates = tuple(_round3(float(v)) for v in column) if bool(np.all(column > 0)) else ()
+    return dataclasses.replace(_combined(cols, how), rates=rates)
+
+
+def with_rate(params: Params, rate: float) -> list[float]:
+    """``params``' row with this rank's bandwidth after it (0: not measured)."""
+    return [*params.row(), float(rate) if math.isfinite(rate) and rate > 0 else 0.0]
+
+
+def _combined(cols: np.ndarray, how: str) -> Params:
     k, f = len(BOUNDS), 2 * len(PAIRS)
     if how == "max":
         head = cols[:, :k].max(axis=0)
@@ -126,4 +143,4 @@ def _c(name: str, v: float) -> float:
     return lo if not math.isfinite(v) else min(hi, max(lo, v))
 
 
-__all__ = ["PRIOR_WEIGHT", "Sample", "combine", "fit", "fit_factors"]
+__all__ = ["PRIOR_WEIGHT", "ROW", "Sample", "combine", "fit", "fit_factors", "with_rate"]

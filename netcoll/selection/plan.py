@@ -64,6 +64,20 @@ def select(e: Planning, name: str, algorithm: str, nbytes: int) -> tuple[str, in
     return algorithm, seg
 
 
+def weights(e: Planning, name: str) -> tuple[float, ...] | None:
+    """The group's agreed per-rank rates for a weighted call being planned (None: not
+    measured, or the model is off: equal shares). The same on every rank: the
+    parameters of the call's sequence number. Raises :class:`Pending` (for ``name``)."""
+    if e.world_size < 2:
+        return None
+    try:
+        params = agreed(e)
+    except Pending as pending:
+        pending.name = name
+        raise
+    return params.rates if params is not None and len(params.rates) == e.world_size else None
+
+
 def agreed(e: Planning) -> Params | None:
     """The agreed parameters of the call being planned: those for the next sequence number,
     or, for a deferred call, those it waited for. Raises :class:`Pending`."""
@@ -80,4 +94,4 @@ def root_shape(e: Planning, nbytes: int) -> tuple[str, float | None]:
     return broadcast_shape(nbytes, e.world_size, params, e.segment_bytes, e.medium)
 
 
-__all__ = ["Planning", "agreed", "root_shape", "select"]
+__all__ = ["Planning", "agreed", "root_shape", "select", "weights"]

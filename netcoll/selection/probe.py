@@ -10,12 +10,18 @@
   messages, ``n`` bytes) — the bandwidth with every link busy; a *burst* of
   16 small messages each way (1 step, 32 messages) — the per-message cost.
   A least-squares fit separates the four parameters.
+* :func:`rate` — this rank's own bandwidth: it exchanges :data:`RATE_BYTES` with a few
+  partners in turn (a pairing per round, every pair at once), and takes its fastest
+  partner's rate (what a pair moves is bounded by the slower of the two, so the
+  fastest pair bounds this rank's own link from below, and is it when any partner is
+  at least as fast). What :mod:`netcoll.algorithms.weighted` sizes its shares by.
 * :func:`reduce_samples` — the local numpy reduction bandwidth (gamma), no network.
 * :func:`exchange` — every rank's row of numbers to every rank (all pairs, one
   step): the table every rank then combines the same way.
 
 Cost of :func:`probe`: about ``(3P + 2) (reps + 1)`` dependent steps; 2 MiB
-``(reps + 1)`` bytes sent per rank.
+``(reps + 1)`` bytes sent per rank. Of :func:`rate`: ``min(P, RATE_ROUNDS)`` rounds of
+``RATE_REPS + 1`` exchanges of 1 MiB each way.
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ REPS: Final = 4
 BURST: Final = 16
 #: the step number of :func:`exchange`'s messages (after every probe step)
 EXCHANGE_STEP: Final = 1 << 20
+#: :func:`rate`: bytes each way per exchange, exchanges per partner (after one warm-up),
+#: partners at most (a rank with one fast partner is measured right), and its first step
+RATE_BYTES: Final = 1 << 20
+RATE_REPS: Final = 2
+RATE_ROUNDS: Final = 8
+RATE_STEP: Final = 1 << 19
 
 Sample = tuple[Terms, float]
 
@@ -130,6 +142,37 @@ def reduce_samples(nbytes: int = 1 << 20, reps: int = 3) -> list[Sample]:
     return [((0.0, 0.0, 0.0, float(a.nbytes), 0.0), best)]
 
 
+def partner(rank: int, round_: int, size: int) -> int | None:
+    """Round ``round_``'s partner of ``rank``: ``round_ - rank`` (mod ``size``), so every pair
+    meets in round ``(i + j) % size``, once over ``size`` rounds; None: no partner this round."""
+    other = (round_ - rank) % size
+    return None if other == rank else other
+
+
+async def rate(ch: Channel, *, nbytes: int = RATE_BYTES, reps: int = RATE_REPS, rounds: int = RATE_ROUNDS) -> float:
+    """This rank's bandwidth in bytes per second (see the module docstring): the most
+    ``nbytes`` over the seconds of an exchange (both ways at once) with any partner,
+    the fastest of ``reps`` exchanges after a warm-up. 0.0 in a group of one."""
+    if ch.size < 2:
+        return 0.0
+    out, into = np.zeros(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    best, step = 0.0, RATE_STEP
+    for k in range(min(ch.size, rounds)):
+        peer = partner(ch.rank, k, ch.size)
+        for r in range(reps + 1):
+            step += 1
+            if peer is None:
+                continue
+            t0 = time.perf_counter()
+            got = ch.post(peer, step=step, out=into)
+            await ch.send(peer, out, step=step)
+            await got
+            seconds = time.perf_counter() - t0
+            if r and seconds > 0:
+                best = max(best, nbytes / seconds)
+    return best
+
+
 async def exchange(ch: Channel, row: np.ndarray) -> np.ndarray:
     """Every rank's ``row`` (float64, the same length everywhere), stacked by rank."""
     table = np.empty((ch.size, row.size), np.float64)
@@ -144,6 +187,10 @@ async def exchange(ch: Channel, row: np.ndarray) -> np.ndarray:
 
 
 __all__ = [
+    "RATE_BYTES",
+    "RATE_REPS",
+    "RATE_ROUNDS",
+    "RATE_STEP",
     "BURST",
     "EXCHANGE_STEP",
     "REPS",
@@ -152,6 +199,8 @@ __all__ = [
     "STREAM",
     "STREAM_BYTES",
     "exchange",
+    "partner",
     "probe",
+    "rate",
     "reduce_samples",
 ]

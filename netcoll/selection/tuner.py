@@ -96,7 +96,8 @@ class Version:
     start: int
     params: Params | None
     future: asyncio.Future[Any] | None = None
-    #: a parent group's version: its measured times (another world size) are not used
+    #: a parent group's version: its measured times (another world size) and rates (other
+    #: ranks) are not used
     inherited: bool = False
     #: until settled, the version added before this one (a failed agreement keeps the
     #: parameters before it: :meth:`Tuner.params_before`)
@@ -201,7 +202,7 @@ class Tuner:
         previous = self.params_before(v)
         v.params = got if isinstance(got, Params) else previous
         if v.inherited and v.params is not None:
-            v.params = dataclasses.replace(v.params, measured=())
+            v.params = dataclasses.replace(v.params, measured=(), rates=())
         v.future = v.before = None
 
     @staticmethod
@@ -295,7 +296,7 @@ class Tuner:
         if version is None:
             return
         params = self.params_before(version) if version.future else version.params
-        self.versions = [Version(0, params and dataclasses.replace(params, measured=()))]
+        self.versions = [Version(0, params and dataclasses.replace(params, measured=(), rates=()))]
         if version.future is not None:
             self.versions.append(Version(0, None, version.future, inherited=True, before=self.versions[0]))
 

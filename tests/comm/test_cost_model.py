@@ -152,7 +152,10 @@ async def test_split_inherits_the_parameters() -> None:
     await asyncio.gather(*(c.calibrate() for c in comms))
     subs = await asyncio.gather(*(c.split(c.rank % 2) for c in comms))
     assert all(s is not None for s in subs)
-    assert {s._engine.tuner.current() for s in subs} == {comms[0]._engine.tuner.current()}
+    parent = comms[0]._engine.tuner.current()
+    assert parent is not None
+    # (but the per-rank rates: the sub-group's ranks are others)
+    assert {s._engine.tuner.current() for s in subs} == {dataclasses.replace(parent, rates=())}
     res = await asyncio.gather(*(s.all_reduce(np.ones(10)) for s in subs))
     assert all(np.array_equal(r, 2 * np.ones(10)) for r in res)
 
@@ -193,7 +196,8 @@ async def test_a_deferred_call_plans_with_the_agreement_it_waited_for(monkeypatc
     assert all(np.array_equal(g, 2 * x) for g in got)
     assert [c.model_stats["choices"]["all_reduce"]["algorithm"] for c in comms] == ["allpairs", "allpairs"]
     subs = await asyncio.gather(sub, comms[1].split(0))
-    assert [s._engine.tuner.current() for s in subs if s is not None] == [dataclasses.replace(agreed, measured=())] * 2
+    left = dataclasses.replace(agreed, measured=(), rates=())
+    assert [s._engine.tuner.current() for s in subs if s is not None] == [left] * 2
 
 
 async def test_a_group_of_one_never_waits_for_parameters() -> None:
@@ -217,7 +221,8 @@ async def test_a_group_of_one_never_waits_for_parameters() -> None:
 
 
 async def test_split_leaves_the_measured_times_behind() -> None:
-    """Times measured at 4 ranks say nothing of a 2-rank sub-group: it starts without them."""
+    """Times (and per-rank rates) measured at 4 ranks say nothing of a 2-rank sub-group:
+    it starts without them."""
     _, comms = memory_world(4)
     await asyncio.gather(*(c.calibrate() for c in comms))
     params = comms[0]._engine.tuner.current()
@@ -228,7 +233,7 @@ async def test_split_leaves_the_measured_times_behind() -> None:
         c._engine.tuner.versions[-1].params = timed
     subs = await asyncio.gather(*(c.split(c.rank % 2) for c in comms))
     assert all(s is not None for s in subs)
-    assert {s._engine.tuner.current() for s in subs} == {params}
+    assert {s._engine.tuner.current() for s in subs} == {dataclasses.replace(params, rates=())}
 
 
 async def test_a_split_during_an_agreement_waits_for_it_without_its_measured_times() -> None:

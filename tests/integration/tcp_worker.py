@@ -11,6 +11,7 @@ either way (a crash is a test failure in the parent).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -95,13 +96,47 @@ async def mismatch(comm: netcoll.Communicator) -> dict[str, object]:
     return {}
 
 
-SCENARIOS = {"grid": grid, "die": die, "timeout": timeout, "mismatch": mismatch}
+#: the rates the "weighted" scenario's calibration is told (by rank): rank 2 (of 3 or more) 4x slower
+TOLD_RATES = (1e9, 1e9, 0.25e9, 1e9, 1e9)
+
+
+def tell_rates() -> None:
+    """The "weighted" scenario: the cost model on, its calibration told a machine
+    (tests/support/calibration.py) whose rank 2 is 4x slower, whatever this one is."""
+    import pytest
+
+    from tests.support.calibration import tell_calibration
+
+    os.environ["NETCOLL_COST_MODEL"] = "1"
+    tell_calibration(pytest.MonkeyPatch(), rates=TOLD_RATES)
+
+
+async def weighted(comm: netcoll.Communicator) -> dict[str, object]:
+    """An 8 MiB auto all_reduce (the weighted one, for the told rates) and a forced one."""
+    n, r = comm.world_size, comm.rank
+    xs = [data(k, 2**21 + 3, np.float32) for k in range(n)]
+    want = reduce_reference("sum", xs)
+    y = await comm.all_reduce(xs[r])
+    chose = comm.model_stats["choices"]["all_reduce"]["algorithm"]
+    z = await comm.all_reduce(xs[r] * 2, algorithm="weighted")
+    assert np.array_equal(y, want) and np.array_equal(z, 2 * want)
+    params = comm._engine.tuner.current()
+    return {
+        "algorithm": chose,
+        "rates": list(params.rates) if params else [],
+        "bits": hashlib.sha256(y.tobytes() + z.tobytes()).hexdigest(),
+    }
+
+
+SCENARIOS = {"grid": grid, "die": die, "timeout": timeout, "mismatch": mismatch, "weighted": weighted}
 
 
 async def main() -> None:
     address, world_size, scenario, index = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     token = os.environ.get("NETCOLL_TEST_TOKEN")
     result: dict[str, object]
+    if scenario == "weighted":
+        tell_rates()
     try:
         async with netcoll.connect(
             address, world_size=world_size, local_host=f"127.0.0.{index + 2}", token=token, timeout=30

@@ -90,6 +90,18 @@ async def test_grid_over_processes(n: int) -> None:
     assert sorted(r["rank"] for r in res) == list(range(n))
 
 
+@pytest.mark.parametrize("n", [3, 4])
+async def test_weighted_all_reduce_over_processes(n: int) -> None:
+    """Each rank process's calibration is told the same per-rank rates (rank 2 4x slower):
+    they agree on them, auto runs the weighted all_reduce, every rank ends with the same bits."""
+    res = await run_ranks(n, "weighted")
+    for r in res:
+        assert r["returncode"] == 0 and r.get("ok"), r
+    assert {tuple(r["rates"]) for r in res} == {(1e9, 1e9, 0.25e9, 1e9, 1e9)[:n]}
+    assert {r["algorithm"] for r in res} == {"weighted"}
+    assert len({r["bits"] for r in res}) == 1
+
+
 async def test_token_protected_world() -> None:
     res = await run_ranks(2, "grid", token="s3cret", coord_token="s3cret")
     assert all(r.get("ok") for r in res), res

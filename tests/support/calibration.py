@@ -5,11 +5,15 @@ speed of the machine they run on, so they tell calibration what it measures.
 over whatever transport the test uses) but replaces every sample's measured
 seconds with what a machine of the told :class:`~netcoll.selection.cost.Params`
 takes for its terms; the fit then finds those parameters again, and every
-prediction of the model is a pure function of the test's own numbers.
+prediction of the model is a pure function of the test's own numbers. The per-rank
+rate probe (:func:`~netcoll.selection.probe.rate`) runs too and says the told rates
+(by group rank), or that it measured nothing (no rates agreed: equal shares, and the
+weighted all_reduce never chosen).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -33,11 +37,17 @@ def tell(samples: list[Sample], params: cost.Params) -> list[Sample]:
     return [(terms, told_seconds(terms, params)) for terms, _ in samples]
 
 
-def tell_calibration(monkeypatch: pytest.MonkeyPatch, params: cost.Params = TOLD) -> cost.Params:
+def tell_calibration(
+    monkeypatch: pytest.MonkeyPatch, params: cost.Params = TOLD, rates: Sequence[float] | None = None
+) -> cost.Params:
     """Make every calibration in this test measure a machine of ``params``: the link
-    probe runs as ever, and its samples and the local reduction's say ``params``.
-    Returns ``params``."""
-    real_probe, real_reduce = probe.probe, probe.reduce_samples
+    probe runs as ever, and its samples and the local reduction's say ``params``; the
+    rate probe says ``rates[rank]`` (None: nothing measured). Returns ``params``."""
+    real_probe, real_reduce, real_rate = probe.probe, probe.reduce_samples, probe.rate
+
+    async def told_rate(ch: Channel, **kw: Any) -> float:
+        await real_rate(ch, **kw)
+        return 0.0 if rates is None else float(rates[ch.rank])
 
     async def told_probe(ch: Channel, **kw: Any) -> list[Sample]:
         return tell(await real_probe(ch, **kw), params)
@@ -47,6 +57,7 @@ def tell_calibration(monkeypatch: pytest.MonkeyPatch, params: cost.Params = TOLD
 
     monkeypatch.setattr(probe, "probe", told_probe)
     monkeypatch.setattr(probe, "reduce_samples", told_reduce)
+    monkeypatch.setattr(probe, "rate", told_rate)
     return params
 
 

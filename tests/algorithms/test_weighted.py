@@ -1,0 +1,130 @@
+# Rank bodies are closures over loop variables, awaited within the iteration that defines them:
+# ruff: noqa: B023
+"""Tests for the weighted all_reduce (netcoll.algorithms.weighted): the share solver
+(exact cases and hypothesis properties) and the algorithm with unequal rates at 2-5
+ranks, over memory and loopback TCP (and shared memory for a big buffer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from netcoll.algorithms import ALGORITHMS, weighted
+from netcoll.mesh.channel import Channel
+from netcoll.ops import ReduceOp
+from tests.algorithms.test_algorithms import check_reduced, make_inputs
+from tests.support import ALL_LINKS, MakeGroup
+
+rates_st = st.lists(st.floats(min_value=1e-3, max_value=1e3, allow_nan=False), min_size=1, max_size=9)
+
+
+def test_registered_for_all_reduce_only() -> None:
+    assert ALGORITHMS["all_reduce"]["weighted"] is weighted.all_reduce
+    assert all("weighted" not in t for c, t in ALGORITHMS.items() if c != "all_reduce")
+
+
+def test_four_ranks_one_four_times_slower_owns_nothing() -> None:
+    """The issue's case: the slow rank moves only its own input out and the result in."""
+    s = weighted.shares(1200, [1.0, 1.0, 0.25, 1.0], 4)
+    assert s == [400, 400, 0, 400]
+    # the busiest rank's bytes, in the slow rank's time: n (against the ring's 1.5 n at its rate)
+    assert weighted.busiest(1200.0, [1.0, 1.0, 0.25, 1.0], 4) == pytest.approx(1200.0)
+    assert weighted.busiest(1200.0, [1.0] * 4, 4) == pytest.approx(1.5 * 1200.0)
+
+
+def test_mildly_slower_rank_owns_less() -> None:
+    s = weighted.shares(10_000, [1.0, 0.8, 1.0], 3)
+    assert sum(s) == 10_000 and s[1] < s[0] == s[2]
+    real = weighted.ideal(10_000.0, [1.0, 0.8, 1.0], 3)
+    times = [(10_000 + real[i]) / w for i, w in enumerate([1.0, 0.8, 1.0])]
+    assert max(times) == pytest.approx(min(times))  # everyone finishes together
+
+
+def test_two_ranks_and_unusable_rates_give_equal_shares() -> None:
+    assert weighted.shares(11, [1.0, 0.1], 2) == [6, 5]
+    assert weighted.shares(10, None, 3) == [4, 3, 3]
+    assert weighted.shares(10, [1.0, 0.0, 1.0], 3) == [4, 3, 3]  # a zero rate: not measured
+    assert weighted.shares(10, [1.0, float("nan"), 1.0], 3) == [4, 3, 3]
+    assert weighted.shares(10, [1.0, 1.0], 3) == [4, 3, 3]  # not one per rank
+    assert weighted.shares(0, [1.0, 0.5, 0.2], 3) == [0, 0, 0]
+    with pytest.raises(ValueError, match="p >= 1"):
+        weighted.shares(5, None, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rates=rates_st, n=st.integers(min_value=0, max_value=10**7))
+def test_shares_properties(rates: list[float], n: int) -> None:
+    p = len(rates)
+    s = weighted.shares(n, rates, p)
+    assert len(s) == p and sum(s) == n and min(s) >= 0
+    for i in range(p):
+        for j in range(p):
+            if rates[i] < rates[j]:
+                assert s[i] <= s[j], (i, j, s)
+    assert s == weighted.shares(n, list(rates), p)  # a pure function
+
+
+@settings(max_examples=200, deadline=None)
+@given(p=st.integers(min_value=1, max_value=16), n=st.integers(min_value=0, max_value=10**7), w=st.floats(1e-3, 1e3))
+def test_equal_rates_equal_shares(p: int, n: int, w: float) -> None:
+    s = weighted.shares(n, [w] * p, p)
+    assert max(s) - min(s) <= 1 and sum(s) == n
+
+
+@settings(max_examples=200, deadline=None)
+@given(rates=rates_st.filter(lambda r: len(r) >= 3), n=st.integers(min_value=1000, max_value=10**7))
+def test_shares_minimise_the_slowest_rank(rates: list[float], n: int) -> None:
+    """The latest rank finishes at the least possible time, ``max(n / min w, 2(P-1) n / sum w)``
+    (every rank moves at least ``n`` each way; all together at least ``2(P-1) n``), and the
+    ranks that own something finish together (none of them could be sooner)."""
+    p = len(rates)
+    real = weighted.ideal(float(n), rates, p)
+    assert sum(real) == pytest.approx(n) and min(real) >= 0
+    times = [(n + (p - 2) * real[i]) / rates[i] for i in range(p)]
+    assert max(times) == pytest.approx(max(n / min(rates), 2 * (p - 1) * n / sum(rates)), rel=1e-9)
+    level = [t for t, x in zip(times, real, strict=True) if x > 0]
+    assert max(level) == pytest.approx(min(level), rel=1e-9)
+    assert all(t >= max(level) * (1 - 1e-9) for t, x in zip(times, real, strict=True) if x == 0)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 5])
+@pytest.mark.parametrize(
+    ("dt", "op"),
+    [(np.dtype(np.float32), ReduceOp.SUM), (np.dtype(np.int64), ReduceOp.BXOR), (np.dtype(np.float64), ReduceOp.AVG)],
+)
+async def test_unequal_rates_exact_and_bit_identical(make_group: MakeGroup, P: int, dt: np.dtype, op: ReduceOp) -> None:
+    group = await make_group(P)
+    for rates in ([1.0] * P, [0.25, *[1.0] * (P - 1)], [1.0 / (r + 1) for r in range(P)]):
+        for count, seg in ((0, 64), (1, 64), (777, 64), (5000, 1 << 20)):
+            inputs = make_inputs(dt, op, P, count, seed=str(rates))
+
+            async def body(ch: Channel) -> np.ndarray:
+                buf = inputs[ch.rank].copy()
+                await weighted.all_reduce(ch, buf, op, segment_bytes=seg, rates=rates)
+                return buf
+
+            results = await group.run(body)
+            what = f"weighted P={P} n={count} {dt} {op.value} rates={rates}"
+            assert len({r.tobytes() for r in results}) == 1, what
+            check_reduced(results[0], op, inputs, what)
+            again = await group.run(body)  # a fixed reduction order: the same bits each run
+            assert again[0].tobytes() == results[0].tobytes(), what
+
+
+@pytest.mark.parametrize("make_group", ALL_LINKS, indirect=True)
+async def test_big_buffer_with_a_slow_rank(make_group: MakeGroup) -> None:
+    P, count = 4, (1 << 20) + 3
+    group = await make_group(P)
+    inputs = make_inputs(np.dtype(np.float32), ReduceOp.SUM, P, count)
+    rates = [1.0, 1.0, 0.25, 1.0]
+
+    async def body(ch: Channel) -> np.ndarray:
+        buf = inputs[ch.rank].copy()
+        await weighted.all_reduce(ch, buf, ReduceOp.SUM, segment_bytes=256 << 10, rates=rates)
+        return buf
+
+    results = await group.run(body)
+    assert len({r.tobytes() for r in results}) == 1
+    check_reduced(results[0], ReduceOp.SUM, inputs, "weighted big")
