@@ -17,7 +17,9 @@ from bench import machine
 
 STATISTIC = (
     "each call (DDP step) timed by every rank between two barriers, the slowest rank's time; "
-    "a case's value the median over the interleaved repetitions (their order rotated every repetition)"
+    "a case's value the median over the interleaved repetitions (their order rotated every repetition); "
+    "CPU per call: user + system time of a rank process (all its threads) over the call, the median over "
+    "ranks and repetitions"
 )
 #: the docs that hold a generated table, each between ``<!-- wire-results -->`` markers
 DOCS = ("docs/benchmarks.md", "docs/emulated-network.md", "docs/compression.md")
@@ -45,10 +47,12 @@ def summarize(
     rows = []
     wrong = {x["case"] for r in lines for x in r if x.get("kind") == "all_reduce" and not x["right"]}
     errs: dict[str, float] = {}
+    cpus: dict[str, list[float]] = {}
     for r in lines:
         for x in r:
             if x.get("kind") == "all_reduce":
                 errs[x["case"]] = max(errs.get(x["case"], 0.0), x["err"])
+                cpus.setdefault(x["case"], []).append(x.get("cpu", 0.0))
     for case, secs in _slowest(lines, "all_reduce").items():
         med = statistics.median(secs)
         busbw = size * 2 * (p - 1) / p / med / 1e9
@@ -59,6 +63,7 @@ def summarize(
                 "busbw_gbs": round(busbw, 4),
                 "samples_s": [round(s, 4) for s in secs],
                 "max_rel_err": errs.get(case),
+                "cpu_s_per_rank": round(statistics.median(cpus[case]), 4),
                 "right": case not in wrong,
             }
         )
@@ -111,6 +116,7 @@ def text(result: dict[str, Any]) -> str:
     for r in result["all_reduce"]:
         out.append(
             f"  {r['case']:<24} {r['seconds'] * 1e3:8.1f} ms  {r['busbw_gbs']:.3f} GB/s  "
+            f"cpu {r['cpu_s_per_rank'] * 1e3:5.0f} ms  "
             f"x{r['vs_gloo'] or 0:.2f} Gloo  err {r['max_rel_err'] or 0:.1e}{'' if r['right'] else ' WRONG'}"
         )
     for d in result["ddp"]:
@@ -136,13 +142,14 @@ def _run_table(name: str, res: dict[str, Any]) -> list[str]:
         f"Run `{name}`: {res['ranks']} ranks, {res['size'] >> 20} MiB of float32, every link {rate:g} Gbit/s "
         f"each way{slow}, delay {res['delay_s'] * 1e6:g} µs ({res['shaping']}).",
         "",
-        "| all_reduce | time | bus bandwidth | ÷ Gloo's | largest error (relative) |",
-        "| --- | --- | --- | --- | --- |",
+        "| all_reduce | time | bus bandwidth | ÷ Gloo's | CPU per call and rank | largest error (relative) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in res["all_reduce"]:
         out.append(
             f"| {r['case']} | {r['seconds'] * 1e3:.0f} ms | {r['busbw_gbs']:.3f} GB/s | "
-            f"{r['vs_gloo'] if r['vs_gloo'] is not None else '-'}x | {r['max_rel_err'] or 0:.1e} |"
+            f"{r['vs_gloo'] if r['vs_gloo'] is not None else '-'}x | {r.get('cpu_s_per_rank', 0) * 1e3:.0f} ms | "
+            f"{r['max_rel_err'] or 0:.1e} |"
         )
     if res["ddp"]:
         m = res["ddp_model"]

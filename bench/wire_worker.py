@@ -17,6 +17,7 @@ import argparse
 import importlib
 import json
 import os
+import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,7 +64,15 @@ def all_reduce_cases(args: argparse.Namespace, comm: Any, gloo: Any) -> None:
     out = np.empty_like(x)
     scale = float(np.abs(ref).max())
 
-    def call(case: dict[str, Any]) -> float:
+    def call(case: dict[str, Any]) -> tuple[float, float]:
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        seconds, got = one(case)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        err = float(np.abs(got - ref).max()) / scale
+        case["err"] = max(case.get("err", 0.0), err)
+        return seconds, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+
+    def one(case: dict[str, Any]) -> tuple[float, np.ndarray]:
         if case["impl"] == "gloo":
             t.copy_(torch.from_numpy(x))
             dist.barrier(group=gloo)
@@ -77,9 +86,7 @@ def all_reduce_cases(args: argparse.Namespace, comm: Any, gloo: Any) -> None:
             comm.all_reduce(x, out=out, compression=case["compression"], algorithm=case["algorithm"])
             seconds = time.perf_counter() - t0
             got = out
-        err = float(np.abs(got - ref).max()) / scale
-        case["err"] = max(case.get("err", 0.0), err)
-        return seconds
+        return seconds, got
 
     for case in cases:
         for _ in range(args.warmup):
@@ -87,9 +94,9 @@ def all_reduce_cases(args: argparse.Namespace, comm: Any, gloo: Any) -> None:
     for rep in range(args.reps):
         k = rep % len(cases)
         for case in cases[k:] + cases[:k]:
-            seconds = call(case)
+            seconds, cpu = call(case)
             ok = case["err"] <= TOLERANCE.get(case.get("compression") or "none", 1e-6)
-            emit(kind="all_reduce", case=case["label"], rep=rep, seconds=seconds, err=case["err"], right=ok)
+            emit(kind="all_reduce", case=case["label"], rep=rep, seconds=seconds, cpu=cpu, err=case["err"], right=ok)
 
 
 def _hook(spec: str | None) -> Callable[[Any, Any], None] | None:
