@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ddp-hook", default="", help="module:function(ddp_model, group) registering a comm hook")
     p.add_argument("--ddp-width", type=int, default=1536, help="MLP width: 9.5 width^2 parameters (22.4 M)")
     p.add_argument("--ddp-steps", type=int, default=4, help="steps per DDP case and repetition, the first not timed")
+    p.add_argument("--cost-model", action="store_true", help="NETCOLL_COST_MODEL=1 in the ranks (calibration: rates)")
+    p.add_argument(
+        "--netcoll-path", default=None, help="import netcoll from this checkout in the ranks (bench/ from here)"
+    )
     p.add_argument("--subnet", default="10.213.9", help="three octets of a private /24 (default 10.213.9)")
     p.add_argument("--limit", type=float, default=900.0, help="seconds the whole run may take (default 900)")
     p.add_argument("--run", default="even", help="the run's name in the JSON (default even)")
@@ -139,7 +143,10 @@ class Net:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NETCOLL_", "GLOO_"))}
         env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NETCOLL_TOKEN=self.token)
         env.update(NETCOLL_TRANSPORT="tcp")  # namespaces do not separate /dev/shm: no shared memory
-        env["PYTHONPATH"] = machine.ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        path = machine.ROOT if not self.args.netcoll_path else os.pathsep.join([self.args.netcoll_path, machine.ROOT])
+        env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if self.args.cost_model:
+            env["NETCOLL_COST_MODEL"] = "1"
         if rank is not None:
             env.update(RANK=str(rank), WORLD_SIZE=str(self.args.ranks), MASTER_ADDR=self.ips[0])
             env.update(MASTER_PORT=str(MASTER_PORT), GLOO_SOCKET_IFNAME="eth0")
@@ -203,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check or not caps["tbf"]:
         return 0
     net = Net(args, caps)
+    load = machine.loadavg()
     status, lines, problems = 0, [], []
     try:
         with signals_raise():
@@ -221,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         return status or 1
     result = wire_report.summarize(args, lines, caps, command="python3 -m bench.wire " + " ".join(sys.argv[1:]))
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
+    result["loadavg_1min_before"] = load
     result["cleanup"] = {"ok": not problems, "problems": problems}
     print(wire_report.text(result))
     if args.json:

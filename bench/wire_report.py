@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from bench import machine
+from bench.netemlib.cluster import netcoll_commit
 
 STATISTIC = (
     "each call (DDP step) timed by every rank between two barriers, the slowest rank's time; "
@@ -68,8 +69,11 @@ def summarize(
             }
         )
     gloo = next((r for r in rows if r["case"] == "gloo"), None)
+    ring = next((r for r in rows if r["case"].endswith(" ring")), None)
     for row in rows:
         row["vs_gloo"] = round(row["busbw_gbs"] / gloo["busbw_gbs"], 2) if gloo else None
+        if ring:
+            row["vs_ring"] = round(row["busbw_gbs"] / ring["busbw_gbs"], 2)
     ddp: list[dict[str, Any]] = []
     for case, secs in _slowest(lines, "ddp").items():
         ddp.append(
@@ -94,6 +98,9 @@ def summarize(
         "shaping": "tbf (rate only) on both ends of every rank's veth; no netem here: delay 0 for Gloo and netcoll",
         "netem": caps.get("netem_error") or caps.get("netem"),
         "reps": args.reps,
+        "netcoll_path": args.netcoll_path,
+        "netcoll_commit": netcoll_commit(args.netcoll_path or machine.ROOT),
+        "cost_model": bool(args.cost_model),
         "all_reduce": rows,
         "ddp": ddp,
         "ddp_model": None
@@ -138,6 +145,10 @@ def store(path: str, name: str, result: dict[str, Any]) -> None:
 def _run_table(name: str, res: dict[str, Any]) -> list[str]:
     rate = res["rate_bits_per_s"] / 1e9
     slow = "" if res["slow_rank"] is None else f", rank {res['slow_rank']}'s link {res['slow_factor']:g}x slower"
+    if res.get("netcoll_path"):
+        slow += f"; the ranks ran netcoll at {res['netcoll_commit']} (`--netcoll-path`)"
+    if res.get("cost_model"):
+        slow += "; NETCOLL_COST_MODEL=1 (calibration measures each rank's rate)"
     out = [
         f"Run `{name}`: {res['ranks']} ranks, {res['size'] >> 20} MiB of float32, every link {rate:g} Gbit/s "
         f"each way{slow}, delay {res['delay_s'] * 1e6:g} µs ({res['shaping']}).",
@@ -149,7 +160,7 @@ def _run_table(name: str, res: dict[str, Any]) -> list[str]:
         out.append(
             f"| {r['case']} | {r['seconds'] * 1e3:.0f} ms | {r['busbw_gbs']:.3f} GB/s | "
             f"{r['vs_gloo'] if r['vs_gloo'] is not None else '-'}x | {r.get('cpu_s_per_rank', 0) * 1e3:.0f} ms | "
-            f"{r['max_rel_err'] or 0:.1e} |"
+            f"{r['max_rel_err'] or 0:.1e} |" + (f" {r['vs_ring']}x the ring |" if "vs_ring" in r else "")
         )
     if res["ddp"]:
         m = res["ddp_model"]
