@@ -41,7 +41,7 @@ from typing import Any, Final, Literal, NamedTuple, get_args
 
 import numpy as np
 
-from . import settings
+from . import half, settings
 from .ops import BFLOAT16
 
 __all__ = [
@@ -166,8 +166,10 @@ def encode(codec: str, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
         raise ValueError(f"encode: out must be {size} uint8 bytes, not {dst.size} {dst.dtype}")
     if codec == "none":
         dst[...] = flat.view(np.uint8)
+    elif codec == "fp16" and flat.dtype == np.float32:
+        half.encode(flat, dst.view(np.uint16))
     elif codec in ("fp16", "bf16"):
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             dst.view(_wire_dtype(codec))[...] = flat
     else:
         _encode_int8(flat, dst)
@@ -183,6 +185,8 @@ def decode(codec: str, data: np.ndarray, out: np.ndarray) -> np.ndarray:
         raise ValueError(f"decode: {raw.size} bytes, but {out.size} {out.dtype} elements encode to {size}")
     if codec == "none":
         out.view(np.uint8)[...] = raw
+    elif codec == "fp16" and out.dtype == np.float32 and out.flags.c_contiguous:
+        half.decode(raw.view(np.uint16), out.reshape(-1))
     elif codec in ("fp16", "bf16"):
         with np.errstate(over="ignore", invalid="ignore"):
             out[...] = raw.view(_wire_dtype(codec))

@@ -128,12 +128,9 @@ def _encode_into(codec: str, parts: Sequence[np.ndarray], slot: int, skip: int) 
 
 
 def _fold(codec: str, op: ReduceOp, out: np.ndarray, raw: np.ndarray, scratch: np.ndarray) -> None:
-    """``out = out (op) decode(raw)``: a sum of fp16 into float32 or float64 in one pass
-    (the cast is exact, so the bits are those of decoding first), else decode then reduce."""
-    if codec == "fp16" and op in (ReduceOp.SUM, ReduceOp.AVG) and out.dtype in (np.float32, np.float64):
-        np.add(out, raw.view(np.float16), out=out)
-    else:
-        reduce_into(op, out, decode(codec, raw, scratch))
+    """``out = out (op) decode(raw)`` (decoded into ``scratch``: :func:`~netcoll.compression.decode`
+    takes fp16's fast path, which numpy's mixed-type add would not)."""
+    reduce_into(op, out, decode(codec, raw, scratch))
 
 
 async def _exchange(
