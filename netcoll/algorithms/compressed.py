@@ -34,8 +34,9 @@ once, so one piece's encoding, reduction and decoding run while another's bytes 
 the links. Every piece's encoding is that part of its whole shard's encoding, so the
 result has the bits of one piece (tested). A message of one piece per shard (up to
 ``P`` :data:`PIECE_BYTES`) runs as before. Measured on emulated 1 Gbit/s links (4 ranks
-on 2 cores, docs/emulated-network.md, "Compression against Gloo"): 4 MiB pieces, two
-at once, were the fastest of 256 KiB to 64 MiB and windows of 1 to 8.
+on 2 cores; docs/emulated-network.md, "Compression, weighted shares and DDP against
+Gloo"): 4 MiB pieces, two at once, were the fastest of 256 KiB to 64 MiB and windows of
+1 to 8.
 
 Cost, ``N`` bytes of input and a codec of ratio ``c`` (:func:`~netcoll.compression.encoded_nbytes`
 over input bytes: fp16 0.5, int8 about 0.25 for float32): all_reduce ``2 (P-1)/P c N``
