@@ -61,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
     p.add_argument("--ddp", action="store_true", help="also DDP step time (bench/ddp.py's MLP)")
     p.add_argument("--ddp-codecs", default="none,fp16", help="netcoll's codecs for DDP (NETCOLL_COMPRESSION)")
-    p.add_argument("--ddp-hook", default="", help="module:function(ddp_model, group) registering a comm hook")
+    p.add_argument(
+        "--ddp-hook",
+        default="",
+        help="feedback: netcoll.torch.compression_hook(codec, error_feedback=True) (branch feedback); "
+        "module:function(ddp_model, group): registers a comm hook itself",
+    )
     p.add_argument("--ddp-width", type=int, default=1536, help="MLP width: 9.5 width^2 parameters (22.4 M)")
     p.add_argument("--ddp-steps", type=int, default=4, help="steps per DDP case and repetition, the first not timed")
     p.add_argument("--cost-model", action="store_true", help="NETCOLL_COST_MODEL=1 in the ranks (calibration: rates)")
@@ -93,7 +98,13 @@ def ddp_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
         out.append({"label": f"netcoll {codec}", "impl": "netcoll", "compression": codec})
         if args.ddp_hook and codec != "none":
             out.append(
-                {"label": f"netcoll {codec} + hook", "impl": "netcoll", "compression": "none", "hook": args.ddp_hook}
+                {
+                    "label": f"netcoll {codec} + hook",
+                    "impl": "netcoll",
+                    "compression": "none",
+                    "hook": args.ddp_hook,
+                    "codec": codec,
+                }
             )
     return out
 

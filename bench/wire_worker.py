@@ -99,10 +99,21 @@ def all_reduce_cases(args: argparse.Namespace, comm: Any, gloo: Any) -> None:
             emit(kind="all_reduce", case=case["label"], rep=rep, seconds=seconds, cpu=cpu, err=case["err"], right=ok)
 
 
-def _hook(spec: str | None) -> Callable[[Any, Any], None] | None:
-    """``module:name``: called with the DDP model and its process group, registers a comm hook."""
+def _hook(spec: str | None, codec: str) -> Callable[[Any, Any], None] | None:
+    """``feedback``: ``netcoll.torch.compression_hook(codec, error_feedback=True)`` registered
+    on the DDP model (branch ``feedback``); ``module:name``: called with the DDP model and its
+    process group, registers a comm hook itself."""
     if not spec:
         return None
+    if spec == "feedback":
+
+        def register(net: Any, _group: Any) -> None:
+            import netcoll.torch
+
+            hook = getattr(netcoll.torch, "compression_hook")  # noqa: B009 - branch feedback's, not here yet
+            net.register_comm_hook(*hook(codec, error_feedback=True))
+
+        return register
     module, _, name = spec.partition(":")
     fn: Callable[[Any, Any], None] = getattr(importlib.import_module(module), name)
     return fn
@@ -127,7 +138,7 @@ def ddp_cases(args: argparse.Namespace, gloo: Any) -> None:
         for case in cases[k:] + cases[:k]:
             os.environ["NETCOLL_COMPRESSION"] = case.get("compression") or "none"
             net = DistributedDataParallel(make_model(w), process_group=gloo if case["impl"] == "gloo" else None)
-            hook = _hook(case.get("hook"))
+            hook = _hook(case.get("hook"), case.get("codec") or "fp16")
             if hook is not None:
                 hook(net, None)
             opt = torch.optim.SGD(net.parameters(), lr=1e-3)
