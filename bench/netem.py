@@ -3,7 +3,7 @@ veth pairs through a bridge, with ``tc`` delay and rate limits; the sweep is run
 through them and predicted and measured times are compared, crossovers included.
 
     sudo python3 -m bench.netem --ranks 4 --delay 200us --rate 1gbit   # from the repository root
-    python3 bench/netem.py --check            # only say what this machine allows
+    python3 -m bench.netem --check            # only say what this machine allows
 
 What it builds (every name carries ``ncX-<pid>``, so nothing of anyone else is touched):
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if status == 130:
         return status
     status = predict_measured(run, status)
-    describe(run, steps, t0, "python3 bench/netem.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    describe(run, steps, t0, "python3 -m bench.netem " + " ".join(sys.argv[1:] if argv is None else argv))
     report.write(run.result, args)
     return status
 

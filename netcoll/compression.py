@@ -41,7 +41,7 @@ from typing import Any, Final, Literal, NamedTuple, get_args
 
 import numpy as np
 
-from . import settings
+from . import half, settings
 from .ops import BFLOAT16
 
 __all__ = [
@@ -166,8 +166,10 @@ def encode(codec: str, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
         raise ValueError(f"encode: out must be {size} uint8 bytes, not {dst.size} {dst.dtype}")
     if codec == "none":
         dst[...] = flat.view(np.uint8)
+    elif codec == "fp16" and flat.dtype == np.float32:
+        half.encode(flat, dst.view(np.uint16))
     elif codec in ("fp16", "bf16"):
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             dst.view(_wire_dtype(codec))[...] = flat
     else:
         _encode_int8(flat, dst)
@@ -183,6 +185,8 @@ def decode(codec: str, data: np.ndarray, out: np.ndarray) -> np.ndarray:
         raise ValueError(f"decode: {raw.size} bytes, but {out.size} {out.dtype} elements encode to {size}")
     if codec == "none":
         out.view(np.uint8)[...] = raw
+    elif codec == "fp16" and out.dtype == np.float32 and out.flags.c_contiguous:
+        half.decode(raw.view(np.uint16), out.reshape(-1))
     elif codec in ("fp16", "bf16"):
         with np.errstate(over="ignore", invalid="ignore"):
             out[...] = raw.view(_wire_dtype(codec))
@@ -197,7 +201,13 @@ def _work_dtype(dtype: np.dtype) -> type[np.floating[Any]]:
     return np.float64 if dtype == np.float64 else np.float32
 
 
+#: Blocks an int8 encoding scales at a time (256 KiB of float32: the scaled copy stays in cache).
+ROWS: Final = 128
+
+
 def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
+    """Per :data:`ROWS` blocks: their scales, then codes ``rint(x * (1 / scale))`` through
+    a scratch that stays in cache, rounded and cast straight into the codes."""
     n, nb = flat.size, _blocks(flat.size)
     sdt = _scale_dtype(flat.dtype)
     scales = dst[: nb * sdt.itemsize].view(sdt)
@@ -205,23 +215,34 @@ def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
     if not n:
         return
     work = _work_dtype(flat.dtype)
+    pad = nb * INT8_BLOCK - n
+    blocks = (flat if not pad else np.concatenate([flat, np.zeros(pad, flat.dtype)])).reshape(nb, INT8_BLOCK)
+    out = (codes if not pad else np.empty(nb * INT8_BLOCK, np.int8)).reshape(nb, INT8_BLOCK)
+    scratch = np.empty((min(ROWS, nb), INT8_BLOCK), work)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore", under="ignore"):
-        wide = flat.astype(work)
-        if nb * INT8_BLOCK > n:
-            wide = np.concatenate([wide, np.zeros(nb * INT8_BLOCK - n, work)])
-        blocks = wide.reshape(nb, INT8_BLOCK)
-        absmax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))  # inf or NaN: a non-finite value
-        scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
-        stored = scales.astype(work)  # the scale as the receiver sees it
-        usable = np.isfinite(stored) & (stored > 0)
-        np.divide(blocks, np.where(usable, stored, work(1))[:, None], out=blocks)
-        blocks[~usable] = 0
-        np.rint(blocks, out=blocks)
-        np.clip(blocks, -127, 127, out=blocks)
-    codes[...] = blocks.reshape(-1)[:n]
+        for i in range(0, nb, ROWS):
+            _scale_rows(blocks[i : i + ROWS], scales[i : i + ROWS], out[i : i + ROWS], scratch, work)
+    if pad:
+        codes[...] = out.reshape(-1)[:n]
+
+
+def _scale_rows(rows: np.ndarray, scales: np.ndarray, codes: np.ndarray, scratch: np.ndarray, work: Any) -> None:
+    """The scales and codes of some whole blocks (a block holding inf or NaN: a NaN
+    scale and zero codes; an all-zero block: scale 0, zero codes)."""
+    absmax = np.maximum(rows.max(axis=1), -rows.min(axis=1)).astype(work)  # inf or NaN: non-finite
+    scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
+    stored = scales.astype(work)  # the scale as the receiver sees it
+    usable = np.isfinite(stored) & (stored > 0)
+    inverse = np.divide(work(1), stored, out=np.zeros_like(stored), where=usable)
+    tmp = scratch[: rows.shape[0]]
+    np.multiply(rows, inverse[:, None], out=tmp)
+    np.rint(tmp, out=codes, casting="unsafe")  # |x / scale| <= 127
+    if not usable.all():
+        codes[~usable] = 0
 
 
 def _decode_int8(raw: np.ndarray, out: np.ndarray) -> None:
+    """``codes * scale`` per block, cast into ``out`` in one pass."""
     flat = out.reshape(-1)
     n, nb = flat.size, _blocks(flat.size)
     sdt = _scale_dtype(out.dtype)
@@ -234,8 +255,13 @@ def _decode_int8(raw: np.ndarray, out: np.ndarray) -> None:
     per = scales.astype(work)
     with np.errstate(invalid="ignore", over="ignore"):
         if whole:
-            full = codes[:whole].reshape(-1, INT8_BLOCK).astype(work)
-            full *= per[: whole // INT8_BLOCK, None]
-            flat[:whole] = full.reshape(-1)
+            rows = flat[:whole].reshape(-1, INT8_BLOCK)
+            np.multiply(
+                codes[:whole].reshape(-1, INT8_BLOCK),
+                per[: whole // INT8_BLOCK, None],
+                out=rows,
+                dtype=work,
+                casting="unsafe",
+            )
         if whole < n:
             flat[whole:] = codes[whole:].astype(work) * per[-1]

@@ -148,7 +148,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     """The parser; ``description``: the first paragraph of ``bench/netem.py``'s docstring."""
     p = argparse.ArgumentParser(
         allow_abbrev=False,
-        prog="python3 bench/netem.py",
+        prog="python3 -m bench.netem",
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,

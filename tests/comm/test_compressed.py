@@ -284,3 +284,22 @@ async def test_torch_tensors_in_torch_tensors_out() -> None:
     assert all(isinstance(g, torch.Tensor) and g.dtype == torch.bfloat16 for g in got)
     assert torch.equal(got[0], got[1])
     assert torch.allclose(got[1].double(), ts[0].double(), rtol=2.0**-8, atol=2.0**-24)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+async def test_an_all_reduce_in_pieces_gives_the_bits_of_one_piece(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of every shard (netcoll.algorithms.compressed.pieces) run a few at once; each
+    piece's encoding is that part of its whole shard's, so the result's bits do not change."""
+    from netcoll.algorithms import compressed
+
+    for codec in CODECS:
+        for dtype in DTYPES:
+            xs = data(n, (n * 5 * 517 + 1,), dtype, seed=7)  # shards of 2585 or 2586: five pieces of 512 and a rest
+            monkeypatch.setattr(compressed, "PIECE_BYTES", 1 << 30)
+            whole = await run_world(n, lambda c: c.all_reduce(xs[c.rank], compression=codec))
+            monkeypatch.setattr(compressed, "PIECE_BYTES", 512 * np.dtype(dtype).itemsize)
+            for window in (1, 2, 5):
+                monkeypatch.setattr(compressed, "WINDOW", window)
+                pieced = await run_world(n, lambda c: c.all_reduce(xs[c.rank], compression=codec))
+                identical([*whole, *pieced])
+    assert len(compressed.pieces([(0, 2586), (2586, 5171)], 512)) == 6
