@@ -8,56 +8,22 @@ broadcasts the step counter, and all_reduce is right on all 4
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import sys
 import time
-from typing import Any
 
 import pytest
 
 import netcoll
-from tests.support.worlds import REPO
+from tests.support import eventprocs
+from tests.support.eventprocs import Proc, until
 
 pytestmark = pytest.mark.tcp
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
 
 
-class Proc:
-    """One worker process and the JSON events it printed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.events: list[dict[str, Any]] = []
-        self.reader = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for line in self.proc.stdout:
-            self.events.append(json.loads(line))
-
-    def first(self, event: str) -> dict[str, Any] | None:
-        return next((e for e in self.events if e["event"] == event), None)
-
-
 async def start(address: str, role: str, index: int) -> Proc:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, WORKER, address, role, str(index), stdout=asyncio.subprocess.PIPE, env=env
-    )
-    return Proc(proc)
-
-
-async def until(procs: list[Proc], event: str) -> list[dict[str, Any]]:
-    """Wait until every process printed ``event`` (a process that exits first fails the test)."""
-    while True:
-        found = [p.first(event) for p in procs]
-        if all(found):
-            return [e for e in found if e is not None]
-        for p in procs:
-            assert p.proc.returncode is None or p.first(event), (event, p.proc.returncode, p.events)
-        await asyncio.sleep(0.05)
+    return await eventprocs.start(WORKER, address, role, str(index))
 
 
 async def test_kill_regroup_admit_a_newcomer() -> None:

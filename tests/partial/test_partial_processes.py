@@ -8,66 +8,21 @@ is right (tests/partial/partial_worker.py; every process is ended by the test)."
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import sys
-from typing import Any
 
 import pytest
 
 import netcoll
-from tests.support.worlds import REPO
+from tests.support import eventprocs
+from tests.support.eventprocs import Proc, until
 
 pytestmark = pytest.mark.tcp
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "partial_worker.py")
 
 
-class Proc:
-    """One worker process and the JSON events it printed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.events: list[dict[str, Any]] = []
-        self.reader = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for line in self.proc.stdout:
-            self.events.append(json.loads(line))
-
-    def first(self, event: str) -> dict[str, Any] | None:
-        return next((e for e in self.events if e["event"] == event), None)
-
-    def go(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(b"go\n")
-
-
 async def start(address: str, index: int, window: float) -> Proc:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        WORKER,
-        address,
-        str(index),
-        str(window),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    return Proc(proc)
-
-
-async def until(procs: list[Proc], *events: str) -> list[dict[str, Any]]:
-    """Wait until every process printed one of ``events`` (a process that exits first fails the test)."""
-    while True:
-        found = [next((e for e in p.events if e["event"] in events), None) for p in procs]
-        if all(found):
-            return [e for e in found if e is not None]
-        for p, f in zip(procs, found, strict=True):
-            assert p.proc.returncode is None or f, (events, p.proc.returncode, p.events)
-        await asyncio.sleep(0.05)
+    return await eventprocs.start(WORKER, address, str(index), str(window), stdin=True)
 
 
 async def test_a_rank_killed_before_it_sends_is_left_out_at_once() -> None:
