@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +16,7 @@ import netcoll
 import netcoll.sync
 from bench import chaos_training, chaoslib
 from tests.support import REPO
-from tests.support.env import subprocess_env
+from tests.support.env import run_session
 from tests.support.loops import LoopThread
 
 FAILURE = {"kill_step": 22, "victim_rank": 0, "recovery_s": 0.2314, "detect_s": 0.055, "regroup_s": 0.228}
@@ -68,22 +65,8 @@ def test_a_short_chaos_run_recovers_and_ends_as_without_failures(tmp_path: Path)
     out = tmp_path / "chaos.json"
     # one kill, after step 27; 33 steps of 0.15 s left for the replacement to start on a busy machine
     args = ["--steps", "60", "--kill-every", "25", "--pause", "0.15", "--json", str(out)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.chaos_training", *args],
-        cwd=REPO,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its ranks in its process group: ended with it if it hangs
-    )
-    try:
-        text, _ = proc.communicate(timeout=360)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, text[-4000:]
+    returncode, text = run_session([sys.executable, "-m", "bench.chaos_training", *args], cwd=REPO)
+    assert returncode == 0, text[-4000:]
     data = json.loads(out.read_text())
     (failure,) = data["failures"]
     assert failure["kill_step"] >= 27 and failure["steps_lost"] <= 1 and failure["steps_repeated"] == 0

@@ -4,9 +4,6 @@ ended by PID), and a failed collective's future as torch's C++ side sees it."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 
 import pytest
@@ -17,7 +14,7 @@ import netcoll.torch  # noqa: E402
 from netcoll.errors import PeerLost  # noqa: E402
 from netcoll.torch.issue import NetcollWork  # noqa: E402
 from tests.support import REPO  # noqa: E402
-from tests.support.env import subprocess_env  # noqa: E402
+from tests.support.env import run_session  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "training" / "elastic_ddp.py"
 
@@ -55,21 +52,8 @@ def test_ddp_goes_on_across_a_kill_and_a_join() -> None:
     regroup: the example's own checks (bit-identical, loss down, as without failures)."""
     # 34 steps of 0.2 s after the kill: time for the replacement to import torch on a busy machine
     args = ["--steps", "40", "--kill-at", "6", "--regroup-every", "4", "--pause", "0.2"]
-    proc = subprocess.Popen(
-        [sys.executable, str(EXAMPLE), *args],
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its ranks in its process group: ended with it if it hangs
-    )
-    try:
-        out, _ = proc.communicate(timeout=360)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, out[-5000:]
+    returncode, out = run_session([sys.executable, str(EXAMPLE), *args])
+    assert returncode == 0, out[-5000:]
     assert "SIGKILL rank 3" in out
     for rank in range(3):
         assert f"rank {rank}: rank {rank} -> rank {rank} of 3" in out, out[-3000:]
