@@ -150,6 +150,25 @@ async def test_bytes_openssl_holds_are_read_when_reading_resumes(pki: dict[str, 
         assert bytes(server.data) == message
 
 
+async def test_records_beyond_a_readable_events_budget_are_read(pki: dict[str, TlsConfig]) -> None:
+    """More small records than two readable events read (:data:`READ_RECORDS` each), all
+    in the socket at once: with read-ahead OpenSSL takes them all in its first read,
+    so the socket signals nothing more, and ``pending()`` shows none of those not yet
+    decrypted; reading goes on at the next loop turn until OpenSSL wants to read."""
+    async with tls_pair(pki, small_buffers=False) as (client, server):
+        assert client.transport is not None and server.transport is not None
+        server.transport.pause_reading()
+        messages = [b"record %04d;" % i for i in range(3 * tlstransport.READ_RECORDS)]  # ~8 KiB
+        for message in messages:
+            client.transport.write(message)  # one TLS record each
+        assert client.transport.get_write_buffer_size() == 0
+        await asyncio.sleep(0.05)  # all of them in the server's socket
+        server.transport.resume_reading()
+        expected = b"".join(messages)
+        await server.until(len(expected), timeout=10)
+        assert bytes(server.data) == expected
+
+
 async def test_close_sends_close_notify_and_the_peer_sees_the_end(
     pki: dict[str, TlsConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
