@@ -190,6 +190,26 @@ async def test_close_sends_close_notify_and_the_peer_sees_the_end(
         assert server.eof and bytes(server.data) == payload.tobytes()
 
 
+async def test_a_close_finds_the_peers_goodbye_among_records_read_ahead(
+    pki: dict[str, TlsConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The peer sent records and its close_notify while this side was not reading; this
+    side then closes: OpenSSL reads them all ahead in one read (the socket then signals
+    nothing more) and its shutdown works on what it holds, so neither side waits for
+    its shutdown timer (made longer than the test's guard)."""
+    monkeypatch.setattr(tlstransport, "SHUTDOWN_TIMEOUT", 120.0)
+    async with tls_pair(pki, small_buffers=False) as (client, server):
+        assert client.transport is not None and server.transport is not None
+        client.transport.pause_reading()
+        for i in range(3 * tlstransport.READ_RECORDS):
+            server.transport.write(b"record %04d;" % i)  # one TLS record each, ~8 KiB in all
+        server.transport.close()  # its close_notify follows them
+        await asyncio.sleep(0.05)  # all of it in the client's socket
+        client.transport.close()
+        assert await asyncio.wait_for(client.lost, 30) is None
+        assert await asyncio.wait_for(server.lost, 30) is None
+
+
 async def test_a_peer_lost_mid_stream_fails_the_pending_send(pki: dict[str, TlsConfig]) -> None:
     async with tls_pair(pki) as (client, server):
         assert client.transport is not None and server.transport is not None
