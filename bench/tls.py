@@ -151,12 +151,37 @@ def cluster_once(
     return got
 
 
+def negotiated(pki: dict[str, str]) -> str:
+    """The TLS version and cipher suite two netcoll contexts of ``pki`` agree on
+    (a handshake over a Unix socket pair here)."""
+    import socket
+    import threading
+
+    from netcoll.mesh.certs import TlsConfig
+
+    config = TlsConfig(pki["NETCOLL_TLS_CERT"], pki["NETCOLL_TLS_KEY"], pki["NETCOLL_TLS_CA"])
+    a, b = socket.socketpair()
+    server = config.server_context().wrap_socket(a, server_side=True, do_handshake_on_connect=False)
+    client = config.client_context().wrap_socket(b, do_handshake_on_connect=False)
+    with server, client:
+        server.settimeout(30)
+        client.settimeout(30)
+        peer = threading.Thread(target=client.do_handshake)
+        peer.start()
+        server.do_handshake()
+        peer.join()
+        cipher = server.cipher()
+    return f"{cipher[1]} {cipher[0]}" if cipher else "?"
+
+
 def measure(sizes: list[int], ranks: list[int], reps: int, iters: int, warmup: int, limit: float) -> dict[str, Any]:
-    """Every (ranks, kind) cluster ``reps`` times, alternating kinds; the cells and their samples."""
+    """Every (ranks, kind) cluster ``reps`` times, alternating kinds; the cells and
+    their samples, and the cipher suite the TLS links negotiate."""
     bus: dict[tuple[int, str, int], list[float]] = {}
     cpu: dict[tuple[int, str, int], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="netcoll-bench-tls-") as d:
         pki = make_pki(d)
+        cipher = negotiated(pki)
         for rep in range(reps):
             for p in ranks:
                 for kind in KINDS if rep % 2 == 0 else tuple(reversed(KINDS)):
@@ -187,7 +212,7 @@ def measure(sizes: list[int], ranks: list[int], reps: int, iters: int, warmup: i
                     "tls_cpu_samples": [round(x, 2) for x in cpu[(p, "tls", size)]],
                 }
             )
-    return {"cells": cells}
+    return {"cells": cells, "cipher": cipher}
 
 
 def render(path: str) -> str:
@@ -207,7 +232,9 @@ def render(path: str) -> str:
         m = run["machine"]
         notes.append(
             f"{label}: {run['date']}, {m.get('nproc')} CPUs ({m.get('cpu')}), Python {m.get('python')}, "
-            f"{run.get('openssl', '?')}, {run['reps']} repetitions of {run['iters']} timed calls "
+            f"{run.get('openssl', '?')}, "
+            + (f"{run['cipher']}, " if "cipher" in run else "")
+            + f"{run['reps']} repetitions of {run['iters']} timed calls "
             f"(load average {run.get('load_before')} before)"
         )
     lines.append("")

@@ -11,8 +11,9 @@ Here OpenSSL reads records from the socket and decrypts them straight into the
 buffer the protocol hands out (a large payload's destination), and encrypts
 straight from the caller's buffer into the socket: besides the kernel's copy
 and the cipher, the only pass over the data is OpenSSL's own copy into and out
-of its record buffer. The price is system calls: two reads and one write per
-16 KiB record. Measured, the two ways cost about the same CPU per byte
+of its record buffer. The price is system calls: one read (with the
+read-ahead :func:`netcoll.mesh.tlstuning.tune` sets; two without it) and one
+write per 16 KiB record. Measured, the two ways cost about the same CPU per byte
 (``docs/reliability.md``, "What TLS costs"); this one holds no copies. Everything else
 is the socket transport's: the queue of caller's buffers for zero-copy
 :meth:`writev`, the write buffer limits and flow control, closing and failing.
@@ -20,9 +21,11 @@ What differs:
 
 * one ``SSL_write`` per queued buffer (no ``sendmsg`` vectors), and a write
   that would block is retried with the same buffer (what OpenSSL requires);
-* a readable event reads up to :data:`READ_RECORDS` records, and decrypted
-  bytes OpenSSL still holds (``pending()``) are read on the next loop turn,
-  since the socket will not signal them;
+* a readable event reads up to :data:`READ_RECORDS` records; when that
+  budget is spent, or reading resumes, reading goes on at the next loop turn
+  (until OpenSSL wants to read), since bytes OpenSSL already holds (decrypted,
+  or records read ahead: :mod:`netcoll.mesh.tlstuning`) make the socket
+  signal nothing;
 * TLS has no half-close: :meth:`close` sends ``close_notify`` once everything
   queued is sent, then reads (and discards) until the peer's ``close_notify``
   or end of stream, for at most ``SHUTDOWN_TIMEOUT`` seconds; the peer's
@@ -122,8 +125,8 @@ class TlsTransport(SocketTransport):
     def resume_reading(self) -> None:
         was = self._reading
         super().resume_reading()
-        if self._reading and not was and self._tls.pending():
-            self._loop.call_soon(self._read_ready)  # decrypted bytes the socket will not signal
+        if self._reading and not was:  # bytes OpenSSL holds (pending, or read ahead): the socket will not signal them
+            self._loop.call_soon(self._read_ready)
 
     def _read_ready(self) -> None:
         """Up to :data:`READ_RECORDS` records, decrypted straight into the
@@ -148,7 +151,7 @@ class TlsTransport(SocketTransport):
                 return
             if not more:
                 return
-        if self._reading and self._tls.pending():
+        if self._reading:  # the budget is spent, and OpenSSL may hold more than pending() shows (read ahead)
             self._loop.call_soon(self._read_ready)
 
     def _fill(self, buf: memoryview, records: int) -> tuple[int, int, bool | None]:

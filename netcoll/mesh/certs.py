@@ -8,7 +8,9 @@ is a :class:`TlsConfigError` at startup, never at the first connection.
 
 What is checked: both sides present a certificate, and each side verifies the
 other's chain against the CA (``CERT_REQUIRED`` on servers and clients);
-TLS 1.2 at least (1.3 is negotiated when both sides have it). Host names and
+TLS 1.2 at least (1.3 is negotiated when both sides have it). Among TLS 1.3's
+suites AES-128-GCM is preferred, and OpenSSL reads ahead (:mod:`.tlstuning`:
+both cut CPU per byte; neither changes what is checked). Host names and
 IP addresses in the certificate are *not* checked by default (ranks dial each
 other by the IP address the coordinator saw, which a certificate made before
 the pod existed cannot name): the CA is the trust boundary, so give netcoll a
@@ -19,7 +21,7 @@ Authentication on top stays the token handshake (:mod:`.auth`): TLS proves
 "holds a certificate of this CA", the tokens say "member" or "client".
 
 This module is imported by ``netcoll health``: standard library (and
-:mod:`netcoll.errors`) only.
+:mod:`netcoll.errors`, :mod:`netcoll.settings`, :mod:`.tlstuning`) only.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Final
 
 from .. import settings
 from ..errors import ConfigError
+from . import tlstuning
 
 CERT_ENV: Final = settings.registry.TLS_CERT.name
 KEY_ENV: Final = settings.registry.TLS_KEY.name
@@ -73,6 +76,7 @@ class TlsConfig:
     #: how errors name the three settings (flags or variables)
     names: tuple[str, str, str] = field(default=("cert", "key", "ca"), repr=False, compare=False)
     _contexts: dict[str, ssl.SSLContext] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _tuning: dict[bool, tlstuning.Tuning] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("cert", "key", "ca"):
@@ -107,6 +111,7 @@ class TlsConfig:
             ctx.load_verify_locations(cafile=self.ca)
         except (ssl.SSLError, OSError) as exc:
             raise TlsConfigError(f"TLS CA {ca}: {_reason(exc)}") from None
+        self._tuning[protocol == ssl.PROTOCOL_TLS_SERVER] = tlstuning.tune(ctx)
         return ctx
 
     def server_context(self) -> ssl.SSLContext:
@@ -116,6 +121,15 @@ class TlsConfig:
     def client_context(self) -> ssl.SSLContext:
         """For dialers: presents ``cert``, requires a server certificate of the CA."""
         return self._contexts["client"]
+
+    @property
+    def tuning(self) -> tlstuning.Tuning:
+        """The OpenSSL settings :func:`~.tlstuning.tune` made on both contexts (AES-128-GCM
+        first, read-ahead; each False where it could not set it on both)."""
+        server, client = self._tuning[True], self._tuning[False]
+        return tlstuning.Tuning(
+            suites=server.suites and client.suites, read_ahead=server.read_ahead and client.read_ahead
+        )
 
     def server_hostname(self, host: str) -> str | None:
         """What to pass as ``server_hostname`` when dialing ``host``."""

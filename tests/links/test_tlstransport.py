@@ -150,6 +150,25 @@ async def test_bytes_openssl_holds_are_read_when_reading_resumes(pki: dict[str, 
         assert bytes(server.data) == message
 
 
+async def test_records_beyond_a_readable_events_budget_are_read(pki: dict[str, TlsConfig]) -> None:
+    """More small records than two readable events read (:data:`READ_RECORDS` each), all
+    in the socket at once: with read-ahead OpenSSL takes them all in its first read,
+    so the socket signals nothing more, and ``pending()`` shows none of those not yet
+    decrypted; reading goes on at the next loop turn until OpenSSL wants to read."""
+    async with tls_pair(pki, small_buffers=False) as (client, server):
+        assert client.transport is not None and server.transport is not None
+        server.transport.pause_reading()
+        messages = [b"record %04d;" % i for i in range(3 * tlstransport.READ_RECORDS)]  # ~8 KiB
+        for message in messages:
+            client.transport.write(message)  # one TLS record each
+        assert client.transport.get_write_buffer_size() == 0
+        await asyncio.sleep(0.05)  # all of them in the server's socket
+        server.transport.resume_reading()
+        expected = b"".join(messages)
+        await server.until(len(expected), timeout=10)
+        assert bytes(server.data) == expected
+
+
 async def test_close_sends_close_notify_and_the_peer_sees_the_end(
     pki: dict[str, TlsConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,6 +188,26 @@ async def test_close_sends_close_notify_and_the_peer_sees_the_end(
         assert await asyncio.wait_for(server.lost, 30) is None
         assert await asyncio.wait_for(client.lost, 30) is None
         assert server.eof and bytes(server.data) == payload.tobytes()
+
+
+async def test_a_close_finds_the_peers_goodbye_among_records_read_ahead(
+    pki: dict[str, TlsConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The peer sent records and its close_notify while this side was not reading; this
+    side then closes: OpenSSL reads them all ahead in one read (the socket then signals
+    nothing more) and its shutdown works on what it holds, so neither side waits for
+    its shutdown timer (made longer than the test's guard)."""
+    monkeypatch.setattr(tlstransport, "SHUTDOWN_TIMEOUT", 120.0)
+    async with tls_pair(pki, small_buffers=False) as (client, server):
+        assert client.transport is not None and server.transport is not None
+        client.transport.pause_reading()
+        for i in range(3 * tlstransport.READ_RECORDS):
+            server.transport.write(b"record %04d;" % i)  # one TLS record each, ~8 KiB in all
+        server.transport.close()  # its close_notify follows them
+        await asyncio.sleep(0.05)  # all of it in the client's socket
+        client.transport.close()
+        assert await asyncio.wait_for(client.lost, 30) is None
+        assert await asyncio.wait_for(server.lost, 30) is None
 
 
 async def test_a_peer_lost_mid_stream_fails_the_pending_send(pki: dict[str, TlsConfig]) -> None:
