@@ -54,11 +54,11 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..compression import INT8_BLOCK, decode, encode, encoded_nbytes
+from ..compression import FOLD, INT8_BLOCK, decode, encode, encoded_nbytes, fold
 from ..mesh.channel import Channel
 from ..ops import ReduceOp, reduce_into
 from . import direct, ring
-from ._common import DEFAULT_SEGMENT_BYTES, flat, split
+from ._common import DEFAULT_SEGMENT_BYTES, SCRATCH_POOL, flat, split
 
 __all__ = ["PHASE_STEP", "Shifted", "all_reduce", "reduce", "reduce_scatter"]
 
@@ -116,22 +116,28 @@ def _slots(codec: str, dtype: np.dtype, bounds: list[tuple[int, int]]) -> int:
     return encoded_nbytes(codec, dtype, max(b - a for a, b in bounds))
 
 
-def _encode_into(codec: str, parts: Sequence[np.ndarray], slot: int, skip: int) -> np.ndarray:
-    """``parts`` encoded into consecutive slots of ``slot`` bytes (their padding zeroed),
-    but for part ``skip`` (this rank's own, never sent: its slot is left zero)."""
-    buf = np.empty(len(parts) * slot, np.uint8)
+def _take(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scratch memory from the algorithms' pool (already mapped: no page faults): the block
+    to :func:`_give` back once the run succeeded, and its first ``nbytes`` bytes to use."""
+    block = SCRATCH_POOL.take(nbytes)
+    return block, block[:nbytes]
+
+
+def _give(*blocks: np.ndarray) -> None:
+    """Blocks of :func:`_take` back to the pool, after a run that succeeded (after a failure
+    they are dropped: a late frame of the failed operation must not land in a reused block)."""
+    for block in blocks:
+        SCRATCH_POOL.give(block)
+
+
+def _encode_into(codec: str, parts: Sequence[np.ndarray], slot: int, skip: int, buf: np.ndarray) -> None:
+    """``parts`` encoded into ``buf``'s consecutive slots of ``slot`` bytes (their padding
+    zeroed), but for part ``skip`` (this rank's own, never sent: its slot is left zero)."""
     for k, part in enumerate(parts):
         n = 0 if k == skip else encoded_nbytes(codec, part.dtype, part.size)
         if n:
             encode(codec, part, buf[k * slot : k * slot + n])
         buf[k * slot + n : (k + 1) * slot] = 0
-    return buf
-
-
-def _fold(codec: str, op: ReduceOp, out: np.ndarray, raw: np.ndarray, scratch: np.ndarray) -> None:
-    """``out = out (op) decode(raw)`` (decoded into ``scratch``: :func:`~netcoll.compression.decode`
-    takes fp16's fast path, which numpy's mixed-type add would not)."""
-    reduce_into(op, out, decode(codec, raw, scratch))
 
 
 async def _exchange(
@@ -147,13 +153,14 @@ async def _exchange(
     (each encoded by ``codec`` on the wire; this rank's own taken as it is)."""
     r = ch.rank
     slot = max(encoded_nbytes(codec, out.dtype, p.size) for p in parts)
-    send = _encode_into(codec, parts, slot, r)
-    recv = np.empty_like(send)
+    (mine, send), (theirs, recv) = _take(len(parts) * slot), _take(len(parts) * slot)
+    _encode_into(codec, parts, slot, r, send)
     await exchange(ch, send, recv, segment_bytes=segment_bytes)
-    theirs = np.empty_like(out)
+    scratch = np.empty(min(FOLD, out.size), out.dtype)  # fold's
     for k in range(ch.size):
-        _reduce_one(codec, op, parts, r, recv, slot, out, k, theirs)
+        _reduce_one(codec, op, parts, r, recv, slot, out, k, scratch)
         await asyncio.sleep(0)  # let the loop breathe between large decodes
+    _give(mine, theirs)
 
 
 def _reduce_one(
@@ -176,7 +183,7 @@ def _reduce_one(
     elif k == r:
         reduce_into(op, out, parts[r])
     else:
-        _fold(codec, op, out, raw, theirs)
+        fold(codec, op, out, raw, theirs)
 
 
 async def reduce_scatter(
@@ -259,14 +266,18 @@ async def _piece(
     """One piece: the exchange and reduction of every rank's ``ranges``, then the all_gather
     of the encoded reductions, decoded into ``data`` (its steps shifted by ``shift``)."""
     a, b = ranges[ch.rank]
-    shard = np.empty(b - a, data.dtype)
+    block, raw = _take((b - a) * data.dtype.itemsize)
+    shard = raw.view(data.dtype)
     first = ch if shift == 0 else Shifted(ch, shift)
     await _exchange(first, [mine[x:y] for x, y in ranges], op, shard, codec, exchange, segment_bytes)
     slot = _slots(codec, data.dtype, ranges)
-    gathered = np.zeros(ch.size * slot, np.uint8)
-    encode(codec, shard, gathered[ch.rank * slot : ch.rank * slot + encoded_nbytes(codec, data.dtype, shard.size)])
+    held, gathered = _take(ch.size * slot)  # every slot but this rank's is received whole
+    n = encoded_nbytes(codec, data.dtype, shard.size)
+    encode(codec, shard, gathered[ch.rank * slot : ch.rank * slot + n])
+    gathered[ch.rank * slot + n : (ch.rank + 1) * slot] = 0
     await ring.all_gather(Shifted(ch, shift + PHASE_STEP), gathered, segment_bytes=segment_bytes)
     _decode_all(codec, gathered, slot, data, ranges)
+    _give(block, held)
 
 
 async def reduce(
@@ -291,13 +302,17 @@ async def reduce(
         return
     if buf is None:
         raise ValueError("reduce: the root must pass a buffer")
-    out, theirs = flat(buf), np.empty_like(mine)
+    out, theirs = flat(buf), np.empty(min(FOLD, mine.size), mine.dtype)  # fold's scratch
     for k in range(ch.size):
-        got = mine if k == root else decode(codec, whole[k * slot : (k + 1) * slot], theirs)
-        if k == 0:
-            out[...] = got
+        raw = whole[k * slot : (k + 1) * slot]
+        if k == root == 0:
+            out[...] = mine
+        elif k == root:
+            reduce_into(op, out, mine)
+        elif k == 0:
+            decode(codec, raw, out)
         else:
-            reduce_into(op, out, got)
+            fold(codec, op, out, raw, theirs)
         await asyncio.sleep(0)
 
 
