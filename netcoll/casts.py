@@ -5,9 +5,10 @@ float32 to float16 or bfloat16 and back, about 0.2 ns an element against numpy's
 Used only when torch is already imported (``sys.modules``: this module never imports it,
 contract "torch-optional") and ``NETCOLL_TORCH_CASTS`` is not ``0``. Every cast is IEEE
 round to nearest even with subnormals, infinities and ties as numpy's (tested on every
-half and bfloat16 value and on float32 edge cases); only NaN payload bits may differ
-(a NaN stays a NaN of the same sign, but bfloat16's, which torch makes ``0x7fc0``). torch
-uses its own intra-op threads (``torch.set_num_threads``) for large arrays.
+half and bfloat16 value and on float32 edge cases; checked once on all 2**32 float32
+values); only NaN bits may differ: a NaN stays a NaN (of its sign for float16; torch's
+bfloat16 NaN may not keep the sign). torch uses its own intra-op threads
+(``torch.set_num_threads``) for large arrays.
 
 :func:`cast` returns False when it did nothing (no torch, turned off, a dtype it does
 not take, a read-only source it cannot view): the caller then casts with numpy.

@@ -32,7 +32,7 @@ Non-finite values: ``fp16`` and ``bf16`` keep ``inf`` and ``nan`` as they are. `
 cannot represent them: a block holding any ``inf`` or ``nan`` gets a NaN scale, so its
 whole block of :data:`INT8_BLOCK` elements decodes to NaN (a diverged value stays
 visible after the reduction, as it would in an uncompressed sum). Zeros decode to zeros
-exactly (an all-zero block has scale 0).
+exactly (an all-zero block has scale +0).
 """
 
 from __future__ import annotations
@@ -253,8 +253,8 @@ def _work_dtype(dtype: np.dtype) -> type[np.floating[Any]]:
     return np.float64 if dtype == np.float64 else np.float32
 
 
-#: Blocks an int8 encoding scales at a time (256 KiB of float32: the scaled copy stays in cache).
-ROWS: Final = 128
+#: Blocks the int8 codec handles at a time (512 KiB of float32: its scratch stays in cache).
+ROWS: Final = 256
 
 
 def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
@@ -281,12 +281,13 @@ def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
 def _scale_rows(rows: np.ndarray, scales: np.ndarray, codes: np.ndarray, scratch: np.ndarray, work: Any) -> None:
     """The scales and codes of some whole blocks (a block holding inf or NaN: a NaN
     scale and zero codes; an all-zero block: scale 0, zero codes)."""
-    absmax = np.maximum(rows.max(axis=1), -rows.min(axis=1)).astype(work)  # inf or NaN: non-finite
+    tmp = scratch[: rows.shape[0]]
+    np.abs(rows, out=tmp)  # (in cache: half the time of a max and a min over the rows)
+    absmax = tmp.max(axis=1)  # inf or NaN: non-finite
     scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
     stored = scales.astype(work)  # the scale as the receiver sees it
     usable = np.isfinite(stored) & (stored > 0)
     inverse = np.divide(work(1), stored, out=np.zeros_like(stored), where=usable)
-    tmp = scratch[: rows.shape[0]]
     np.multiply(rows, inverse[:, None], out=tmp)
     np.rint(tmp, out=codes, casting="unsafe")  # |x / scale| <= 127
     if not usable.all():
@@ -304,7 +305,10 @@ def _decode_int8(scales: np.ndarray, codes: np.ndarray, out: np.ndarray) -> None
     whole = n // INT8_BLOCK * INT8_BLOCK
     per = scales.astype(work)
     with np.errstate(invalid="ignore", over="ignore"):
-        if whole:
+        if whole and flat.dtype == work:
+            rows = flat[:whole].reshape(-1, INT8_BLOCK)
+            _scale_codes(codes[:whole].reshape(-1, INT8_BLOCK), per[: rows.shape[0]], rows)
+        elif whole:
             rows = flat[:whole].reshape(-1, INT8_BLOCK)
             np.multiply(
                 codes[:whole].reshape(-1, INT8_BLOCK),
@@ -315,3 +319,13 @@ def _decode_int8(scales: np.ndarray, codes: np.ndarray, out: np.ndarray) -> None
             )
         if whole < n:
             flat[whole:] = codes[whole:].astype(work) * per[-1]
+
+
+def _scale_codes(codes: np.ndarray, per: np.ndarray, rows: np.ndarray) -> None:
+    """``rows = codes * per`` (one scale per row), :data:`ROWS` rows at a time: the codes
+    cast into the rows (exact), then scaled in place while still in cache (one rounding, as
+    a product in ``rows``' dtype: the bits of a mixed multiply, without its buffering)."""
+    for i in range(0, rows.shape[0], ROWS):
+        part = rows[i : i + ROWS]
+        part[...] = codes[i : i + ROWS]
+        np.multiply(part, per[i : i + ROWS, None], out=part)
