@@ -52,7 +52,7 @@ def _edges() -> np.ndarray:
     """float32 values around every half and bfloat16 value (the ties between neighbours
     and one float32 ulp either side), subnormals of both, the overflow edge, specials."""
     h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    values = [h.view(np.float16).astype(np.float32).view(np.uint32), h.view(BFLOAT16).astype(np.float32).view(np.uint32)]
+    values = [h.view(t).astype(np.float32).view(np.uint32) for t in (np.float16, BFLOAT16)]
     ties = [v[np.isfinite(v.view(np.float32))] for v in values]
     ties[0] = ties[0] + np.uint32(1 << 12)  # half's dropped 13 bits: 1000...0 is the tie (same sign)
     ties[1] = ties[1] + np.uint32(1 << 15)  # bfloat16's dropped 16 bits
@@ -61,7 +61,8 @@ def _edges() -> np.ndarray:
     special += [0x477FF000, 0x477FEFFF, 0x477FF001, 0x7F7FFFFF, 0x33000000, 0x33000001, 0x32FFFFFF]
     rng = np.random.default_rng(36)
     anything = rng.integers(0, 1 << 32, size=1 << 18, dtype=np.uint64).astype(np.uint32)
-    out = np.concatenate([*values, mids, mids - np.uint32(1), mids + np.uint32(1), np.array(special, np.uint32), anything])
+    near = [mids, mids - np.uint32(1), mids + np.uint32(1)]
+    out = np.concatenate([*values, *near, np.array(special, np.uint32), anything])
     return out.view(np.float32)
 
 
