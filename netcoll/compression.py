@@ -282,14 +282,17 @@ def _scale_rows(rows: np.ndarray, scales: np.ndarray, codes: np.ndarray, scratch
     """The scales and codes of some whole blocks (a block holding inf or NaN: a NaN
     scale and zero codes; an all-zero block: scale 0, zero codes)."""
     tmp = scratch[: rows.shape[0]]
-    np.abs(rows, out=tmp)  # (in cache: half the time of a max and a min over the rows)
-    absmax = tmp.max(axis=1)  # inf or NaN: non-finite
+    absmax = casts.absmax_rows(rows, tmp)
+    if absmax is None:
+        np.abs(rows, out=tmp)  # (in cache: half the time of a max and a min over the rows)
+        absmax = tmp.max(axis=1)  # inf or NaN: non-finite
     scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
     stored = scales.astype(work)  # the scale as the receiver sees it
     usable = np.isfinite(stored) & (stored > 0)
     inverse = np.divide(work(1), stored, out=np.zeros_like(stored), where=usable)
-    np.multiply(rows, inverse[:, None], out=tmp)
-    np.rint(tmp, out=codes, casting="unsafe")  # |x / scale| <= 127
+    if not casts.codes_of(rows, inverse, tmp, codes):
+        np.multiply(rows, inverse[:, None], out=tmp)
+        np.rint(tmp, out=codes, casting="unsafe")  # |x / scale| <= 127
     if not usable.all():
         codes[~usable] = 0
 
@@ -327,5 +330,6 @@ def _scale_codes(codes: np.ndarray, per: np.ndarray, rows: np.ndarray) -> None:
     a product in ``rows``' dtype: the bits of a mixed multiply, without its buffering)."""
     for i in range(0, rows.shape[0], ROWS):
         part = rows[i : i + ROWS]
-        part[...] = codes[i : i + ROWS]
-        np.multiply(part, per[i : i + ROWS, None], out=part)
+        if not casts.scale_codes(codes[i : i + ROWS], per[i : i + ROWS], part):
+            part[...] = codes[i : i + ROWS]
+            np.multiply(part, per[i : i + ROWS, None], out=part)
