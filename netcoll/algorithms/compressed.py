@@ -35,8 +35,10 @@ the links. Every piece's encoding is that part of its whole shard's encoding, so
 result has the bits of one piece (tested). A message of one piece per shard (up to
 ``P`` :data:`PIECE_BYTES`) runs as before. Measured on emulated 1 Gbit/s links (4 ranks
 on 2 cores; docs/emulated-network.md, "Compression, weighted shares and DDP against
-Gloo"): 4 MiB pieces, two at once, were the fastest of 256 KiB to 64 MiB and windows of
-1 to 8.
+Gloo"): with the codecs' CPU about halved (torch's casts, no page faults), 2 MiB pieces, four
+at once, beat the former 4 MiB two at once (fp16 1.60x Gloo's bus bandwidth against 1.36x,
+int8 1.85x against 1.75x: medians of 4 and 5 runs; 1 to 8 MiB pieces and windows of 2 to 16
+tried, on a machine loaded by other benchmarks; more pieces at once were slower).
 
 Cost, ``N`` bytes of input and a codec of ratio ``c`` (:func:`~netcoll.compression.encoded_nbytes`
 over input bytes: fp16 0.5, int8 about 0.25 for float32): all_reduce ``2 (P-1)/P c N``
@@ -67,9 +69,9 @@ PHASE_STEP: Final = 1 << 24
 #: Piece ``j`` of an all_reduce runs its steps shifted by ``j`` times this (both phases).
 PIECE_SHIFT: Final = 2 * PHASE_STEP
 #: Input bytes of every shard in one piece of an all_reduce (:func:`pieces`).
-PIECE_BYTES: Final = 4 << 20
+PIECE_BYTES: Final = 2 << 20
 #: Pieces of an all_reduce under way at once.
-WINDOW: Final = 2
+WINDOW: Final = 4
 
 Exchange = Callable[..., Any]  # an all_to_all of ALGORITHMS["all_to_all"]
 
