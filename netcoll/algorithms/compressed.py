@@ -36,9 +36,10 @@ result has the bits of one piece (tested). A message of one piece per shard (up 
 ``P`` :data:`PIECE_BYTES`) runs as before. Measured on emulated 1 Gbit/s links (4 ranks
 on 2 cores; docs/emulated-network.md, "Compression, weighted shares and DDP against
 Gloo"): with the codecs' CPU about halved (torch's casts, no page faults), 2 MiB pieces, four
-at once, beat the former 4 MiB two at once (fp16 1.60x Gloo's bus bandwidth against 1.36x,
-int8 1.85x against 1.75x: medians of 4 and 5 runs; 1 to 8 MiB pieces and windows of 2 to 16
-tried, on a machine loaded by other benchmarks; more pieces at once were slower).
+at once, beat the former 4 MiB two at once for fp16 (1.60x Gloo's bus bandwidth against
+1.36x, medians of 4 and 5 runs; 1 to 8 MiB pieces and windows of 2 to 16 tried, on a machine
+loaded by other benchmarks; more pieces at once were slower); int8 keeps 4 MiB two at once
+(:data:`PIECES`: 1.75x either way, 100 to 105 ms of CPU per call and rank against 106 to 135).
 
 Cost, ``N`` bytes of input and a codec of ratio ``c`` (:func:`~netcoll.compression.encoded_nbytes`
 over input bytes: fp16 0.5, int8 about 0.25 for float32): all_reduce ``2 (P-1)/P c N``
@@ -72,6 +73,9 @@ PIECE_SHIFT: Final = 2 * PHASE_STEP
 PIECE_BYTES: Final = 2 << 20
 #: Pieces of an all_reduce under way at once.
 WINDOW: Final = 4
+#: A codec's own piece bytes and window, where they differ from :data:`PIECE_BYTES` and
+#: :data:`WINDOW` (int8: its smaller messages did no better in more pieces, at more CPU).
+PIECES: Final[dict[str, tuple[int, int]]] = {"int8": (4 << 20, 2)}
 
 Exchange = Callable[..., Any]  # an all_to_all of ALGORITHMS["all_to_all"]
 
@@ -223,8 +227,9 @@ async def all_reduce(
     ``window`` are under way at once."""
     data = flat(buf)
     mine = data if src is None else flat(src, "src", writeable=False)
-    cuts = pieces(split(data.size, ch.size), (piece_bytes or PIECE_BYTES) // data.dtype.itemsize)
-    window = max(1, window or WINDOW)
+    own_bytes, own_window = PIECES.get(codec, (PIECE_BYTES, WINDOW))
+    cuts = pieces(split(data.size, ch.size), (piece_bytes or own_bytes) // data.dtype.itemsize)
+    window = max(1, window or own_window)
     running: list[asyncio.Future[None]] = []
     try:
         for j, ranges in enumerate(cuts):
