@@ -32,7 +32,7 @@ Non-finite values: ``fp16`` and ``bf16`` keep ``inf`` and ``nan`` as they are. `
 cannot represent them: a block holding any ``inf`` or ``nan`` gets a NaN scale, so its
 whole block of :data:`INT8_BLOCK` elements decodes to NaN (a diverged value stays
 visible after the reduction, as it would in an uncompressed sum). Zeros decode to zeros
-exactly (an all-zero block has scale 0).
+exactly (an all-zero block has scale +0).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from typing import Any, Final, Literal, NamedTuple, get_args
 
 import numpy as np
 
-from . import half, settings
-from .ops import BFLOAT16
+from . import casts, half, settings
+from .ops import BFLOAT16, reduce_into
 
 __all__ = [
     "CODECS",
@@ -56,6 +56,7 @@ __all__ = [
     "encode",
     "encoded_nbytes",
     "error_bound",
+    "fold",
     "parse_compression",
     "resolve",
 ]
@@ -166,33 +167,84 @@ def encode(codec: str, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
         raise ValueError(f"encode: out must be {size} uint8 bytes, not {dst.size} {dst.dtype}")
     if codec == "none":
         dst[...] = flat.view(np.uint8)
-    elif codec == "fp16" and flat.dtype == np.float32:
-        half.encode(flat, dst.view(np.uint16))
     elif codec in ("fp16", "bf16"):
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            dst.view(_wire_dtype(codec))[...] = flat
+        _encode_half(codec, flat, dst.view(_wire_dtype(codec)))
     else:
         _encode_int8(flat, dst)
     return dst
 
 
+def _encode_half(codec: str, flat: np.ndarray, wire: np.ndarray) -> None:
+    """fp16 or bf16: torch's cast when loaded (:mod:`netcoll.casts`), else :mod:`netcoll.half`
+    (float32 to fp16) or numpy's cast: the same bits."""
+    if casts.cast(flat, wire):
+        return
+    if codec == "fp16" and flat.dtype == np.float32:
+        half.encode(flat, wire.view(np.uint16))
+        return
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        wire[...] = flat
+
+
 def decode(codec: str, data: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Decode the bytes ``data`` into the flat array ``out`` (whose dtype and size say
     what was encoded); returns ``out``."""
+    raw = _checked(codec, data, out)
+    if codec == "int8":
+        nb = _blocks(out.size) * _scale_dtype(out.dtype).itemsize
+        _decode_int8(raw[:nb].view(_scale_dtype(out.dtype)), raw[nb:].view(np.int8), out)
+    else:
+        _decode_plain(codec, raw, out)
+    return out
+
+
+def _checked(codec: str, data: Any, out: np.ndarray) -> np.ndarray:
+    """``data`` as flat bytes, checked to be the encoding of ``out``'s size and dtype."""
     raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
     size = encoded_nbytes(codec, out.dtype, out.size)
     if raw.size != size:
         raise ValueError(f"decode: {raw.size} bytes, but {out.size} {out.dtype} elements encode to {size}")
+    return raw
+
+
+def _decode_plain(codec: str, raw: np.ndarray, out: np.ndarray) -> None:
+    """none, fp16 or bf16 bytes into ``out`` (fp16 and bf16: torch's cast when loaded, else
+    :mod:`netcoll.half` for fp16 into float32, else numpy's: the same bits)."""
     if codec == "none":
         out.view(np.uint8)[...] = raw
-    elif codec == "fp16" and out.dtype == np.float32 and out.flags.c_contiguous:
+        return
+    wire = raw.view(_wire_dtype(codec))
+    if out.flags.c_contiguous and casts.cast(wire, out):
+        return
+    if codec == "fp16" and out.dtype == np.float32 and out.flags.c_contiguous:
         half.decode(raw.view(np.uint16), out.reshape(-1))
-    elif codec in ("fp16", "bf16"):
-        with np.errstate(over="ignore", invalid="ignore"):
-            out[...] = raw.view(_wire_dtype(codec))
-    else:
-        _decode_int8(raw, out)
-    return out
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        out[...] = wire
+
+
+#: Elements :func:`fold` decodes at a time (512 KiB of float32: still in cache when reduced).
+FOLD: Final = 1 << 17
+
+
+def fold(codec: str, op: Any, out: np.ndarray, data: Any, scratch: np.ndarray) -> None:
+    """``out = out (op) decode(data)`` (``op`` a :class:`~netcoll.ops.ReduceOp`): the
+    bits of :func:`decode` into a copy then :func:`~netcoll.ops.reduce_into`, but decoded
+    :data:`FOLD` elements at a time into ``scratch`` (flat, ``out``'s dtype, at least
+    ``min(FOLD, out.size)`` elements), so each decoded piece is reduced from cache."""
+    raw, flat = _checked(codec, data, out), out.reshape(-1)
+    n, step = flat.size, min(FOLD, flat.size)
+    nb = _blocks(n) * _scale_dtype(out.dtype).itemsize if codec == "int8" else 0
+    each = 1 if codec == "int8" else encoded_nbytes(codec, out.dtype, 1)
+    for i in range(0, n, step):
+        j = min(n, i + step)
+        part = scratch[: j - i]
+        if codec == "int8":
+            scales = raw[:nb].view(_scale_dtype(out.dtype))[i // INT8_BLOCK : _blocks(j)]
+            _decode_int8(scales, raw[nb + i : nb + j].view(np.int8), part)
+        else:
+            _decode_plain(codec, raw[i * each : j * each], part)
+        reduce_into(op, flat[i:j], part)
 
 
 def _work_dtype(dtype: np.dtype) -> type[np.floating[Any]]:
@@ -201,8 +253,8 @@ def _work_dtype(dtype: np.dtype) -> type[np.floating[Any]]:
     return np.float64 if dtype == np.float64 else np.float32
 
 
-#: Blocks an int8 encoding scales at a time (256 KiB of float32: the scaled copy stays in cache).
-ROWS: Final = 128
+#: Blocks the int8 codec handles at a time (512 KiB of float32: its scratch stays in cache).
+ROWS: Final = 256
 
 
 def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
@@ -229,32 +281,37 @@ def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
 def _scale_rows(rows: np.ndarray, scales: np.ndarray, codes: np.ndarray, scratch: np.ndarray, work: Any) -> None:
     """The scales and codes of some whole blocks (a block holding inf or NaN: a NaN
     scale and zero codes; an all-zero block: scale 0, zero codes)."""
-    absmax = np.maximum(rows.max(axis=1), -rows.min(axis=1)).astype(work)  # inf or NaN: non-finite
+    tmp = scratch[: rows.shape[0]]
+    absmax = casts.absmax_rows(rows, tmp)
+    if absmax is None:
+        np.abs(rows, out=tmp)  # (in cache: half the time of a max and a min over the rows)
+        absmax = tmp.max(axis=1)  # inf or NaN: non-finite
     scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
     stored = scales.astype(work)  # the scale as the receiver sees it
     usable = np.isfinite(stored) & (stored > 0)
     inverse = np.divide(work(1), stored, out=np.zeros_like(stored), where=usable)
-    tmp = scratch[: rows.shape[0]]
-    np.multiply(rows, inverse[:, None], out=tmp)
-    np.rint(tmp, out=codes, casting="unsafe")  # |x / scale| <= 127
+    if not casts.codes_of(rows, inverse, tmp, codes):
+        np.multiply(rows, inverse[:, None], out=tmp)
+        np.rint(tmp, out=codes, casting="unsafe")  # |x / scale| <= 127
     if not usable.all():
         codes[~usable] = 0
 
 
-def _decode_int8(raw: np.ndarray, out: np.ndarray) -> None:
-    """``codes * scale`` per block, cast into ``out`` in one pass."""
+def _decode_int8(scales: np.ndarray, codes: np.ndarray, out: np.ndarray) -> None:
+    """``codes * scale`` per block (``scales`` one per block of ``codes``), cast into
+    ``out`` in one pass."""
     flat = out.reshape(-1)
-    n, nb = flat.size, _blocks(flat.size)
-    sdt = _scale_dtype(out.dtype)
-    scales = raw[: nb * sdt.itemsize].view(sdt)
-    codes = raw[nb * sdt.itemsize :].view(np.int8)
+    n = flat.size
     if not n:
         return
     work = _work_dtype(out.dtype)
     whole = n // INT8_BLOCK * INT8_BLOCK
     per = scales.astype(work)
     with np.errstate(invalid="ignore", over="ignore"):
-        if whole:
+        if whole and flat.dtype == work:
+            rows = flat[:whole].reshape(-1, INT8_BLOCK)
+            _scale_codes(codes[:whole].reshape(-1, INT8_BLOCK), per[: rows.shape[0]], rows)
+        elif whole:
             rows = flat[:whole].reshape(-1, INT8_BLOCK)
             np.multiply(
                 codes[:whole].reshape(-1, INT8_BLOCK),
@@ -265,3 +322,14 @@ def _decode_int8(raw: np.ndarray, out: np.ndarray) -> None:
             )
         if whole < n:
             flat[whole:] = codes[whole:].astype(work) * per[-1]
+
+
+def _scale_codes(codes: np.ndarray, per: np.ndarray, rows: np.ndarray) -> None:
+    """``rows = codes * per`` (one scale per row), :data:`ROWS` rows at a time: the codes
+    cast into the rows (exact), then scaled in place while still in cache (one rounding, as
+    a product in ``rows``' dtype: the bits of a mixed multiply, without its buffering)."""
+    for i in range(0, rows.shape[0], ROWS):
+        part = rows[i : i + ROWS]
+        if not casts.scale_codes(codes[i : i + ROWS], per[i : i + ROWS], part):
+            part[...] = codes[i : i + ROWS]
+            np.multiply(part, per[i : i + ROWS, None], out=part)

@@ -35,8 +35,11 @@ the links. Every piece's encoding is that part of its whole shard's encoding, so
 result has the bits of one piece (tested). A message of one piece per shard (up to
 ``P`` :data:`PIECE_BYTES`) runs as before. Measured on emulated 1 Gbit/s links (4 ranks
 on 2 cores; docs/emulated-network.md, "Compression, weighted shares and DDP against
-Gloo"): 4 MiB pieces, two at once, were the fastest of 256 KiB to 64 MiB and windows of
-1 to 8.
+Gloo"): with the codecs' CPU about halved (torch's casts, no page faults), 2 MiB pieces, four
+at once, beat the former 4 MiB two at once for fp16 (1.60x Gloo's bus bandwidth against
+1.36x, medians of 4 and 5 runs; 1 to 8 MiB pieces and windows of 2 to 16 tried, on a machine
+loaded by other benchmarks; more pieces at once were slower); int8 keeps 4 MiB two at once
+(:data:`PIECES`: 1.75x either way, 100 to 105 ms of CPU per call and rank against 106 to 135).
 
 Cost, ``N`` bytes of input and a codec of ratio ``c`` (:func:`~netcoll.compression.encoded_nbytes`
 over input bytes: fp16 0.5, int8 about 0.25 for float32): all_reduce ``2 (P-1)/P c N``
@@ -54,11 +57,11 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..compression import INT8_BLOCK, decode, encode, encoded_nbytes
+from ..compression import FOLD, INT8_BLOCK, decode, encode, encoded_nbytes, fold
 from ..mesh.channel import Channel
 from ..ops import ReduceOp, reduce_into
 from . import direct, ring
-from ._common import DEFAULT_SEGMENT_BYTES, flat, split
+from ._common import DEFAULT_SEGMENT_BYTES, SCRATCH_POOL, flat, split
 
 __all__ = ["PHASE_STEP", "Shifted", "all_reduce", "reduce", "reduce_scatter"]
 
@@ -67,9 +70,12 @@ PHASE_STEP: Final = 1 << 24
 #: Piece ``j`` of an all_reduce runs its steps shifted by ``j`` times this (both phases).
 PIECE_SHIFT: Final = 2 * PHASE_STEP
 #: Input bytes of every shard in one piece of an all_reduce (:func:`pieces`).
-PIECE_BYTES: Final = 4 << 20
+PIECE_BYTES: Final = 2 << 20
 #: Pieces of an all_reduce under way at once.
-WINDOW: Final = 2
+WINDOW: Final = 4
+#: A codec's own piece bytes and window, where they differ from :data:`PIECE_BYTES` and
+#: :data:`WINDOW` (int8: its smaller messages did no better in more pieces, at more CPU).
+PIECES: Final[dict[str, tuple[int, int]]] = {"int8": (4 << 20, 2)}
 
 Exchange = Callable[..., Any]  # an all_to_all of ALGORITHMS["all_to_all"]
 
@@ -116,22 +122,28 @@ def _slots(codec: str, dtype: np.dtype, bounds: list[tuple[int, int]]) -> int:
     return encoded_nbytes(codec, dtype, max(b - a for a, b in bounds))
 
 
-def _encode_into(codec: str, parts: Sequence[np.ndarray], slot: int, skip: int) -> np.ndarray:
-    """``parts`` encoded into consecutive slots of ``slot`` bytes (their padding zeroed),
-    but for part ``skip`` (this rank's own, never sent: its slot is left zero)."""
-    buf = np.empty(len(parts) * slot, np.uint8)
+def _take(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scratch memory from the algorithms' pool (already mapped: no page faults): the block
+    to :func:`_give` back once the run succeeded, and its first ``nbytes`` bytes to use."""
+    block = SCRATCH_POOL.take(nbytes)
+    return block, block[:nbytes]
+
+
+def _give(*blocks: np.ndarray) -> None:
+    """Blocks of :func:`_take` back to the pool, after a run that succeeded (after a failure
+    they are dropped: a late frame of the failed operation must not land in a reused block)."""
+    for block in blocks:
+        SCRATCH_POOL.give(block)
+
+
+def _encode_into(codec: str, parts: Sequence[np.ndarray], slot: int, skip: int, buf: np.ndarray) -> None:
+    """``parts`` encoded into ``buf``'s consecutive slots of ``slot`` bytes (their padding
+    zeroed), but for part ``skip`` (this rank's own, never sent: its slot is left zero)."""
     for k, part in enumerate(parts):
         n = 0 if k == skip else encoded_nbytes(codec, part.dtype, part.size)
         if n:
             encode(codec, part, buf[k * slot : k * slot + n])
         buf[k * slot + n : (k + 1) * slot] = 0
-    return buf
-
-
-def _fold(codec: str, op: ReduceOp, out: np.ndarray, raw: np.ndarray, scratch: np.ndarray) -> None:
-    """``out = out (op) decode(raw)`` (decoded into ``scratch``: :func:`~netcoll.compression.decode`
-    takes fp16's fast path, which numpy's mixed-type add would not)."""
-    reduce_into(op, out, decode(codec, raw, scratch))
 
 
 async def _exchange(
@@ -147,13 +159,14 @@ async def _exchange(
     (each encoded by ``codec`` on the wire; this rank's own taken as it is)."""
     r = ch.rank
     slot = max(encoded_nbytes(codec, out.dtype, p.size) for p in parts)
-    send = _encode_into(codec, parts, slot, r)
-    recv = np.empty_like(send)
+    (mine, send), (theirs, recv) = _take(len(parts) * slot), _take(len(parts) * slot)
+    _encode_into(codec, parts, slot, r, send)
     await exchange(ch, send, recv, segment_bytes=segment_bytes)
-    theirs = np.empty_like(out)
+    scratch = np.empty(min(FOLD, out.size), out.dtype)  # fold's
     for k in range(ch.size):
-        _reduce_one(codec, op, parts, r, recv, slot, out, k, theirs)
+        _reduce_one(codec, op, parts, r, recv, slot, out, k, scratch)
         await asyncio.sleep(0)  # let the loop breathe between large decodes
+    _give(mine, theirs)
 
 
 def _reduce_one(
@@ -176,7 +189,7 @@ def _reduce_one(
     elif k == r:
         reduce_into(op, out, parts[r])
     else:
-        _fold(codec, op, out, raw, theirs)
+        fold(codec, op, out, raw, theirs)
 
 
 async def reduce_scatter(
@@ -214,8 +227,9 @@ async def all_reduce(
     ``window`` are under way at once."""
     data = flat(buf)
     mine = data if src is None else flat(src, "src", writeable=False)
-    cuts = pieces(split(data.size, ch.size), (piece_bytes or PIECE_BYTES) // data.dtype.itemsize)
-    window = max(1, window or WINDOW)
+    own_bytes, own_window = PIECES.get(codec, (PIECE_BYTES, WINDOW))
+    cuts = pieces(split(data.size, ch.size), (piece_bytes or own_bytes) // data.dtype.itemsize)
+    window = max(1, window or own_window)
     running: list[asyncio.Future[None]] = []
     try:
         for j, ranges in enumerate(cuts):
@@ -259,14 +273,18 @@ async def _piece(
     """One piece: the exchange and reduction of every rank's ``ranges``, then the all_gather
     of the encoded reductions, decoded into ``data`` (its steps shifted by ``shift``)."""
     a, b = ranges[ch.rank]
-    shard = np.empty(b - a, data.dtype)
+    block, raw = _take((b - a) * data.dtype.itemsize)
+    shard = raw.view(data.dtype)
     first = ch if shift == 0 else Shifted(ch, shift)
     await _exchange(first, [mine[x:y] for x, y in ranges], op, shard, codec, exchange, segment_bytes)
     slot = _slots(codec, data.dtype, ranges)
-    gathered = np.zeros(ch.size * slot, np.uint8)
-    encode(codec, shard, gathered[ch.rank * slot : ch.rank * slot + encoded_nbytes(codec, data.dtype, shard.size)])
+    held, gathered = _take(ch.size * slot)  # every slot but this rank's is received whole
+    n = encoded_nbytes(codec, data.dtype, shard.size)
+    encode(codec, shard, gathered[ch.rank * slot : ch.rank * slot + n])
+    gathered[ch.rank * slot + n : (ch.rank + 1) * slot] = 0
     await ring.all_gather(Shifted(ch, shift + PHASE_STEP), gathered, segment_bytes=segment_bytes)
     _decode_all(codec, gathered, slot, data, ranges)
+    _give(block, held)
 
 
 async def reduce(
@@ -291,13 +309,17 @@ async def reduce(
         return
     if buf is None:
         raise ValueError("reduce: the root must pass a buffer")
-    out, theirs = flat(buf), np.empty_like(mine)
+    out, theirs = flat(buf), np.empty(min(FOLD, mine.size), mine.dtype)  # fold's scratch
     for k in range(ch.size):
-        got = mine if k == root else decode(codec, whole[k * slot : (k + 1) * slot], theirs)
-        if k == 0:
-            out[...] = got
+        raw = whole[k * slot : (k + 1) * slot]
+        if k == root == 0:
+            out[...] = mine
+        elif k == root:
+            reduce_into(op, out, mine)
+        elif k == 0:
+            decode(codec, raw, out)
         else:
-            reduce_into(op, out, got)
+            fold(codec, op, out, raw, theirs)
         await asyncio.sleep(0)
 
 

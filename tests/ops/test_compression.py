@@ -1,5 +1,6 @@
 """The codecs of netcoll.compression: sizes, round-trip error bounds (property tests),
-non-finite values, refusals, and NETCOLL_COMPRESSION."""
+non-finite values, refusals, NETCOLL_COMPRESSION, int8's decoded bits and fold
+(decode then reduce, a piece at a time)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from netcoll.compression import (
+    FOLD,
     INT8_BLOCK,
     check_codec,
     decode,
     default_compression,
     encode,
     encoded_nbytes,
+    fold,
     parse_compression,
     resolve,
 )
-from netcoll.ops import BFLOAT16
+from netcoll.ops import BFLOAT16, ReduceOp, reduce_into
 
 FLOATS = [np.float16, BFLOAT16, np.float32, np.float64]
 
@@ -148,3 +151,30 @@ def test_names_and_env_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NETCOLL_COMPRESSION", "int4")
     with pytest.raises(ValueError, match="NETCOLL_COMPRESSION must be one of"):
         resolve(None)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_int8_decodes_each_code_times_its_scale_rounded_once(dtype: object) -> None:
+    n = 300 * INT8_BLOCK + 77  # several of the decoder's row groups and a partial block
+    x = np.random.default_rng(3).standard_normal(n).astype(dtype)
+    data = encode("int8", x)
+    sdt = np.float64 if dtype == np.float64 else np.float32
+    nb = -(-n // INT8_BLOCK)
+    scales, codes = data[: nb * np.dtype(sdt).itemsize].view(sdt), data[nb * np.dtype(sdt).itemsize :].view(np.int8)
+    want = (codes.astype(sdt) * np.repeat(scales, INT8_BLOCK)[:n]).astype(dtype)
+    got = decode("int8", data, np.empty(n, dtype))
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("codec", ["none", "fp16", "bf16", "int8"])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MAX])
+def test_fold_is_decode_then_reduce(codec: str, op: ReduceOp) -> None:
+    rng = np.random.default_rng(4)
+    n = 2 * FOLD + 3 * INT8_BLOCK + 5  # pieces of FOLD elements, the last one short
+    x, acc = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    want = acc.copy()
+    reduce_into(op, want, decode(codec, encode(codec, x), np.empty(n, np.float32)))
+    fold(codec, op, acc, encode(codec, x), np.empty(FOLD, np.float32))
+    assert np.array_equal(acc.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="decode: "):
+        fold(codec, op, acc, encode(codec, x[:-1]), np.empty(FOLD, np.float32))

@@ -1,0 +1,125 @@
+"""netcoll.casts: the codecs' kernels through a loaded torch give the bits of the numpy path
+(netcoll.half for float32 to fp16, numpy's casts otherwise) on every half and bfloat16
+value and on float32 edge cases (subnormals, ties, the overflow edge, infinities); a NaN
+stays a NaN (of its sign for fp16). compression.encode / decode / fold give the same
+bytes and values with ``NETCOLL_TORCH_CASTS`` on and off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from netcoll import casts, compression, half
+from netcoll.errors import ConfigError
+from netcoll.ops import BFLOAT16, ReduceOp, reduce_into
+from netcoll.settings import torch_casts
+
+assert torch  # loaded: casts use it
+
+
+@pytest.fixture
+def numpy_only(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.setenv("NETCOLL_TORCH_CASTS", "0")
+    return monkeypatch
+
+
+def _torch_cast(src: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    dst = np.empty(src.size, dtype)
+    assert casts.cast(src, dst)
+    return dst
+
+
+def _same_bits(got: np.ndarray, ref: np.ndarray, sign: bool = True) -> None:
+    """Equal bits but for NaN payloads (a NaN both sides, of the same sign if ``sign``)."""
+    nan = np.isnan(ref.astype(np.float32))
+    assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+    width = np.uint16 if got.itemsize == 2 else np.uint32
+    assert np.array_equal(got.view(width)[~nan], ref.view(width)[~nan])
+    if sign:
+        assert np.array_equal(np.signbit(got.astype(np.float32)[nan]), np.signbit(ref.astype(np.float32)[nan]))
+
+
+def test_every_half_and_bfloat16_decodes_the_same() -> None:
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    ref = np.empty(bits.size, np.float32)
+    half.decode(bits, ref)
+    _same_bits(_torch_cast(bits.view(np.float16), np.dtype(np.float32)), ref)
+    _same_bits(_torch_cast(bits.view(BFLOAT16), np.dtype(np.float32)), bits.view(BFLOAT16).astype(np.float32))
+
+
+def _edges() -> np.ndarray:
+    """float32 values around every half and bfloat16 value (the ties between neighbours
+    and one float32 ulp either side), subnormals of both, the overflow edge, specials."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    values = [h.view(t).astype(np.float32).view(np.uint32) for t in (np.float16, BFLOAT16)]
+    ties = [v[np.isfinite(v.view(np.float32))] for v in values]
+    ties[0] = ties[0] + np.uint32(1 << 12)  # half's dropped 13 bits: 1000...0 is the tie (same sign)
+    ties[1] = ties[1] + np.uint32(1 << 15)  # bfloat16's dropped 16 bits
+    mids = np.concatenate(ties)
+    special = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001, 1, 0x807FFFFF]
+    special += [0x477FF000, 0x477FEFFF, 0x477FF001, 0x7F7FFFFF, 0x33000000, 0x33000001, 0x32FFFFFF]
+    rng = np.random.default_rng(36)
+    anything = rng.integers(0, 1 << 32, size=1 << 18, dtype=np.uint64).astype(np.uint32)
+    near = [mids, mids - np.uint32(1), mids + np.uint32(1)]
+    out = np.concatenate([*values, *near, np.array(special, np.uint32), anything])
+    return out.view(np.float32)
+
+
+def test_float32_encodes_the_same_bits() -> None:
+    x = _edges()
+    ref16 = np.empty(x.size, np.uint16)
+    half.encode(x, ref16)
+    _same_bits(_torch_cast(x, np.dtype(np.float16)), ref16.view(np.float16))
+    with np.errstate(all="ignore"):
+        ref_bf = x.astype(BFLOAT16)
+    _same_bits(_torch_cast(x, BFLOAT16), ref_bf, sign=False)  # (torch's bfloat16 NaN is 0x7fc0)
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16", "int8", "none"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BFLOAT16])
+def test_the_codecs_give_the_same_bytes_either_way(codec: str, dtype: np.dtype, numpy_only: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(7)
+    n = compression.FOLD + 1000  # several of fold's pieces, the last a partial int8 block
+    x = (rng.standard_normal(n) * np.float32(1e-3)).astype(dtype)
+    x[:4] = np.array([np.inf, -np.inf, 0.0, -0.0], np.float32).astype(dtype)
+    x[3 * compression.INT8_BLOCK : 4 * compression.INT8_BLOCK] = 0  # an all-zero block
+    if codec == "int8":  # (fp16 and bf16 may give other NaN bits)
+        x[1000] = np.nan
+    acc = rng.standard_normal(n).astype(dtype)
+    runs = []
+    for on in ("0", "1"):
+        numpy_only.setenv("NETCOLL_TORCH_CASTS", on)
+        wire = compression.encode(codec, x)
+        out = compression.decode(codec, wire, np.empty(n, dtype))
+        folded = acc.copy()
+        compression.fold(codec, ReduceOp.SUM, folded, wire, np.empty(compression.FOLD, dtype))
+        runs.append((wire, out, folded))
+    (w0, o0, f0), (w1, o1, f1) = runs
+    assert np.array_equal(w0, w1)
+    assert np.array_equal(o0.view(np.uint8), o1.view(np.uint8))
+    assert np.array_equal(f0.view(np.uint8), f1.view(np.uint8))
+    want = acc.copy()
+    reduce_into(ReduceOp.SUM, want, o0)  # fold: decode then reduce, bit for bit
+    assert np.array_equal(f0.view(np.uint8), want.view(np.uint8))
+
+
+def test_a_read_only_view_casts_through_torch() -> None:
+    x = np.linspace(-2, 2, 1000, dtype=np.float32)
+    view = x.view()
+    view.flags.writeable = False  # as the algorithms pass an input they must not write
+    assert np.array_equal(_torch_cast(view, np.dtype(np.float16)), x.astype(np.float16))
+    frozen = np.frombuffer(x.tobytes(), np.float32)  # memory that cannot be written at all: numpy's cast
+    assert not casts.cast(frozen, np.empty(frozen.size, np.float16))
+    assert np.array_equal(compression.encode("fp16", frozen).view(np.float16), x.astype(np.float16))
+
+
+def test_the_setting_turns_torch_off(numpy_only: pytest.MonkeyPatch) -> None:
+    assert casts.torch() is None
+    assert not casts.cast(np.zeros(4, np.float32), np.empty(4, np.float16))
+    numpy_only.setenv("NETCOLL_TORCH_CASTS", "1")
+    assert casts.torch() is torch
+    assert not casts.cast(np.zeros(4, np.float64), np.empty(4, np.float16))  # float64: numpy's
+    assert torch_casts({}) is True and torch_casts({"NETCOLL_TORCH_CASTS": "0"}) is False
+    with pytest.raises(ConfigError, match="NETCOLL_TORCH_CASTS"):
+        torch_casts({"NETCOLL_TORCH_CASTS": "yes"})
