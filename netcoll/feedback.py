@@ -18,20 +18,24 @@ of the additions). The collective's second encoding (each reduced shard, before 
 all_gather) is the same on every rank and is not fed back.
 
 Memory: one residual per key, the size and dtype of its input (for DDP: one per bucket, so
-the gradients' size once more). CPU: one encode and one decode of the input per step, on
-top of the collective's own. A key whose size or dtype changes starts over from a zero
-residual (DDP rebuilds its buckets after the first step).
+the gradients' size once more), updated in place. CPU: one add, one round trip through the
+codec and one subtraction per element and step, chunk by chunk in cache (:data:`CHUNK`), on
+top of the collective's own encoding; the round trip can be a faster one with the codec's
+bits (``roundtrip=``: :mod:`netcoll.torch` passes torch's vectorized casts, 22.4 M float32
+gradients in 21 ms of CPU against 135 ms through numpy). A key whose size or dtype changes
+starts over from a zero residual (DDP rebuilds its buckets after the first step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import Final
 
 import numpy as np
 
-from .compression import check_codec, decode, encode, parse_compression
+from .compression import INT8_BLOCK, check_codec, decode, encode, parse_compression
 
-__all__ = ["ErrorFeedback", "shards", "transmitted"]
+__all__ = ["CHUNK", "ErrorFeedback", "Roundtrip", "codec_roundtrip", "shards", "transmitted"]
 
 
 def shards(n: int, parts: int) -> list[tuple[int, int]]:
@@ -60,22 +64,52 @@ def transmitted(codec: str, x: np.ndarray, rank: int = 0, world_size: int = 1) -
     return out
 
 
+#: ``roundtrip(src, dst)``: ``decode(encode(src))`` written into ``dst`` (flat arrays of one
+#: dtype and size); a faster twin of the codec's own (same bits) may stand in for it
+Roundtrip = Callable[[np.ndarray, np.ndarray], None]
+
+#: Elements compensated at a time (256 KiB of float32: each chunk's add, round trip and
+#: subtraction run on data in cache); a multiple of INT8_BLOCK, so a chunk's int8 blocks
+#: are those of its shard's encoding.
+CHUNK: Final = 128 * INT8_BLOCK
+
+
+def codec_roundtrip(codec: str) -> Roundtrip:
+    """The codec's own round trip (:func:`~netcoll.compression.encode` then
+    :func:`~netcoll.compression.decode`)."""
+
+    def roundtrip(src: np.ndarray, dst: np.ndarray) -> None:
+        decode(codec, encode(codec, src), dst)
+
+    return roundtrip
+
+
 class ErrorFeedback:
     """Residuals of compressed contributions, per key, for rank ``rank`` of
-    ``world_size`` under ``codec`` (see the module docstring)."""
+    ``world_size`` under ``codec`` (see the module docstring). ``roundtrip(dtype)``, when
+    given, returns a faster :data:`Roundtrip` with the codec's bits for inputs of
+    ``dtype`` (``None``: the codec's own); e.g. torch's casts, in :mod:`netcoll.torch`."""
 
-    def __init__(self, codec: str, *, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        codec: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        roundtrip: Callable[[np.dtype], Roundtrip | None] | None = None,
+    ) -> None:
         self.codec = parse_compression(codec)
         if not 0 <= rank < world_size:
             raise ValueError(f"ErrorFeedback: rank must be in [0, world_size={world_size}), not {rank}")
         self.rank, self.world_size = rank, world_size
+        self._fast = roundtrip
         self._residuals: dict[Hashable, np.ndarray] = {}
 
     def compensate(self, key: Hashable, x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         """``x`` plus ``key``'s residual (zero the first time, or after ``x``'s size or
         dtype changed), into ``out`` when given (``x`` itself may be ``out``), else a new
         array of ``x``'s shape; the new residual (that sum minus what the wire will carry
-        of it) replaces the old one."""
+        of it) replaces the old one, in the old one's memory."""
         check_codec(self.codec, x.dtype, "ErrorFeedback")
         dst = np.array(x, copy=True) if out is None else out
         if dst.shape != x.shape or dst.dtype != x.dtype or not dst.flags.c_contiguous:
@@ -86,11 +120,21 @@ class ErrorFeedback:
         flat = dst.reshape(-1)  # a view (dst is contiguous: new, or a buffer the caller owns)
         if out is not None and x is not out:
             flat[...] = x.reshape(-1)
-        old = self._residuals.get(key)
-        if old is not None and old.size == flat.size and old.dtype == flat.dtype:
-            flat += old
-        sent = transmitted(self.codec, flat, self.rank, self.world_size)
-        self._residuals[key] = np.subtract(flat, sent, out=sent)  # reuses sent's memory
+        res = self._residuals.get(key)
+        if res is None or res.size != flat.size or res.dtype != flat.dtype:
+            res = self._residuals[key] = np.zeros_like(flat)  # adding it is a no-op
+        if self.codec == "none" or self.world_size == 1:
+            return dst  # nothing is dropped: the residual stays zero
+        roundtrip = (self._fast(flat.dtype) if self._fast is not None else None) or codec_roundtrip(self.codec)
+        for k, (a, b) in enumerate(shards(flat.size, self.world_size)):
+            for i in range(a, b, CHUNK):
+                f, r = flat[i : min(i + CHUNK, b)], res[i : min(i + CHUNK, b)]
+                np.add(f, r, out=f)
+                if k == self.rank:  # sent as it is: nothing dropped
+                    r[...] = 0
+                else:
+                    roundtrip(f, r)
+                    np.subtract(f, r, out=r)
         return dst
 
     def residual(self, key: Hashable) -> np.ndarray | None:

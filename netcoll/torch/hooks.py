@@ -38,6 +38,7 @@ from ..compression import Compression, parse_compression
 from ..feedback import ErrorFeedback
 from ..tensors import to_numpy
 from .backend import ProcessGroupNetcoll
+from .casts import roundtrip_for
 
 __all__ = ["CompressionState", "compressed_allreduce_hook", "compression_hook"]
 
@@ -68,7 +69,9 @@ class CompressionState:
         if not self.error_feedback or self.compression == "none":
             return
         if self.feedback is None:
-            self.feedback = ErrorFeedback(self.compression, rank=pg.rank(), world_size=pg.size())
+            self.feedback = ErrorFeedback(
+                self.compression, rank=pg.rank(), world_size=pg.size(), roundtrip=roundtrip_for(self.compression)
+            )
         buffer = to_numpy(bucket.buffer(), "bucket")
         self.feedback.compensate(bucket.index(), buffer, out=buffer)
         if bucket.is_last():  # fewer buckets than before (DDP rebuilt them): drop the others' residuals
