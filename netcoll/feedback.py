@@ -108,34 +108,43 @@ class ErrorFeedback:
     def compensate(self, key: Hashable, x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         """``x`` plus ``key``'s residual (zero the first time, or after ``x``'s size or
         dtype changed), into ``out`` when given (``x`` itself may be ``out``), else a new
-        array of ``x``'s shape; the new residual (that sum minus what the wire will carry
-        of it) replaces the old one, in the old one's memory."""
+        array of ``x``'s shape, in one pass; the new residual (that sum minus what the wire
+        will carry of it) replaces the old one, in the old one's memory. (The residual of
+        shard ``rank``, sent as it is, stays zero.)"""
         check_codec(self.codec, x.dtype, "ErrorFeedback")
-        dst = np.array(x, copy=True) if out is None else out
+        dst = np.empty_like(x, order="C") if out is None else out
         if dst.shape != x.shape or dst.dtype != x.dtype or not dst.flags.c_contiguous:
             raise ValueError(
                 f"ErrorFeedback: out must be a contiguous {x.dtype}{list(x.shape)} like x, "
                 f"not {dst.dtype}{list(dst.shape)}"
             )
-        flat = dst.reshape(-1)  # a view (dst is contiguous: new, or a buffer the caller owns)
-        if out is not None and x is not out:
-            flat[...] = x.reshape(-1)
+        flat, src = dst.reshape(-1), np.ascontiguousarray(x).reshape(-1)  # views (unless x is strided)
+        in_place = src.ctypes.data == flat.ctypes.data
+        if not in_place and np.may_share_memory(src, flat):  # overlapping otherwise: read a copy
+            src = src.copy()
         res = self._residuals.get(key)
         if res is None or res.size != flat.size or res.dtype != flat.dtype:
             res = self._residuals[key] = np.zeros_like(flat)  # adding it is a no-op
-        if self.codec == "none" or self.world_size == 1:
-            return dst  # nothing is dropped: the residual stays zero
-        roundtrip = (self._fast(flat.dtype) if self._fast is not None else None) or codec_roundtrip(self.codec)
+        roundtrip = self._roundtrip(flat.dtype)
         for k, (a, b) in enumerate(shards(flat.size, self.world_size)):
+            if k == self.rank or roundtrip is None:  # sent as it is: its residual stays zero
+                if not in_place:
+                    flat[a:b] = src[a:b]
+                continue
             for i in range(a, b, CHUNK):
-                f, r = flat[i : min(i + CHUNK, b)], res[i : min(i + CHUNK, b)]
-                np.add(f, r, out=f)
-                if k == self.rank:  # sent as it is: nothing dropped
-                    r[...] = 0
-                else:
-                    roundtrip(f, r)
-                    np.subtract(f, r, out=r)
+                j = min(i + CHUNK, b)
+                f, r = flat[i:j], res[i:j]
+                np.add(src[i:j], r, out=f)
+                roundtrip(f, r)
+                np.subtract(f, r, out=r)
         return dst
+
+    def _roundtrip(self, dtype: np.dtype) -> Roundtrip | None:
+        """The round trip for inputs of ``dtype`` (``None``: the codec drops nothing)."""
+        if self.codec == "none" or self.world_size == 1:
+            return None
+        fast = self._fast(dtype) if self._fast is not None else None
+        return fast or codec_roundtrip(self.codec)
 
     def residual(self, key: Hashable) -> np.ndarray | None:
         """``key``'s residual (flat), if it has one."""
