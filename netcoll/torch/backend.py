@@ -136,13 +136,16 @@ class ProcessGroupNetcoll(dist.ProcessGroup):
         torch's ``all_reduce`` has no way to pass): what the DDP hook of
         :mod:`netcoll.torch.hooks` calls. In place, like ``allreduce``, or, with
         ``source`` (a tensor of ``tensor``'s shape and dtype, not overlapping it), the
-        reduction of ``source`` into ``tensor``: neither is copied. The future's value is
-        ``[tensor]``."""
+        reduction of ``source`` into ``tensor``: neither is copied. Returns at once, before
+        the collective is issued on netcoll's loop (autograd goes on meanwhile; the issues
+        keep the calls' order): its errors, argument errors too, are the Work's. The
+        future's value is ``[tensor]``."""
         x = tensor if source is None else source
         out = tensor if tensor.is_contiguous() else None
         return self._issue(
             lambda c: c.all_reduce(x, op, out=out, timeout=timeout, compression=compression),
             lambda r: _into(tensor, r, [tensor]),
+            wait=False,
         )
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any) -> dist.Work:  # type: ignore[override]
