@@ -124,7 +124,7 @@ class ErrorFeedback:
             src = src.copy()
         res = self._residuals.get(key)
         if res is None or res.size != flat.size or res.dtype != flat.dtype:
-            res = self._residuals[key] = np.zeros_like(flat)  # adding it is a no-op
+            res = self._residuals[key] = np.zeros(flat.size, flat.dtype)  # calloc: pages zeroed as first touched
         roundtrip = self._roundtrip(flat.dtype)
         for k, (a, b) in enumerate(shards(flat.size, self.world_size)):
             if k == self.rank or roundtrip is None:  # sent as it is: its residual stays zero
