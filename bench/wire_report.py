@@ -75,10 +75,17 @@ def summarize(
         if ring:
             row["vs_ring"] = round(row["busbw_gbs"] / ring["busbw_gbs"], 2)
     ddp: list[dict[str, Any]] = []
+    ddp_cpus: dict[str, list[float]] = {}
+    for r in lines:
+        for x in r:
+            if x.get("kind") == "ddp" and "cpu" in x:
+                ddp_cpus.setdefault(x["case"], []).append(x["cpu"])
     for case, secs in _slowest(lines, "ddp").items():
         ddp.append(
             {"case": case, "step_s": round(statistics.median(secs), 4), "samples_s": [round(s, 4) for s in secs]}
         )
+        if case in ddp_cpus:
+            ddp[-1]["cpu_s_per_rank"] = round(statistics.median(ddp_cpus[case]), 4)
     g = next((d for d in ddp if d["case"] == "gloo"), None)
     for d in ddp:
         d["vs_gloo"] = round(d["step_s"] / g["step_s"], 2) if g else None
@@ -127,7 +134,8 @@ def text(result: dict[str, Any]) -> str:
             f"x{r['vs_gloo'] or 0:.2f} Gloo  err {r['max_rel_err'] or 0:.1e}{'' if r['right'] else ' WRONG'}"
         )
     for d in result["ddp"]:
-        out.append(f"  DDP {d['case']:<20} {d['step_s'] * 1e3:8.1f} ms/step  x{d['vs_gloo'] or 0:.2f} Gloo's")
+        cpu = f"  cpu {d['cpu_s_per_rank'] * 1e3:5.0f} ms" if "cpu_s_per_rank" in d else ""
+        out.append(f"  DDP {d['case']:<20} {d['step_s'] * 1e3:8.1f} ms/step{cpu}  x{d['vs_gloo'] or 0:.2f} Gloo's")
     return "\n".join(out)
 
 

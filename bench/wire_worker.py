@@ -151,13 +151,14 @@ def ddp_cases(args: argparse.Namespace, gloo: Any) -> None:
             opt = torch.optim.SGD(net.parameters(), lr=1e-3)
             for step in range(args.ddp_steps):
                 dist.barrier(group=gloo)
-                t0 = time.perf_counter()
+                r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(net(x), y).backward()  # type: ignore[no-untyped-call]
                 opt.step()
-                seconds = time.perf_counter() - t0
+                seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+                cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime  # every thread of this rank
                 if step:
-                    emit(kind="ddp", case=case["label"], rep=rep, step=step, seconds=seconds, params=params)
+                    emit(kind="ddp", case=case["label"], rep=rep, step=step, seconds=seconds, cpu=cpu, params=params)
             del net, opt
     os.environ["NETCOLL_COMPRESSION"] = "none"
 

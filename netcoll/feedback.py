@@ -18,20 +18,24 @@ of the additions). The collective's second encoding (each reduced shard, before 
 all_gather) is the same on every rank and is not fed back.
 
 Memory: one residual per key, the size and dtype of its input (for DDP: one per bucket, so
-the gradients' size once more). CPU: one encode and one decode of the input per step, on
-top of the collective's own. A key whose size or dtype changes starts over from a zero
-residual (DDP rebuilds its buckets after the first step).
+the gradients' size once more), updated in place. CPU: one add, one round trip through the
+codec and one subtraction per element and step, chunk by chunk in cache (:data:`CHUNK`), on
+top of the collective's own encoding; where torch is loaded (the DDP hook) the codec's fp16
+and bf16 casts run through torch's vectorized ones (:mod:`netcoll.casts`): 22.4 M float32
+gradients in about 20 ms of CPU against 135 ms through numpy. A key whose size or dtype changes
+starts over from a zero residual (DDP rebuilds its buckets after the first step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import Final
 
 import numpy as np
 
-from .compression import check_codec, decode, encode, parse_compression
+from .compression import INT8_BLOCK, check_codec, decode, encode, encoded_nbytes, parse_compression
 
-__all__ = ["ErrorFeedback", "shards", "transmitted"]
+__all__ = ["CHUNK", "ErrorFeedback", "Roundtrip", "codec_roundtrip", "shards", "transmitted"]
 
 
 def shards(n: int, parts: int) -> list[tuple[int, int]]:
@@ -60,11 +64,41 @@ def transmitted(codec: str, x: np.ndarray, rank: int = 0, world_size: int = 1) -
     return out
 
 
+#: ``roundtrip(src, dst)``: ``decode(encode(src))`` written into ``dst`` (flat arrays of one
+#: dtype and size)
+Roundtrip = Callable[[np.ndarray, np.ndarray], None]
+
+#: Elements compensated at a time (256 KiB of float32: each chunk's add, round trip and
+#: subtraction run on data in cache); a multiple of INT8_BLOCK, so a chunk's int8 blocks
+#: are those of its shard's encoding.
+CHUNK: Final = 128 * INT8_BLOCK
+
+
+def codec_roundtrip(codec: str, dtype: np.dtype) -> Roundtrip:
+    """The codec's round trip (:func:`~netcoll.compression.encode` then
+    :func:`~netcoll.compression.decode`) of inputs of ``dtype``, through one scratch of
+    :data:`CHUNK` elements' encoding (a larger input gets its own). Where torch is loaded
+    (the DDP hook) the codec casts through it (:mod:`netcoll.casts`): 0.2 ns an element."""
+    scratch = np.empty(encoded_nbytes(codec, dtype, CHUNK), np.uint8)  # one per compensate call
+
+    def roundtrip(src: np.ndarray, dst: np.ndarray) -> None:
+        n = encoded_nbytes(codec, dtype, src.size)
+        decode(codec, encode(codec, src, out=scratch[:n] if n <= scratch.size else None), dst)
+
+    return roundtrip
+
+
 class ErrorFeedback:
     """Residuals of compressed contributions, per key, for rank ``rank`` of
     ``world_size`` under ``codec`` (see the module docstring)."""
 
-    def __init__(self, codec: str, *, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        codec: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         self.codec = parse_compression(codec)
         if not 0 <= rank < world_size:
             raise ValueError(f"ErrorFeedback: rank must be in [0, world_size={world_size}), not {rank}")
@@ -74,24 +108,42 @@ class ErrorFeedback:
     def compensate(self, key: Hashable, x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         """``x`` plus ``key``'s residual (zero the first time, or after ``x``'s size or
         dtype changed), into ``out`` when given (``x`` itself may be ``out``), else a new
-        array of ``x``'s shape; the new residual (that sum minus what the wire will carry
-        of it) replaces the old one."""
+        array of ``x``'s shape, in one pass; the new residual (that sum minus what the wire
+        will carry of it) replaces the old one, in the old one's memory. (The residual of
+        shard ``rank``, sent as it is, stays zero.)"""
         check_codec(self.codec, x.dtype, "ErrorFeedback")
-        dst = np.array(x, copy=True) if out is None else out
+        dst = np.empty_like(x, order="C") if out is None else out
         if dst.shape != x.shape or dst.dtype != x.dtype or not dst.flags.c_contiguous:
             raise ValueError(
                 f"ErrorFeedback: out must be a contiguous {x.dtype}{list(x.shape)} like x, "
                 f"not {dst.dtype}{list(dst.shape)}"
             )
-        flat = dst.reshape(-1)  # a view (dst is contiguous: new, or a buffer the caller owns)
-        if out is not None and x is not out:
-            flat[...] = x.reshape(-1)
-        old = self._residuals.get(key)
-        if old is not None and old.size == flat.size and old.dtype == flat.dtype:
-            flat += old
-        sent = transmitted(self.codec, flat, self.rank, self.world_size)
-        self._residuals[key] = np.subtract(flat, sent, out=sent)  # reuses sent's memory
+        flat, src = dst.reshape(-1), np.ascontiguousarray(x).reshape(-1)  # views (unless x is strided)
+        in_place = src.ctypes.data == flat.ctypes.data
+        if not in_place and np.may_share_memory(src, flat):  # overlapping otherwise: read a copy
+            src = src.copy()
+        res = self._residuals.get(key)
+        if res is None or res.size != flat.size or res.dtype != flat.dtype:
+            res = self._residuals[key] = np.zeros(flat.size, flat.dtype)  # calloc: pages zeroed as first touched
+        roundtrip = self._roundtrip(flat.dtype)
+        for k, (a, b) in enumerate(shards(flat.size, self.world_size)):
+            if k == self.rank or roundtrip is None:  # sent as it is: its residual stays zero
+                if not in_place:
+                    flat[a:b] = src[a:b]
+                continue
+            for i in range(a, b, CHUNK):
+                j = min(i + CHUNK, b)
+                f, r = flat[i:j], res[i:j]
+                np.add(src[i:j], r, out=f)
+                roundtrip(f, r)
+                np.subtract(f, r, out=r)
         return dst
+
+    def _roundtrip(self, dtype: np.dtype) -> Roundtrip | None:
+        """The round trip for inputs of ``dtype`` (``None``: the codec drops nothing)."""
+        if self.codec == "none" or self.world_size == 1:
+            return None
+        return codec_roundtrip(self.codec, dtype)
 
     def residual(self, key: Hashable) -> np.ndarray | None:
         """``key``'s residual (flat), if it has one."""

@@ -124,16 +124,28 @@ class ProcessGroupNetcoll(dist.ProcessGroup):
         return self._issue(lambda c: c.all_reduce(t, op, out=out, timeout=timeout), lambda r: _into(t, r, tensors))
 
     def allreduce_compressed(
-        self, tensor: torch.Tensor, compression: Compression, op: Any = dist.ReduceOp.AVG, timeout: float | None = None
+        self,
+        tensor: torch.Tensor,
+        compression: Compression,
+        op: Any = dist.ReduceOp.AVG,
+        timeout: float | None = None,
+        *,
+        source: torch.Tensor | None = None,
     ) -> dist.Work:
         """``allreduce`` with the codec ``compression`` (netcoll's ``compression=``, which
         torch's ``all_reduce`` has no way to pass): what the DDP hook of
-        :mod:`netcoll.torch.hooks` calls. In place, like ``allreduce``; the future's value is
-        ``[tensor]``."""
+        :mod:`netcoll.torch.hooks` calls. In place, like ``allreduce``, or, with
+        ``source`` (a tensor of ``tensor``'s shape and dtype, not overlapping it), the
+        reduction of ``source`` into ``tensor``: neither is copied. Returns at once, before
+        the collective is issued on netcoll's loop (autograd goes on meanwhile; the issues
+        keep the calls' order): its errors, argument errors too, are the Work's. The
+        future's value is ``[tensor]``."""
+        x = tensor if source is None else source
         out = tensor if tensor.is_contiguous() else None
         return self._issue(
-            lambda c: c.all_reduce(tensor, op, out=out, timeout=timeout, compression=compression),
+            lambda c: c.all_reduce(x, op, out=out, timeout=timeout, compression=compression),
             lambda r: _into(tensor, r, [tensor]),
+            wait=False,
         )
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any) -> dist.Work:  # type: ignore[override]

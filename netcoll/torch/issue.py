@@ -92,17 +92,27 @@ class Issuer:
         self.comm = comm
         self.loop = loop
 
-    def __call__(self, start: Callable[[Communicator], Work], finish: Callable[[Any], Any]) -> NetcollWork:
+    def __call__(
+        self, start: Callable[[Communicator], Work], finish: Callable[[Any], Any], *, wait: bool = True
+    ) -> NetcollWork:
         """Issue ``start(comm)`` on the loop; a torch Work whose future gets
-        ``finish(result)`` (or the netcoll error) when the collective ends."""
+        ``finish(result)`` (or the netcoll error) when the collective ends. ``wait``:
+        return once the collective is issued, its argument errors raised here; else at
+        once (the issue queued on the loop behind this thread's earlier ones, so in call
+        order), every error the future's: what a DDP comm hook wants, whose caller is
+        autograd's thread, with the backward pass to go on with."""
         fut: torch.futures.Future[Any] = torch.futures.Future()
         issued: concurrent.futures.Future[None] = concurrent.futures.Future()
+        result = NetcollWork(fut)
 
         def on_loop() -> None:
             try:
                 work = start(self.comm)
-            except BaseException as exc:  # noqa: BLE001 - a bad argument: raised in the caller
-                issued.set_exception(exc)
+            except BaseException as exc:  # noqa: BLE001 - a bad argument: raised in the caller (or the future's)
+                if wait:
+                    issued.set_exception(exc)
+                else:
+                    fut.set_exception(exc)
                 return
             issued.set_result(None)
             work.add_done_callback(lambda w: _complete(w, finish, fut))
@@ -114,8 +124,9 @@ class Issuer:
                 self.loop.call_soon_threadsafe(on_loop)
             except RuntimeError:  # the loop has closed
                 raise RuntimeError(f"the netcoll process group {self.comm.group!r} is shut down") from None
-        issued.result()
-        return NetcollWork(fut)
+        if wait:
+            issued.result()
+        return result
 
 
 def _complete(work: Work, finish: Callable[[Any], Any], fut: torch.futures.Future[Any]) -> None:

@@ -118,3 +118,28 @@ def test_refusals() -> None:
         ErrorFeedback("int8").compensate(0, np.arange(4))
     with pytest.raises(ValueError, match="out must be a contiguous"):
         ErrorFeedback("fp16").compensate(0, np.ones(4), out=np.ones(5))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_out_apart_gives_what_in_place_gives_and_leaves_x(codec: str) -> None:
+    rng = np.random.default_rng(11)
+    apart, inplace = ErrorFeedback(codec, rank=2, world_size=3), ErrorFeedback(codec, rank=2, world_size=3)
+    out = np.empty(70001, np.float32)
+    for step in range(3):
+        x = rng.standard_normal(70001).astype(np.float32)
+        keep, buf = x.copy(), x.copy()
+        assert apart.compensate("k", x, out=out) is out
+        assert np.array_equal(x, keep), step  # x is only read
+        inplace.compensate("k", buf, out=buf)
+        assert np.array_equal(out, buf), step
+        ra, rb = apart.residual("k"), inplace.residual("k")
+        assert ra is not None and rb is not None and np.array_equal(ra, rb)
+        a, b = shards(x.size, 3)[2]
+        assert not ra[a:b].any() and ra[:a].any()  # the own shard is sent as it is: no residual there
+
+
+def test_an_out_overlapping_x_reads_x_first() -> None:
+    x = np.arange(10, dtype=np.float32) + np.float32(1 + 2.0**-12)
+    want = ErrorFeedback("fp16", rank=0, world_size=2).compensate(0, x[2:].copy())
+    got = ErrorFeedback("fp16", rank=0, world_size=2).compensate(0, x[2:], out=x[:8])
+    assert np.array_equal(got, want)

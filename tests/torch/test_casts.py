@@ -12,6 +12,7 @@ import torch
 
 from netcoll import casts, compression, half
 from netcoll.errors import ConfigError
+from netcoll.feedback import CHUNK, ErrorFeedback
 from netcoll.ops import BFLOAT16, ReduceOp, reduce_into
 from netcoll.settings import torch_casts
 
@@ -123,3 +124,22 @@ def test_the_setting_turns_torch_off(numpy_only: pytest.MonkeyPatch) -> None:
     assert torch_casts({}) is True and torch_casts({"NETCOLL_TORCH_CASTS": "0"}) is False
     with pytest.raises(ConfigError, match="NETCOLL_TORCH_CASTS"):
         torch_casts({"NETCOLL_TORCH_CASTS": "yes"})
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16", "int8"])
+def test_error_feedback_keeps_the_same_residuals_either_way(codec: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ErrorFeedback's round trip goes through the codec, so through torch here: the same
+    compensated inputs and residuals as with numpy's casts, step after step."""
+    fast = ErrorFeedback(codec, rank=1, world_size=3)
+    plain = ErrorFeedback(codec, rank=1, world_size=3)
+    rng = np.random.default_rng(5)
+    for step in range(4):
+        x = (rng.standard_normal(2 * CHUNK + 1001) * 1e-5).astype(np.float32)  # gradient-sized: subnormal halves
+        a = fast.compensate(0, x)
+        monkeypatch.setenv("NETCOLL_TORCH_CASTS", "0")
+        b = plain.compensate(0, x)
+        monkeypatch.delenv("NETCOLL_TORCH_CASTS")
+        assert np.array_equal(a, b), (codec, step)
+        ra, rb = fast.residual(0), plain.residual(0)
+        assert ra is not None and rb is not None and np.array_equal(ra, rb), (codec, step)
+        assert np.abs(ra).max() > 0

@@ -37,6 +37,8 @@ def test_ddp_with_the_hook_is_identical_on_every_rank_and_sends_fewer_bytes() ->
         assert runs["fp16"]["residual_bytes"] == 0  # no error feedback asked for
         assert runs["int8_ef"]["residual_bytes"] == 4 * params  # one float32 residual per bucket
         assert runs["int8_ef"]["residual_keys"] == 2
+        assert runs["int8_ef"]["staged_bytes"] == 4 * params  # one float32 buffer all-reduced from, per bucket
+        assert runs["fp16"]["staged_bytes"] == 0
 
 
 def test_the_state_refuses_a_group_that_is_not_netcoll_and_a_bad_codec() -> None:
@@ -90,3 +92,22 @@ def test_residuals_follow_the_buckets_and_are_added_in_place() -> None:
     untouched = Bucket(0, [x] * 4, True)
     plain.compensate(Group(), untouched)  # type: ignore[arg-type]
     assert untouched.buffer().tolist() == [x] * 4 and plain.feedback is None  # type: ignore[attr-defined]
+
+
+def test_staged_writes_the_compensated_bucket_apart_and_leaves_the_bucket() -> None:
+    state, _ = netcoll.torch.compression_hook("fp16", error_feedback=True)
+    x = 1.0 + 2.0**-12  # as above: shard 0 loses 2**-12 each step
+    first = Bucket(0, [x] * 4, True)
+    assert state.staged(Group(), first).tolist() == [x] * 4  # type: ignore[arg-type,attr-defined]
+    second = Bucket(0, [x] * 4, True)
+    stage = state.staged(Group(), second)  # type: ignore[arg-type]
+    assert stage.tolist() == [x + 2.0**-12] * 2 + [x] * 2  # type: ignore[attr-defined]
+    assert second.buffer().tolist() == [x] * 4  # type: ignore[attr-defined]  # the bucket is not touched
+    assert state.staged(Group(), Bucket(0, [x] * 4, True)) is stage  # type: ignore[arg-type]  # one per bucket, reused
+    assert state.staged_bytes == 4 * 4
+    state.staged(Group(), Bucket(0, [x] * 2, True))  # type: ignore[arg-type]  # DDP rebuilt the buckets
+    assert state.staged_bytes == 2 * 4 and state.residual_bytes == 2 * 4
+    plain, _ = netcoll.torch.compression_hook("fp16", error_feedback=False)
+    bucket = Bucket(0, [x] * 4, True)
+    assert plain.staged(Group(), bucket) is bucket.buffer()  # type: ignore[arg-type]  # without feedback: itself
+    assert plain.staged_bytes == 0
