@@ -233,7 +233,7 @@ def fold(codec: str, op: Any, out: np.ndarray, data: Any, scratch: np.ndarray) -
     :data:`FOLD` elements at a time into ``scratch`` (flat, ``out``'s dtype, at least
     ``min(FOLD, out.size)`` elements), so each decoded piece is reduced from cache."""
     raw, flat = _checked(codec, data, out), out.reshape(-1)
-    n, step = flat.size, min(FOLD, flat.size)
+    n, step = flat.size, min(FOLD, flat.size) or 1  # an empty input: no piece
     nb = _blocks(n) * _scale_dtype(out.dtype).itemsize if codec == "int8" else 0
     each = 1 if codec == "int8" else encoded_nbytes(codec, out.dtype, 1)
     for i in range(0, n, step):

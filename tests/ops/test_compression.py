@@ -178,3 +178,11 @@ def test_fold_is_decode_then_reduce(codec: str, op: ReduceOp) -> None:
     assert np.array_equal(acc.view(np.uint32), want.view(np.uint32))
     with pytest.raises(ValueError, match="decode: "):
         fold(codec, op, acc, encode(codec, x[:-1]), np.empty(FOLD, np.float32))
+
+
+@pytest.mark.parametrize("codec", ["none", "fp16", "bf16", "int8"])
+def test_fold_of_nothing_is_nothing(codec: str) -> None:
+    """An empty contribution (a zero-element all_reduce, an empty shard) folds to nothing."""
+    acc = np.empty(0, np.float32)
+    fold(codec, ReduceOp.SUM, acc, encode(codec, acc), np.empty(0, np.float32))
+    assert acc.size == 0
