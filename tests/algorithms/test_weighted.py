@@ -6,6 +6,8 @@ ranks, over memory and loopback TCP (and shared memory for a big buffer)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,7 +17,7 @@ from netcoll.algorithms import ALGORITHMS, weighted
 from netcoll.mesh.channel import Channel
 from netcoll.ops import ReduceOp
 from tests.algorithms.test_algorithms import check_reduced, make_inputs
-from tests.support import ALL_LINKS, MakeGroup
+from tests.support import ALL_LINKS, MakeGroup, tcp_group
 
 rates_st = st.lists(st.floats(min_value=1e-3, max_value=1e3, allow_nan=False), min_size=1, max_size=9)
 
@@ -195,3 +197,27 @@ async def test_src_leaves_the_input_and_gives_the_same_bits(make_group: MakeGrou
     in_place = await group.run(lambda ch: body(ch, False))
     assert len({r.tobytes() for r in with_src + in_place}) == 1
     check_reduced(with_src[0], ReduceOp.SUM, inputs, f"weighted src rates={rates}")
+
+
+@pytest.mark.parametrize("rates", [[1.0, 1.0, 1.0, 0.25], [1.0, 0.5, 0.3, 1.0, 0.1]])
+async def test_paced_links_under_a_small_receive_window(rates: list[float]) -> None:
+    """Paced fast links, slow links of smaller messages and every message's receive
+    through a 64 KiB window (sends wait for credit or a rendezvous): no rank waits forever,
+    and every rank ends with the same, right bits."""
+    P = len(rates)
+    group = await tcp_group(P, window=64 << 10)
+    try:
+        inputs = make_inputs(np.dtype(np.float32), ReduceOp.SUM, P, 300_001)
+        grid = weighted.Grid.of(300_001, 4, P, 64 << 10, rates)
+        assert any(grid.paced(i, q) for i in range(P) for q in range(P) if i != q)
+
+        async def body(ch: Channel) -> np.ndarray:
+            buf = inputs[ch.rank].copy()
+            await weighted.all_reduce(ch, buf, ReduceOp.SUM, segment_bytes=64 << 10, rates=rates)
+            return buf
+
+        results = await asyncio.wait_for(group.run(body), 60)
+        assert len({r.tobytes() for r in results}) == 1
+        check_reduced(results[0], ReduceOp.SUM, inputs, f"weighted paced rates={rates}")
+    finally:
+        await group.close()
