@@ -52,7 +52,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -95,6 +95,14 @@ AHEAD = 4
 
 #: a posted receive: its payload and header
 Result = asyncio.Future[tuple[memoryview, dict[str, Any]]]
+
+
+@dataclass
+class Results:
+    """The receives of the other ranks' results, by owner, once posted."""
+
+    of: dict[int, list[Result]] = field(default_factory=dict)
+    posted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _usable(rates: Sequence[float] | None, p: int) -> list[float] | None:
@@ -287,12 +295,12 @@ async def all_reduce(
     inp = data if given is None else given
     at = grid.at
     ready = [asyncio.Event() for _ in range(grid.slices(r))]
-    results = {q: _post_results(ch, grid, data, q) for q in _peers(r, P)}
-    tasks = [asyncio.ensure_future(_send_share(ch, grid, inp, p, results[p])) for p in _peers(r, P)]
+    results = Results()  # the sends start first: posting every result's receive takes a while
+    tasks = [asyncio.ensure_future(_send_share(ch, grid, inp, p, results)) for p in _peers(r, P)]
     tasks += [asyncio.ensure_future(_send_reduced(ch, grid, data, p, ready)) for p in _peers(r, P)]
     tasks += [
         asyncio.ensure_future(_reduce_own(ch, grid, op, inp[at[r] : at[r + 1]], data[at[r] : at[r + 1]], ready)),
-        asyncio.ensure_future(_gather_shares(results)),
+        asyncio.ensure_future(_gather_shares(ch, grid, data, results)),
     ]
     await _all_or_first_error(tasks)
 
@@ -316,7 +324,7 @@ def _peers(r: int, p: int) -> list[int]:
     return [(r + k) % p for k in range(1, p)]
 
 
-async def _send_share(ch: Channel, grid: Grid, inp: np.ndarray, peer: int, results: list[Result]) -> None:
+async def _send_share(ch: Channel, grid: Grid, inp: np.ndarray, peer: int, results: Results) -> None:
     """This rank's input for ``peer``'s share, message by message; on a paced link
     (:meth:`Grid.paced`) message ``j`` only once ``peer``'s result message ``j -`` :data:`AHEAD`
     is in."""
@@ -324,7 +332,8 @@ async def _send_share(ch: Channel, grid: Grid, inp: np.ndarray, peer: int, resul
     paced = grid.paced(ch.rank, peer)
     for j, (a, b) in enumerate(grid.messages(ch.rank, peer)):
         if paced and j >= AHEAD:
-            await results[j - AHEAD]
+            await results.posted.wait()
+            await results.of[peer][j - AHEAD]
         await ch.send(peer, part[a:b], step=SCATTER_STEP, chunk=j)
 
 
@@ -428,8 +437,12 @@ def _retrieved(fut: Result) -> None:
         fut.exception()
 
 
-async def _gather_shares(results: dict[int, list[Result]]) -> None:
-    """Wait for every other rank's reduced share (received in place, all posted at once)."""
-    for futures in results.values():
+async def _gather_shares(ch: Channel, grid: Grid, data: np.ndarray, results: Results) -> None:
+    """Post the receives of every other rank's reduced share (in place, all at once) and
+    wait for them."""
+    for q in _peers(ch.rank, ch.size):
+        results.of[q] = _post_results(ch, grid, data, q)
+    results.posted.set()
+    for futures in results.of.values():
         for fut in futures:
             await fut
