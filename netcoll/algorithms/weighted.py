@@ -39,7 +39,8 @@ ring), plus one slice's transfer at the end; ``(P-1) s_i`` bytes reduced by rank
 per link and direction about ``q``'s share, ``ceil(s_q / (piece · min(w)/max(w)))``
 messages plus up to ``2 log2`` :data:`FINE` tapered ones (:func:`piece`: at most
 ``segment_bytes``, a share at least :data:`PIECES` of them; :meth:`Grid.full_messages`
-counts them at the fastest rate). Scratch: :data:`WINDOW` messages per contributor (within ``SCRATCH_BUDGET_BYTES``).
+counts them at the fastest rate). Scratch: up to :data:`WINDOW` messages per contributor, within
+``SCRATCH_BUDGET_BYTES`` (but never fewer than 2 each).
 
 Bits: every element is reduced by its owner alone, in rank order, and copied to
 everyone: **all ranks end with bit-identical results**, the same for repeated runs
@@ -60,13 +61,13 @@ import numpy as np
 from ..ops import ReduceOp, reduce_into
 from ._common import (
     DEFAULT_SEGMENT_BYTES,
+    SCRATCH_BUDGET_BYTES,
     Plan,
     RecvWindow,
     drain,
     own_input,
     reduction_args,
     scratch,
-    scratch_depth,
 )
 
 if TYPE_CHECKING:
@@ -362,7 +363,7 @@ async def _reduce_own(
         windows: dict[int, tuple[RecvWindow, list[np.ndarray], list[tuple[int, int]]]] = {}
         for q in others:
             longest = max(b - a for a, b in msgs[q])
-            depth = scratch_depth(WINDOW, longest * own.itemsize * (P - 1))
+            depth = max(2, min(WINDOW, SCRATCH_BUDGET_BYTES // max(1, longest * own.itemsize * (P - 1))))
             bufs = stack.enter_context(scratch(depth, longest, own.dtype))
             plan = _planner(q, msgs[q], bufs)
             window = await stack.enter_async_context(RecvWindow(ch, plan, len(msgs[q]), depth - 1))
