@@ -36,8 +36,8 @@ way): the shares are equal.
 Cost, ``P`` ranks, ``N`` bytes, shares ``s_i`` (bytes), rates ``w_i``: 2 steps;
 ``max_i (N + (P-2) s_i) / w_i`` on the busiest rank (equal rates: ``2(P-1)/P N``, as the
 ring), plus one slice's transfer at the end; ``(P-1) s_i`` bytes reduced by rank ``i``;
-per link and direction about ``q``'s share, ``ceil(s_q / (piece · min(w)/max(w)))``
-messages plus up to ``2 log2`` :data:`FINE` tapered ones (:func:`piece`: at most
+per link ``i``-``q`` and direction about ``q``'s share, about ``s_q / (piece · min(w_i, w_q)
+/ max(w))`` messages (whole slices each) plus up to ``2 log2`` :data:`FINE` tapered ones (:func:`piece`: at most
 ``segment_bytes``, a share at least :data:`PIECES` of them; :meth:`Grid.full_messages`
 counts them at the fastest rate). Scratch: up to :data:`WINDOW` messages per contributor, within
 ``SCRATCH_BUDGET_BYTES`` (but never fewer than 2 each).
