@@ -50,13 +50,13 @@ def all_reduce(e: Engine, x: Any, op: Any, out: Any, algorithm: str, compression
     if algo == "weighted":
         kw["rates"] = weights(e, "all_reduce")
     if (
-        algo in ("ring", "tree")
+        algo in ("ring", "tree", "weighted")
         and e.world_size > 1
         and out is not x
         and x.flags.c_contiguous
         and (out is None or not np.may_share_memory(out, x))
     ):
-        # the ring and the tree read our input where they need it: no up-front copy into the result
+        # the ring, the tree and the weighted read our input where they need it: no up-front copy
         buf = result(out, x.shape, x.dtype)
         kw["src"] = x.reshape(-1)
     else:

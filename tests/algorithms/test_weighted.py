@@ -6,6 +6,8 @@ ranks, over memory and loopback TCP (and shared memory for a big buffer)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,7 +17,7 @@ from netcoll.algorithms import ALGORITHMS, weighted
 from netcoll.mesh.channel import Channel
 from netcoll.ops import ReduceOp
 from tests.algorithms.test_algorithms import check_reduced, make_inputs
-from tests.support import ALL_LINKS, MakeGroup
+from tests.support import ALL_LINKS, MakeGroup, tcp_group
 
 rates_st = st.lists(st.floats(min_value=1e-3, max_value=1e3, allow_nan=False), min_size=1, max_size=9)
 
@@ -128,3 +130,94 @@ async def test_big_buffer_with_a_slow_rank(make_group: MakeGroup) -> None:
     results = await group.run(body)
     assert len({r.tobytes() for r in results}) == 1
     check_reduced(results[0], ReduceOp.SUM, inputs, "weighted big")
+
+
+@settings(max_examples=200, deadline=None)
+@given(k=st.integers(min_value=0, max_value=500), m=st.integers(min_value=1, max_value=64))
+def test_taper_covers_every_slice_small_at_both_ends(k: int, m: int) -> None:
+    sizes = weighted.taper(k, m)
+    assert sum(sizes) == k and all(1 <= s <= m for s in sizes)
+    if k:
+        assert sizes[0] == 1 and sizes[-1] == 1
+    if k >= 4 * m:  # a long stream is mostly full messages: at most 2 log2(m) + 1 short ones
+        assert sum(s < m for s in sizes) <= 2 * max(1, m - 1).bit_length() + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rates=st.lists(st.floats(min_value=1e-2, max_value=1e2, allow_nan=False), min_size=2, max_size=6),
+    n=st.integers(min_value=0, max_value=200_000),
+    seg=st.sampled_from([64, 4096, 1 << 20]),
+)
+def test_grid_messages_cut_each_share_in_whole_slices(rates: list[float], n: int, seg: int) -> None:
+    p = len(rates)
+    grid = weighted.Grid.of(n, 4, p, seg, rates)
+    assert grid.at == weighted.bounds(weighted.shares(n, rates, p))
+    for q in range(p):
+        share = grid.at[q + 1] - grid.at[q]
+        assert [b for _, b in grid.slice_bounds(q)][-1:] == ([share] if share else [])
+        for i in range(p):
+            if i == q:
+                continue
+            msgs = grid.messages(i, q)
+            assert msgs == grid.messages(i, q)  # a pure function: both ends compute the same
+            assert [a for a, _ in msgs] == [0, *[b for _, b in msgs]][: len(msgs)]  # back to back
+            assert (msgs[-1][1] if msgs else 0) == share
+            assert all(a % grid.size == 0 and a < b for a, b in msgs)
+            assert all(b - a <= grid.per_message(i, q) * grid.size for a, b in msgs)
+            assert grid.per_message(i, q) == grid.per_message(q, i)
+
+
+def test_a_slow_link_has_smaller_messages_and_paces_only_the_fast() -> None:
+    rates = [1.0, 1.0, 1.0, 0.25]
+    grid = weighted.Grid.of(16 << 20, 4, 4, 4 << 20, rates)  # the issue's 64 MiB of float32
+    assert grid.per_message(0, 1) == grid.full == weighted.FINE
+    assert grid.per_message(3, 1) == weighted.FINE // 4
+    assert grid.paced(0, 1) and grid.paced(2, 0)  # fast to fast: held to the owner's pace
+    assert not grid.paced(3, 0)  # the slow rank's input is what sets that pace
+    even = weighted.Grid.of(16 << 20, 4, 4, 4 << 20, None)
+    assert not any(even.paced(i, q) for i in range(4) for q in range(4) if i != q)
+
+
+@pytest.mark.parametrize("rates", [[1.0, 0.25, 1.0, 1.0, 0.5], [1.0, 2.0, 0.1], None])
+async def test_src_leaves_the_input_and_gives_the_same_bits(make_group: MakeGroup, rates: list[float] | None) -> None:
+    P = 3 if rates is None else len(rates)
+    group = await make_group(P)
+    inputs = make_inputs(np.dtype(np.float32), ReduceOp.SUM, P, 50_003)
+
+    async def body(ch: Channel, use_src: bool) -> np.ndarray:
+        x = inputs[ch.rank].copy()
+        out = np.full_like(x, np.nan) if use_src else x
+        await weighted.all_reduce(ch, out, ReduceOp.SUM, segment_bytes=8 << 10, rates=rates, src=x if use_src else None)
+        if use_src:
+            assert x.tobytes() == inputs[ch.rank].tobytes()  # read only
+        return out
+
+    with_src = await group.run(lambda ch: body(ch, True))
+    in_place = await group.run(lambda ch: body(ch, False))
+    assert len({r.tobytes() for r in with_src + in_place}) == 1
+    check_reduced(with_src[0], ReduceOp.SUM, inputs, f"weighted src rates={rates}")
+
+
+@pytest.mark.parametrize("rates", [[1.0, 1.0, 1.0, 0.25], [1.0, 0.5, 0.3, 1.0, 0.1]])
+async def test_paced_links_under_a_small_receive_window(rates: list[float]) -> None:
+    """Paced fast links, slow links of smaller messages and every message's receive
+    through a 64 KiB window (sends wait for credit or a rendezvous): no rank waits forever,
+    and every rank ends with the same, right bits."""
+    P = len(rates)
+    group = await tcp_group(P, window=64 << 10)
+    try:
+        inputs = make_inputs(np.dtype(np.float32), ReduceOp.SUM, P, 300_001)
+        grid = weighted.Grid.of(300_001, 4, P, 64 << 10, rates)
+        assert any(grid.paced(i, q) for i in range(P) for q in range(P) if i != q)
+
+        async def body(ch: Channel) -> np.ndarray:
+            buf = inputs[ch.rank].copy()
+            await weighted.all_reduce(ch, buf, ReduceOp.SUM, segment_bytes=64 << 10, rates=rates)
+            return buf
+
+        results = await asyncio.wait_for(group.run(body), 60)
+        assert len({r.tobytes() for r in results}) == 1
+        check_reduced(results[0], ReduceOp.SUM, inputs, f"weighted paced rates={rates}")
+    finally:
+        await group.close()

@@ -75,6 +75,20 @@ async def test_by_name_without_a_model_equal_shares() -> None:
     assert _algorithm(comms) == {"weighted"}
 
 
+async def test_out_buffer_leaves_the_input_as_it_was() -> None:
+    """With ``out=`` the weighted all_reduce reads the input in place (``src``) and writes only ``out``."""
+    _, comms = memory_world(3)
+    xs = [np.arange(50_001, dtype=np.float32) % 89 + c.rank for c in comms]
+    before = [x.copy() for x in xs]
+    outs = [np.full_like(x, np.nan) for x in xs]
+    got = await asyncio.gather(
+        *(c.all_reduce(x, out=o, algorithm="weighted") for c, x, o in zip(comms, xs, outs, strict=True))
+    )
+    want = np.sum(before, axis=0, dtype=np.float32)
+    assert all(g is o and o.tobytes() == want.tobytes() for g, o in zip(got, outs, strict=True))
+    assert all(x.tobytes() == b.tobytes() for x, b in zip(xs, before, strict=True))
+
+
 async def test_netcoll_algo_forces_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NETCOLL_ALGO", "all_reduce=weighted")
     tell_calibration(monkeypatch, rates=[1e9, 1e9, 1e9, 1e8, 1e9])
