@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import resource
-import socket
 import statistics
 import tempfile
 
@@ -27,6 +26,7 @@ from netcoll.links import tlstransport
 from netcoll.links.sockettransport import SocketTransport
 from netcoll.mesh.certs import TlsConfig
 from netcoll.sizes import format_size, parse_size
+from netcoll.testing.sockets import loopback_pair
 
 
 class _Receiver(asyncio.BufferedProtocol):
@@ -47,25 +47,10 @@ class _Receiver(asyncio.BufferedProtocol):
             self.done.set_result(None)
 
 
-async def _sockets() -> tuple[socket.socket, socket.socket]:
-    """A connected loopback TCP pair, non-blocking, ``TCP_NODELAY`` as netcoll's links."""
-    loop = asyncio.get_running_loop()
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.setblocking(False)
-        client = socket.socket()
-        client.setblocking(False)
-        await loop.sock_connect(client, listener.getsockname())
-        server, _ = await loop.sock_accept(listener)
-    for sock in (client, server):
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return client, server
-
-
 async def _connect(kind: str, size: int, pki: dict[str, str]) -> tuple[SocketTransport, _Receiver]:
     """The sending transport and the receiving protocol of one connection of ``kind``."""
     loop = asyncio.get_running_loop()
-    client, server = await _sockets()
+    client, server = await loopback_pair()
     sender, receiver = _Receiver(1), _Receiver(size)
     if kind == "tcp":
         out = SocketTransport(loop, client, sender)

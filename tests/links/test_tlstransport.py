@@ -21,6 +21,7 @@ from netcoll.links import tlstransport
 from netcoll.links.factory import LinkConfig
 from netcoll.links.tlstransport import TlsTransport
 from netcoll.mesh.certs import TlsConfig
+from netcoll.testing.sockets import loopback_pair
 from netcoll.wire import Kind
 from tests.links.test_sockettransport import Sink, pattern
 from tests.support.groups import tcp_mesh
@@ -42,14 +43,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TlsConfig]:
 
 
 async def _sockets(small_buffers: bool) -> tuple[socket.socket, socket.socket]:
-    loop = asyncio.get_running_loop()
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.setblocking(False)
-        client = socket.socket()
-        client.setblocking(False)
-        await loop.sock_connect(client, listener.getsockname())
-        server, _ = await loop.sock_accept(listener)
-    server.setblocking(False)
+    client, server = await loopback_pair(nodelay=False)
     if small_buffers:
         for sock in (client, server):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
