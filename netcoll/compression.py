@@ -293,7 +293,9 @@ def _scales(absmax: np.ndarray, scales: np.ndarray, work: Any) -> tuple[np.ndarr
     return inverse, usable
 
 
-def _scale_rows_torch(kernels: casts.Int8Rows, i: int, j: int, scales: np.ndarray, codes: np.ndarray, work: Any) -> None:
+def _scale_rows_torch(
+    kernels: casts.Int8Rows, i: int, j: int, scales: np.ndarray, codes: np.ndarray, work: Any
+) -> None:
     """:func:`_scale_rows` of blocks ``i:j`` through torch's kernels (the same bits)."""
     inverse, usable = _scales(kernels.absmax(i, j), scales, work)
     kernels.encode(i, j, inverse)
