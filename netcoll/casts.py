@@ -25,7 +25,7 @@ import numpy as np
 from . import settings
 from .ops import BFLOAT16
 
-__all__ = ["absmax_rows", "cast", "codes_of", "scale_codes", "torch"]
+__all__ = ["Int8Rows", "cast", "int8_rows", "scale_codes", "torch"]
 
 #: numpy dtype -> (the numpy dtype torch.from_numpy takes, torch dtype's name)
 _VIEWS: Final[dict[np.dtype, tuple[np.dtype, str]]] = {
@@ -80,39 +80,53 @@ def cast(src: np.ndarray, dst: np.ndarray) -> bool:
     return True
 
 
-# -- int8's kernels (float32 only; the bits of compression's numpy path: one IEEE operation each)
-def absmax_rows(rows: np.ndarray, tmp: np.ndarray) -> np.ndarray | None:
-    """The largest ``|x|`` of each row of the float32 ``rows`` (NaN if the row holds one),
-    through ``tmp`` (same shape); None when not done."""
-    got = _tensors(rows, tmp) if rows.dtype == tmp.dtype == np.float32 else None
-    if got is None:
+# -- int8's kernels (float32 only; the bits of compression's numpy path: one IEEE operation each).
+# Their tensors are made once per array (a tensor over a numpy array costs microseconds: once per
+# chunk of a few hundred blocks it was a tenth of the codec's time) and sliced per chunk.
+class Int8Rows:
+    """torch tensors over the float32 ``rows`` of an int8 encoding, their ``codes`` and a
+    ``tmp`` of at least one chunk's rows (:func:`int8_rows`); methods per chunk ``i:j``."""
+
+    __slots__ = ("codes", "rows", "t", "tmp")
+
+    def __init__(self, t: Any, rows: Any, codes: Any, tmp: Any) -> None:
+        self.t, self.rows, self.codes, self.tmp = t, rows, codes, tmp
+
+    def absmax(self, i: int, j: int) -> np.ndarray:
+        """The largest ``|x|`` of each of rows ``i:j`` (NaN if the row holds one)."""
+        scratch = self.tmp[: j - i]
+        result: np.ndarray = self.t.abs(self.rows[i:j], out=scratch).amax(dim=1).numpy()
+        return result
+
+    def encode(self, i: int, j: int, inverse: np.ndarray) -> None:
+        """``codes[i:j] = rint(rows[i:j] * inverse[:, None])`` (round half to even; rows
+        whose product is not finite are the caller's to zero)."""
+        t, scratch = self.t, self.tmp[: j - i]
+        t.mul(self.rows[i:j], t.from_numpy(inverse).unsqueeze(1), out=scratch)
+        t.round(scratch, out=scratch)
+        self.codes[i:j].copy_(scratch)
+
+
+def int8_rows(rows: np.ndarray, codes: np.ndarray, tmp: np.ndarray) -> Int8Rows | None:
+    """:class:`Int8Rows` over float32 ``rows``, int8 ``codes`` (same shape) and float32
+    ``tmp``, or None (no torch, other dtypes)."""
+    if not rows.dtype == tmp.dtype == np.float32:
         return None
-    x, scratch = got
-    result: np.ndarray = torch().abs(x, out=scratch).amax(dim=1).numpy()
-    return result
+    got = _tensors(rows, codes, tmp)
+    return None if got is None else Int8Rows(torch(), *got)
 
 
-def codes_of(rows: np.ndarray, inverse: np.ndarray, tmp: np.ndarray, codes: np.ndarray) -> bool:
-    """``codes = rint(rows * inverse[:, None])`` (float32 in, int8 out, round half to even;
-    rows whose product is not finite are the caller's to zero), through ``tmp``."""
-    got = _tensors(rows, inverse, tmp, codes) if rows.dtype == inverse.dtype == np.float32 else None
-    if got is None:
-        return False
-    x, inv, scratch, out = got
-    t = torch()
-    t.mul(x, inv.unsqueeze(1), out=scratch)
-    t.round(scratch, out=scratch)
-    out.copy_(scratch)
-    return True
-
-
-def scale_codes(codes: np.ndarray, per: np.ndarray, out: np.ndarray) -> bool:
+def scale_codes(codes: np.ndarray, per: np.ndarray, out: np.ndarray, rows: int) -> bool:
     """``out = codes * per[:, None]`` (int8 codes, float32 scales and result: the codes cast
-    exactly, then one rounding per product)."""
+    exactly, then one rounding per product), ``rows`` rows at a time (the cast still in cache
+    when scaled); False when not done."""
     got = _tensors(codes, per, out) if per.dtype == out.dtype == np.float32 else None
     if got is None:
         return False
     c, p, o = got
-    o.copy_(c)
-    o.mul_(p.unsqueeze(1))
+    p = p.unsqueeze(1)
+    for i in range(0, o.shape[0], rows):
+        part = o[i : i + rows]
+        part.copy_(c[i : i + rows])
+        part.mul_(p[i : i + rows])
     return True

@@ -271,28 +271,46 @@ def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
     blocks = (flat if not pad else np.concatenate([flat, np.zeros(pad, flat.dtype)])).reshape(nb, INT8_BLOCK)
     out = (codes if not pad else np.empty(nb * INT8_BLOCK, np.int8)).reshape(nb, INT8_BLOCK)
     scratch = np.empty((min(ROWS, nb), INT8_BLOCK), work)
+    kernels = casts.int8_rows(blocks, out, scratch)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore", under="ignore"):
         for i in range(0, nb, ROWS):
-            _scale_rows(blocks[i : i + ROWS], scales[i : i + ROWS], out[i : i + ROWS], scratch, work)
+            j = min(nb, i + ROWS)
+            if kernels is None:
+                _scale_rows(blocks[i:j], scales[i:j], out[i:j], scratch, work)
+            else:
+                _scale_rows_torch(kernels, i, j, scales[i:j], out[i:j], work)
     if pad:
         codes[...] = out.reshape(-1)[:n]
+
+
+def _scales(absmax: np.ndarray, scales: np.ndarray, work: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Some blocks' ``scales`` from their ``absmax`` (NaN where not finite), and the inverse
+    of each (0 where the scale is 0 or NaN, whose block's codes are all 0); with the mask of
+    the blocks whose scale is usable. (The scale dtype is the work dtype: as the receiver sees it.)"""
+    scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
+    usable = scales > 0  # NaN is not
+    inverse = np.divide(work(1), scales, out=np.zeros(scales.shape, work), where=usable)
+    return inverse, usable
+
+
+def _scale_rows_torch(
+    kernels: casts.Int8Rows, i: int, j: int, scales: np.ndarray, codes: np.ndarray, work: Any
+) -> None:
+    """:func:`_scale_rows` of blocks ``i:j`` through torch's kernels (the same bits)."""
+    inverse, usable = _scales(kernels.absmax(i, j), scales, work)
+    kernels.encode(i, j, inverse)
+    if not usable.all():
+        codes[~usable] = 0
 
 
 def _scale_rows(rows: np.ndarray, scales: np.ndarray, codes: np.ndarray, scratch: np.ndarray, work: Any) -> None:
     """The scales and codes of some whole blocks (a block holding inf or NaN: a NaN
     scale and zero codes; an all-zero block: scale 0, zero codes)."""
     tmp = scratch[: rows.shape[0]]
-    absmax = casts.absmax_rows(rows, tmp)
-    if absmax is None:
-        np.abs(rows, out=tmp)  # (in cache: half the time of a max and a min over the rows)
-        absmax = tmp.max(axis=1)  # inf or NaN: non-finite
-    scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
-    stored = scales.astype(work)  # the scale as the receiver sees it
-    usable = np.isfinite(stored) & (stored > 0)
-    inverse = np.divide(work(1), stored, out=np.zeros_like(stored), where=usable)
-    if not casts.codes_of(rows, inverse, tmp, codes):
-        np.multiply(rows, inverse[:, None], out=tmp)
-        np.rint(tmp, out=codes, casting="unsafe")  # |x / scale| <= 127
+    np.abs(rows, out=tmp)  # (in cache: half the time of a max and a min over the rows)
+    inverse, usable = _scales(tmp.max(axis=1), scales, work)  # inf or NaN: non-finite
+    np.multiply(rows, inverse[:, None], out=tmp)
+    np.rint(tmp, out=codes, casting="unsafe")  # |x / scale| <= 127
     if not usable.all():
         codes[~usable] = 0
 
@@ -325,11 +343,12 @@ def _decode_int8(scales: np.ndarray, codes: np.ndarray, out: np.ndarray) -> None
 
 
 def _scale_codes(codes: np.ndarray, per: np.ndarray, rows: np.ndarray) -> None:
-    """``rows = codes * per`` (one scale per row), :data:`ROWS` rows at a time: the codes
-    cast into the rows (exact), then scaled in place while still in cache (one rounding, as
+    """``rows = codes * per`` (one scale per row), :data:`ROWS` rows at a time: the codes cast
+    into the rows (exact), then scaled in place while still in cache (one rounding, as
     a product in ``rows``' dtype: the bits of a mixed multiply, without its buffering)."""
+    if casts.scale_codes(codes, per, rows, ROWS):
+        return
     for i in range(0, rows.shape[0], ROWS):
         part = rows[i : i + ROWS]
-        if not casts.scale_codes(codes[i : i + ROWS], per[i : i + ROWS], part):
-            part[...] = codes[i : i + ROWS]
-            np.multiply(part, per[i : i + ROWS, None], out=part)
+        part[...] = codes[i : i + ROWS]
+        np.multiply(part, per[i : i + ROWS, None], out=part)
