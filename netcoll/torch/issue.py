@@ -91,6 +91,8 @@ class Issuer:
     def __init__(self, comm: Communicator, loop: asyncio.AbstractEventLoop) -> None:
         self.comm = comm
         self.loop = loop
+        self._queued = 0  # issues handed to the loop and not yet run there
+        self._lock = threading.Lock()
 
     def __call__(
         self, start: Callable[[Communicator], Work], finish: Callable[[Any], Any], *, wait: bool = True
@@ -100,12 +102,18 @@ class Issuer:
         return once the collective is issued, its argument errors raised here; else at
         once (the issue queued on the loop behind this thread's earlier ones, so in call
         order), every error the future's: what a DDP comm hook wants, whose caller is
-        autograd's thread, with the backward pass to go on with."""
+        autograd's thread, with the backward pass to go on with. On the loop's own thread
+        (a torch future's callback issuing the next collective) the issue runs at once,
+        unless issues from other threads are still queued: then it queues behind them
+        (issues keep the order of the calls on every rank) and its errors are the future's."""
         fut: torch.futures.Future[Any] = torch.futures.Future()
         issued: concurrent.futures.Future[None] = concurrent.futures.Future()
         result = NetcollWork(fut)
 
-        def on_loop() -> None:
+        def on_loop(queued: bool = False) -> None:
+            if queued:
+                with self._lock:
+                    self._queued -= 1
             try:
                 work = start(self.comm)
             except BaseException as exc:  # noqa: BLE001 - a bad argument: raised in the caller (or the future's)
@@ -117,12 +125,24 @@ class Issuer:
             issued.set_result(None)
             work.add_done_callback(lambda w: _complete(w, finish, fut))
 
-        if _running_loop() is self.loop:
-            on_loop()  # e.g. a torch future's callback that issues the next collective
+        if _running_loop() is self.loop:  # e.g. a torch future's callback that issues the next collective
+            with self._lock:
+                behind = self._queued > 0
+                if behind:
+                    self._queued += 1
+            if not behind:
+                on_loop()
+            else:  # after the issues already queued (blocking here would wait on this very thread)
+                wait = False
+                self.loop.call_soon(on_loop, True)
         else:
+            with self._lock:
+                self._queued += 1
             try:
-                self.loop.call_soon_threadsafe(on_loop)
+                self.loop.call_soon_threadsafe(on_loop, True)
             except RuntimeError:  # the loop has closed
+                with self._lock:
+                    self._queued -= 1
                 raise RuntimeError(f"the netcoll process group {self.comm.group!r} is shut down") from None
         if wait:
             issued.result()

@@ -69,3 +69,34 @@ def test_the_issues_error_is_the_futures_without_waiting_and_raised_with(loop: a
         work.get_future().wait()
     with pytest.raises(ValueError, match="bad shape"):
         issue(bad, lambda r: r)
+
+
+def test_an_issue_on_the_loop_thread_keeps_its_place_behind_queued_ones(loop: asyncio.AbstractEventLoop) -> None:
+    """A torch future's callback (on netcoll's loop) issuing a collective while an issue of
+    autograd's thread is still queued: it goes after that one, as on a rank where the
+    callback ran later; with nothing queued it runs at once."""
+    issue, order = Issuer(object(), loop), []  # type: ignore[arg-type]
+    go, seen = threading.Event(), []
+
+    def start(name: str) -> Any:
+        return lambda _comm: order.append(name) or done_work(loop, name)
+
+    def on_loop() -> None:  # the loop thread, busy until the other thread's issue is queued
+        go.wait(10)
+        later.append(issue(start("b"), lambda r: [r]))  # (wait=True would block this thread: not here)
+        seen.append(list(order))
+
+    later: list[Any] = []
+    loop.call_soon_threadsafe(on_loop)
+    first = issue(start("a"), lambda r: [r], wait=False)
+    go.set()
+    assert first.result() == ["a"] and later[0].result() == ["b"]
+    assert seen == [[]] and order == ["a", "b"]  # b waited for a
+
+    def inline() -> None:
+        issue(start("c"), lambda r: [r])
+        seen.append(list(order))
+
+    done = threading.Event()
+    loop.call_soon_threadsafe(lambda: (inline(), done.set()))
+    assert done.wait(10) and seen[-1] == ["a", "b", "c"]  # nothing queued: at once
