@@ -93,11 +93,20 @@ def _post(rop: ReduceOp, world_size: int) -> Any:
     return post
 
 
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are the same contiguous memory: a compressed all_reduce reads
+    each piece of its input before it writes that piece's result, so it can run in place."""
+    both = a.flags.c_contiguous and b.flags.c_contiguous
+    return both and a.ctypes.data == b.ctypes.data and a.nbytes == b.nbytes and a.dtype == b.dtype
+
+
 def all_reduce(e: Engine, x: Any, rop: ReduceOp, out: Any, algorithm: str, codec: str) -> Plan:
     x = as_array(x)
     check_reduction(codec, rop, x.dtype, algorithm, "all_reduce")
     buf = result(out, x.shape, x.dtype)
-    src = contiguous(x) if out is None or not np.may_share_memory(out, x) else contiguous(x).copy()
+    src = contiguous(x)
+    if out is not None and np.may_share_memory(buf, src) and not _same(buf, src):
+        src = src.copy()  # partly overlapping: read a copy (the very same array is read in place)
     if e.world_size == 1:
         buf[...] = src
         return Done(_post(rop, 1)(buf))

@@ -302,5 +302,8 @@ async def test_an_all_reduce_in_pieces_gives_the_bits_of_one_piece(n: int, monke
             for window in (1, 2, 5):
                 monkeypatch.setattr(compressed, "WINDOW", window)
                 pieced = await run_world(n, lambda c: c.all_reduce(xs[c.rank], compression=codec))
-                identical([*whole, *pieced])
+                mine = [x.copy() for x in xs]  # in place, read without a copy: the same bits
+                inplace = await run_world(n, lambda c: c.all_reduce(mine[c.rank], out=mine[c.rank], compression=codec))
+                assert all(r is m for r, m in zip(inplace, mine, strict=True))
+                identical([*whole, *pieced, *inplace])
     assert len(compressed.pieces([(0, 2586), (2586, 5171)], 512)) == 6
