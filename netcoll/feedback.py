@@ -92,13 +92,7 @@ class ErrorFeedback:
     """Residuals of compressed contributions, per key, for rank ``rank`` of
     ``world_size`` under ``codec`` (see the module docstring)."""
 
-    def __init__(
-        self,
-        codec: str,
-        *,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
+    def __init__(self, codec: str, *, rank: int = 0, world_size: int = 1) -> None:
         self.codec = parse_compression(codec)
         if not 0 <= rank < world_size:
             raise ValueError(f"ErrorFeedback: rank must be in [0, world_size={world_size}), not {rank}")

@@ -71,13 +71,6 @@ class CompressionState:
             )
         return pg
 
-    def compensate(self, pg: ProcessGroupNetcoll, bucket: GradBucket) -> None:
-        """Add the bucket's residual to its buffer, in place, and keep the new residual."""
-        feedback = self._feedback(pg, bucket)
-        if feedback is not None:
-            buffer = to_numpy(bucket.buffer(), "bucket")
-            feedback.compensate(bucket.index(), buffer, out=buffer)
-
     def staged(self, pg: ProcessGroupNetcoll, bucket: GradBucket) -> torch.Tensor:
         """What the hook all-reduces for ``bucket``: with error feedback, the bucket's
         buffer plus its residual written (in the same pass that finds the new residual)
