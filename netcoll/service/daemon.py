@@ -229,12 +229,9 @@ class RankDaemon:
             await rdv.rpc.call("daemon_drain", {}, timeout=5.0)
         except (OSError, NetcollError, TimeoutError):
             pass
-        # Polls on purpose (not Queue.join()): leaving the instant this rank's part of the job
-        # is done makes the coordinator count the rank as lost while the others still finish
-        # (JobService._on_close does not yet check whether the rank had reported); the poll's
-        # slack hides that race. Make this `await self._jobs.join()` once the scheduler is fixed.
-        while self.current_job is not None or not self._jobs.empty():  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+        # Leaving the instant this rank's part is reported is safe: the scheduler counts a
+        # rank lost only if it goes before reporting (JobService._on_close).
+        await self._jobs.join()
 
     async def _drop_links(self) -> None:
         if self.mesh is not None:
@@ -262,6 +259,7 @@ class RankDaemon:
                 self._job_task = None
                 self.current_job = None
                 resultpool.RESULTS.clear()  # an idle daemon keeps no result memory for reuse
+                self._jobs.task_done()
 
     async def _finish(self, task: asyncio.Task[Outcome], job_id: Any, rank: Any) -> None:
         """Wait for the job's collective, drop broken links, report."""
