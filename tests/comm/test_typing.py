@@ -135,3 +135,12 @@ def test_every_method_has_a_reference_docstring(name: str) -> None:
     params = set(inspect.signature(getattr(netcoll.Communicator, name)).parameters) - {"self"}
     for param in params:  # each argument described
         assert re.search(rf"^\s+{param}:", doc, re.M), (name, param)
+
+
+def test_every_public_error_is_importable_from_netcoll() -> None:
+    import netcoll.errors
+
+    missing = sorted(set(netcoll.errors.__all__) - set(netcoll.__all__))
+    assert not missing, f"netcoll.errors exports these, netcoll does not: {missing}"
+    for name in netcoll.errors.__all__:
+        assert getattr(netcoll, name) is getattr(netcoll.errors, name)
