@@ -131,7 +131,7 @@ CONNECT_SCRIPT = textwrap.dedent(
         while frame is not None:
             names.append(frame.f_code.co_name)
             frame = frame.f_back
-        return names[:3] == ["wait", "result", "start"]  # in _Runner.start's ready.result()
+        return names[:3] == ["wait", "result", "start"]  # in Runner.start's ready.result()
 
     def announce():
         while not blocked_connecting():

@@ -1,53 +1,21 @@
-"""``netcoll.sync``: the :class:`~netcoll.comm.Communicator` as blocking calls,
-for ordinary (synchronous) training scripts::
-
-    import netcoll.sync
-
-    with netcoll.sync.connect() as comm:        # under `netcoll run`: address etc. from the environment
-        grads = comm.all_reduce(grads, op="avg")  # blocks, returns the result
-        work = comm.all_gather(w, async_op=True)  # returns the netcoll.Work at once
-        ...
-        params = work.wait()
-
-An asyncio event loop runs in a daemon thread of its own per :func:`connect`;
-each call hands its collective to that loop (*issuing* it there, in the order
-the calls are made) and blocks the calling thread until it ends. Errors are the
-async API's typed errors, raised in the caller. See docs/training.md for the
-rules on threads, ``async_op`` and shutdown; in short:
-
-* calls from several threads are safe and are issued in the order they reach
-  the communicator; every rank must issue the same collectives in the same
-  order, so either fix the order across threads yourself or give each thread
-  its own sub-communicator (:meth:`SyncCommunicator.split`);
-* ``async_op=True`` returns the :class:`~netcoll.Work`: ``wait(timeout)``,
-  ``done()``, ``result()`` and ``cancel()`` may be called from any thread.
-  Don't modify an input array until its Work is done;
-* Ctrl-C (``KeyboardInterrupt``) while a call blocks cancels that collective,
-  which aborts it on every rank with :class:`~netcoll.errors.CollectiveCancelled`,
-  and the ``KeyboardInterrupt`` propagates;
-* leaving the ``with`` block, :meth:`SyncCommunicator.close` and interpreter
-  exit (``atexit``) close the communicator (peers see an orderly leave) and
-  stop the thread.
-"""
+"""``SyncCommunicator``: the :class:`~netcoll.comm.Communicator` as blocking calls,
+each handed to the loop thread (:class:`~netcoll.sync.runner.Runner`) and waited for
+(see :mod:`netcoll.sync`)."""
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import concurrent.futures
 import contextlib
 import functools
-import logging
-import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
 import numpy as np
 
-from . import settings, threads
-from .comm import DEFAULT_TIMEOUT, Communicator
-from .comm.types import (
+from ..comm import Communicator
+from ..comm.types import (
     AllGatherAlgorithm,
     AllReduceAlgorithm,
     AllToAllAlgorithm,
@@ -61,113 +29,18 @@ from .comm.types import (
     ScatterAlgorithm,
     TensorLike,
 )
-from .compression import Compression
-from .elastic import CHUNK_BYTES, SLICE_BYTES
-from .elastic import heal as _heal
-from .errors import CollectiveCancelled, CommunicatorClosed
-from .launched import record_failure
-from .loop import new_event_loop
-from .operation import Work
-from .session import connect as _connect
+from ..compression import Compression
+from ..elastic import CHUNK_BYTES, SLICE_BYTES
+from ..elastic import heal as _heal
+from ..errors import CommunicatorClosed
+from ..launched import record_failure
+from ..operation import Work
+from .runner import CLOSE_TIMEOUT, Runner, copy_outcome
 
 Array = np.ndarray[Any, Any]
 F = TypeVar("F", bound=Callable[..., Any])
-T = TypeVar("T")
-CLOSE_TIMEOUT = 30.0  # seconds close() waits for the loop thread to leave the group
 REGROUP_MARGIN = 30.0  # seconds a regroup may take beyond its timeout (linking the new epoch)
 INTERRUPT_WAIT = 10.0  # seconds a Ctrl-C waits for the cancelled collective to be aborted on the peers
-
-log = logging.getLogger("netcoll.sync")
-
-
-class _Runner:
-    """An event loop in a daemon thread, holding one :func:`netcoll.connect`
-    session open until :meth:`stop`."""
-
-    def __init__(self, loop: str | None) -> None:
-        self.loop = new_event_loop(loop or settings.loop() or "asyncio")
-        self.thread = threading.Thread(target=self._run, name="netcoll-sync", daemon=True)
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self, **options: Any) -> Communicator:
-        ready: concurrent.futures.Future[Communicator] = concurrent.futures.Future()
-        self._task = self.loop.create_task(self._session(ready, options))  # the loop is not running yet
-        try:
-            threads.start(self.thread)  # signals stay with the main thread (Ctrl-C while connecting)
-            return ready.result()
-        except BaseException:
-            # connecting failed, or Ctrl-C while connecting: cancel the session, end the thread
-            with contextlib.suppress(RuntimeError):
-                self.loop.call_soon_threadsafe(self._task.cancel)
-            if self.thread.ident is not None:  # (it started)
-                self.thread.join(CLOSE_TIMEOUT)
-            raise
-
-    async def _session(self, ready: concurrent.futures.Future[Communicator], options: dict[str, Any]) -> None:
-        try:
-            async with _connect(**options) as comm:
-                ready.set_result(comm)
-                await self._stop.wait()
-        except BaseException as exc:  # noqa: BLE001 - handed to the thread that connects
-            if not ready.done():
-                ready.set_exception(exc)
-            elif not isinstance(exc, asyncio.CancelledError):
-                log.warning("netcoll.sync: closing the communicator failed: %s", exc)
-
-    def _run(self) -> None:
-        assert self._task is not None
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._task)
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.run_until_complete(self.loop.shutdown_default_executor())  # name lookups ran there
-        finally:
-            self.loop.close()
-
-    def _off_loop(self) -> None:
-        if threading.current_thread() is self.thread:
-            raise RuntimeError("a netcoll.sync call from the event loop's own thread would deadlock; use the async API")
-
-    def submit(self, fn: Callable[[], object]) -> None:
-        """Run ``fn`` on the loop (in the order submitted)."""
-        self._off_loop()
-        try:
-            self.loop.call_soon_threadsafe(fn)
-        except RuntimeError:  # the loop is closed
-            raise CommunicatorClosed("the netcoll.sync communicator is closed") from None
-
-    def run(self, make: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T:
-        """Run the coroutine ``make()`` on the loop and wait for it."""
-        self._off_loop()
-        coro = make()
-        try:
-            done = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        except RuntimeError:  # the loop is closed
-            coro.close()
-            raise CommunicatorClosed("the netcoll.sync communicator is closed") from None
-        return done.result(timeout)
-
-    def stop(self, timeout: float) -> None:
-        """Leave the group and end the thread (waiting up to ``timeout`` s)."""
-        with contextlib.suppress(RuntimeError):  # the loop closed already
-            self.loop.call_soon_threadsafe(self._stop.set)
-        if self.thread.is_alive() and threading.current_thread() is not self.thread:
-            self.thread.join(timeout)
-            if self.thread.is_alive():
-                log.warning("netcoll.sync: the communicator did not close within %gs", timeout)
-
-
-def _copy_outcome(done: concurrent.futures.Future[Any], rank: int, work: Work) -> None:
-    """Hand a finished Work's outcome to the blocked caller's future."""
-    if work.cancelled():
-        done.set_exception(
-            CollectiveCancelled(f"{work.name} #{work.seq} was cancelled on rank {rank}", op=work.name, seq=work.seq)
-        )
-    elif (exc := work.exception()) is not None:
-        done.set_exception(exc)
-    else:
-        done.set_result(work.result())
 
 
 def _blocking(method: F) -> F:
@@ -188,7 +61,7 @@ class SyncCommunicator:
     the async Communicator itself and ``loop`` the event loop it runs on.
     """
 
-    def __init__(self, runner: _Runner, comm: Communicator, *, owner: bool) -> None:
+    def __init__(self, runner: Runner, comm: Communicator, *, owner: bool) -> None:
         self._runner, self._comm, self._owner = runner, comm, owner
         self._closed = False
         self._next: SyncCommunicator | None = None  # the communicator a regroup replaced this one with
@@ -236,7 +109,7 @@ class SyncCommunicator:
                 done.set_result(work)
                 return
             issued.append(work)
-            work.add_done_callback(functools.partial(_copy_outcome, done, self._comm.rank))
+            work.add_done_callback(functools.partial(copy_outcome, done, self._comm.rank))
 
         try:
             self._runner.submit(issue)
@@ -515,45 +388,4 @@ class SyncCommunicator:
                 self._runner.run(self._comm.close, timeout)
 
 
-def connect(
-    address: str | None = None,
-    *,
-    world_size: int | None = None,
-    rank: int | None = None,
-    group: str = "default",
-    token: str | None = None,
-    timeout: float = 60.0,
-    collective_timeout: float = DEFAULT_TIMEOUT,
-    loop: str | None = None,
-    elastic: bool = False,
-    **options: Any,
-) -> SyncCommunicator:
-    """Join ``group`` at the coordinator and return a :class:`SyncCommunicator`
-    (also a context manager: ``with netcoll.sync.connect() as comm:``).
-
-    The arguments are those of :func:`netcoll.connect` (``address``,
-    ``world_size`` and ``rank`` default to ``$NETCOLL_COORDINATOR``,
-    ``$NETCOLL_WORLD_SIZE``, ``$NETCOLL_RANK``; ``options`` are its other keyword
-    arguments: ``listen_host``, ``local_host``, ``recv_window``, ...), plus
-    ``loop``: the event loop kind (``"asyncio"`` by default, else
-    ``$NETCOLL_LOOP``; see :mod:`netcoll.loop`). Blocks until every rank has
-    joined (at most ``timeout`` s); with ``elastic=True``, until a regroup of the
-    running group admits this process (``comm.joined`` is then True)."""
-    runner = _Runner(loop)
-    comm = runner.start(
-        address=address,
-        world_size=world_size,
-        rank=rank,
-        group=group,
-        token=token,
-        timeout=timeout,
-        collective_timeout=collective_timeout,
-        elastic=elastic,
-        **options,
-    )
-    sync = SyncCommunicator(runner, comm, owner=True)
-    atexit.register(sync.close)
-    return sync
-
-
-__all__ = ["SyncCommunicator", "connect"]
+__all__ = ["SyncCommunicator"]
