@@ -43,6 +43,7 @@ from bench.netemlib.cluster import Procs
 from bench.netemlib.common import Skip, parse_rate, parse_size, say, tail, tc_rate
 from bench.netemlib.netns import Host
 from bench.netemlib.run import signals_ignored, signals_raise
+from bench.tls import make_pki
 
 PREFIX = "ncW"
 COORD_PORT, MASTER_PORT = 29400, 29500
@@ -69,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ddp-width", type=int, default=1536, help="MLP width: 9.5 width^2 parameters (22.4 M)")
     p.add_argument("--ddp-steps", type=int, default=4, help="steps per DDP case and repetition, the first not timed")
+    p.add_argument(
+        "--link",
+        choices=("tcp", "tls"),
+        default="tcp",
+        help="netcoll's links (tls: mutual TLS, certificates from a throwaway CA; needs the test extra)",
+    )
     p.add_argument("--cost-model", action="store_true", help="NETCOLL_COST_MODEL=1 in the ranks (calibration: rates)")
     p.add_argument(
         "--netcoll-path", default=None, help="import netcoll from this checkout in the ranks (bench/ from here)"
@@ -124,6 +131,7 @@ class Net:
         self.coord_ip = f"{args.subnet}.1"
         self.ips = [f"{args.subnet}.{10 + i}" for i in range(args.ranks)]
         self.token = secrets.token_hex(24)
+        self.pki = make_pki(self.tmp) if args.link == "tls" else {}
 
     def rate(self, rank: int) -> float:
         slow = self.args.slow_rank is not None and rank == self.args.slow_rank
@@ -153,7 +161,8 @@ class Net:
     def env(self, rank: int | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NETCOLL_", "GLOO_"))}
         env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NETCOLL_TOKEN=self.token)
-        env.update(NETCOLL_TRANSPORT="tcp")  # namespaces do not separate /dev/shm: no shared memory
+        env.update(NETCOLL_TRANSPORT=self.args.link)  # namespaces do not separate /dev/shm: no shared memory
+        env.update(self.pki)  # tls: the coordinator and every rank present the bench's certificate
         path = machine.ROOT if not self.args.netcoll_path else os.pathsep.join([self.args.netcoll_path, machine.ROOT])
         env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if self.args.cost_model:

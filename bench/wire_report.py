@@ -45,6 +45,10 @@ def summarize(
     args: argparse.Namespace, lines: list[list[dict[str, Any]]], caps: dict[str, Any], command: str
 ) -> dict[str, Any]:
     p, size = args.ranks, args.size
+    link = getattr(args, "link", "tcp")
+    kinds = {tuple(x["links"]) for r in lines for x in r if x.get("kind") == "hello"}
+    if kinds != {(link,)}:
+        raise RuntimeError(f"netcoll's links were {sorted(kinds)}, not {link} alone")
     rows = []
     wrong = {x["case"] for r in lines for x in r if x.get("kind") == "all_reduce" and not x["right"]}
     errs: dict[str, float] = {}
@@ -108,6 +112,7 @@ def summarize(
         "netcoll_path": args.netcoll_path,
         "netcoll_commit": netcoll_commit(args.netcoll_path or machine.ROOT),
         "cost_model": bool(args.cost_model),
+        "link": link,
         "all_reduce": rows,
         "ddp": ddp,
         "ddp_model": None
@@ -158,6 +163,8 @@ def _run_table(name: str, res: dict[str, Any]) -> list[str]:
         slow += f"; the ranks ran netcoll at {res['netcoll_commit']} (`--netcoll-path`)"
     if res.get("cost_model"):
         slow += "; NETCOLL_COST_MODEL=1 (calibration measures each rank's rate)"
+    if res.get("link", "tcp") != "tcp":
+        slow += f"; netcoll's links {res['link'].upper()} (mutual, a throwaway CA), Gloo's plain TCP"
     out = [
         f"Run `{name}`: {res['ranks']} ranks, {res['size'] >> 20} MiB of float32, every link {rate:g} Gbit/s "
         f"each way{slow}, delay {res['delay_s'] * 1e6:g} µs ({res['shaping']}).",

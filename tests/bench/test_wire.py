@@ -28,10 +28,14 @@ def _line(case: str, rep: int, seconds: float, **extra: Any) -> dict[str, Any]:
             "right": True, **extra}  # fmt: skip
 
 
+def _hello(*links: str) -> dict[str, Any]:
+    return {"kind": "hello", "rank": 0, "links": list(links or ("tcp",))}
+
+
 def test_the_slowest_rank_per_call_then_the_median_and_the_ratios() -> None:
     lines = [
-        [_line("gloo", 0, 1.0), _line("gloo", 1, 2.0), _line("gloo", 2, 1.0), _line("netcoll fp16", 0, 0.5)],
-        [_line("gloo", 0, 1.5), _line("gloo", 1, 1.0), _line("gloo", 2, 0.9), _line("netcoll fp16", 0, 0.25)],
+        [_hello(), _line("gloo", 0, 1.0), _line("gloo", 1, 2.0), _line("gloo", 2, 1.0), _line("netcoll fp16", 0, 0.5)],
+        [_hello(), _line("gloo", 0, 1.5), _line("gloo", 1, 1.0), _line("gloo", 2, 0.9), _line("netcoll fp16", 0, 0.25)],
     ]
     res = wire_report.summarize(_args(ranks=2, size=1 << 30), lines, {"netem": False}, command="x")
     rows = {r["case"]: r for r in res["all_reduce"]}
@@ -43,9 +47,21 @@ def test_the_slowest_rank_per_call_then_the_median_and_the_ratios() -> None:
 
 
 def test_a_wrong_result_is_recorded() -> None:
-    lines = [[_line("netcoll int8", 0, 1.0, right=False, err=0.5)], [_line("netcoll int8", 0, 1.0)]]
+    lines = [[_hello(), _line("netcoll int8", 0, 1.0, right=False, err=0.5)], [_hello(), _line("netcoll int8", 0, 1.0)]]
     res = wire_report.summarize(_args(), lines, {}, command="x")
     assert res["all_reduce"][0]["right"] is False and res["all_reduce"][0]["max_rel_err"] == 0.5
+
+
+def test_the_run_is_refused_unless_every_rank_used_the_asked_links() -> None:
+    ok = [[_hello("tls"), _line("netcoll none", 0, 1.0)], [_hello("tls"), _line("netcoll none", 0, 1.0)]]
+    res = wire_report.summarize(_args(link="tls"), ok, {}, command="x")
+    assert res["link"] == "tls"
+    assert "netcoll's links TLS" in "\n".join(wire_report._run_table("tls", res))
+    mixed = [[_hello("tls"), _line("netcoll none", 0, 1.0)], [_hello("tcp", "tls"), _line("netcoll none", 0, 1.0)]]
+    with pytest.raises(RuntimeError, match="not tls alone"):
+        wire_report.summarize(_args(link="tls"), mixed, {}, command="x")
+    with pytest.raises(RuntimeError, match="not tcp alone"):
+        wire_report.summarize(_args(), ok, {}, command="x")
 
 
 def test_cases_gloo_then_every_algorithm_and_codec() -> None:
