@@ -26,7 +26,8 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import ProtocolError
-from ..mesh.mailbox import Mailbox
+from ..escape import escape
+from ..mesh.mailbox import FAREWELL_MAX, Mailbox
 from ..wire import CHUNK, Frame, Kind
 from .base import Link, LinkStats
 from .flow import Flow
@@ -79,6 +80,7 @@ class FramedLink(Link):
         self.mailbox = mailbox
         self.flow = Flow(window, peer_window)
         self.said_bye = False  # the peer announced an orderly close
+        self.left_after: str | None = None  # the failure its BYE said it leaves after, if any
         self._reported = False
         self._cts: dict[int, asyncio.Future[bool]] = {}  # RTS id -> its CTS
         self._cur_n = 0  # payload bytes of the DATA frame arriving now (set by sink)
@@ -228,6 +230,9 @@ class FramedLink(Link):
                 fut.set_result(frame.header["ok"])
         elif kind is Kind.BYE:
             self.said_bye = True
+            why = frame.header.get("why")
+            if isinstance(why, str) and why:
+                self.left_after = escape(why, FAREWELL_MAX)
             self._on_bye()
         elif kind is Kind.PING:
             try:
@@ -257,6 +262,8 @@ class FramedLink(Link):
         """The link is gone: fail sends waiting for a CTS and tell the mesh (once)."""
         if self.lost is None:
             self.lost = exc or ConnectionResetError("connection closed")
+            if self.said_bye and self.left_after is not None:
+                self.lost = ConnectionResetError(f"it left after a failure there: {self.left_after}")
         err = connection_error(self.lost)
         for fut in self._cts.values():
             if not fut.done():

@@ -86,7 +86,7 @@ class MemoryLink(FramedLink):
         """BYE (the peer sees an orderly leave), then both ends are gone."""
         if self.lost is None:
             try:
-                self._post(Kind.BYE, {})
+                self._post(Kind.BYE, self.mailbox.farewell())
             except ConnectionError:
                 pass
         self.sever(ConnectionResetError("link closed"))

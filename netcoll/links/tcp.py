@@ -144,7 +144,7 @@ class TcpLink(FramedLink):
         if proto.lost is not None or t is None or t.is_closing():
             return
         try:
-            proto.write(Kind.BYE, {})
+            proto.write(Kind.BYE, self.mailbox.farewell())
             if t.can_write_eof():
                 t.write_eof()
             else:

@@ -57,6 +57,7 @@ from ..ops import Fold
 
 SNAPSHOT_OPS = 16  # operations one heartbeat reports at most
 SUCCEEDED_KEPT = 64  # recent successful operations remembered per group (for late aborts)
+FAREWELL_MAX = 1024  # characters of the failure a BYE carries (a control frame: small header)
 Early = tuple[int, dict[str, Any], memoryview]
 
 
@@ -95,6 +96,8 @@ class Mailbox:
         #: set by a mesh that answers a peer's timeout: ``asked(src, header, op)`` for
         #: every TIMEOUT ABORT, after it is routed (``op``: the operation open here, or None)
         self.asked: Callable[[int, dict[str, Any], Operation | None], None] | None = None
+        #: how the operation closed last here failed (None: it succeeded), for :meth:`farewell`
+        self.last_failure: str | None = None
         self._direct: set[int] = set()  # srcs whose current payload goes into a posted buffer
         self._rank_of: dict[tuple[int, ...], dict[int, int]] = {}  # members -> {world rank: group rank}
 
@@ -187,11 +190,18 @@ class Mailbox:
         op.close()
         if self.on_close is not None:
             self.on_close(op)
+        self.last_failure = None if op.failure is None else op.failure.message[:FAREWELL_MAX]
         if op.state is State.SUCCEEDED:
             done = self.succeeded.setdefault(op.group, collections.OrderedDict())
             done[op.seq] = op.name
             if len(done) > SUCCEEDED_KEPT:
                 done.popitem(last=False)
+
+    def farewell(self) -> dict[str, Any]:
+        """The header of this rank's BYE: the failure it leaves after, if the operation
+        closed last here failed (a peer still waiting in the same operation then says
+        why this rank left, not only that it did)."""
+        return {} if self.last_failure is None else {"why": self.last_failure}
 
     def take(
         self, op: Operation, key: SlotKey, out: memoryview | None, fold: Fold | None = None

@@ -86,6 +86,33 @@ async def test_memory_link_close_is_an_orderly_leave() -> None:
     assert hub.meshes[1].mailbox.departed == {0}  # BYE first: graceful, not a crash
 
 
+async def test_a_rank_leaving_after_a_failure_says_which_in_its_bye() -> None:
+    """A peer still waiting in an operation for a rank that closed (BYE) after its own
+    failure learns that failure, not only that the rank left: the rank a crash took (rank
+    2) is named on rank 0 even though rank 1's orderly leave is what rank 0 noticed first."""
+    from netcoll.errors import PeerLost
+    from netcoll.operation import Failure, Reason
+
+    hub = MemoryHub(3)
+    m0, m1 = hub.meshes[0].mailbox, hub.meshes[1].mailbox
+    waiting = m0.open("g", 0, "fp", (0, 1, 2), "all_reduce")
+    fut = m0.take(waiting, (1, 0, 0), None)
+    failed = m1.open("g", 0, "fp", (0, 1, 2), "all_reduce")
+    failed.fail(Failure(Reason.PEER_LOST, "all_reduce #0 failed: lost connection to rank 2: reset\x1b[2J", (2,)))
+    m1.close(failed)
+    assert m1.farewell() == {"why": "all_reduce #0 failed: lost connection to rank 2: reset\x1b[2J"}
+    hub.meshes[1].links[0].close()
+    assert m0.departed == {1}
+    with pytest.raises(PeerLost) as got:
+        await fut
+    said = str(got.value)
+    assert "lost connection to rank 1: it left after a failure there:" in said and "rank 2: reset" in said, said
+    assert "\x1b" not in said  # the peer's words escaped
+    ok = m1.open("h", 0, "fp", (1, 2), "all_reduce")
+    m1.close(ok)  # an operation that succeeded since: nothing to tell
+    assert m1.farewell() == {}
+
+
 # --------------------------------------------------------------------------- capabilities and the factory
 
 
