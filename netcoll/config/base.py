@@ -1,28 +1,6 @@
-"""Configuration of the ``netcoll`` commands: one pydantic model per command.
-
-Each model merges, in increasing priority: its defaults, ``NETCOLL_*``
-environment variables, then command-line flags (a flag always wins)::
-
-    cfg = RankConfig.load({"port": "29500"}, os.environ)
-
-The variables (``NETCOLL_COORDINATOR``, ``NETCOLL_TOKEN``, ``NETCOLL_HOST``, ...) are
-declared in :mod:`netcoll.settings` (name, default, meaning, which command reads them:
-the README's "Settings" table is generated from it) and read through
-:func:`netcoll.settings.raw`; each model's :attr:`Settings.ENV` maps its fields to them.
-``NETCOLL_TRANSPORT`` and ``NETCOLL_RECV_WINDOW`` are read where links are made
-(:class:`netcoll.links.factory.LinkConfig`), so they apply to rank daemons and embedded
-ranks alike.
-
-An empty variable counts as unset (compose passes ``NETCOLL_TOKEN:`` through
-empty when the caller has none).
-
-Secure by default: a coordinator or rank daemon asked to listen on an address
-other than loopback with neither a token nor TLS refuses to start
-(:meth:`Settings.require_credentials`, exit 2) unless ``--insecure``. :meth:`Settings.load` raises
-:class:`ConfigError` with one line naming the flag or variable at fault.
-
-This module does not import numpy (``netcoll health`` stays cheap).
-"""
+"""The base of every command's configuration (:class:`Settings`: defaults, then
+``NETCOLL_*`` variables, then flags; credentials and TLS fields; the checks they share)
+and the address and port rules. See :mod:`netcoll.config`."""
 
 from __future__ import annotations
 
@@ -31,14 +9,14 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from . import settings
-from .errors import ConfigError
-from .mesh.auth import is_loopback
+from .. import settings
+from ..errors import ConfigError
+from ..mesh.auth import is_loopback
 
 if TYPE_CHECKING:
-    from .mesh.certs import TlsConfig
+    from ..mesh.certs import TlsConfig
 
 DEFAULT_COORDINATOR = "127.0.0.1:29400"
 COORDINATOR_PORT = 29400
@@ -49,10 +27,9 @@ RANK_HTTP_PORT = 29501
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 _OFF = ("off", "none", "no", "false", "disabled", "-1")
-_UNEXPANDED = re.compile(r"^\$\(?\{?[A-Za-z_][A-Za-z0-9_]*\}?\)?$")  # $(VAR) / ${VAR} / $VAR left as is
+UNEXPANDED = re.compile(r"^\$\(?\{?[A-Za-z_][A-Za-z0-9_]*\}?\)?$")  # $(VAR) / ${VAR} / $VAR left as is
 _SERVICE_LINK = re.compile(r"^(tcp|udp)://", re.IGNORECASE)
 
-log = logging.getLogger("netcoll.config")
 
 #: token field -> the field naming a file to read it from
 _TOKEN_FILES = {"token": "token_file", "client_token": "client_token_file"}
@@ -164,7 +141,7 @@ class Settings(BaseModel):
         return self._tls({})
 
     def _tls(self, source: Mapping[str, str]) -> TlsConfig | None:
-        from .mesh.certs import TlsConfig, TlsConfigError
+        from ..mesh.certs import TlsConfig, TlsConfigError
 
         cert, key, ca = (source.get(f) or f"{self._flag(f)} / {TLS_ENV[f]}" for f in ("tls_cert", "tls_key", "tls_ca"))
         try:
@@ -177,7 +154,7 @@ class Settings(BaseModel):
     @classmethod
     def _read_token_files(cls, values: dict[str, Any], source: dict[str, str]) -> None:
         """A token not given directly is read from its file (``NETCOLL_TOKEN_FILE``...)."""
-        from .mesh.auth import read_token
+        from ..mesh.auth import read_token
 
         for field, file_field in _TOKEN_FILES.items():
             if field not in cls.model_fields or file_field not in values:
@@ -310,232 +287,4 @@ class Settings(BaseModel):
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
 
-class CoordinatorConfig(Settings):
-    """``netcoll coordinator``."""
-
-    ENV: ClassVar[dict[str, str]] = {
-        "host": "NETCOLL_HOST",
-        "port": "NETCOLL_PORT",
-        "http_port": "NETCOLL_HTTP_PORT",
-        "http_host": "NETCOLL_HTTP_HOST",
-        "token": "NETCOLL_TOKEN",
-        "client_token": "NETCOLL_CLIENT_TOKEN",
-        "token_file": "NETCOLL_TOKEN_FILE",
-        "client_token_file": "NETCOLL_CLIENT_TOKEN_FILE",
-        "insecure": "NETCOLL_INSECURE",
-        "log_level": "NETCOLL_LOG_LEVEL",
-        "state_dir": "NETCOLL_STATE_DIR",
-        "keep_jobs": "NETCOLL_KEEP_JOBS",
-    }
-
-    host: str = "127.0.0.1"
-    port: int = Field(default=COORDINATOR_PORT, ge=0, le=65535)
-    #: not given: ``port + 1`` (:func:`http_port_after`), as ``netcoll up`` does; None: off
-    http_port: int | None = Field(default=COORDINATOR_HTTP_PORT, ge=0, le=65535)
-    http_host: str | None = None
-    token: str | None = None
-    client_token: str | None = None
-    token_file: str | None = None
-    client_token_file: str | None = None
-    insecure: bool = False
-    log_level: LogLevel = "info"
-    ready_file: str | None = None
-    #: the job journal's directory (netcoll.service.journal); None keeps jobs in memory only
-    state_dir: str | None = Field(default=None, min_length=1)
-    #: finished jobs kept queryable (in memory and in the journal)
-    keep_jobs: int = Field(default=1000, ge=0, le=1_000_000)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _http_port_follows_port(cls, values: Any) -> Any:
-        """``--port 29700`` alone serves HTTP on 29701, never on the default 29401."""
-        if isinstance(values, dict) and "http_port" not in values and "port" in values:
-            return {**values, "http_port": http_port_after(values["port"])}
-        return values
-
-
-class RankConfig(Settings):
-    """``netcoll rank``."""
-
-    ENV: ClassVar[dict[str, str]] = {
-        "coordinator": "NETCOLL_COORDINATOR",
-        "host": "NETCOLL_HOST",
-        "port": "NETCOLL_PORT",
-        "http_port": "NETCOLL_HTTP_PORT",
-        "http_host": "NETCOLL_HTTP_HOST",
-        "rank_hint": "NETCOLL_RANK_HINT",
-        "advertise_host": "NETCOLL_ADVERTISE_HOST",
-        "token": "NETCOLL_TOKEN",
-        "token_file": "NETCOLL_TOKEN_FILE",
-        "insecure": "NETCOLL_INSECURE",
-        "log_level": "NETCOLL_LOG_LEVEL",
-    }
-
-    coordinator: str = DEFAULT_COORDINATOR
-    host: str = "0.0.0.0"
-    #: 0: any free port (several daemons per host); the bound port is advertised
-    port: int = Field(default=0, ge=0, le=65535)
-    #: 0: any free port; the bound port is logged, in the ready file and in `netcoll status`
-    http_port: int | None = Field(default=0, ge=0, le=65535)
-    http_host: str | None = None
-    rank_hint: int | None = Field(default=None, ge=0, le=1_000_000)
-    advertise_host: str | None = None
-    member_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@-]+$")
-    heartbeat: float = Field(default=2.0, gt=0, le=60)
-    token: str | None = None
-    token_file: str | None = None
-    insecure: bool = False
-    log_level: LogLevel = "info"
-    ready_file: str | None = None
-
-    @field_validator("rank_hint", mode="before")
-    @classmethod
-    def _hint(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            text = v.strip()
-            if text == "" or text.lower() in ("none", "auto"):
-                return None
-            if _UNEXPANDED.match(text):  # k8s leaves $(VAR) as is when VAR is not defined
-                log.warning("rank hint %r was not expanded by the orchestrator; ignoring it", text)
-                return None
-        return v
-
-    @property
-    def local_host(self) -> str | None:
-        """Connect to the coordinator from the listening address when it is a specific one."""
-        return None if self.host in ("", "0.0.0.0", "::") else self.host
-
-
-class ClientConfig(Settings):
-    """Common to the client commands (``submit``, ``status``)."""
-
-    ENV: ClassVar[dict[str, str]] = {
-        "coordinator": "NETCOLL_COORDINATOR",
-        "token": "NETCOLL_TOKEN",
-        "client_token": "NETCOLL_CLIENT_TOKEN",
-        "token_file": "NETCOLL_TOKEN_FILE",
-        "client_token_file": "NETCOLL_CLIENT_TOKEN_FILE",
-    }
-
-    coordinator: str = DEFAULT_COORDINATOR
-    #: the member token (the operator's); used only when no client token is given
-    token: str | None = None
-    #: the client token: enough to submit, watch, get and cancel jobs and read status
-    client_token: str | None = None
-    token_file: str | None = None
-    client_token_file: str | None = None
-    json_output: bool = False
-    connect_timeout: float = Field(default=10.0, gt=0, le=3600)
-
-    FLAGS: ClassVar[dict[str, str]] = {"json_output": "--json"}
-
-
-class StatusConfig(ClientConfig):
-    """``netcoll status``."""
-
-    jobs: int = Field(default=10, ge=0, le=1000)
-
-
-class SubmitConfig(ClientConfig):
-    """``netcoll submit``: where to send the job and the job itself (validated
-    again, fully, by :class:`netcoll.service.jobs.JobSpec`)."""
-
-    op: str
-    size: int = 1 << 20
-    dtype: str = "float32"
-    reduce_op: str = "sum"
-    root: int = Field(default=0, ge=0)
-    algorithm: str = "auto"
-    #: none, fp16, bf16, int8 (netcoll.compression); None: the rank daemons' NETCOLL_COMPRESSION
-    compression: str | None = None
-    iters: int = Field(default=1, ge=1, le=100_000)
-    warmup: int = Field(default=0, ge=0, le=10_000)
-    world_size: int | None = Field(default=None, ge=1)
-    deadline: float = Field(default=300.0, gt=0, le=7 * 86400)
-    input: str | None = None
-    output: str | None = None
-    #: progress on stderr; None: when stderr is a terminal
-    progress: bool | None = None
-
-    FLAGS: ClassVar[dict[str, str]] = {"json_output": "--json", "reduce_op": "--op", "op": "OP"}
-
-    @field_validator("size", mode="before")
-    @classmethod
-    def _size(cls, v: Any) -> Any:
-        from .sizes import parse_size
-
-        return parse_size(v)
-
-    def job_fields(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`~netcoll.service.jobs.JobSpec`."""
-        fields: dict[str, Any] = {
-            "op": self.op,
-            "dtype": self.dtype,
-            "reduce_op": self.reduce_op,
-            "root": self.root,
-            "algorithm": self.algorithm,
-            "compression": self.compression,
-            "iters": self.iters,
-            "warmup": self.warmup,
-            "world_size": self.world_size,
-            "deadline": self.deadline,
-            "output": self.output,
-        }
-        if self.input:
-            fields.update(data="buffer", input=self.input)
-        elif self.op != "barrier":
-            fields["size"] = self.size
-        return fields
-
-
-class UpConfig(Settings):
-    """``netcoll up``: a coordinator and ``ranks`` daemons as local processes."""
-
-    ENV: ClassVar[dict[str, str]] = {
-        "host": "NETCOLL_HOST",
-        "port": "NETCOLL_PORT",
-        "token": "NETCOLL_TOKEN",
-        "token_file": "NETCOLL_TOKEN_FILE",
-        "log_level": "NETCOLL_LOG_LEVEL",
-    }
-
-    ranks: int = Field(default=4, ge=1, le=256)
-    host: str = "127.0.0.1"
-    port: int = Field(default=COORDINATOR_PORT, ge=0, le=65535)
-    http_port: int | None = Field(default=None, ge=0, le=65535)
-    token: str | None = None
-    token_file: str | None = None
-    log_level: LogLevel = "warning"
-    demo: bool = False
-    size: int = 1 << 20
-    iters: int = Field(default=3, ge=1, le=100_000)
-    ready_timeout: float = Field(default=60.0, gt=0, le=3600)
-
-    @field_validator("size", mode="before")
-    @classmethod
-    def _size(cls, v: Any) -> Any:
-        from .sizes import parse_size
-
-        return parse_size(v)
-
-    @property
-    def coordinator_http_port(self) -> int | None:
-        if "http_port" in self.model_fields_set:
-            return self.http_port
-        return int(http_port_after(self.port))
-
-
-__all__ = [
-    "DEFAULT_COORDINATOR",
-    "is_loopback",
-    "ClientConfig",
-    "ConfigError",
-    "CoordinatorConfig",
-    "RankConfig",
-    "Settings",
-    "StatusConfig",
-    "SubmitConfig",
-    "UpConfig",
-    "check_address",
-    "http_port_after",
-]
+__all__ = ["DEFAULT_COORDINATOR", "LogLevel", "Settings", "check_address", "http_port_after"]
