@@ -1,7 +1,7 @@
 """A listening socket for netcoll connections, with the limits every listener
 keeps per source address (the coordinator's, the RPC servers', a rank's peer port).
 
-:class:`Server` accepts connections (:class:`~netcoll.links.sockettransport.Listener`)
+:class:`Server` accepts connections (:class:`~netcoll.links.listener.Listener`)
 as :class:`~netcoll.links.connection.FramedProtocol`, runs TLS under each when
 configured, and hands each to its handler in a task of its own; it counts
 connections and handshakes in progress per source, refuses what is over the
@@ -22,7 +22,7 @@ from ..errors import NetcollError, ProtocolError
 from ..escape import escape
 from ..limits import DEFAULT as DEFAULT_SETTINGS
 from ..limits import Limits
-from ..links import sockettransport
+from ..links import listener
 from ..links.connection import FramedProtocol, start_tls
 from .certs import TlsConfig, describe_failure
 
@@ -92,7 +92,7 @@ class Server:
         #: with TLS, every accepted connection runs the TLS handshake before ``handler``
         self.tls = tls
         self.settings = DEFAULT_SETTINGS if settings is None else settings
-        self.server: sockettransport.Listener | None = None
+        self.server: listener.Listener | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.protos: set[FramedProtocol] = set()
         self.sources: dict[str, _Source] = {}
@@ -105,7 +105,7 @@ class Server:
         return proto
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self.server = sockettransport.Listener(self._factory, paused=self.tls is not None)
+        self.server = listener.Listener(self._factory, paused=self.tls is not None)
         return self.server.start(host, port)
 
     def _spawn(self, proto: _AcceptedProtocol) -> None:

@@ -69,8 +69,9 @@ async def delayed_pair(monkeypatch: pytest.MonkeyPatch, us: int = DELAY_US) -> t
         return accepted[-1]
 
     from netcoll.links import sockettransport
+    from netcoll.links.listener import Listener
 
-    listener = sockettransport.Listener(factory)
+    listener = Listener(factory)
     host, port = listener.start("127.0.0.1", 0)
     _, client = await sockettransport.connect(host, port, Sink)
     await asyncio.wait_for(got.wait(), 5)
@@ -203,8 +204,8 @@ async def test_tls_over_a_delayed_connection(tmp_path: object, monkeypatch: pyte
 
 
 def test_a_bad_setting_fails_before_anything_listens(monkeypatch: pytest.MonkeyPatch) -> None:
-    from netcoll.links import sockettransport
+    from netcoll.links.listener import Listener
 
     monkeypatch.setenv(delayline.DELAY_ENV, "-5")
     with pytest.raises(ConfigError, match=delayline.DELAY_ENV):
-        sockettransport.Listener(lambda: Sink()).start("127.0.0.1", 0)
+        Listener(lambda: Sink()).start("127.0.0.1", 0)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from netcoll.links import sockettransport
+from netcoll.links.listener import Listener
 from netcoll.links.sockettransport import SocketTransport
 
 BIG = 8 * 1024 * 1024  # far more than loopback socket buffers hold while the reader is paused
@@ -61,7 +62,7 @@ class Sink(asyncio.BufferedProtocol):
         await asyncio.wait_for(fut, timeout)
 
 
-async def pair(small_buffers: bool = True) -> tuple[sockettransport.Listener, Sink, Sink]:
+async def pair(small_buffers: bool = True) -> tuple[Listener, Sink, Sink]:
     accepted: list[Sink] = []
     got = asyncio.Event()
 
@@ -71,7 +72,7 @@ async def pair(small_buffers: bool = True) -> tuple[sockettransport.Listener, Si
         got.set()
         return s
 
-    listener = sockettransport.Listener(factory)
+    listener = Listener(factory)
     host, port = listener.start("127.0.0.1", 0)
     transport, client = await sockettransport.connect(host, port, Sink)
     await asyncio.wait_for(got.wait(), 5)
@@ -277,7 +278,7 @@ async def test_connect_refused_and_by_name() -> None:
     probe.close()  # nobody listens here now
     with pytest.raises(OSError):
         await sockettransport.connect("127.0.0.1", port, Sink)
-    listener = sockettransport.Listener(Sink)
+    listener = Listener(Sink)
     _, port = listener.start("127.0.0.1", 0)
     try:
         transport, proto = await sockettransport.connect("localhost", port, Sink)

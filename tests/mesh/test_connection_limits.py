@@ -296,7 +296,7 @@ async def test_pings_and_requests_in_flight_keep_a_session_open(rpc_server: tupl
 _EMFILE_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, logging, os, resource, sys, time
-    from netcoll.links import sockettransport
+    from netcoll.links.listener import Listener
 
     warnings = []
     class Count(logging.Handler):
@@ -317,7 +317,7 @@ _EMFILE_SCRIPT = textwrap.dedent(
             pass
 
     async def main():
-        listener = sockettransport.Listener(Sink)
+        listener = Listener(Sink)
         host, port = listener.start("127.0.0.1", 0)
         print(port, flush=True)
         sys.stdin.readline()  # the test has connected: its connections wait in the backlog
