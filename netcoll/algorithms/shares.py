@@ -88,10 +88,12 @@ def ideal(n: float, rates: Sequence[float] | None, p: int) -> list[float]:
         t = tk
     t = max(t, n / min(w))
     caps = [max(0.0, (t * wi - n) / (p - 2)) for wi in w]
-    out, left = [0.0] * p, n
+    out, left, level = [0.0] * p, n, -1.0
     owners = sorted((i for i in range(p) if caps[i] > 0), key=lambda i: (caps[i], i))
     for k, i in enumerate(owners):  # the smallest caps first: what they cannot take goes on
-        out[i] = min(caps[i], left / (len(owners) - k))
+        if level < 0 and caps[i] * (len(owners) - k) >= left:
+            level = left / (len(owners) - k)  # this one and the rest take one level: the same float
+        out[i] = level if level >= 0 else caps[i]
         left -= out[i]
     return out
 

@@ -55,6 +55,15 @@ def test_two_ranks_and_unusable_rates_give_equal_shares() -> None:
         weighted.shares(5, None, 0)
 
 
+def test_uncapped_shares_are_one_float() -> None:
+    """The ranks below their caps get one level, the same float (it was each computed from
+    what was left: 695330 went to a rank at 350 rather than the one at 351)."""
+    rates = [302.0, 302.0, 350.0, 350.0, 351.0, 175.32886696501205, 276.3776448942396, 350.0]
+    real = weighted.ideal(4194303.0, rates, 8)
+    assert len({real[i] for i in (2, 3, 4, 7)}) == 1
+    assert weighted.shares(4194303, rates, 8) == [505048, 505048, 695329, 695329, 695330, 0, 402890, 695329]
+
+
 @settings(max_examples=300, deadline=None)
 @given(rates=rates_st, n=st.integers(min_value=0, max_value=10**7))
 def test_shares_properties(rates: list[float], n: int) -> None:
