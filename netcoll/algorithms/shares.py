@@ -216,6 +216,23 @@ class Grid:
         slowest = min(min(w, self.rates[q]) for c, w in enumerate(self.rates) if c != q)
         return min(self.rates[i], self.rates[q]) > slowest
 
+    def streams(self, i: int) -> bool:
+        """Whether rank ``i`` sends its input as one stream (:meth:`interleaved`): when its
+        link is the slowest (of rates not all equal), the one every owner's reduction waits for."""
+        return self.rates[i] == min(self.rates) < max(self.rates)
+
+    def interleaved(self, i: int) -> list[tuple[int, int, int, int]]:
+        """Rank ``i``'s input messages to every other rank as one sequence of ``(q, j, a, b)``
+        (message ``j``, ``[a, b)``, of :meth:`messages` ``(i, q)``), in the order of how far
+        into ``q``'s share each ends (ties: the lower ``q``): every owner's part advances
+        at the same pace, so all of them end together."""
+        out = []
+        for q in range(len(self.rates)):
+            if q != i:
+                n = self.at[q + 1] - self.at[q]
+                out += [(b / n, q, j, a, b) for j, (a, b) in enumerate(self.messages(i, q))]
+        return [(q, j, a, b) for _, q, j, a, b in sorted(out)]
+
     def full_messages(self) -> int:
         """Messages on a link at the fastest rate about the largest share (a slower link's
         more, smaller messages cost their overhead while its bytes take longer still)."""

@@ -118,7 +118,10 @@ async def all_reduce(
     at = grid.at
     ready = [asyncio.Event() for _ in range(grid.slices(r))]
     results = Results()  # the sends start first: posting every result's receive takes a while
-    tasks = [asyncio.ensure_future(_send_share(ch, grid, inp, p, results)) for p in _peers(r, P)]
+    if grid.streams(r):
+        tasks = [asyncio.ensure_future(_send_stream(ch, grid, inp, results))]
+    else:
+        tasks = [asyncio.ensure_future(_send_share(ch, grid, inp, p, results)) for p in _peers(r, P)]
     tasks += [asyncio.ensure_future(_send_reduced(ch, grid, data, p, ready)) for p in _peers(r, P)]
     tasks += [
         asyncio.ensure_future(_reduce_own(ch, grid, op, inp[at[r] : at[r + 1]], data[at[r] : at[r + 1]], ready)),
@@ -154,9 +157,28 @@ async def _send_share(ch: Channel, grid: Grid, inp: np.ndarray, peer: int, resul
     paced = grid.paced(ch.rank, peer)
     for j, (a, b) in enumerate(grid.messages(ch.rank, peer)):
         if paced and j >= AHEAD:
-            await results.posted.wait()
-            await results.of[peer][j - AHEAD]
+            await _result_in(results, peer, j - AHEAD)
         await ch.send(peer, part[a:b], step=SCATTER_STEP, chunk=j)
+
+
+async def _send_stream(ch: Channel, grid: Grid, inp: np.ndarray, results: Results) -> None:
+    """This rank's input for every other rank's share as one stream
+    (:meth:`Grid.interleaved`), owner ``q``'s message ``j`` only once ``q``'s result
+    message ``j -`` :data:`AHEAD` is in: on the slowest link (:meth:`Grid.streams`) the
+    flows to the owners stay level (TCP shares a bottleneck unevenly, and a flow left
+    alone at the end speeds up only slowly), and none queues far ahead of the results
+    coming back."""
+    at = grid.at
+    for q, j, a, b in grid.interleaved(ch.rank):
+        if j >= AHEAD:
+            await _result_in(results, q, j - AHEAD)
+        await ch.send(q, inp[at[q] + a : at[q] + b], step=SCATTER_STEP, chunk=j)
+
+
+async def _result_in(results: Results, q: int, j: int) -> None:
+    """Wait until rank ``q``'s result message ``j`` is in."""
+    await results.posted.wait()
+    await results.of[q][j]
 
 
 async def _send_reduced(ch: Channel, grid: Grid, data: np.ndarray, peer: int, ready: list[asyncio.Event]) -> None:
