@@ -21,7 +21,9 @@ after its input starts going out, and stop one small message after it ends, so i
 link is busy both ways from start to end. A link faster than the owner's slowest
 contributor's is *paced* (:meth:`~.shares.Grid.paced`): its input runs only :data:`AHEAD`
 messages ahead of the results it has back, instead of bursting out at the start into
-network queues in front of the results the slow rank waits for.
+network queues in front of the results the slow rank waits for. The slowest rank
+(:meth:`~.shares.Grid.streams`) sends its input as one stream instead of a task per
+owner (:func:`_send_stream`): its flows to the owners advance together and end together.
 
 Cost, ``P`` ranks, ``N`` bytes, shares ``s_i`` (bytes), rates ``w_i``: 2 steps;
 ``max_i (N + (P-2) s_i) / w_i`` on the busiest rank (equal rates: ``2(P-1)/P N``, as the
