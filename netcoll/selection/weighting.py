@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..algorithms import weighted
+from ..algorithms.shares import Grid, ideal
 from . import cost
 
 #: how much faster (predicted) the weighted shares must be than the model's choice
@@ -27,16 +27,16 @@ MIN_BYTES: Final = 4 << 20
 def predict(nbytes: int, world_size: int, params: cost.Params, segment: int) -> float:
     """Predicted seconds of the weighted all_reduce with ``params``' rates: 2 steps,
     ``2(P-1)`` times the messages of a fastest link about the largest share
-    (:meth:`~netcoll.algorithms.weighted.Grid.full_messages`),
+    (:meth:`~netcoll.algorithms.shares.Grid.full_messages`),
     and the latest rank's transfers and reduction, ``max_i (N + (P-2) s_i) beta min(w)/w_i + (P-1) s_i gamma``
     (``beta`` is the slowest rank's rate: calibration agrees on the maximum; the
-    shares are :func:`~netcoll.algorithms.weighted.ideal`'s)."""
+    shares are :func:`~netcoll.algorithms.shares.ideal`'s)."""
     p, n = world_size, float(nbytes)
     alpha, overhead, beta, gamma, _ = params.vector()
-    shares = weighted.ideal(n, params.rates, p)
+    shares = ideal(n, params.rates, p)
     w = params.rates if len(params.rates) == p and min(params.rates) > 0 else (1.0,) * p
     slow = min(w)
-    segs = max(1, weighted.Grid.of(nbytes, 1, p, segment, params.rates).full_messages())
+    segs = max(1, Grid.of(nbytes, 1, p, segment, params.rates).full_messages())
     busiest = max((n + (p - 2) * s) * beta * slow / wi + (p - 1) * s * gamma for s, wi in zip(shares, w, strict=True))
     return 2.0 * alpha + 2.0 * (p - 1) * segs * overhead + busiest
 

@@ -55,6 +55,15 @@ def test_two_ranks_and_unusable_rates_give_equal_shares() -> None:
         weighted.shares(5, None, 0)
 
 
+def test_uncapped_shares_are_one_float() -> None:
+    """The ranks below their caps get one level, the same float (it was each computed from
+    what was left: 695330 went to a rank at 350 rather than the one at 351)."""
+    rates = [302.0, 302.0, 350.0, 350.0, 351.0, 175.32886696501205, 276.3776448942396, 350.0]
+    real = weighted.ideal(4194303.0, rates, 8)
+    assert len({real[i] for i in (2, 3, 4, 7)}) == 1
+    assert weighted.shares(4194303, rates, 8) == [505048, 505048, 695329, 695329, 695330, 0, 402890, 695329]
+
+
 @settings(max_examples=300, deadline=None)
 @given(rates=rates_st, n=st.integers(min_value=0, max_value=10**7))
 def test_shares_properties(rates: list[float], n: int) -> None:
@@ -105,7 +114,12 @@ def test_shares_minimise_the_slowest_rank(rates: list[float], n: int) -> None:
 )
 async def test_unequal_rates_exact_and_bit_identical(make_group: MakeGroup, P: int, dt: np.dtype, op: ReduceOp) -> None:
     group = await make_group(P)
-    for rates in ([1.0] * P, [0.25, *[1.0] * (P - 1)], [1.0 / (r + 1) for r in range(P)]):
+    for rates in (
+        [1.0] * P,
+        [0.25, *[1.0] * (P - 1)],
+        [1.0 / (r + 1) for r in range(P)],
+        [1.0, 0.25] * (P // 2) + [1.0] * (P % 2),
+    ):
         for count, seg in ((0, 64), (1, 64), (777, 64), (5000, 1 << 20)):
             inputs = make_inputs(dt, op, P, count, seed=str(rates))
 
@@ -186,6 +200,29 @@ def test_a_slow_link_has_smaller_messages_and_paces_only_the_fast() -> None:
     assert not any(even.paced(i, q) for i in range(4) for q in range(4) if i != q)
 
 
+def test_the_slowest_rank_streams_its_input_interleaved() -> None:
+    """Only a slowest rank (of unequal rates) streams; its messages to every owner go in
+    the order of how far into that owner's share they end (ties: the lower owner)."""
+    assert [weighted.Grid.of(1 << 20, 4, 4, 4 << 20, [1.0, 1.0, 1.0, 0.25]).streams(i) for i in range(4)] == [
+        False,
+        False,
+        False,
+        True,
+    ]
+    assert [weighted.Grid.of(1 << 20, 4, 4, 4 << 20, [0.5, 1.0, 0.5, 1.0]).streams(i) for i in range(4)] == [
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert not any(weighted.Grid.of(1 << 20, 4, 3, 4 << 20, None).streams(i) for i in range(3))
+    grid = weighted.Grid(at=[0, 6, 9, 9], size=1, full=2, rates=[1.0, 1.0, 0.5])
+    assert grid.messages(2, 0) == [(k, k + 1) for k in range(6)] and grid.messages(2, 1) == [(0, 1), (1, 2), (2, 3)]
+    order = [(q, j) for q, j, _, _ in grid.interleaved(2)]
+    assert order == [(0, 0), (0, 1), (1, 0), (0, 2), (0, 3), (1, 1), (0, 4), (0, 5), (1, 2)]
+    assert all(grid.messages(2, q)[j] == (a, b) for q, j, a, b in grid.interleaved(2))
+
+
 @pytest.mark.parametrize("rates", [[1.0, 0.25, 1.0, 1.0, 0.5], [1.0, 2.0, 0.1], None])
 async def test_src_leaves_the_input_and_gives_the_same_bits(make_group: MakeGroup, rates: list[float] | None) -> None:
     P = 3 if rates is None else len(rates)
@@ -206,7 +243,7 @@ async def test_src_leaves_the_input_and_gives_the_same_bits(make_group: MakeGrou
     check_reduced(with_src[0], ReduceOp.SUM, inputs, f"weighted src rates={rates}")
 
 
-@pytest.mark.parametrize("rates", [[1.0, 1.0, 1.0, 0.25], [1.0, 0.5, 0.3, 1.0, 0.1]])
+@pytest.mark.parametrize("rates", [[1.0, 1.0, 1.0, 0.25], [1.0, 0.5, 0.3, 1.0, 0.1], [0.25, 1.0, 0.25, 1.0]])
 async def test_paced_links_under_a_small_receive_window(rates: list[float]) -> None:
     """Paced fast links, slow links of smaller messages and every message's receive
     through a 64 KiB window (sends wait for credit or a rendezvous): no rank waits forever,
