@@ -61,12 +61,12 @@ from ._common import (
     reduction_args,
     scratch,
 )
-from .shares import FINE, Grid, bounds, busiest, ideal, piece, shares, taper
+from .shares import Grid
 
 if TYPE_CHECKING:
     from ..mesh.channel import Channel
 
-__all__ = ["FINE", "Grid", "all_reduce", "bounds", "busiest", "ideal", "piece", "shares", "taper"]
+__all__ = ["all_reduce"]
 
 #: step numbers of the two phases' messages
 SCATTER_STEP = 1

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from netcoll.algorithms import ALGORITHMS, weighted
+from netcoll.algorithms import shares as sh
 from netcoll.mesh.channel import Channel
 from netcoll.ops import ReduceOp
 from tests.algorithms.test_algorithms import check_reduced, make_inputs
@@ -29,58 +30,58 @@ def test_registered_for_all_reduce_only() -> None:
 
 def test_four_ranks_one_four_times_slower_owns_nothing() -> None:
     """The issue's case: the slow rank moves only its own input out and the result in."""
-    s = weighted.shares(1200, [1.0, 1.0, 0.25, 1.0], 4)
+    s = sh.shares(1200, [1.0, 1.0, 0.25, 1.0], 4)
     assert s == [400, 400, 0, 400]
     # the busiest rank's bytes, in the slow rank's time: n (against the ring's 1.5 n at its rate)
-    assert weighted.busiest(1200.0, [1.0, 1.0, 0.25, 1.0], 4) == pytest.approx(1200.0)
-    assert weighted.busiest(1200.0, [1.0] * 4, 4) == pytest.approx(1.5 * 1200.0)
+    assert sh.busiest(1200.0, [1.0, 1.0, 0.25, 1.0], 4) == pytest.approx(1200.0)
+    assert sh.busiest(1200.0, [1.0] * 4, 4) == pytest.approx(1.5 * 1200.0)
 
 
 def test_mildly_slower_rank_owns_less() -> None:
-    s = weighted.shares(10_000, [1.0, 0.8, 1.0], 3)
+    s = sh.shares(10_000, [1.0, 0.8, 1.0], 3)
     assert sum(s) == 10_000 and s[1] < s[0] == s[2]
-    real = weighted.ideal(10_000.0, [1.0, 0.8, 1.0], 3)
+    real = sh.ideal(10_000.0, [1.0, 0.8, 1.0], 3)
     times = [(10_000 + real[i]) / w for i, w in enumerate([1.0, 0.8, 1.0])]
     assert max(times) == pytest.approx(min(times))  # everyone finishes together
 
 
 def test_two_ranks_and_unusable_rates_give_equal_shares() -> None:
-    assert weighted.shares(11, [1.0, 0.1], 2) == [6, 5]
-    assert weighted.shares(10, None, 3) == [4, 3, 3]
-    assert weighted.shares(10, [1.0, 0.0, 1.0], 3) == [4, 3, 3]  # a zero rate: not measured
-    assert weighted.shares(10, [1.0, float("nan"), 1.0], 3) == [4, 3, 3]
-    assert weighted.shares(10, [1.0, 1.0], 3) == [4, 3, 3]  # not one per rank
-    assert weighted.shares(0, [1.0, 0.5, 0.2], 3) == [0, 0, 0]
+    assert sh.shares(11, [1.0, 0.1], 2) == [6, 5]
+    assert sh.shares(10, None, 3) == [4, 3, 3]
+    assert sh.shares(10, [1.0, 0.0, 1.0], 3) == [4, 3, 3]  # a zero rate: not measured
+    assert sh.shares(10, [1.0, float("nan"), 1.0], 3) == [4, 3, 3]
+    assert sh.shares(10, [1.0, 1.0], 3) == [4, 3, 3]  # not one per rank
+    assert sh.shares(0, [1.0, 0.5, 0.2], 3) == [0, 0, 0]
     with pytest.raises(ValueError, match="p >= 1"):
-        weighted.shares(5, None, 0)
+        sh.shares(5, None, 0)
 
 
 def test_uncapped_shares_are_one_float() -> None:
     """The ranks below their caps get one level, the same float (it was each computed from
     what was left: 695330 went to a rank at 350 rather than the one at 351)."""
     rates = [302.0, 302.0, 350.0, 350.0, 351.0, 175.32886696501205, 276.3776448942396, 350.0]
-    real = weighted.ideal(4194303.0, rates, 8)
+    real = sh.ideal(4194303.0, rates, 8)
     assert len({real[i] for i in (2, 3, 4, 7)}) == 1
-    assert weighted.shares(4194303, rates, 8) == [505048, 505048, 695329, 695329, 695330, 0, 402890, 695329]
+    assert sh.shares(4194303, rates, 8) == [505048, 505048, 695329, 695329, 695330, 0, 402890, 695329]
 
 
 @settings(max_examples=300, deadline=None)
 @given(rates=rates_st, n=st.integers(min_value=0, max_value=10**7))
 def test_shares_properties(rates: list[float], n: int) -> None:
     p = len(rates)
-    s = weighted.shares(n, rates, p)
+    s = sh.shares(n, rates, p)
     assert len(s) == p and sum(s) == n and min(s) >= 0
     for i in range(p):
         for j in range(p):
             if rates[i] < rates[j]:
                 assert s[i] <= s[j], (i, j, s)
-    assert s == weighted.shares(n, list(rates), p)  # a pure function
+    assert s == sh.shares(n, list(rates), p)  # a pure function
 
 
 @settings(max_examples=200, deadline=None)
 @given(p=st.integers(min_value=1, max_value=16), n=st.integers(min_value=0, max_value=10**7), w=st.floats(1e-3, 1e3))
 def test_equal_rates_equal_shares(p: int, n: int, w: float) -> None:
-    s = weighted.shares(n, [w] * p, p)
+    s = sh.shares(n, [w] * p, p)
     assert max(s) - min(s) <= 1 and sum(s) == n
 
 
@@ -93,7 +94,7 @@ def test_shares_minimise_the_slowest_rank(rates: list[float], n: int) -> None:
     owner with less than the largest share is at that cap (finishes at ``T``), and a rank
     that owns nothing has no room to."""
     p = len(rates)
-    real = weighted.ideal(float(n), rates, p)
+    real = sh.ideal(float(n), rates, p)
     assert sum(real) == pytest.approx(n) and min(real) >= 0
     times = [(n + (p - 2) * real[i]) / rates[i] for i in range(p)]
     latest = max(times)
@@ -156,7 +157,7 @@ async def test_big_buffer_with_a_slow_rank(make_group: MakeGroup) -> None:
 @settings(max_examples=200, deadline=None)
 @given(k=st.integers(min_value=0, max_value=500), m=st.integers(min_value=1, max_value=64))
 def test_taper_covers_every_slice_small_at_both_ends(k: int, m: int) -> None:
-    sizes = weighted.taper(k, m)
+    sizes = sh.taper(k, m)
     assert sum(sizes) == k and all(1 <= s <= m for s in sizes)
     if k:
         assert sizes[0] == 1 and sizes[-1] == 1
@@ -172,8 +173,8 @@ def test_taper_covers_every_slice_small_at_both_ends(k: int, m: int) -> None:
 )
 def test_grid_messages_cut_each_share_in_whole_slices(rates: list[float], n: int, seg: int) -> None:
     p = len(rates)
-    grid = weighted.Grid.of(n, 4, p, seg, rates)
-    assert grid.at == weighted.bounds(weighted.shares(n, rates, p))
+    grid = sh.Grid.of(n, 4, p, seg, rates)
+    assert grid.at == sh.bounds(sh.shares(n, rates, p))
     for q in range(p):
         share = grid.at[q + 1] - grid.at[q]
         assert [b for _, b in grid.slice_bounds(q)][-1:] == ([share] if share else [])
@@ -191,32 +192,32 @@ def test_grid_messages_cut_each_share_in_whole_slices(rates: list[float], n: int
 
 def test_a_slow_link_has_smaller_messages_and_paces_only_the_fast() -> None:
     rates = [1.0, 1.0, 1.0, 0.25]
-    grid = weighted.Grid.of(16 << 20, 4, 4, 4 << 20, rates)  # the issue's 64 MiB of float32
-    assert grid.per_message(0, 1) == grid.full == weighted.FINE
-    assert grid.per_message(3, 1) == weighted.FINE // 4
+    grid = sh.Grid.of(16 << 20, 4, 4, 4 << 20, rates)  # the issue's 64 MiB of float32
+    assert grid.per_message(0, 1) == grid.full == sh.FINE
+    assert grid.per_message(3, 1) == sh.FINE // 4
     assert grid.paced(0, 1) and grid.paced(2, 0)  # fast to fast: held to the owner's pace
     assert not grid.paced(3, 0)  # the slow rank's input is what sets that pace
-    even = weighted.Grid.of(16 << 20, 4, 4, 4 << 20, None)
+    even = sh.Grid.of(16 << 20, 4, 4, 4 << 20, None)
     assert not any(even.paced(i, q) for i in range(4) for q in range(4) if i != q)
 
 
 def test_the_slowest_rank_streams_its_input_interleaved() -> None:
     """Only a slowest rank (of unequal rates) streams; its messages to every owner go in
     the order of how far into that owner's share they end (ties: the lower owner)."""
-    assert [weighted.Grid.of(1 << 20, 4, 4, 4 << 20, [1.0, 1.0, 1.0, 0.25]).streams(i) for i in range(4)] == [
+    assert [sh.Grid.of(1 << 20, 4, 4, 4 << 20, [1.0, 1.0, 1.0, 0.25]).streams(i) for i in range(4)] == [
         False,
         False,
         False,
         True,
     ]
-    assert [weighted.Grid.of(1 << 20, 4, 4, 4 << 20, [0.5, 1.0, 0.5, 1.0]).streams(i) for i in range(4)] == [
+    assert [sh.Grid.of(1 << 20, 4, 4, 4 << 20, [0.5, 1.0, 0.5, 1.0]).streams(i) for i in range(4)] == [
         True,
         False,
         True,
         False,
     ]
-    assert not any(weighted.Grid.of(1 << 20, 4, 3, 4 << 20, None).streams(i) for i in range(3))
-    grid = weighted.Grid(at=[0, 6, 9, 9], size=1, full=2, rates=[1.0, 1.0, 0.5])
+    assert not any(sh.Grid.of(1 << 20, 4, 3, 4 << 20, None).streams(i) for i in range(3))
+    grid = sh.Grid(at=[0, 6, 9, 9], size=1, full=2, rates=[1.0, 1.0, 0.5])
     assert grid.messages(2, 0) == [(k, k + 1) for k in range(6)] and grid.messages(2, 1) == [(0, 1), (1, 2), (2, 3)]
     order = [(q, j) for q, j, _, _ in grid.interleaved(2)]
     assert order == [(0, 0), (0, 1), (1, 0), (0, 2), (0, 3), (1, 1), (0, 4), (0, 5), (1, 2)]
@@ -252,7 +253,7 @@ async def test_paced_links_under_a_small_receive_window(rates: list[float]) -> N
     group = await tcp_group(P, window=64 << 10)
     try:
         inputs = make_inputs(np.dtype(np.float32), ReduceOp.SUM, P, 300_001)
-        grid = weighted.Grid.of(300_001, 4, P, 64 << 10, rates)
+        grid = sh.Grid.of(300_001, 4, P, 64 << 10, rates)
         assert any(grid.paced(i, q) for i in range(P) for q in range(P) if i != q)
 
         async def body(ch: Channel) -> np.ndarray:
