@@ -20,8 +20,8 @@ parameter float32 model keeps 40 MB more per rank). CPU: one pass over each buck
 step (add the residual, round-trip through the codec, subtract), in cache-sized chunks,
 in place in the bucket's buffer (:meth:`CompressionState.compensated`), which the
 compressed all_reduce then averages in place (it reads each piece of its input before it
-writes that piece's result): nothing is copied; the codec's casts through torch for fp16
-and bf16 (:mod:`netcoll.casts`).
+writes that piece's result): nothing is copied; for float32 with fp16 or bf16 that loop
+runs on torch's kernels, the codec's own casts (:mod:`netcoll.feedback`).
 Residuals are kept by bucket index and start from zero when a bucket's size changes (DDP
 rebuilds its buckets after the first step).
 
