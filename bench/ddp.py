@@ -20,6 +20,16 @@ the first round whether each backend's parameters after the run are
 bit-identical on every rank and the largest difference between the netcoll and
 the Gloo parameters. Each rank uses ``--threads`` torch threads (1: ranks
 share the cores, as on a loaded machine).
+
+Every backend's DDP has the same settings, :data:`DDP_OPTIONS` (``bench/wire.py``'s
+DDP cases too): gradients as views of the buckets (no copy of the buckets back into the
+gradients after each step) and buckets of 1 MB, which here means one bucket per layer
+(DDP never splits a parameter; the MLP's layers hold 4.5 to 36 MB of gradients), so the
+first all_reduce starts after the last layer's backward rather than after three. Measured
+on emulated 1 Gbit/s links (``python3 -m bench.wire --ddp``, 4 ranks on 2 cores, 22.4 M
+parameters, 2026-11-29): 20 to 35 ms less CPU per rank and step for every backend with the
+views, and step times 5 to 100 ms shorter for Gloo and for netcoll with 1 MB buckets than
+with DDP's default 25 MB.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import torch
 import torch.distributed as dist
@@ -72,8 +82,12 @@ def run(model: torch.nn.Module, steps: int, batch: int, width: int, wrap: Callab
     return times
 
 
+#: DDP's settings, the same for every backend (see the module docstring)
+DDP_OPTIONS: Final[dict[str, Any]] = {"gradient_as_bucket_view": True, "bucket_cap_mb": 1}
+
+
 def ddp_over(group: Any) -> Callable[[torch.nn.Module], Any]:
-    return lambda model: DistributedDataParallel(model, process_group=group)
+    return lambda model: DistributedDataParallel(model, process_group=group, **DDP_OPTIONS)
 
 
 def flat(model: torch.nn.Module) -> torch.Tensor:

@@ -7,7 +7,8 @@ For each case (Gloo, or netcoll with a codec and an algorithm) it times one 64 M
 all_reduce per repetition, the cases interleaved (their order rotated every repetition),
 each call between two barriers; with ``--ddp`` it then times DDP training steps of
 ``bench/ddp.py``'s MLP on Gloo and on netcoll (with each codec, and a comm hook if named),
-interleaved likewise. It prints one JSON line per measurement (``{"case", "rep", "seconds",
+interleaved likewise, every backend's DDP with the same settings (``bench.ddp.DDP_OPTIONS``).
+It prints one JSON line per measurement (``{"case", "rep", "seconds",
 ...}``); the parent takes the slowest rank's time of each.
 """
 
@@ -133,7 +134,7 @@ def ddp_cases(args: argparse.Namespace, gloo: Any) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from bench.ddp import make_model
+    from bench.ddp import DDP_OPTIONS, make_model
 
     cases = json.loads(args.ddp)
     rank, w = dist.get_rank(), args.ddp_width
@@ -144,7 +145,8 @@ def ddp_cases(args: argparse.Namespace, gloo: Any) -> None:
         k = rep % len(cases)
         for case in cases[k:] + cases[:k]:
             os.environ["NETCOLL_COMPRESSION"] = case.get("compression") or "none"
-            net = DistributedDataParallel(make_model(w), process_group=gloo if case["impl"] == "gloo" else None)
+            group = gloo if case["impl"] == "gloo" else None
+            net = DistributedDataParallel(make_model(w), process_group=group, **DDP_OPTIONS)  # the same for all
             hook = _hook(case.get("hook"), case.get("codec") or "fp16")
             if hook is not None:
                 hook(net, None)

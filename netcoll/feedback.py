@@ -20,10 +20,12 @@ all_gather) is the same on every rank and is not fed back.
 Memory: one residual per key, the size and dtype of its input (for DDP: one per bucket, so
 the gradients' size once more), updated in place. CPU: one add, one round trip through the
 codec and one subtraction per element and step, chunk by chunk in cache (:data:`CHUNK`), on
-top of the collective's own encoding; where torch is loaded (the DDP hook) the codec's fp16
-and bf16 casts run through torch's vectorized ones (:mod:`netcoll.casts`): 22.4 M float32
-gradients in about 20 ms of CPU against 135 ms through numpy. A key whose size or dtype changes
-starts over from a zero residual (DDP rebuilds its buckets after the first step).
+top of the collective's own encoding. Where torch is loaded (the DDP hook) and the codec
+casts through it (:mod:`netcoll.casts`), float32 with fp16 or bf16 runs that loop with
+torch's kernels on tensors made once per call, its very casts (the same bits): 22.4 M float32
+gradients in about 23 ms of CPU (28 with torch's casts in numpy's loop, 135 through numpy
+alone). A key whose size or dtype changes starts over from a zero residual (DDP rebuilds its
+buckets after the first step).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Final
 
 import numpy as np
 
+from . import casts
 from .compression import INT8_BLOCK, check_codec, decode, encode, encoded_nbytes, parse_compression
 
 __all__ = ["CHUNK", "ErrorFeedback", "Roundtrip", "codec_roundtrip", "shards", "transmitted"]
@@ -88,6 +91,35 @@ def codec_roundtrip(codec: str, dtype: np.dtype) -> Roundtrip:
     return roundtrip
 
 
+#: torch's dtype of each codec :func:`_through_torch` runs (the codec's wire dtype)
+_HALVES: Final = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _through_torch(
+    codec: str, src: np.ndarray, flat: np.ndarray, res: np.ndarray, coded: list[tuple[int, int]]
+) -> bool:
+    """:meth:`ErrorFeedback.compensate`'s loop over the ``coded`` shards with torch's
+    kernels, on tensors made once per call (the numpy loop makes two per chunk and cast):
+    float32 with fp16 or bf16 where the codec casts through torch (:mod:`netcoll.casts`),
+    whose very cast (``copy_``) it runs, so the same bits. False when it did nothing
+    (another codec or dtype, no torch, a read-only source)."""
+    t = casts.torch()
+    half = _HALVES.get(codec)
+    if t is None or half is None or flat.dtype != np.float32 or not src.flags.writeable:
+        return False
+    x, f, r = t.from_numpy(src), t.from_numpy(flat), t.from_numpy(res)
+    wire = t.empty(CHUNK, dtype=getattr(t, half))
+    for a, b in coded:
+        for i in range(a, b, CHUNK):
+            j = min(i + CHUNK, b)
+            fi, ri, w = f[i:j], r[i:j], wire[: j - i]
+            t.add(x[i:j], ri, out=fi)
+            w.copy_(fi)  # encode
+            ri.copy_(w)  # decode
+            t.sub(fi, ri, out=ri)
+    return True
+
+
 class ErrorFeedback:
     """Residuals of compressed contributions, per key, for rank ``rank`` of
     ``world_size`` under ``codec`` (see the module docstring)."""
@@ -119,25 +151,22 @@ class ErrorFeedback:
         res = self._residuals.get(key)
         if res is None or res.size != flat.size or res.dtype != flat.dtype:
             res = self._residuals[key] = np.zeros(flat.size, flat.dtype)  # calloc: pages zeroed as first touched
-        roundtrip = self._roundtrip(flat.dtype)
-        for k, (a, b) in enumerate(shards(flat.size, self.world_size)):
-            if k == self.rank or roundtrip is None:  # sent as it is: its residual stays zero
-                if not in_place:
-                    flat[a:b] = src[a:b]
-                continue
-            for i in range(a, b, CHUNK):
-                j = min(i + CHUNK, b)
-                f, r = flat[i:j], res[i:j]
-                np.add(src[i:j], r, out=f)
-                roundtrip(f, r)
-                np.subtract(f, r, out=r)
+        bounds = shards(flat.size, self.world_size)
+        drops = self.codec != "none" and self.world_size > 1
+        coded = [ab for k, ab in enumerate(bounds) if drops and k != self.rank and ab[1] > ab[0]]
+        if not in_place:  # the rest is sent as it is (shard ``rank``): its residual stays zero
+            for a, b in bounds if not drops else [bounds[self.rank]]:
+                flat[a:b] = src[a:b]
+        if coded and not _through_torch(self.codec, src, flat, res, coded):
+            roundtrip = codec_roundtrip(self.codec, flat.dtype)
+            for a, b in coded:
+                for i in range(a, b, CHUNK):
+                    j = min(i + CHUNK, b)
+                    f, r = flat[i:j], res[i:j]
+                    np.add(src[i:j], r, out=f)
+                    roundtrip(f, r)
+                    np.subtract(f, r, out=r)
         return dst
-
-    def _roundtrip(self, dtype: np.dtype) -> Roundtrip | None:
-        """The round trip for inputs of ``dtype`` (``None``: the codec drops nothing)."""
-        if self.codec == "none" or self.world_size == 1:
-            return None
-        return codec_roundtrip(self.codec, dtype)
 
     def residual(self, key: Hashable) -> np.ndarray | None:
         """``key``'s residual (flat), if it has one."""

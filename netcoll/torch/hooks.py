@@ -15,12 +15,13 @@ all-reduces a float16 tensor (and sums in float16), the sums here are in float32
 With ``error_feedback=True`` (:class:`netcoll.feedback.ErrorFeedback`) each rank adds to a
 bucket what the codec dropped of that bucket's previous contribution before sending it:
 nothing is lost for good, so compressed training follows uncompressed training closely.
-Cost: per bucket, one residual and one buffer the compensated gradient is written to and
-all-reduced from (:meth:`CompressionState.staged`: the all_reduce reads it and writes the
-average into the bucket's buffer, so neither is copied); the gradients' size twice more,
-in their dtype (a 10 M parameter float32 model keeps 80 MB more per rank). CPU: one pass
-over each bucket per step (add the residual, round-trip through the codec, subtract),
-in cache-sized chunks, the codec's casts through torch for fp16 and bf16 (:mod:`netcoll.casts`).
+Cost: one residual per bucket, the gradients' size once more in their dtype (a 10 M
+parameter float32 model keeps 40 MB more per rank). CPU: one pass over each bucket per
+step (add the residual, round-trip through the codec, subtract), in cache-sized chunks,
+in place in the bucket's buffer (:meth:`CompressionState.compensated`), which the
+compressed all_reduce then averages in place (it reads each piece of its input before it
+writes that piece's result): nothing is copied; for float32 with fp16 or bf16 that loop
+runs on torch's kernels, the codec's own casts (:mod:`netcoll.feedback`).
 Residuals are kept by bucket index and start from zero when a bucket's size changes (DDP
 rebuilds its buckets after the first step).
 
@@ -60,7 +61,6 @@ class CompressionState:
         self.compression = cast(Compression, parse_compression(compression))
         self.error_feedback = error_feedback
         self.feedback: ErrorFeedback | None = None  # made at the first bucket (rank and size of the group)
-        self._stages: dict[int, torch.Tensor] = {}  # per bucket index: what its all_reduce reads (see staged)
 
     def group(self) -> ProcessGroupNetcoll:
         """The netcoll process group the hook all-reduces on."""
@@ -71,21 +71,17 @@ class CompressionState:
             )
         return pg
 
-    def staged(self, pg: ProcessGroupNetcoll, bucket: GradBucket) -> torch.Tensor:
-        """What the hook all-reduces for ``bucket``: with error feedback, the bucket's
-        buffer plus its residual written (in the same pass that finds the new residual)
-        into a buffer of the state's own for that bucket, so that the all_reduce reads it
-        while it writes the average into the bucket's buffer, neither copied; without,
-        the bucket's buffer itself."""
+    def compensated(self, pg: ProcessGroupNetcoll, bucket: GradBucket) -> torch.Tensor:
+        """``bucket``'s buffer, ready for the hook's all_reduce: with error feedback, its
+        residual added in place (in the same pass that finds the new residual); without,
+        as it is. The all_reduce then runs in place on it (the compressed all_reduce reads
+        each piece of its input before it writes that piece's average): nothing is copied."""
         feedback = self._feedback(pg, bucket)
         buffer = bucket.buffer()
-        if feedback is None:
-            return buffer
-        stage = self._stages.get(bucket.index())
-        if stage is None or stage.shape != buffer.shape or stage.dtype != buffer.dtype:
-            stage = self._stages[bucket.index()] = torch.empty_like(buffer, memory_format=torch.contiguous_format)
-        feedback.compensate(bucket.index(), to_numpy(buffer, "bucket"), out=to_numpy(stage, "stage"))
-        return stage
+        if feedback is not None:
+            flat = to_numpy(buffer, "bucket")
+            feedback.compensate(bucket.index(), flat, out=flat)
+        return buffer
 
     def _feedback(self, pg: ProcessGroupNetcoll, bucket: GradBucket) -> ErrorFeedback | None:
         """The error feedback (made at the first bucket), ``None`` when not asked for; at
@@ -98,8 +94,6 @@ class CompressionState:
             for key in self.feedback.held():
                 if not isinstance(key, int) or key > bucket.index():
                     self.feedback.discard(key)
-            for index in [i for i in self._stages if i > bucket.index()]:
-                del self._stages[index]
         return self.feedback
 
     @property
@@ -107,18 +101,12 @@ class CompressionState:
         """Bytes the error feedback's residuals hold (one per bucket)."""
         return 0 if self.feedback is None else self.feedback.nbytes
 
-    @property
-    def staged_bytes(self) -> int:
-        """Bytes the buffers the hook all-reduces from hold (one per bucket, with error feedback)."""
-        return sum(t.numel() * t.element_size() for t in self._stages.values())
-
 
 def compressed_allreduce_hook(state: CompressionState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket`` over the group with netcoll's compressed all_reduce (in place);
     the future's value is the bucket's buffer, as DDP expects."""
     pg = state.group()
-    source = state.staged(pg, bucket)
-    work = pg.allreduce_compressed(bucket.buffer(), state.compression, dist.ReduceOp.AVG, source=source)
+    work = pg.allreduce_compressed(state.compensated(pg, bucket), state.compression, dist.ReduceOp.AVG)
 
     def averaged(fut: torch.futures.Future[Any]) -> torch.Tensor:
         value: torch.Tensor = fut.value()[0]

@@ -143,3 +143,59 @@ def test_an_out_overlapping_x_reads_x_first() -> None:
     want = ErrorFeedback("fp16", rank=0, world_size=2).compensate(0, x[2:].copy())
     got = ErrorFeedback("fp16", rank=0, world_size=2).compensate(0, x[2:], out=x[:8])
     assert np.array_equal(got, want)
+
+
+def _awkward(rng: np.random.Generator, n: int) -> np.ndarray:
+    """float32 values of every kind a cast meets: normal, beyond fp16's range, subnormal in
+    fp16, exact ties of fp16 and bf16, infinities and NaN."""
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-9, 7, n)).astype(np.float32)
+    k = n // 8
+    x[:k] = np.float32(1.0) + np.float32(2.0**-11) * rng.integers(-64, 64, k).astype(np.float32)  # fp16 ties
+    x[k : 2 * k] = np.float32(1.0) + np.float32(2.0**-8) * rng.integers(-64, 64, k).astype(np.float32)  # bf16 ties
+    x[2 * k : 2 * k + 3] = [np.inf, -np.inf, np.nan]
+    x[2 * k + 3 : 2 * k + 5] = [np.float32(65520.0), np.float32(-65519.0)]  # fp16 rounds the first to inf
+    return x
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16"])
+@pytest.mark.parametrize(("rank", "world", "in_place"), [(0, 4, True), (3, 4, False), (1, 2, True)])
+def test_through_torch_gives_the_bits_of_the_numpy_loop(
+    codec: str, rank: int, world: int, in_place: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")  # loaded: compensate runs its loop with torch's kernels
+    import netcoll.feedback as fb
+
+    rng = np.random.default_rng(36)
+    fast, slow = ErrorFeedback(codec, rank=rank, world_size=world), ErrorFeedback(codec, rank=rank, world_size=world)
+    n = 3 * fb.CHUNK + 4099  # shards of more than one chunk, and a partial last chunk
+    for step in range(3):
+        x = _awkward(rng, n)
+        with np.errstate(all="ignore"):
+            monkeypatch.setenv("NETCOLL_TORCH_CASTS", "0")  # the reference: numpy's loop and casts
+            want = slow.compensate("k", x.copy(), out=None)
+            monkeypatch.delenv("NETCOLL_TORCH_CASTS")
+            with monkeypatch.context() as m:
+                m.setattr(fb, "codec_roundtrip", _refused)  # the torch loop, not the numpy one
+                buf = x.copy()
+                got = fast.compensate("k", buf, out=buf if in_place else None)
+        assert np.array_equal(got, want, equal_nan=True), (codec, step)
+        rf, rs = fast.residual("k"), slow.residual("k")
+        assert rf is not None and rs is not None and np.array_equal(rf, rs, equal_nan=True), (codec, step)
+        assert rf.view(np.uint32)[~np.isnan(rf)].tolist() == rs.view(np.uint32)[~np.isnan(rs)].tolist()
+
+
+def _refused(*_: object) -> None:
+    raise AssertionError("the numpy loop ran where the torch one should have")
+
+
+def test_a_read_only_input_takes_the_numpy_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    x = np.full(1000, 1 + 2.0**-12, np.float32)
+    x.flags.writeable = False
+    calls: list[str] = []
+    import netcoll.feedback as fb
+
+    real = fb.codec_roundtrip
+    monkeypatch.setattr(fb, "codec_roundtrip", lambda *a: calls.append("numpy") or real(*a))
+    got = ErrorFeedback("fp16", rank=0, world_size=2).compensate(0, x)
+    assert calls == ["numpy"] and got.tolist() == [1.0 + 2.0**-12] * 1000  # no residual yet: x itself

@@ -57,7 +57,6 @@ def train(compression: str | None, error_feedback: bool) -> dict[str, Any]:
         "params": params.numel(),
         "residual_bytes": 0 if state is None else state.residual_bytes,
         "residual_keys": 0 if state is None or state.feedback is None else len(state.feedback.held()),
-        "staged_bytes": 0 if state is None else state.staged_bytes,
         "buckets": seen,
         "flat": params,
     }

@@ -34,3 +34,14 @@ def test_the_spread_stays_within_the_samples() -> None:
     median, p10, p90 = ddp.spread(ts)
     assert min(ts) <= p10 <= median <= p90 <= max(ts)
     assert ddp.spread([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_every_backend_gets_the_same_ddp_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import ddp
+
+    made: list[tuple[object, dict[str, object]]] = []
+    monkeypatch.setattr(ddp, "DistributedDataParallel", lambda model, **kw: made.append((model, kw)))
+    for group in (None, "a gloo group"):
+        ddp.ddp_over(group)("model")
+    assert made == [("model", {"process_group": g, **ddp.DDP_OPTIONS}) for g in (None, "a gloo group")]
+    assert ddp.DDP_OPTIONS == {"gradient_as_bucket_view": True, "bucket_cap_mb": 1}

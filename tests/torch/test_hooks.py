@@ -37,8 +37,6 @@ def test_ddp_with_the_hook_is_identical_on_every_rank_and_sends_fewer_bytes() ->
         assert runs["fp16"]["residual_bytes"] == 0  # no error feedback asked for
         assert runs["int8_ef"]["residual_bytes"] == 4 * params  # one float32 residual per bucket
         assert runs["int8_ef"]["residual_keys"] == 2
-        assert runs["int8_ef"]["staged_bytes"] == 4 * params  # one float32 buffer all-reduced from, per bucket
-        assert runs["fp16"]["staged_bytes"] == 0
 
 
 def test_the_state_refuses_a_group_that_is_not_netcoll_and_a_bad_codec() -> None:
@@ -81,29 +79,31 @@ def test_residuals_follow_the_buckets() -> None:
     state, _ = netcoll.torch.compression_hook("fp16", error_feedback=True)
     x = 1.0 + 2.0**-12  # fp16 rounds it to 1.0: shard 0 (not rank 1's own) loses 2**-12
     for index, last in ((0, False), (1, False), (2, True)):
-        state.staged(Group(), Bucket(index, [x] * 4, last))  # type: ignore[arg-type]
+        state.compensated(Group(), Bucket(index, [x] * 4, last))  # type: ignore[arg-type]
     assert state.residual_bytes == 3 * 4 * 4
-    stage = state.staged(Group(), Bucket(0, [x] * 4, False))  # type: ignore[arg-type]
-    assert stage.tolist() == [x + 2.0**-12] * 2 + [x] * 2  # type: ignore[attr-defined]
-    state.staged(Group(), Bucket(1, [x] * 4, True))  # type: ignore[arg-type]  # now 2 buckets: 2's goes
+    got = state.compensated(Group(), Bucket(0, [x] * 4, False))  # type: ignore[arg-type]
+    assert got.tolist() == [x + 2.0**-12] * 2 + [x] * 2  # type: ignore[attr-defined]
+    state.compensated(Group(), Bucket(1, [x] * 4, True))  # type: ignore[arg-type]  # now 2 buckets: 2's goes
     assert state.feedback is not None and state.feedback.held() == [0, 1]
-    assert state.staged_bytes == 2 * 4 * 4
+    assert state.residual_bytes == 2 * 4 * 4
 
 
-def test_staged_writes_the_compensated_bucket_apart_and_leaves_the_bucket() -> None:
+def test_compensated_adds_the_residual_in_the_buckets_own_buffer() -> None:
     state, _ = netcoll.torch.compression_hook("fp16", error_feedback=True)
     x = 1.0 + 2.0**-12  # as above: shard 0 loses 2**-12 each step
     first = Bucket(0, [x] * 4, True)
-    assert state.staged(Group(), first).tolist() == [x] * 4  # type: ignore[arg-type,attr-defined]
+    assert state.compensated(Group(), first) is first.buffer()  # type: ignore[arg-type]
+    assert first.buffer().tolist() == [x] * 4  # type: ignore[attr-defined]  # no residual yet
     second = Bucket(0, [x] * 4, True)
-    stage = state.staged(Group(), second)  # type: ignore[arg-type]
-    assert stage.tolist() == [x + 2.0**-12] * 2 + [x] * 2  # type: ignore[attr-defined]
-    assert second.buffer().tolist() == [x] * 4  # type: ignore[attr-defined]  # the bucket is not touched
-    assert state.staged(Group(), Bucket(0, [x] * 4, True)) is stage  # type: ignore[arg-type]  # one per bucket, reused
-    assert state.staged_bytes == 4 * 4
-    state.staged(Group(), Bucket(0, [x] * 2, True))  # type: ignore[arg-type]  # DDP rebuilt the buckets
-    assert state.staged_bytes == 2 * 4 and state.residual_bytes == 2 * 4
+    assert state.compensated(Group(), second) is second.buffer()  # type: ignore[arg-type]  # in place: no copy
+    assert second.buffer().tolist() == [x + 2.0**-12] * 2 + [x] * 2  # type: ignore[attr-defined]
+    assert state.feedback is not None
+    residual = state.feedback.residual(0)
+    assert residual is not None and residual.tolist() == [2.0**-11] * 2 + [0.0] * 2  # 1 + 2**-11 rounds to 1.0
+    state.compensated(Group(), Bucket(0, [x] * 2, True))  # type: ignore[arg-type]  # DDP rebuilt the buckets
+    assert state.residual_bytes == 2 * 4
     plain, _ = netcoll.torch.compression_hook("fp16", error_feedback=False)
     bucket = Bucket(0, [x] * 4, True)
-    assert plain.staged(Group(), bucket) is bucket.buffer()  # type: ignore[arg-type]  # without feedback: itself
-    assert plain.staged_bytes == 0
+    assert plain.compensated(Group(), bucket) is bucket.buffer()  # type: ignore[arg-type]  # without feedback: itself
+    assert bucket.buffer().tolist() == [x] * 4  # type: ignore[attr-defined]  # untouched
+    assert plain.residual_bytes == 0
