@@ -52,30 +52,46 @@ per contribution (plus one for the all_reduce's result).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
-from ..compression import FOLD, INT8_BLOCK, decode, encode, encoded_nbytes, fold
+from ..compression import FOLD, decode, encode, encoded_nbytes, fold
 from ..mesh.channel import Channel
 from ..ops import ReduceOp, reduce_into
-from . import direct, ring
+from . import _pieces, direct, ring
 from ._common import DEFAULT_SEGMENT_BYTES, SCRATCH_POOL, flat, split
+from ._pieces import pieces
 
-__all__ = ["PHASE_STEP", "Shifted", "all_reduce", "reduce", "reduce_scatter"]
+__all__ = ["PHASE_STEP", "Schedule", "Shifted", "all_reduce", "pieces", "reduce", "reduce_scatter"]
 
 #: Phase 2's steps are phase 1's plus this (no algorithm of phase 1 runs as many steps).
 PHASE_STEP: Final = 1 << 24
 #: Piece ``j`` of an all_reduce runs its steps shifted by ``j`` times this (both phases).
 PIECE_SHIFT: Final = 2 * PHASE_STEP
-#: Input bytes of every shard in one piece of an all_reduce (:func:`pieces`).
+#: Input bytes of every shard in one full piece of an all_reduce (:func:`pieces`).
 PIECE_BYTES: Final = 2 << 20
-#: Pieces of an all_reduce under way at once.
+#: Pieces of an all_reduce in their exchange at once.
 WINDOW: Final = 4
-#: A codec's own piece bytes and window, where they differ from :data:`PIECE_BYTES` and
-#: :data:`WINDOW` (int8: its smaller messages did no better in more pieces, at more CPU).
-PIECES: Final[dict[str, tuple[int, int]]] = {"int8": (4 << 20, 2)}
+#: Pieces of an all_reduce under way at once (in their exchange or their all_gather).
+DEPTH: Final = 8
+#: Pieces ramping up and down at each end of an all_reduce (:func:`~._pieces.schedule`).
+TAPER: Final = 3
+
+
+class Schedule(NamedTuple):
+    """How an all_reduce runs in pieces (:mod:`._pieces`)."""
+
+    piece_bytes: int
+    window: int
+    depth: int
+    taper: int
+
+
+#: A codec's own schedule, where it differs from :data:`PIECE_BYTES`, :data:`WINDOW`,
+#: :data:`DEPTH` and :data:`TAPER`.
+PIECES: Final[dict[str, Schedule]] = {"int8": Schedule(4 << 20, 2, 2, 0)}
 
 Exchange = Callable[..., Any]  # an all_to_all of ALGORITHMS["all_to_all"]
 
@@ -221,42 +237,23 @@ async def all_reduce(
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     piece_bytes: int | None = None,
     window: int | None = None,
+    depth: int | None = None,
+    taper: int | None = None,
 ) -> None:
     """``buf`` = the reduction of every rank's input (``src``, else ``buf``'s contents),
-    decoded from the same bytes on every rank, in pieces (:func:`pieces`) of which up to
-    ``window`` are under way at once."""
+    decoded from the same bytes on every rank, in pieces (:func:`pieces`, ``taper`` pieces
+    ramping at each end) of which up to ``window`` are in their exchange and ``depth`` under
+    way at once (None: the codec's :class:`Schedule`)."""
     data = flat(buf)
     mine = data if src is None else flat(src, "src", writeable=False)
-    own_bytes, own_window = PIECES.get(codec, (PIECE_BYTES, WINDOW))
-    cuts = pieces(split(data.size, ch.size), (piece_bytes or own_bytes) // data.dtype.itemsize)
-    window = max(1, window or own_window)
-    running: list[asyncio.Future[None]] = []
-    try:
-        for j, ranges in enumerate(cuts):
-            if len(running) >= window:
-                await running.pop(0)
-            running.append(
-                asyncio.ensure_future(
-                    _piece(ch, j * PIECE_SHIFT, data, mine, ranges, op, codec, exchange, segment_bytes)
-                )
-            )
-        while running:
-            await running.pop(0)
-    finally:
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+    own = PIECES.get(codec) or Schedule(PIECE_BYTES, WINDOW, DEPTH, TAPER)
+    size = (piece_bytes or own.piece_bytes) // data.dtype.itemsize
+    cuts = pieces(split(data.size, ch.size), size, own.taper if taper is None else taper)
 
+    def piece(j: int, exchanged: Callable[[], None]) -> Awaitable[None]:
+        return _piece(ch, j * PIECE_SHIFT, data, mine, cuts[j], op, codec, exchange, segment_bytes, exchanged)
 
-def pieces(bounds: list[tuple[int, int]], size: int) -> list[list[tuple[int, int]]]:
-    """The shards ``bounds`` cut into pieces: piece ``j`` holds elements ``j*size`` to
-    ``(j+1)*size`` of every shard (``size`` a multiple of :data:`INT8_BLOCK`, so every
-    piece's encoding is the same bytes as that part of its whole shard's)."""
-    size = max(INT8_BLOCK, size // INT8_BLOCK * INT8_BLOCK)
-    longest = max(b - a for a, b in bounds)
-    count = max(1, -(-longest // size))
-    return [[(min(a + j * size, b), min(a + (j + 1) * size, b)) for a, b in bounds] for j in range(count)]
+    await _pieces.run(len(cuts), piece, window or own.window, depth or own.depth)
 
 
 async def _piece(
@@ -269,14 +266,19 @@ async def _piece(
     codec: str,
     exchange: Exchange,
     segment_bytes: int,
+    exchanged: Callable[[], None],
 ) -> None:
-    """One piece: the exchange and reduction of every rank's ``ranges``, then the all_gather
-    of the encoded reductions, decoded into ``data`` (its steps shifted by ``shift``)."""
+    """One piece: the exchange and reduction of every rank's ``ranges`` (then
+    ``exchanged()``, also on failure), then the all_gather of the encoded reductions,
+    decoded into ``data`` (its steps shifted by ``shift``)."""
     a, b = ranges[ch.rank]
     block, raw = _take((b - a) * data.dtype.itemsize)
     shard = raw.view(data.dtype)
     first = ch if shift == 0 else Shifted(ch, shift)
-    await _exchange(first, [mine[x:y] for x, y in ranges], op, shard, codec, exchange, segment_bytes)
+    try:
+        await _exchange(first, [mine[x:y] for x, y in ranges], op, shard, codec, exchange, segment_bytes)
+    finally:
+        exchanged()
     slot = _slots(codec, data.dtype, ranges)
     held, gathered = _take(ch.size * slot)  # every slot but this rank's is received whole
     n = encoded_nbytes(codec, data.dtype, shard.size)
