@@ -26,20 +26,23 @@ codec error per level: not done.)
 Phase 2 runs on the same operation with its steps shifted by :data:`PHASE_STEP`
 (:class:`Shifted`), so its messages never meet phase 1's.
 
-An all_reduce runs in *pieces* (:func:`pieces`): piece ``j`` is elements ``j S`` to
-``(j+1) S`` of every shard (``S`` = :data:`PIECE_BYTES` of input, a multiple of
-:data:`~netcoll.compression.INT8_BLOCK` elements), and runs both phases on its own steps
-(shifted by ``j`` :data:`PIECE_SHIFT`); up to :data:`WINDOW` pieces are under way at
-once, so one piece's encoding, reduction and decoding run while another's bytes cross
-the links. Every piece's encoding is that part of its whole shard's encoding, so the
-result has the bits of one piece (tested). A message of one piece per shard (up to
-``P`` :data:`PIECE_BYTES`) runs as before. Measured on emulated 1 Gbit/s links (4 ranks
-on 2 cores; docs/emulated-network.md, "Compression, weighted shares and DDP against
-Gloo"): with the codecs' CPU about halved (torch's casts, no page faults), 2 MiB pieces, four
-at once, beat the former 4 MiB two at once for fp16 (1.60x Gloo's bus bandwidth against
-1.36x, medians of 4 and 5 runs; 1 to 8 MiB pieces and windows of 2 to 16 tried, on a machine
-loaded by other benchmarks; more pieces at once were slower); int8 keeps 4 MiB two at once
-(:data:`PIECES`: 1.75x either way, 100 to 105 ms of CPU per call and rank against 106 to 135).
+An all_reduce runs in *pieces* (:func:`pieces`, :mod:`._pieces`): piece ``j`` is elements
+``x_j`` to ``y_j`` of every shard (full pieces of ``S`` = :data:`PIECE_BYTES` of input, a
+multiple of :data:`~netcoll.compression.INT8_BLOCK` elements, and :data:`TAPER` pieces of
+``S/8, S/4, S/2`` ramping up at the start and down at the end), and runs both phases on its
+own steps (shifted by ``j`` :data:`PIECE_SHIFT`); up to :data:`WINDOW` pieces are in their
+exchange and :data:`DEPTH` under way at once, so one piece's encoding, reduction and
+decoding run while another's bytes cross the links. Every piece starts on an int8 block, so
+its encoding is that part of its whole shard's encoding and the result has the bits of one
+piece (tested). A message too short for the ramps is cut evenly. Measured on emulated
+1 Gbit/s links (4 ranks on 2 cores; docs/emulated-network.md, "Compression, weighted shares
+and DDP against Gloo"; 64 MiB of float32, ``python3 -m bench.wire --codecs fp16``, medians
+of 3 calls, interleaved runs on a machine loaded 3 to 9 by other benchmarks): fp16 in 2 MiB
+pieces, 4 at once as one window, took 508 to 570 ms (4 runs); ramps alone or 8 under way
+alone did not help (561-564, 542-553 ms); both, 3 ramping pieces and 4 exchanges of 8 pieces
+under way, 467 and 477 ms (2 runs). The ramps put bytes on the links sooner and leave less
+to decode after the last ones arrive; the exchange window lets a piece start while older
+ones are in their all_gather instead of after the oldest one's end.
 
 Cost, ``N`` bytes of input and a codec of ratio ``c`` (:func:`~netcoll.compression.encoded_nbytes`
 over input bytes: fp16 0.5, int8 about 0.25 for float32): all_reduce ``2 (P-1)/P c N``
@@ -170,9 +173,11 @@ async def _exchange(
     codec: str,
     exchange: Exchange,
     segment_bytes: int,
-) -> None:
+) -> np.ndarray:
     """Step 1: ``out`` = the reduction, in rank order, of every rank's ``parts[ch.rank]``
-    (each encoded by ``codec`` on the wire; this rank's own taken as it is)."""
+    (each encoded by ``codec`` on the wire; this rank's own taken as it is). Returns the
+    scratch block the encoded parts were sent from (``len(parts)`` slots of the largest
+    part's encoding), the caller's to reuse or :func:`_give` back."""
     r = ch.rank
     slot = max(encoded_nbytes(codec, out.dtype, p.size) for p in parts)
     (mine, send), (theirs, recv) = _take(len(parts) * slot), _take(len(parts) * slot)
@@ -182,7 +187,8 @@ async def _exchange(
     for k in range(ch.size):
         _reduce_one(codec, op, parts, r, recv, slot, out, k, scratch)
         await asyncio.sleep(0)  # let the loop breathe between large decodes
-    _give(mine, theirs)
+    _give(theirs)
+    return mine
 
 
 def _reduce_one(
@@ -223,7 +229,7 @@ async def reduce_scatter(
     if data.size != ch.size * dst.size:
         raise ValueError(f"reduce_scatter: buf has {data.size} elements, not {ch.size} blocks of {dst.size}")
     parts = [data[k * dst.size : (k + 1) * dst.size] for k in range(ch.size)]
-    await _exchange(ch, parts, op, dst, codec, exchange, segment_bytes)
+    _give(await _exchange(ch, parts, op, dst, codec, exchange, segment_bytes))
 
 
 async def all_reduce(
@@ -276,11 +282,11 @@ async def _piece(
     shard = raw.view(data.dtype)
     first = ch if shift == 0 else Shifted(ch, shift)
     try:
-        await _exchange(first, [mine[x:y] for x, y in ranges], op, shard, codec, exchange, segment_bytes)
+        held = await _exchange(first, [mine[x:y] for x, y in ranges], op, shard, codec, exchange, segment_bytes)
     finally:
         exchanged()
     slot = _slots(codec, data.dtype, ranges)
-    held, gathered = _take(ch.size * slot)  # every slot but this rank's is received whole
+    gathered = held[: ch.size * slot]  # the exchange's: every slot but this rank's is received whole
     n = encoded_nbytes(codec, data.dtype, shard.size)
     encode(codec, shard, gathered[ch.rank * slot : ch.rank * slot + n])
     gathered[ch.rank * slot + n : (ch.rank + 1) * slot] = 0
