@@ -93,8 +93,10 @@ class Schedule(NamedTuple):
 
 
 #: A codec's own schedule, where it differs from :data:`PIECE_BYTES`, :data:`WINDOW`,
-#: :data:`DEPTH` and :data:`TAPER`.
-PIECES: Final[dict[str, Schedule]] = {"int8": Schedule(4 << 20, 2, 2, 0)}
+#: :data:`DEPTH` and :data:`TAPER` (none does: int8's former 4 MiB pieces, two at once, took
+#: 364 and 461 ms, its 4 MiB pieces tapered with 2 exchanges of 4 under way 326 and 450 ms,
+#: the common schedule 312 and 313 ms; medians of 3 calls, load 2.9-4).
+PIECES: Final[dict[str, Schedule]] = {}
 
 Exchange = Callable[..., Any]  # an all_to_all of ALGORITHMS["all_to_all"]
 
