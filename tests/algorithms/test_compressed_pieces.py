@@ -47,13 +47,14 @@ def test_pieces_cut_every_shard_alike_shorter_shards_clipped() -> None:
 
 
 class Pieces:
-    """Fake pieces that record how many are in their exchange and under way at once."""
+    """Fake pieces that record how many are in their exchange and under way at once; each
+    exchange waits for ``exchanges``, each all_gather for ``gathers`` (no timers)."""
 
     def __init__(self, fail: int | None = None) -> None:
         self.exchanging = self.running = self.most_exchanging = self.most_running = 0
         self.started: list[int] = []
         self.fail = fail
-        self.cancelled = 0
+        self.exchanges, self.gathers = asyncio.Event(), asyncio.Event()
 
     async def __call__(self, j: int, exchanged: Callable[[], None]) -> None:
         self.started.append(j)
@@ -63,32 +64,46 @@ class Pieces:
         self.most_running = max(self.most_running, self.running)
         try:
             try:
-                await asyncio.sleep(0.001 * (j % 3))
+                await self.exchanges.wait()
                 if j == self.fail:
                     raise RuntimeError(f"piece {j}")
             finally:
                 self.exchanging -= 1
                 exchanged()
-            await asyncio.sleep(0.003)
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
+            await self.gathers.wait()
         finally:
             self.running -= 1
+
+
+async def settle() -> None:
+    for _ in range(100):
+        await asyncio.sleep(0)
 
 
 @pytest.mark.parametrize(("window", "depth"), [(1, 1), (2, 2), (2, 5), (3, 1), (4, 8)])
 async def test_run_keeps_its_limits_and_the_order(window: int, depth: int) -> None:
     fake = Pieces()
-    await run(12, fake, window, depth)
+    task = asyncio.ensure_future(run(12, fake, window, depth))
+    await settle()
+    assert fake.started == list(range(window)) and fake.exchanging == window  # exchanges held
+    fake.exchanges.set()
+    await settle()
+    assert fake.started == list(range(max(window, depth))) and fake.running == max(window, depth)
+    assert not task.done()
+    fake.gathers.set()
+    await task
     assert fake.started == list(range(12))
-    assert fake.most_exchanging == window
-    assert fake.most_running == max(window, depth)
+    assert fake.most_exchanging == window and fake.most_running == max(window, depth)
     assert fake.running == 0
 
 
 async def test_a_failed_piece_raises_and_the_rest_are_cancelled() -> None:
     fake = Pieces(fail=3)
+    task = asyncio.ensure_future(run(40, fake, 2, 4))
+    fake.exchanges.set()
+    await settle()
+    assert fake.started == [0, 1, 2, 3] and fake.running == 3  # piece 3 failed; raised after 0 to 2
+    fake.gathers.set()
     with pytest.raises(RuntimeError, match="piece 3"):
-        await run(40, fake, 2, 4)
+        await task
     assert fake.running == 0 and len(fake.started) < 40
