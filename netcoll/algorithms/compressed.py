@@ -36,13 +36,18 @@ decoding run while another's bytes cross the links. Every piece starts on an int
 its encoding is that part of its whole shard's encoding and the result has the bits of one
 piece (tested). A message too short for the ramps is cut evenly. Measured on emulated
 1 Gbit/s links (4 ranks on 2 cores; docs/emulated-network.md, "Compression, weighted shares
-and DDP against Gloo"; 64 MiB of float32, ``python3 -m bench.wire --codecs fp16``, medians
-of 3 calls, interleaved runs on a machine loaded 3 to 9 by other benchmarks): fp16 in 2 MiB
-pieces, 4 at once as one window, took 508 to 570 ms (4 runs); ramps alone or 8 under way
-alone did not help (561-564, 542-553 ms); both, 3 ramping pieces and 4 exchanges of 8 pieces
-under way, 467 and 477 ms (2 runs). The ramps put bytes on the links sooner and leave less
-to decode after the last ones arrive; the exchange window lets a piece start while older
-ones are in their all_gather instead of after the oldest one's end.
+and DDP against Gloo"; 64 MiB of float32, ``python3 -m bench.wire --codecs fp16,int8``,
+medians of 3 calls, interleaved runs on a machine loaded 2 to 9 by other benchmarks and
+tests): fp16 in 2 MiB pieces, 4 at once as one window, took 499 to 570 ms (6 runs); ramps
+alone or 8 under way alone did not help (561-564, 542-553 ms); both, 3 ramping pieces and
+4 exchanges of 8 pieces under way, 461 to 482 ms (5 runs; Gloo 846 ms in one of them:
+1.76x its bus bandwidth). int8 took 344 to 461 ms in 4 MiB pieces two at once (4 runs), 299 to 321 ms
+on this schedule (5 runs; one more at 435 ms while other tests ran). Traced per rank (fp16):
+with one window of 4, the links ran at 75-85% of their rate, idle for 20-30 ms at the start
+and between waves of pieces (the next piece waited for the oldest one's all_gather); with
+this schedule at 90-97% from the first 20 ms, half idle in the last 20 ms. It costs CPU:
+146 ms per call and rank against 122-135 (not traced: more and smaller messages, more of
+them under way, are the suspects).
 
 Cost, ``N`` bytes of input and a codec of ratio ``c`` (:func:`~netcoll.compression.encoded_nbytes`
 over input bytes: fp16 0.5, int8 about 0.25 for float32): all_reduce ``2 (P-1)/P c N``
