@@ -40,14 +40,14 @@ and DDP against Gloo"; 64 MiB of float32, ``python3 -m bench.wire --codecs fp16,
 medians of 3 calls, interleaved runs on a machine loaded 2 to 9 by other benchmarks and
 tests): fp16 in 2 MiB pieces, 4 at once as one window, took 499 to 570 ms (6 runs); ramps
 alone or 8 under way alone did not help (561-564, 542-553 ms); both, 3 ramping pieces and
-4 exchanges of 8 pieces under way, 461 to 482 ms (5 runs; Gloo 846 ms in one of them:
-1.76x its bus bandwidth). int8 took 344 to 461 ms in 4 MiB pieces two at once (4 runs), 299 to 321 ms
-on this schedule (5 runs; one more at 435 ms while other tests ran). Traced per rank (fp16):
-with one window of 4, the links ran at 75-85% of their rate, idle for 20-30 ms at the start
-and between waves of pieces (the next piece waited for the oldest one's all_gather); with
-this schedule at 90-97% from the first 20 ms, half idle in the last 20 ms. It costs CPU:
-146 ms per call and rank against 122-135 (not traced: more and smaller messages, more of
-them under way, are the suspects).
+4 exchanges of 8 pieces under way, 461 to 492 ms (6 runs; Gloo 846 ms in one of them:
+1.76x its bus bandwidth). int8 took 344 to 461 ms in 4 MiB pieces two at once (4 runs),
+299 to 321 ms on this schedule (6 runs; two more at 435 and 546 ms while other tests ran,
+load 3.6). Traced per rank (fp16): with one window of 4, the links ran at 75-85% of their
+rate, idle for 20-30 ms at the start and between waves of pieces (the next piece waited for
+the oldest one's all_gather); with this schedule at 90-97% from the first 20 ms, half idle
+in the last 20 ms. It costs CPU: 146 ms per call and rank against 122-135, spread over the
+interpreter, the kernel's TCP and scheduling (perf, one loaded run; no more memory copies).
 
 Cost, ``N`` bytes of input and a codec of ratio ``c`` (:func:`~netcoll.compression.encoded_nbytes`
 over input bytes: fp16 0.5, int8 about 0.25 for float32): all_reduce ``2 (P-1)/P c N``
