@@ -26,20 +26,28 @@ codec error per level: not done.)
 Phase 2 runs on the same operation with its steps shifted by :data:`PHASE_STEP`
 (:class:`Shifted`), so its messages never meet phase 1's.
 
-An all_reduce runs in *pieces* (:func:`pieces`): piece ``j`` is elements ``j S`` to
-``(j+1) S`` of every shard (``S`` = :data:`PIECE_BYTES` of input, a multiple of
-:data:`~netcoll.compression.INT8_BLOCK` elements), and runs both phases on its own steps
-(shifted by ``j`` :data:`PIECE_SHIFT`); up to :data:`WINDOW` pieces are under way at
-once, so one piece's encoding, reduction and decoding run while another's bytes cross
-the links. Every piece's encoding is that part of its whole shard's encoding, so the
-result has the bits of one piece (tested). A message of one piece per shard (up to
-``P`` :data:`PIECE_BYTES`) runs as before. Measured on emulated 1 Gbit/s links (4 ranks
-on 2 cores; docs/emulated-network.md, "Compression, weighted shares and DDP against
-Gloo"): with the codecs' CPU about halved (torch's casts, no page faults), 2 MiB pieces, four
-at once, beat the former 4 MiB two at once for fp16 (1.60x Gloo's bus bandwidth against
-1.36x, medians of 4 and 5 runs; 1 to 8 MiB pieces and windows of 2 to 16 tried, on a machine
-loaded by other benchmarks; more pieces at once were slower); int8 keeps 4 MiB two at once
-(:data:`PIECES`: 1.75x either way, 100 to 105 ms of CPU per call and rank against 106 to 135).
+An all_reduce runs in *pieces* (:func:`pieces`, :mod:`._pieces`): piece ``j`` is elements
+``x_j`` to ``y_j`` of every shard (full pieces of ``S`` = :data:`PIECE_BYTES` of input, a
+multiple of :data:`~netcoll.compression.INT8_BLOCK` elements, and :data:`TAPER` pieces of
+``S/8, S/4, S/2`` ramping up at the start and down at the end), and runs both phases on its
+own steps (shifted by ``j`` :data:`PIECE_SHIFT`); up to :data:`WINDOW` pieces are in their
+exchange and :data:`DEPTH` under way at once, so one piece's encoding, reduction and
+decoding run while another's bytes cross the links. Every piece starts on an int8 block, so
+its encoding is that part of its whole shard's encoding and the result has the bits of one
+piece (tested). A message too short for the ramps is cut evenly. Measured on emulated
+1 Gbit/s links (4 ranks on 2 cores; docs/emulated-network.md, "Compression, weighted shares
+and DDP against Gloo"; 64 MiB of float32, ``python3 -m bench.wire --codecs fp16,int8``,
+medians of 3 calls, interleaved runs on a machine loaded 2 to 9 by other benchmarks and
+tests): fp16 in 2 MiB pieces, 4 at once as one window, took 499 to 570 ms (6 runs); ramps
+alone or 8 under way alone did not help (561-564, 542-553 ms); both, 3 ramping pieces and
+4 exchanges of 8 pieces under way, 461 to 492 ms (6 runs; Gloo 846 ms in one of them:
+1.76x its bus bandwidth). int8 took 344 to 461 ms in 4 MiB pieces two at once (4 runs),
+299 to 321 ms on this schedule (6 runs; two more at 435 and 546 ms while other tests ran,
+load 3.6). Traced per rank (fp16): with one window of 4, the links ran at 75-85% of their
+rate, idle for 20-30 ms at the start and between waves of pieces (the next piece waited for
+the oldest one's all_gather); with this schedule at 90-97% from the first 20 ms, half idle
+in the last 20 ms. It costs CPU: 146 ms per call and rank against 122-135, spread over the
+interpreter, the kernel's TCP and scheduling (perf, one loaded run; no more memory copies).
 
 Cost, ``N`` bytes of input and a codec of ratio ``c`` (:func:`~netcoll.compression.encoded_nbytes`
 over input bytes: fp16 0.5, int8 about 0.25 for float32): all_reduce ``2 (P-1)/P c N``
@@ -52,30 +60,48 @@ per contribution (plus one for the all_reduce's result).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
-from ..compression import FOLD, INT8_BLOCK, decode, encode, encoded_nbytes, fold
+from ..compression import FOLD, decode, encode, encoded_nbytes, fold
 from ..mesh.channel import Channel
 from ..ops import ReduceOp, reduce_into
-from . import direct, ring
+from . import _pieces, direct, ring
 from ._common import DEFAULT_SEGMENT_BYTES, SCRATCH_POOL, flat, split
+from ._pieces import pieces
 
-__all__ = ["PHASE_STEP", "Shifted", "all_reduce", "reduce", "reduce_scatter"]
+__all__ = ["PHASE_STEP", "Schedule", "Shifted", "all_reduce", "pieces", "reduce", "reduce_scatter"]
 
 #: Phase 2's steps are phase 1's plus this (no algorithm of phase 1 runs as many steps).
 PHASE_STEP: Final = 1 << 24
 #: Piece ``j`` of an all_reduce runs its steps shifted by ``j`` times this (both phases).
 PIECE_SHIFT: Final = 2 * PHASE_STEP
-#: Input bytes of every shard in one piece of an all_reduce (:func:`pieces`).
+#: Input bytes of every shard in one full piece of an all_reduce (:func:`pieces`).
 PIECE_BYTES: Final = 2 << 20
-#: Pieces of an all_reduce under way at once.
+#: Pieces of an all_reduce in their exchange at once.
 WINDOW: Final = 4
-#: A codec's own piece bytes and window, where they differ from :data:`PIECE_BYTES` and
-#: :data:`WINDOW` (int8: its smaller messages did no better in more pieces, at more CPU).
-PIECES: Final[dict[str, tuple[int, int]]] = {"int8": (4 << 20, 2)}
+#: Pieces of an all_reduce under way at once (in their exchange or their all_gather).
+DEPTH: Final = 8
+#: Pieces ramping up and down at each end of an all_reduce (:func:`~._pieces.schedule`).
+TAPER: Final = 3
+
+
+class Schedule(NamedTuple):
+    """How an all_reduce runs in pieces (:mod:`._pieces`)."""
+
+    piece_bytes: int
+    window: int
+    depth: int
+    taper: int
+
+
+#: A codec's own schedule, where it differs from :data:`PIECE_BYTES`, :data:`WINDOW`,
+#: :data:`DEPTH` and :data:`TAPER` (none does: int8's former 4 MiB pieces, two at once, took
+#: 364 and 461 ms, its 4 MiB pieces tapered with 2 exchanges of 4 under way 326 and 450 ms,
+#: the common schedule 312 and 313 ms; medians of 3 calls, load 2.9-4).
+PIECES: Final[dict[str, Schedule]] = {}
 
 Exchange = Callable[..., Any]  # an all_to_all of ALGORITHMS["all_to_all"]
 
@@ -154,9 +180,11 @@ async def _exchange(
     codec: str,
     exchange: Exchange,
     segment_bytes: int,
-) -> None:
+) -> np.ndarray:
     """Step 1: ``out`` = the reduction, in rank order, of every rank's ``parts[ch.rank]``
-    (each encoded by ``codec`` on the wire; this rank's own taken as it is)."""
+    (each encoded by ``codec`` on the wire; this rank's own taken as it is). Returns the
+    scratch block the encoded parts were sent from (``len(parts)`` slots of the largest
+    part's encoding), the caller's to reuse or :func:`_give` back."""
     r = ch.rank
     slot = max(encoded_nbytes(codec, out.dtype, p.size) for p in parts)
     (mine, send), (theirs, recv) = _take(len(parts) * slot), _take(len(parts) * slot)
@@ -166,7 +194,8 @@ async def _exchange(
     for k in range(ch.size):
         _reduce_one(codec, op, parts, r, recv, slot, out, k, scratch)
         await asyncio.sleep(0)  # let the loop breathe between large decodes
-    _give(mine, theirs)
+    _give(theirs)
+    return mine
 
 
 def _reduce_one(
@@ -207,7 +236,7 @@ async def reduce_scatter(
     if data.size != ch.size * dst.size:
         raise ValueError(f"reduce_scatter: buf has {data.size} elements, not {ch.size} blocks of {dst.size}")
     parts = [data[k * dst.size : (k + 1) * dst.size] for k in range(ch.size)]
-    await _exchange(ch, parts, op, dst, codec, exchange, segment_bytes)
+    _give(await _exchange(ch, parts, op, dst, codec, exchange, segment_bytes))
 
 
 async def all_reduce(
@@ -221,42 +250,23 @@ async def all_reduce(
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     piece_bytes: int | None = None,
     window: int | None = None,
+    depth: int | None = None,
+    taper: int | None = None,
 ) -> None:
     """``buf`` = the reduction of every rank's input (``src``, else ``buf``'s contents),
-    decoded from the same bytes on every rank, in pieces (:func:`pieces`) of which up to
-    ``window`` are under way at once."""
+    decoded from the same bytes on every rank, in pieces (:func:`pieces`, ``taper`` pieces
+    ramping at each end) of which up to ``window`` are in their exchange and ``depth`` under
+    way at once (None: the codec's :class:`Schedule`)."""
     data = flat(buf)
     mine = data if src is None else flat(src, "src", writeable=False)
-    own_bytes, own_window = PIECES.get(codec, (PIECE_BYTES, WINDOW))
-    cuts = pieces(split(data.size, ch.size), (piece_bytes or own_bytes) // data.dtype.itemsize)
-    window = max(1, window or own_window)
-    running: list[asyncio.Future[None]] = []
-    try:
-        for j, ranges in enumerate(cuts):
-            if len(running) >= window:
-                await running.pop(0)
-            running.append(
-                asyncio.ensure_future(
-                    _piece(ch, j * PIECE_SHIFT, data, mine, ranges, op, codec, exchange, segment_bytes)
-                )
-            )
-        while running:
-            await running.pop(0)
-    finally:
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+    own = PIECES.get(codec) or Schedule(PIECE_BYTES, WINDOW, DEPTH, TAPER)
+    size = (piece_bytes or own.piece_bytes) // data.dtype.itemsize
+    cuts = pieces(split(data.size, ch.size), size, own.taper if taper is None else taper)
 
+    def piece(j: int, exchanged: Callable[[], None]) -> Awaitable[None]:
+        return _piece(ch, j * PIECE_SHIFT, data, mine, cuts[j], op, codec, exchange, segment_bytes, exchanged)
 
-def pieces(bounds: list[tuple[int, int]], size: int) -> list[list[tuple[int, int]]]:
-    """The shards ``bounds`` cut into pieces: piece ``j`` holds elements ``j*size`` to
-    ``(j+1)*size`` of every shard (``size`` a multiple of :data:`INT8_BLOCK`, so every
-    piece's encoding is the same bytes as that part of its whole shard's)."""
-    size = max(INT8_BLOCK, size // INT8_BLOCK * INT8_BLOCK)
-    longest = max(b - a for a, b in bounds)
-    count = max(1, -(-longest // size))
-    return [[(min(a + j * size, b), min(a + (j + 1) * size, b)) for a, b in bounds] for j in range(count)]
+    await _pieces.run(len(cuts), piece, window or own.window, depth or own.depth)
 
 
 async def _piece(
@@ -269,16 +279,21 @@ async def _piece(
     codec: str,
     exchange: Exchange,
     segment_bytes: int,
+    exchanged: Callable[[], None],
 ) -> None:
-    """One piece: the exchange and reduction of every rank's ``ranges``, then the all_gather
-    of the encoded reductions, decoded into ``data`` (its steps shifted by ``shift``)."""
+    """One piece: the exchange and reduction of every rank's ``ranges`` (then
+    ``exchanged()``, also on failure), then the all_gather of the encoded reductions,
+    decoded into ``data`` (its steps shifted by ``shift``)."""
     a, b = ranges[ch.rank]
     block, raw = _take((b - a) * data.dtype.itemsize)
     shard = raw.view(data.dtype)
     first = ch if shift == 0 else Shifted(ch, shift)
-    await _exchange(first, [mine[x:y] for x, y in ranges], op, shard, codec, exchange, segment_bytes)
+    try:
+        held = await _exchange(first, [mine[x:y] for x, y in ranges], op, shard, codec, exchange, segment_bytes)
+    finally:
+        exchanged()
     slot = _slots(codec, data.dtype, ranges)
-    held, gathered = _take(ch.size * slot)  # every slot but this rank's is received whole
+    gathered = held[: ch.size * slot]  # the exchange's: every slot but this rank's is received whole
     n = encoded_nbytes(codec, data.dtype, shard.size)
     encode(codec, shard, gathered[ch.rank * slot : ch.rank * slot + n])
     gathered[ch.rank * slot + n : (ch.rank + 1) * slot] = 0

@@ -288,22 +288,27 @@ async def test_torch_tensors_in_torch_tensors_out() -> None:
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 async def test_an_all_reduce_in_pieces_gives_the_bits_of_one_piece(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pieces of every shard (netcoll.algorithms.compressed.pieces) run a few at once; each
-    piece's encoding is that part of its whole shard's, so the result's bits do not change."""
+    """Pieces of every shard (netcoll.algorithms.compressed.pieces), tapered or not, run a few
+    at once; each piece's encoding is that part of its whole shard's, so the result's bits do
+    not change."""
     from netcoll.algorithms import compressed
 
     for codec in CODECS:
         for dtype in DTYPES:
-            xs = data(n, (n * 5 * 517 + 1,), dtype, seed=7)  # shards of 2585 or 2586: five pieces of 512 and a rest
-            monkeypatch.setattr(compressed, "PIECES", {})  # every codec: PIECE_BYTES and WINDOW
+            xs = data(n, (n * 9 * 517 + 1,), dtype, seed=7)  # shards of 4653 or 4654: nine pieces of 512 and a rest
+            monkeypatch.setattr(compressed, "PIECES", {})  # every codec: PIECE_BYTES, WINDOW, DEPTH, TAPER
             monkeypatch.setattr(compressed, "PIECE_BYTES", 1 << 30)
             whole = await run_world(n, lambda c: c.all_reduce(xs[c.rank], compression=codec))
-            monkeypatch.setattr(compressed, "PIECE_BYTES", 512 * np.dtype(dtype).itemsize)
-            for window in (1, 2, 5):
+            monkeypatch.setattr(compressed, "PIECE_BYTES", 1024 * np.dtype(dtype).itemsize)
+            for window, depth, taper in ((1, 1, 0), (2, 2, 1), (5, 5, 0), (2, 5, 1), (1, 3, 2)):
                 monkeypatch.setattr(compressed, "WINDOW", window)
+                monkeypatch.setattr(compressed, "DEPTH", depth)
+                monkeypatch.setattr(compressed, "TAPER", taper)
                 pieced = await run_world(n, lambda c: c.all_reduce(xs[c.rank], compression=codec))
                 mine = [x.copy() for x in xs]  # in place, read without a copy: the same bits
                 inplace = await run_world(n, lambda c: c.all_reduce(mine[c.rank], out=mine[c.rank], compression=codec))
                 assert all(r is m for r, m in zip(inplace, mine, strict=True))
                 identical([*whole, *pieced, *inplace])
-    assert len(compressed.pieces([(0, 2586), (2586, 5171)], 512)) == 6
+    assert len(compressed.pieces([(0, 4654), (4654, 9307)], 1024)) == 5
+    tapered = compressed.pieces([(0, 4654), (4654, 9307)], 1024, 1)
+    assert [b - a for (a, b), _ in tapered] == [512, 1024, 1024, 1024, 512, 558]
