@@ -15,6 +15,9 @@ How it works, ``P`` ranks, ``N`` elements cut into ``P`` shards (:func:`split`):
    (:mod:`.ring`) hands every encoded shard to every rank, which decodes all of them, its
    own included: every rank decodes the same bytes, so the result is **bit-identical on
    every rank** (and is the round trip of each reduced shard through the codec).
+   With ``average`` (op avg, as :mod:`netcoll.calls.compressed` asks) each decoded shard
+   is divided by ``P`` right after its decode, from cache (:func:`divider`: the bits of
+   :func:`~netcoll.ops.finalize` after the decode), not in a pass over the result at the end.
    ``reduce_scatter`` is step 1 alone, its ``P`` blocks the shards.
 
 ``reduce`` is a direct gather (:mod:`.direct`) of every rank's encoded input to the
