@@ -15,6 +15,9 @@ How it works, ``P`` ranks, ``N`` elements cut into ``P`` shards (:func:`split`):
    (:mod:`.ring`) hands every encoded shard to every rank, which decodes all of them, its
    own included: every rank decodes the same bytes, so the result is **bit-identical on
    every rank** (and is the round trip of each reduced shard through the codec).
+   With ``average`` (op avg, as :mod:`netcoll.calls.compressed` asks) each decoded shard
+   is divided by ``P`` right after its decode, from cache (:func:`divider`: the bits of
+   :func:`~netcoll.ops.finalize` after the decode), not in a pass over the result at the end.
    ``reduce_scatter`` is step 1 alone, its ``P`` blocks the shards.
 
 ``reduce`` is a direct gather (:mod:`.direct`) of every rank's encoded input to the
@@ -67,7 +70,7 @@ import numpy as np
 
 from ..compression import FOLD, decode, encode, encoded_nbytes, fold
 from ..mesh.channel import Channel
-from ..ops import ReduceOp, reduce_into
+from ..ops import BFLOAT16, ReduceOp, reduce_into
 from . import _pieces, direct, ring
 from ._common import DEFAULT_SEGMENT_BYTES, SCRATCH_POOL, flat, split
 from ._pieces import pieces
@@ -252,19 +255,26 @@ async def all_reduce(
     window: int | None = None,
     depth: int | None = None,
     taper: int | None = None,
+    average: bool = False,
 ) -> None:
     """``buf`` = the reduction of every rank's input (``src``, else ``buf``'s contents),
     decoded from the same bytes on every rank, in pieces (:func:`pieces`, ``taper`` pieces
     ramping at each end) of which up to ``window`` are in their exchange and ``depth`` under
-    way at once (None: the codec's :class:`Schedule`)."""
+    way at once (None: the codec's :class:`Schedule`). ``average`` with ``op`` avg: the
+    result divided by the group's size as it is decoded (:func:`_decode_all`: the bits of
+    :func:`~netcoll.ops.finalize` after the decoding, without a pass of its own); else avg
+    leaves the sum, the caller's to finalize."""
     data = flat(buf)
     mine = data if src is None else flat(src, "src", writeable=False)
     own = PIECES.get(codec) or Schedule(PIECE_BYTES, WINDOW, DEPTH, TAPER)
     size = (piece_bytes or own.piece_bytes) // data.dtype.itemsize
     cuts = pieces(split(data.size, ch.size), size, own.taper if taper is None else taper)
 
+    divisor = ch.size if average and op is ReduceOp.AVG else 1
+
     def piece(j: int, exchanged: Callable[[], None]) -> Awaitable[None]:
-        return _piece(ch, j * PIECE_SHIFT, data, mine, cuts[j], op, codec, exchange, segment_bytes, exchanged)
+        shift = j * PIECE_SHIFT
+        return _piece(ch, shift, data, mine, cuts[j], op, codec, exchange, segment_bytes, exchanged, divisor)
 
     await _pieces.run(len(cuts), piece, window or own.window, depth or own.depth)
 
@@ -280,10 +290,11 @@ async def _piece(
     exchange: Exchange,
     segment_bytes: int,
     exchanged: Callable[[], None],
+    divisor: int = 1,
 ) -> None:
     """One piece: the exchange and reduction of every rank's ``ranges`` (then
     ``exchanged()``, also on failure), then the all_gather of the encoded reductions,
-    decoded into ``data`` (its steps shifted by ``shift``)."""
+    decoded into ``data`` and divided by ``divisor`` (its steps shifted by ``shift``)."""
     a, b = ranges[ch.rank]
     block, raw = _take((b - a) * data.dtype.itemsize)
     shard = raw.view(data.dtype)
@@ -298,7 +309,7 @@ async def _piece(
     encode(codec, shard, gathered[ch.rank * slot : ch.rank * slot + n])
     gathered[ch.rank * slot + n : (ch.rank + 1) * slot] = 0
     await ring.all_gather(Shifted(ch, shift + PHASE_STEP), gathered, segment_bytes=segment_bytes)
-    _decode_all(codec, gathered, slot, data, ranges)
+    _decode_all(codec, gathered, slot, data, ranges, divisor)
     _give(block, held)
 
 
@@ -338,7 +349,34 @@ async def reduce(
         await asyncio.sleep(0)
 
 
-def _decode_all(codec: str, slots: np.ndarray, slot: int, data: np.ndarray, bounds: list[tuple[int, int]]) -> None:
-    for k, (a, b) in enumerate(bounds):
-        n = encoded_nbytes(codec, data.dtype, b - a)
-        decode(codec, slots[k * slot : k * slot + n], data[a:b])
+def _decode_all(
+    codec: str, slots: np.ndarray, slot: int, data: np.ndarray, bounds: list[tuple[int, int]], divisor: int = 1
+) -> None:
+    """Each shard ``k`` of ``data`` (``bounds[k]``, one piece's: at most :data:`PIECE_BYTES`)
+    decoded from slot ``k`` of ``slots``, then divided by ``divisor`` (1: not) while still
+    in cache. Elementwise, so the bits of a decode of the whole then
+    :func:`~netcoll.ops.finalize` (avg) of the whole (:func:`divider`). (Decoding in smaller
+    blocks cost more than it saved: a torch cast costs microseconds a call.)"""
+    divide = divider(data.dtype, divisor)
+    with np.errstate(all="ignore"):
+        for k, (a, b) in enumerate(bounds):
+            decode(codec, slots[k * slot : k * slot + encoded_nbytes(codec, data.dtype, b - a)], data[a:b])
+            divide(data[a:b])
+
+
+def divider(dtype: np.dtype, divisor: int) -> Callable[[np.ndarray], None]:
+    """``x /= divisor`` in place for arrays of ``dtype`` with the bits of
+    :func:`~netcoll.ops.finalize`'s avg (float16 and bfloat16 computed in float32 and
+    rounded back) but without its checks, for a caller that calls it per block (numpy's
+    error state is the caller's); a power of two multiplies by its inverse instead (the
+    same exact quotient, correctly rounded alike: the same bits, half a division's CPU);
+    1 leaves ``x`` as it is (as finalize: a signalling NaN is not quietened)."""
+    if divisor == 1:
+        return lambda x: None
+    half = dtype in (np.dtype(np.float16), BFLOAT16)
+    work = np.float64 if dtype == np.float64 else np.float32
+    exact = divisor & (divisor - 1) == 0
+    by, ufunc = (work(1 / divisor), np.multiply) if exact else (work(divisor), np.divide)
+    if half:
+        return lambda x: ufunc(x, by, out=x, dtype=np.float32, casting="unsafe")
+    return lambda x: ufunc(x, by, out=x)

@@ -114,11 +114,13 @@ def all_reduce(e: Engine, x: Any, rop: ReduceOp, out: Any, algorithm: str, codec
     x_ = describe(x.dtype, x.shape)
     name = fp(e, "all_reduce", segment=seg, x=x_, op=rop.value, algorithm=plan, compression=codec)
     flat, mine = buf.reshape(-1), src.reshape(-1)
-    return Call(
+    return Call(  # avg divides as it decodes each piece's result (average=True): no pass at the end
         "all_reduce",
         name,
-        lambda ch: compressed.all_reduce(ch, flat, rop, codec=codec, exchange=exchange, src=mine, segment_bytes=seg),
-        lambda _: _post(rop, e.world_size)(buf),
+        lambda ch: compressed.all_reduce(
+            ch, flat, rop, codec=codec, exchange=exchange, src=mine, segment_bytes=seg, average=True
+        ),
+        lambda _: buf,
     )
 
 

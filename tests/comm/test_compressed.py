@@ -312,3 +312,67 @@ async def test_an_all_reduce_in_pieces_gives_the_bits_of_one_piece(n: int, monke
     assert len(compressed.pieces([(0, 4654), (4654, 9307)], 1024)) == 5
     tapered = compressed.pieces([(0, 4654), (4654, 9307)], 1024, 1)
     assert [b - a for (a, b), _ in tapered] == [512, 1024, 1024, 1024, 512, 558]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+async def test_avg_divides_as_it_decodes_with_the_bits_of_a_division_after(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """op="avg" divides each piece's result as it decodes it (algorithms.compressed._decode_all,
+    small pieces here): the bits of the sum divided afterwards by
+    netcoll.ops.finalize, in place and out of place, on every rank, non-finite values too."""
+    from netcoll.algorithms import compressed
+    from netcoll.ops import finalize
+
+    monkeypatch.setattr(compressed, "PIECE_BYTES", 1024 * 8)
+    for codec in CODECS:
+        for dtype in DTYPES:
+            xs = [x * 1000 for x in data(n, (n * 9 * 517 + 1,), np.float64, seed=11)]
+            for x in xs:
+                x[5], x[-3], x[1234] = np.inf, -np.inf, np.nan
+            xs = [x.astype(dtype) for x in xs]
+            sums = await run_world(n, lambda c: c.all_reduce(xs[c.rank], op="sum", compression=codec))
+            want = sums[0].copy()
+            finalize("avg", want, n)
+            avg = await run_world(n, lambda c: c.all_reduce(xs[c.rank], op="avg", compression=codec))
+            mine = [x.copy() for x in xs]
+            inplace = await run_world(
+                n, lambda c: c.all_reduce(mine[c.rank], out=mine[c.rank], op="avg", compression=codec)
+            )
+            assert all(r is m for r, m in zip(inplace, mine, strict=True))
+            identical([want, *avg, *inplace])
+            assert not np.array_equal(want.view(np.uint8), sums[0].view(np.uint8))  # (it did divide)
+
+
+def test_the_divider_has_the_bits_of_finalize() -> None:
+    """algorithms.compressed.divider: finalize's avg without its checks, a power of two as a
+    multiplication by its inverse: the same bits on every float16 and bfloat16 value and on
+    float32 and float64 edge cases (subnormals, the largest, infinities, NaN) and random ones."""
+    from netcoll.algorithms.compressed import divider
+    from netcoll.ops import finalize
+
+    every = np.arange(1 << 16, dtype=np.uint16)
+    rng = np.random.default_rng(3)
+    values = {
+        np.dtype(np.float16): every.view(np.float16),
+        BFLOAT16: every.view(BFLOAT16),
+        np.dtype(np.float32): np.concatenate(
+            [
+                np.array([0, -0.0, 1e-45, -3e-45, 1.1754942e-38, 1.1754944e-38, 3.4028235e38, np.inf, -np.inf, np.nan]),
+                rng.standard_normal(5000) * 10.0 ** rng.integers(-45, 38, 5000),
+            ]
+        ).astype(np.float32),
+        np.dtype(np.float64): np.concatenate(
+            [
+                np.array([0, -0.0, 5e-324, -1e-323, 2.2250738585072014e-308, 1.7976931348623157e308, np.inf, np.nan]),
+                rng.standard_normal(5000) * 10.0 ** rng.integers(-320, 308, 5000),
+            ]
+        ),
+    }
+    for dtype, x in values.items():
+        for n in range(1, 10):
+            want, got = x.copy(), x.copy()
+            finalize("avg", want, n)
+            with np.errstate(all="ignore"):
+                divider(dtype, n)(got)
+            identical([want, got])
