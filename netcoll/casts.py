@@ -82,29 +82,41 @@ def cast(src: np.ndarray, dst: np.ndarray) -> bool:
 
 # -- int8's kernels (float32 only; the bits of compression's numpy path: one IEEE operation each).
 # Their tensors are made once per array (a tensor over a numpy array costs microseconds: once per
-# chunk of a few hundred blocks it was a tenth of the codec's time) and sliced per chunk.
+# chunk of a few hundred blocks it was a tenth of the codec's time) and sliced per chunk; so are the
+# blocks' maxima and inverse scales, which the caller computes a group of chunks at a time.
 class Int8Rows:
-    """torch tensors over the float32 ``rows`` of an int8 encoding, their ``codes`` and a
-    ``tmp`` of at least one chunk's rows (:func:`int8_rows`); methods per chunk ``i:j``."""
+    """torch tensors over the float32 ``rows`` of an int8 encoding, their ``codes``, a ``tmp``
+    of at least one chunk's rows, and per row its ``maxima`` and ``inverse`` scale (numpy
+    arrays, tensors alike) (:func:`int8_rows`); methods over rows ``i:j``, a chunk at a time."""
 
-    __slots__ = ("codes", "rows", "t", "tmp")
+    __slots__ = ("codes", "inverse", "maxima", "rows", "t", "tmp", "_inverse", "_maxima")
 
     def __init__(self, t: Any, rows: Any, codes: Any, tmp: Any) -> None:
         self.t, self.rows, self.codes, self.tmp = t, rows, codes, tmp
+        self.maxima = np.empty(rows.shape[0], np.float32)
+        self.inverse = np.empty(rows.shape[0], np.float32)
+        self._maxima = t.from_numpy(self.maxima)
+        self._inverse = t.from_numpy(self.inverse).unsqueeze(1)
 
     def absmax(self, i: int, j: int) -> np.ndarray:
-        """The largest ``|x|`` of each of rows ``i:j`` (NaN if the row holds one)."""
-        scratch = self.tmp[: j - i]
-        result: np.ndarray = self.t.abs(self.rows[i:j], out=scratch).amax(dim=1).numpy()
-        return result
+        """``maxima[i:j]`` = the largest ``|x|`` of each of rows ``i:j`` (NaN if the row
+        holds one), ``len(tmp)`` rows at a time; returns that slice of :attr:`maxima`."""
+        t, step = self.t, self.tmp.shape[0]
+        for a in range(i, j, step):
+            b = min(j, a + step)
+            t.amax(t.abs(self.rows[a:b], out=self.tmp[: b - a]), dim=1, out=self._maxima[a:b])
+        return self.maxima[i:j]
 
-    def encode(self, i: int, j: int, inverse: np.ndarray) -> None:
-        """``codes[i:j] = rint(rows[i:j] * inverse[:, None])`` (round half to even; rows
-        whose product is not finite are the caller's to zero)."""
-        t, scratch = self.t, self.tmp[: j - i]
-        t.mul(self.rows[i:j], t.from_numpy(inverse).unsqueeze(1), out=scratch)
-        t.round(scratch, out=scratch)
-        self.codes[i:j].copy_(scratch)
+    def encode(self, i: int, j: int) -> None:
+        """``codes[i:j] = rint(rows[i:j] * inverse[i:j, None])`` (round half to even; rows
+        whose product is not finite are the caller's to zero), ``len(tmp)`` rows at a time."""
+        t, step = self.t, self.tmp.shape[0]
+        for a in range(i, j, step):
+            b = min(j, a + step)
+            scratch = self.tmp[: b - a]
+            t.mul(self.rows[a:b], self._inverse[a:b], out=scratch)
+            t.round(scratch, out=scratch)
+            self.codes[a:b].copy_(scratch)
 
 
 def int8_rows(rows: np.ndarray, codes: np.ndarray, tmp: np.ndarray) -> Int8Rows | None:

@@ -255,11 +255,15 @@ def _work_dtype(dtype: np.dtype) -> type[np.floating[Any]]:
 
 #: Blocks the int8 codec handles at a time (512 KiB of float32: its scratch stays in cache).
 ROWS: Final = 256
+#: Blocks whose scales torch's int8 path computes at once (2 MiB of float32, :data:`ROWS` at a
+#: time: the numpy of the scales once per group, not per chunk of :data:`ROWS`).
+GROUP: Final = 1024
 
 
 def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
-    """Per :data:`ROWS` blocks: their scales, then codes ``rint(x * (1 / scale))`` through
-    a scratch that stays in cache, rounded and cast straight into the codes."""
+    """Per :data:`ROWS` blocks (:data:`GROUP` through torch): their scales, then codes
+    ``rint(x * (1 / scale))`` through a scratch that stays in cache, rounded and cast
+    straight into the codes."""
     n, nb = flat.size, _blocks(flat.size)
     sdt = _scale_dtype(flat.dtype)
     scales = dst[: nb * sdt.itemsize].view(sdt)
@@ -273,23 +277,31 @@ def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
     scratch = np.empty((min(ROWS, nb), INT8_BLOCK), work)
     kernels = casts.int8_rows(blocks, out, scratch)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore", under="ignore"):
-        for i in range(0, nb, ROWS):
-            j = min(nb, i + ROWS)
+        for i in range(0, nb, ROWS if kernels is None else GROUP):
             if kernels is None:
+                j = min(nb, i + ROWS)
                 _scale_rows(blocks[i:j], scales[i:j], out[i:j], scratch, work)
             else:
+                j = min(nb, i + GROUP)
                 _scale_rows_torch(kernels, i, j, scales[i:j], out[i:j], work)
     if pad:
         codes[...] = out.reshape(-1)[:n]
 
 
-def _scales(absmax: np.ndarray, scales: np.ndarray, work: Any) -> tuple[np.ndarray, np.ndarray]:
+def _scales(
+    absmax: np.ndarray, scales: np.ndarray, work: Any, inverse: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Some blocks' ``scales`` from their ``absmax`` (NaN where not finite), and the inverse
-    of each (0 where the scale is 0 or NaN, whose block's codes are all 0); with the mask of
-    the blocks whose scale is usable. (The scale dtype is the work dtype: as the receiver sees it.)"""
+    of each (0 where the scale is 0 or NaN, whose block's codes are all 0; into ``inverse``
+    when given); with the mask of the blocks whose scale is usable. (The scale dtype is the
+    work dtype: as the receiver sees it.)"""
     scales[...] = np.where(np.isfinite(absmax), absmax / work(127), np.nan)
     usable = scales > 0  # NaN is not
-    inverse = np.divide(work(1), scales, out=np.zeros(scales.shape, work), where=usable)
+    if inverse is None:
+        inverse = np.zeros(scales.shape, work)
+    else:
+        inverse[...] = 0
+    np.divide(work(1), scales, out=inverse, where=usable)
     return inverse, usable
 
 
@@ -297,8 +309,8 @@ def _scale_rows_torch(
     kernels: casts.Int8Rows, i: int, j: int, scales: np.ndarray, codes: np.ndarray, work: Any
 ) -> None:
     """:func:`_scale_rows` of blocks ``i:j`` through torch's kernels (the same bits)."""
-    inverse, usable = _scales(kernels.absmax(i, j), scales, work)
-    kernels.encode(i, j, inverse)
+    _, usable = _scales(kernels.absmax(i, j), scales, work, kernels.inverse[i:j])
+    kernels.encode(i, j)
     if not usable.all():
         codes[~usable] = 0
 
