@@ -25,7 +25,7 @@ import numpy as np
 from . import settings
 from .ops import BFLOAT16
 
-__all__ = ["Int8Rows", "cast", "int8_rows", "scale_codes", "torch"]
+__all__ = ["Caster", "Int8Rows", "cast", "caster", "int8_rows", "int8_scaler", "scale_codes", "torch"]
 
 #: numpy dtype -> (the numpy dtype torch.from_numpy takes, torch dtype's name)
 _VIEWS: Final[dict[np.dtype, tuple[np.dtype, str]]] = {
@@ -78,6 +78,29 @@ def cast(src: np.ndarray, dst: np.ndarray) -> bool:
         return False
     got[1].copy_(got[0])
     return True
+
+
+class Caster:
+    """torch tensors over a whole flat ``src`` and ``dst`` (:func:`caster`): casts slices of
+    one into the other without making tensors per slice (a few microseconds each)."""
+
+    __slots__ = ("dst", "src")
+
+    def __init__(self, src: Any, dst: Any) -> None:
+        self.src, self.dst = src, dst
+
+    def __call__(self, i: int, j: int, at: int = 0) -> None:
+        """``dst[at : at + j - i] = src[i:j]``."""
+        self.dst[at : at + j - i].copy_(self.src[i:j])
+
+
+def caster(src: np.ndarray, dst: np.ndarray) -> Caster | None:
+    """A :class:`Caster` from ``src`` to ``dst`` (flat, C-contiguous; float32, float16 or
+    bfloat16), or None when torch cannot (the caller casts with numpy)."""
+    if src.dtype == np.int8 or dst.dtype == np.int8:
+        return None
+    got = _tensors(src.reshape(-1), dst.reshape(-1))
+    return None if got is None else Caster(*got)
 
 
 # -- int8's kernels (float32 only; the bits of compression's numpy path: one IEEE operation each).
@@ -142,3 +165,24 @@ def scale_codes(codes: np.ndarray, per: np.ndarray, out: np.ndarray, rows: int) 
         part.copy_(c[i : i + rows])
         part.mul_(p[i : i + rows])
     return True
+
+
+def int8_scaler(codes: np.ndarray, per: np.ndarray, out: np.ndarray) -> Caster | None:
+    """A :class:`Caster` whose call ``(i, j)`` sets ``out[: j - i] = codes[i:j] * per[i:j, None]``
+    (int8 rows of codes, float32 scales and rows: :func:`scale_codes`' bits, over tensors made
+    once), or None."""
+    got = _tensors(codes, per, out) if per.dtype == out.dtype == np.float32 else None
+    return None if got is None else _Scaler(got[0], got[1].unsqueeze(1), got[2])
+
+
+class _Scaler(Caster):
+    __slots__ = ("per",)
+
+    def __init__(self, codes: Any, per: Any, out: Any) -> None:
+        super().__init__(codes, out)
+        self.per = per
+
+    def __call__(self, i: int, j: int, at: int = 0) -> None:
+        part = self.dst[at : at + j - i]
+        part.copy_(self.src[i:j])
+        part.mul_(self.per[i:j])

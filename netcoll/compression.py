@@ -236,15 +236,36 @@ def fold(codec: str, op: Any, out: np.ndarray, data: Any, scratch: np.ndarray) -
     n, step = flat.size, min(FOLD, flat.size) or 1  # an empty input: no piece
     nb = _blocks(n) * _scale_dtype(out.dtype).itemsize if codec == "int8" else 0
     each = 1 if codec == "int8" else encoded_nbytes(codec, out.dtype, 1)
+    fast = _fold_caster(codec, raw, nb, n, scratch[:step])
+    whole = n // INT8_BLOCK * INT8_BLOCK if codec == "int8" else n
     for i in range(0, n, step):
         j = min(n, i + step)
         part = scratch[: j - i]
-        if codec == "int8":
+        if fast is not None and j <= whole and codec == "int8":
+            fast(i // INT8_BLOCK, j // INT8_BLOCK)  # torch's, over tensors made once (FOLD: whole blocks)
+        elif codec == "int8":
             scales = raw[:nb].view(_scale_dtype(out.dtype))[i // INT8_BLOCK : _blocks(j)]
             _decode_int8(scales, raw[nb + i : nb + j].view(np.int8), part)
+        elif fast is not None:
+            fast(i, j)  # torch's cast of fp16 or bf16, over tensors made once
         else:
             _decode_plain(codec, raw[i * each : j * each], part)
         reduce_into(op, flat[i:j], part)
+
+
+def _fold_caster(codec: str, raw: np.ndarray, nb: int, n: int, scratch: np.ndarray) -> casts.Caster | None:
+    """torch's kernels over all of ``raw`` and ``scratch`` for :func:`fold` (fp16 or bf16 into
+    float32, float16 or bfloat16; int8's whole blocks into float32), or None (numpy's)."""
+    if codec in ("fp16", "bf16"):
+        return casts.caster(raw.view(_wire_dtype(codec)), scratch)
+    whole = n // INT8_BLOCK * INT8_BLOCK
+    if codec != "int8" or scratch.dtype != np.float32 or not whole or scratch.size % INT8_BLOCK:
+        return None
+    if raw.ctypes.data % 4:  # scales not aligned for a float32 tensor: numpy's (as decode copies them)
+        return None
+    codes = raw[nb : nb + whole].view(np.int8).reshape(-1, INT8_BLOCK)
+    rows = scratch.reshape(-1, INT8_BLOCK)
+    return casts.int8_scaler(codes, raw[:nb].view(np.float32)[: whole // INT8_BLOCK], rows)
 
 
 def _work_dtype(dtype: np.dtype) -> type[np.floating[Any]]:

@@ -146,6 +146,30 @@ def test_int8_encodes_awkward_values_to_the_same_bytes(numpy_only: pytest.Monkey
         numpy_only.setenv("NETCOLL_TORCH_CASTS", "1")
 
 
+@pytest.mark.parametrize("codec", ["fp16", "bf16", "int8"])
+@pytest.mark.parametrize("offset", [0, 1, 4])
+def test_fold_of_whole_pieces_from_any_offset_is_the_same(
+    codec: str, offset: int, numpy_only: pytest.MonkeyPatch
+) -> None:
+    """fold's tensors made once per array (several whole pieces, bytes at any alignment in a
+    received buffer): the bits of numpy's path."""
+    n = 2 * compression.FOLD + compression.INT8_BLOCK
+    x = np.random.default_rng(offset).standard_normal(n).astype(np.float32)
+    x[5], x[compression.FOLD + 7] = np.nan, -np.inf
+    size = compression.encoded_nbytes(codec, x.dtype, n)
+    received = np.zeros(size + 8, np.uint8)
+    wire = received[offset : offset + size]
+    compression.encode(codec, x, wire)
+    acc = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    got = []
+    for on in ("1", "0"):
+        numpy_only.setenv("NETCOLL_TORCH_CASTS", on)
+        folded = acc.copy()
+        compression.fold(codec, ReduceOp.SUM, folded, wire, np.empty(compression.FOLD, np.float32))
+        got.append(folded)
+    assert np.array_equal(got[0].view(np.uint32), got[1].view(np.uint32))  # (NaN bits too: decoded from the same NaN)
+
+
 def test_a_read_only_view_casts_through_torch() -> None:
     x = np.linspace(-2, 2, 1000, dtype=np.float32)
     view = x.view()
