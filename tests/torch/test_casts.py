@@ -123,6 +123,7 @@ def _awkward_int8_blocks() -> np.ndarray:
     x[10], x[11], x[12] = 1e-45, np.float32(1e-38) * np.sign(x[11]), np.float32(1.5e-43)
     x[13] = (np.arange(b) - 256) * np.float32(1e-40)
     x[compression.ROWS - 1, 3], x[compression.ROWS] = np.nan, -0.0
+    x[compression.TORCH_ROWS - 1, 5], x[compression.TORCH_ROWS + 1] = np.inf, 0.0
     x[compression.GROUP - 1, 0], x[compression.GROUP] = np.nan, 0.0
     x[-1, -200] = -np.inf
     return x.reshape(-1)[:-100]
