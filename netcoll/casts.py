@@ -25,7 +25,7 @@ import numpy as np
 from . import settings
 from .ops import BFLOAT16
 
-__all__ = ["Int8Rows", "cast", "int8_rows", "scale_codes", "torch"]
+__all__ = ["Caster", "Int8Rows", "cast", "caster", "int8_rows", "int8_scaler", "scale_codes", "torch"]
 
 #: numpy dtype -> (the numpy dtype torch.from_numpy takes, torch dtype's name)
 _VIEWS: Final[dict[np.dtype, tuple[np.dtype, str]]] = {
@@ -80,31 +80,66 @@ def cast(src: np.ndarray, dst: np.ndarray) -> bool:
     return True
 
 
+class Caster:
+    """torch tensors over a whole flat ``src`` and ``dst`` (:func:`caster`): casts slices of
+    one into the other without making tensors per slice (a few microseconds each)."""
+
+    __slots__ = ("dst", "src")
+
+    def __init__(self, src: Any, dst: Any) -> None:
+        self.src, self.dst = src, dst
+
+    def __call__(self, i: int, j: int, at: int = 0) -> None:
+        """``dst[at : at + j - i] = src[i:j]``."""
+        self.dst[at : at + j - i].copy_(self.src[i:j])
+
+
+def caster(src: np.ndarray, dst: np.ndarray) -> Caster | None:
+    """A :class:`Caster` from ``src`` to ``dst`` (flat, C-contiguous; float32, float16 or
+    bfloat16), or None when torch cannot (the caller casts with numpy)."""
+    if src.dtype == np.int8 or dst.dtype == np.int8:
+        return None
+    got = _tensors(src.reshape(-1), dst.reshape(-1))
+    return None if got is None else Caster(*got)
+
+
 # -- int8's kernels (float32 only; the bits of compression's numpy path: one IEEE operation each).
 # Their tensors are made once per array (a tensor over a numpy array costs microseconds: once per
-# chunk of a few hundred blocks it was a tenth of the codec's time) and sliced per chunk.
+# chunk of a few hundred blocks it was a tenth of the codec's time) and sliced per chunk; so are the
+# blocks' maxima and inverse scales, which the caller computes a group of chunks at a time.
 class Int8Rows:
-    """torch tensors over the float32 ``rows`` of an int8 encoding, their ``codes`` and a
-    ``tmp`` of at least one chunk's rows (:func:`int8_rows`); methods per chunk ``i:j``."""
+    """torch tensors over the float32 ``rows`` of an int8 encoding, their ``codes``, a ``tmp``
+    of at least one chunk's rows, and per row its ``maxima`` and ``inverse`` scale (numpy
+    arrays, tensors alike) (:func:`int8_rows`); methods over rows ``i:j``, a chunk at a time."""
 
-    __slots__ = ("codes", "rows", "t", "tmp")
+    __slots__ = ("codes", "inverse", "maxima", "rows", "t", "tmp", "_inverse", "_maxima")
 
     def __init__(self, t: Any, rows: Any, codes: Any, tmp: Any) -> None:
         self.t, self.rows, self.codes, self.tmp = t, rows, codes, tmp
+        self.maxima = np.empty(rows.shape[0], np.float32)
+        self.inverse = np.empty(rows.shape[0], np.float32)
+        self._maxima = t.from_numpy(self.maxima)
+        self._inverse = t.from_numpy(self.inverse).unsqueeze(1)
 
     def absmax(self, i: int, j: int) -> np.ndarray:
-        """The largest ``|x|`` of each of rows ``i:j`` (NaN if the row holds one)."""
-        scratch = self.tmp[: j - i]
-        result: np.ndarray = self.t.abs(self.rows[i:j], out=scratch).amax(dim=1).numpy()
-        return result
+        """``maxima[i:j]`` = the largest ``|x|`` of each of rows ``i:j`` (NaN if the row
+        holds one), ``len(tmp)`` rows at a time; returns that slice of :attr:`maxima`."""
+        t, step = self.t, self.tmp.shape[0]
+        for a in range(i, j, step):
+            b = min(j, a + step)
+            t.amax(t.abs(self.rows[a:b], out=self.tmp[: b - a]), dim=1, out=self._maxima[a:b])
+        return self.maxima[i:j]
 
-    def encode(self, i: int, j: int, inverse: np.ndarray) -> None:
-        """``codes[i:j] = rint(rows[i:j] * inverse[:, None])`` (round half to even; rows
-        whose product is not finite are the caller's to zero)."""
-        t, scratch = self.t, self.tmp[: j - i]
-        t.mul(self.rows[i:j], t.from_numpy(inverse).unsqueeze(1), out=scratch)
-        t.round(scratch, out=scratch)
-        self.codes[i:j].copy_(scratch)
+    def encode(self, i: int, j: int) -> None:
+        """``codes[i:j] = rint(rows[i:j] * inverse[i:j, None])`` (round half to even; rows
+        whose product is not finite are the caller's to zero), ``len(tmp)`` rows at a time."""
+        t, step = self.t, self.tmp.shape[0]
+        for a in range(i, j, step):
+            b = min(j, a + step)
+            scratch = self.tmp[: b - a]
+            t.mul(self.rows[a:b], self._inverse[a:b], out=scratch)
+            t.round(scratch, out=scratch)
+            self.codes[a:b].copy_(scratch)
 
 
 def int8_rows(rows: np.ndarray, codes: np.ndarray, tmp: np.ndarray) -> Int8Rows | None:
@@ -130,3 +165,24 @@ def scale_codes(codes: np.ndarray, per: np.ndarray, out: np.ndarray, rows: int) 
         part.copy_(c[i : i + rows])
         part.mul_(p[i : i + rows])
     return True
+
+
+def int8_scaler(codes: np.ndarray, per: np.ndarray, out: np.ndarray) -> Caster | None:
+    """A :class:`Caster` whose call ``(i, j)`` sets ``out[: j - i] = codes[i:j] * per[i:j, None]``
+    (int8 rows of codes, float32 scales and rows: :func:`scale_codes`' bits, over tensors made
+    once), or None."""
+    got = _tensors(codes, per, out) if per.dtype == out.dtype == np.float32 else None
+    return None if got is None else _Scaler(got[0], got[1].unsqueeze(1), got[2])
+
+
+class _Scaler(Caster):
+    __slots__ = ("per",)
+
+    def __init__(self, codes: Any, per: Any, out: Any) -> None:
+        super().__init__(codes, out)
+        self.per = per
+
+    def __call__(self, i: int, j: int, at: int = 0) -> None:
+        part = self.dst[at : at + j - i]
+        part.copy_(self.src[i:j])
+        part.mul_(self.per[i:j])

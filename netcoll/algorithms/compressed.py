@@ -167,11 +167,14 @@ def _give(*blocks: np.ndarray) -> None:
 
 def _encode_into(codec: str, parts: Sequence[np.ndarray], slot: int, skip: int, buf: np.ndarray) -> None:
     """``parts`` encoded into ``buf``'s consecutive slots of ``slot`` bytes (their padding
-    zeroed), but for part ``skip`` (this rank's own, never sent: its slot is left zero)."""
+    zeroed: it is sent), but for part ``skip``: this rank's own, never sent nor read (the
+    reduction takes the part itself; an all_reduce encodes its result there), so its slot
+    is left as it was (not zeroed: a megabyte per piece of fp16)."""
     for k, part in enumerate(parts):
-        n = 0 if k == skip else encoded_nbytes(codec, part.dtype, part.size)
-        if n:
-            encode(codec, part, buf[k * slot : k * slot + n])
+        if k == skip:
+            continue
+        n = encoded_nbytes(codec, part.dtype, part.size)
+        encode(codec, part, buf[k * slot : k * slot + n])
         buf[k * slot + n : (k + 1) * slot] = 0
 
 

@@ -105,6 +105,72 @@ def test_the_codecs_give_the_same_bytes_either_way(codec: str, dtype: np.dtype, 
     assert np.array_equal(f0.view(np.uint8), want.view(np.uint8))
 
 
+def _awkward_int8_blocks() -> np.ndarray:
+    """float32 blocks across more than one of int8's torch groups and chunks: ties of every
+    code (scales 1 and 2), zero, negative-zero and mixed-zero blocks, NaN, +-inf, the largest
+    float, subnormal scales (whose inverse overflows), NaN and zero blocks at chunk and group
+    edges, a partial last block."""
+    b = compression.INT8_BLOCK
+    nb = compression.GROUP + compression.ROWS + 3
+    x = (np.random.default_rng(36).standard_normal(nb * b) * 3).astype(np.float32).reshape(nb, b)
+    x[0] = np.arange(b) % 254 - 127 + np.float32(0.5)
+    x[0, 0] = 127  # scale 1: every x.5 a tie
+    x[1] = (np.arange(b) % 127) * 2 + 1
+    x[1, 0] = 254  # scale 2, odd values: ties
+    x[2], x[3], x[4] = 0.0, -0.0, np.where(np.arange(b) % 2, 0.0, -0.0)
+    x[5, 7], x[6, 9], x[7, 1], x[8] = np.nan, np.inf, -np.inf, np.nan
+    x[9] = np.float32(3.4e38) * np.sign(x[9])
+    x[10], x[11], x[12] = 1e-45, np.float32(1e-38) * np.sign(x[11]), np.float32(1.5e-43)
+    x[13] = (np.arange(b) - 256) * np.float32(1e-40)
+    x[compression.ROWS - 1, 3], x[compression.ROWS] = np.nan, -0.0
+    x[compression.TORCH_ROWS - 1, 5], x[compression.TORCH_ROWS + 1] = np.inf, 0.0
+    x[compression.GROUP - 1, 0], x[compression.GROUP] = np.nan, 0.0
+    x[-1, -200] = -np.inf
+    return x.reshape(-1)[:-100]
+
+
+def test_int8_encodes_awkward_values_to_the_same_bytes(numpy_only: pytest.MonkeyPatch) -> None:
+    x = _awkward_int8_blocks()
+    ref = compression.encode("int8", x)
+    numpy_only.setenv("NETCOLL_TORCH_CASTS", "1")
+    assert np.array_equal(compression.encode("int8", x), ref)
+    nb = -(-x.size // compression.INT8_BLOCK)
+    scales, codes = ref[: 4 * nb].view(np.float32), ref[4 * nb :].view(np.int8)
+    assert scales[0] == 1 and scales[1] == 2 and np.isnan(scales[5:9]).all()
+    assert not np.signbit(scales[2:5]).any() and not codes[2 * 512 : 5 * 512].any()
+    assert np.array_equal(codes[:8], np.rint(x[:8]).astype(np.int8))  # ties to even
+    for start in (0, 37, compression.ROWS * 512 - 5):  # every slice of whole blocks: that part of the bytes
+        part = x[start // 512 * 512 : start // 512 * 512 + 300 * 512]
+        got = compression.encode("int8", part)
+        numpy_only.setenv("NETCOLL_TORCH_CASTS", "0")
+        assert np.array_equal(got, compression.encode("int8", part))
+        numpy_only.setenv("NETCOLL_TORCH_CASTS", "1")
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16", "int8"])
+@pytest.mark.parametrize("offset", [0, 1, 4])
+def test_fold_of_whole_pieces_from_any_offset_is_the_same(
+    codec: str, offset: int, numpy_only: pytest.MonkeyPatch
+) -> None:
+    """fold's tensors made once per array (several whole pieces, bytes at any alignment in a
+    received buffer): the bits of numpy's path."""
+    n = 2 * compression.FOLD + compression.INT8_BLOCK
+    x = np.random.default_rng(offset).standard_normal(n).astype(np.float32)
+    x[5], x[compression.FOLD + 7] = np.nan, -np.inf
+    size = compression.encoded_nbytes(codec, x.dtype, n)
+    received = np.zeros(size + 8, np.uint8)
+    wire = received[offset : offset + size]
+    compression.encode(codec, x, wire)
+    acc = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    got = []
+    for on in ("1", "0"):
+        numpy_only.setenv("NETCOLL_TORCH_CASTS", on)
+        folded = acc.copy()
+        compression.fold(codec, ReduceOp.SUM, folded, wire, np.empty(compression.FOLD, np.float32))
+        got.append(folded)
+    assert np.array_equal(got[0].view(np.uint32), got[1].view(np.uint32))  # (NaN bits too: decoded from the same NaN)
+
+
 def test_a_read_only_view_casts_through_torch() -> None:
     x = np.linspace(-2, 2, 1000, dtype=np.float32)
     view = x.view()
