@@ -308,6 +308,7 @@ def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
             else:
                 j = min(nb, i + GROUP)
                 _scale_rows_torch(kernels, i, j, scales[i:j], out[i:j], work)
+                _tiny_rows(blocks[i:j], scales[i:j], kernels.inverse[i:j], out[i:j])
     if pad:
         codes[...] = out.reshape(-1)[:n]
 
@@ -349,6 +350,19 @@ def _scale_rows(rows: np.ndarray, scales: np.ndarray, codes: np.ndarray, scratch
     np.rint(tmp, out=codes, casting="unsafe")  # |x / scale| <= 127
     if not usable.all():
         codes[~usable] = 0
+    _tiny_rows(rows, scales, inverse, codes)
+
+
+def _tiny_rows(rows: np.ndarray, scales: np.ndarray, inverse: np.ndarray, codes: np.ndarray) -> None:
+    """Blocks whose scale is so small (subnormal) that its inverse overflowed to inf: their
+    codes again, ``rint(x / scale)`` in float64 (finite, at most 127 in magnitude), instead
+    of ``inf * x`` cast to int8 (undefined in C: 0 on x86, other bytes elsewhere, and the
+    block decoded as zeros, outside the codec's error bound)."""
+    tiny = np.isinf(inverse) & (scales > 0)
+    if not tiny.any():
+        return
+    exact = rows[tiny].astype(np.float64) / scales[tiny].astype(np.float64)[:, None]
+    codes[tiny] = np.clip(np.rint(exact), -127, 127).astype(np.int8)
 
 
 def _decode_int8(scales: np.ndarray, codes: np.ndarray, out: np.ndarray) -> None:

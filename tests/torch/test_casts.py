@@ -147,6 +147,30 @@ def test_int8_encodes_awkward_values_to_the_same_bytes(numpy_only: pytest.Monkey
         numpy_only.setenv("NETCOLL_TORCH_CASTS", "1")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_int8_blocks_of_tiny_values_keep_the_error_bound(dtype: type, numpy_only: pytest.MonkeyPatch) -> None:
+    """A block whose scale is subnormal (its inverse overflows): codes from ``x / scale``,
+    not ``inf * x`` cast to int8 (undefined; all zeros here), within absmax / 254 of the
+    input after the round trip, the same bytes through torch and numpy."""
+    tiny = np.finfo(dtype).smallest_normal * 8
+    rng = np.random.default_rng(7)
+    x = (rng.uniform(-1, 1, 6 * compression.INT8_BLOCK) * tiny).astype(dtype)
+    x[compression.INT8_BLOCK : 2 * compression.INT8_BLOCK] = 1.0  # an ordinary block between
+    x[-compression.INT8_BLOCK :] = np.finfo(dtype).smallest_subnormal * np.arange(compression.INT8_BLOCK)
+    step = float(np.finfo(dtype).smallest_subnormal)  # a subnormal scale's own rounding, times 127 codes
+    got = []
+    for on in ("0", "1"):
+        numpy_only.setenv("NETCOLL_TORCH_CASTS", on)
+        got.append(compression.encode("int8", x))
+    assert np.array_equal(got[0], got[1])
+    back = compression.decode("int8", got[0], np.empty_like(x))
+    for block in range(6):
+        part = slice(block * compression.INT8_BLOCK, (block + 1) * compression.INT8_BLOCK)
+        bound = np.abs(x[part]).max() / 254 * (1 + 1e-6) + 128 * step
+        assert np.abs(back[part] - x[part]).max() <= bound, block
+    assert np.count_nonzero(back[: compression.INT8_BLOCK]) > compression.INT8_BLOCK // 2
+
+
 @pytest.mark.parametrize("codec", ["fp16", "bf16", "int8"])
 @pytest.mark.parametrize("offset", [0, 1, 4])
 def test_fold_of_whole_pieces_from_any_offset_is_the_same(
