@@ -27,40 +27,52 @@ def test_spin_selector_returns_ready_and_times_out() -> None:
 
 
 def test_a_held_spin_selector_sleeps_at_once_until_every_hold_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``hold()``: no polling (straight to a blocking select) until as many ``release()``s."""
+    """``hold()``: no polling (straight to a blocking select) until as many ``release()``s.
+    A polling select is shown by its own yields: the byte it waits for is sent at its third
+    ``sched_yield`` (so a descheduled test cannot have the byte there before the select
+    starts); a held one gets the byte from a timer and must not yield at all."""
     yields = [0]
     real_yield = nloop.os.sched_yield
+    a, b = socket.socketpair()
 
     def counting() -> None:
         yields[0] += 1
+        if yields[0] == 3:
+            b.send(b"x")
         real_yield()
 
     monkeypatch.setattr(nloop.os, "sched_yield", counting)
-    a, b = socket.socketpair()
     sel = nloop.SpinSelector(spin=0.05)
 
-    def wait_for_byte(after: float) -> int:
-        """Select until a byte sent ``after`` seconds from now arrives; the yields it took."""
+    def polls() -> int:
+        """Select until the byte sent at its third yield arrives; the yields it took."""
         yields[0] = 0
-        timer = threading.Timer(after, b.send, (b"x",))
+        assert [key.fileobj for key, _ in sel.select(5.0)] == [a]
+        a.recv(1)
+        return yields[0]
+
+    def sleeps() -> int:
+        """Select until a byte a timer sends arrives; the yields it took."""
+        yields[0] = -(1 << 30)  # (never reaches 3: the timer's byte alone ends the select)
+        timer = threading.Timer(0.01, b.send, (b"x",))
         timer.start()
         try:
             assert [key.fileobj for key, _ in sel.select(5.0)] == [a]
         finally:
             timer.join()
         a.recv(1)
-        return yields[0]
+        return yields[0] + (1 << 30)
 
     try:
         sel.register(a, selectors.EVENT_READ)
-        assert wait_for_byte(0.01) > 0  # polls while it waits
+        assert polls() >= 3  # polls while it waits
         sel.hold()
         sel.hold()
-        assert wait_for_byte(0.01) == 0  # sleeps at once
+        assert sleeps() == 0  # sleeps at once
         sel.release()
-        assert wait_for_byte(0.01) == 0  # one hold left
+        assert sleeps() == 0  # one hold left
         sel.release()
-        assert sel.holds == 0 and wait_for_byte(0.01) > 0
+        assert sel.holds == 0 and polls() >= 3
     finally:
         sel.close()
         a.close()
