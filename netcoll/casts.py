@@ -25,7 +25,7 @@ import numpy as np
 from . import settings
 from .ops import BFLOAT16
 
-__all__ = ["Caster", "Int8Rows", "cast", "caster", "int8_rows", "int8_scaler", "scale_codes", "torch"]
+__all__ = ["Caster", "Int8Rows", "cast", "caster", "feedback_loop", "int8_rows", "int8_scaler", "scale_codes", "torch"]
 
 #: numpy dtype -> (the numpy dtype torch.from_numpy takes, torch dtype's name)
 _VIEWS: Final[dict[np.dtype, tuple[np.dtype, str]]] = {
@@ -77,6 +77,32 @@ def cast(src: np.ndarray, dst: np.ndarray) -> bool:
     if got is None:
         return False
     got[1].copy_(got[0])
+    return True
+
+
+def feedback_loop(
+    wire: np.dtype, src: np.ndarray, flat: np.ndarray, res: np.ndarray, ranges: list[tuple[int, int]], chunk: int
+) -> bool:
+    """Error feedback's loop (:meth:`netcoll.feedback.ErrorFeedback.compensate`) over
+    ``ranges``, ``chunk`` elements at a time, through torch on tensors made once per call:
+    ``flat = src + res``, then ``res = flat - decode(encode(flat))`` with the codec's very
+    casts to and from ``wire`` (float16 or bfloat16: the same bits as numpy's loop). Only
+    float32 and a writeable ``src``; False when not done (the caller runs numpy's loop)."""
+    if flat.dtype != np.float32 or wire not in (np.dtype(np.float16), BFLOAT16) or not src.flags.writeable:
+        return False
+    got = _tensors(src, flat, res)
+    if got is None:
+        return False
+    t, (x, f, r) = torch(), got
+    coded = t.empty(chunk, dtype=getattr(t, _VIEWS[wire][1]))
+    for a, b in ranges:
+        for i in range(a, b, chunk):
+            j = min(i + chunk, b)
+            fi, ri, w = f[i:j], r[i:j], coded[: j - i]
+            t.add(x[i:j], ri, out=fi)
+            w.copy_(fi)  # encode
+            ri.copy_(w)  # decode
+            t.sub(fi, ri, out=ri)
     return True
 
 

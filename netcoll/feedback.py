@@ -37,6 +37,7 @@ import numpy as np
 
 from . import casts
 from .compression import INT8_BLOCK, check_codec, decode, encode, encoded_nbytes, parse_compression
+from .ops import BFLOAT16
 
 __all__ = ["CHUNK", "ErrorFeedback", "Roundtrip", "codec_roundtrip", "shards", "transmitted"]
 
@@ -91,33 +92,8 @@ def codec_roundtrip(codec: str, dtype: np.dtype) -> Roundtrip:
     return roundtrip
 
 
-#: torch's dtype of each codec :func:`_through_torch` runs (the codec's wire dtype)
-_HALVES: Final = {"fp16": "float16", "bf16": "bfloat16"}
-
-
-def _through_torch(
-    codec: str, src: np.ndarray, flat: np.ndarray, res: np.ndarray, coded: list[tuple[int, int]]
-) -> bool:
-    """:meth:`ErrorFeedback.compensate`'s loop over the ``coded`` shards with torch's
-    kernels, on tensors made once per call (the numpy loop makes two per chunk and cast):
-    float32 with fp16 or bf16 where the codec casts through torch (:mod:`netcoll.casts`),
-    whose very cast (``copy_``) it runs, so the same bits. False when it did nothing
-    (another codec or dtype, no torch, a read-only source)."""
-    t = casts.torch()
-    half = _HALVES.get(codec)
-    if t is None or half is None or flat.dtype != np.float32 or not src.flags.writeable:
-        return False
-    x, f, r = t.from_numpy(src), t.from_numpy(flat), t.from_numpy(res)
-    wire = t.empty(CHUNK, dtype=getattr(t, half))
-    for a, b in coded:
-        for i in range(a, b, CHUNK):
-            j = min(i + CHUNK, b)
-            fi, ri, w = f[i:j], r[i:j], wire[: j - i]
-            t.add(x[i:j], ri, out=fi)
-            w.copy_(fi)  # encode
-            ri.copy_(w)  # decode
-            t.sub(fi, ri, out=ri)
-    return True
+#: the wire dtype of each codec error feedback may run through torch (:func:`netcoll.casts.feedback_loop`)
+_WIRE: Final = {"fp16": np.dtype(np.float16), "bf16": BFLOAT16}
 
 
 class ErrorFeedback:
@@ -157,7 +133,8 @@ class ErrorFeedback:
         if not in_place:  # the rest is sent as it is (shard ``rank``): its residual stays zero
             for a, b in bounds if not drops else [bounds[self.rank]]:
                 flat[a:b] = src[a:b]
-        if coded and not _through_torch(self.codec, src, flat, res, coded):
+        wire = _WIRE.get(self.codec)
+        if coded and (wire is None or not casts.feedback_loop(wire, src, flat, res, coded, CHUNK)):
             roundtrip = codec_roundtrip(self.codec, flat.dtype)
             for a, b in coded:
                 for i in range(a, b, CHUNK):
