@@ -98,6 +98,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._direct = target is not None and len(target) >= DIRECT_MIN
         return target if self._direct else self._scratch  # type: ignore[return-value]
 
+    def bytes_due(self) -> int:
+        """Bytes surely coming next: the rest of the frame being read (the transport's
+        ``SO_RCVLOWAT``, :meth:`SocketTransport._wait_for`)."""
+        return self.decoder.payload_left
+
     def buffer_updated(self, nbytes: int) -> None:
         try:
             if self._direct:

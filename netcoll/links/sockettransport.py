@@ -34,6 +34,10 @@ from typing import Any, Final
 from . import delayline
 
 IOV_MAX = 64  # buffers per sendmsg call
+#: The most bytes a read waits for (``SO_RCVLOWAT``) while a frame's payload is due.
+LOWAT_MAX = 256 * 1024
+#: Payload remainders below this are read as they come (the low-water mark stays 1).
+LOWAT_MIN = 16 * 1024
 _RETRY = (BlockingIOError, InterruptedError)
 
 _log = logging.getLogger("netcoll.transport")
@@ -87,6 +91,7 @@ class SocketTransport(asyncio.Transport):
         self._closing = False
         self._eof_pending = False
         self._lost = False
+        self._lowat = 1  # the socket's SO_RCVLOWAT; 0: not settable here
         #: an emulated network delay on what is read (NETCOLL_EMULATE_DELAY_US; benchmarks only;
         #: ``delay_line=False``: never, for a subclass whose socket is not read directly)
         self._line = delayline.line_for(loop, sock, self) if delay_line else None
@@ -132,6 +137,7 @@ class SocketTransport(asyncio.Transport):
             n = self._sock.recv_into(buf)
             if n:
                 self._protocol.buffer_updated(n)
+                self._wait_for(self._protocol)
         except _RETRY:
             return
         except (SystemExit, KeyboardInterrupt):
@@ -141,6 +147,28 @@ class SocketTransport(asyncio.Transport):
             return
         if not n:
             self.end_of_stream()
+
+    def _wait_for(self, protocol: Any) -> None:
+        """Let the kernel wake this reader only once ``min(due, LOWAT_MAX)`` bytes are
+        in (``SO_RCVLOWAT``), where ``due`` is what the protocol says is surely coming
+        (``bytes_due()``: the rest of a frame's payload). On a link slower than the
+        loop, a multi-MiB payload then costs a few wake-ups per 256 KiB, not one per
+        burst of packets. Never more than is due, so no read waits for bytes that
+        will not come (and Linux wakes a reader anyway when its window fills)."""
+        due_of = getattr(protocol, "bytes_due", None)
+        if due_of is None or not self._lowat:
+            return
+        due = due_of()
+        want = min(due, LOWAT_MAX) if due >= LOWAT_MIN else 1
+        if want >= 2 * self._lowat or self._lowat > max(due, 1):  # raise in steps, lower at once
+            self._set_lowat(want)
+
+    def _set_lowat(self, value: int) -> None:
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, value)
+        except OSError:  # not a TCP socket (e.g. a socketpair in a test): read as data comes
+            value = 0
+        self._lowat = value
 
     def feed(self, data: memoryview) -> int:
         """Hand ``data`` to the protocol as if just read (the delay line's release);
@@ -336,6 +364,8 @@ class SocketTransport(asyncio.Transport):
         Only with nothing queued: bytes written before TLS would be lost."""
         if self._queue or self._lost:
             raise RuntimeError("cannot hand over a socket with bytes queued, or a lost one")
+        if self._lowat > 1:
+            self._set_lowat(1)
         self._drop()
         self._lost = True
         self._protocol = _GONE

@@ -140,6 +140,11 @@ class FrameDecoder:
         """True when no partial frame is buffered."""
         return self._state == _PREFIX and not self._buf
 
+    @property
+    def payload_left(self) -> int:
+        """Bytes of the current frame's payload not received yet (0 outside a payload)."""
+        return self._payload_len - self._filled if self._state == _PAYLOAD else 0
+
     def payload_target(self) -> memoryview | None:
         if self._state != _PAYLOAD:
             return None

@@ -310,3 +310,70 @@ async def test_release_hands_over_the_socket_only_with_nothing_queued() -> None:
     finally:
         listener.close()
         client.transport.abort()  # type: ignore[union-attr]
+
+
+class Due(Sink):
+    """A Sink that expects ``total`` bytes (as a frame's payload is due) and, at every
+    read, records the socket's SO_RCVLOWAT against what was still due then."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__()
+        self.total = total
+        self.marks: list[tuple[int, int]] = []  # (SO_RCVLOWAT, bytes due) at each read
+
+    def bytes_due(self) -> int:
+        return self.total - len(self.data)
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        sock = self.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        self.marks.append((sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT), self.bytes_due()))
+        return self.buf
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_a_reader_waits_for_what_is_due_but_never_for_more(seed: int) -> None:
+    """With ``bytes_due`` the transport lets the kernel wake it only once up to 256 KiB
+    of the due bytes are in (SO_RCVLOWAT), never for more than is due: a payload
+    dribbled in seeded pieces and pauses (the last ones far below the mark) still
+    arrives whole."""
+    rng = np.random.default_rng(seed)
+    total = int(rng.integers(1, 4) * sockettransport.LOWAT_MAX + rng.integers(0, 50_000))
+    payload = pattern(total, seed)
+    accepted: list[Due] = []
+
+    def factory() -> Due:
+        accepted.append(Due(total))
+        return accepted[-1]
+
+    listener = Listener(factory)
+    host, port = listener.start("127.0.0.1", 0)
+    transport, _ = await sockettransport.connect(host, port, Sink)
+    try:
+        while not accepted or accepted[0].transport is None:
+            await asyncio.sleep(0.001)
+        server, sent = accepted[0], 0
+        while sent < total:
+            k = min(total - sent, int(rng.choice([1, 700, 9_000, 40_000, 300_000])))
+            transport.write(payload[sent : sent + k].tobytes())
+            sent += k
+            await asyncio.sleep(float(rng.choice([0, 0, 0.001, 0.004])))
+        await server.until(total, timeout=20)
+        assert bytes(server.data) == payload.tobytes(), f"seed {seed}"
+        assert all(mark <= max(due, 1) for mark, due in server.marks), f"seed {seed}: {server.marks}"
+        assert any(mark > 1 for mark, _ in server.marks), f"seed {seed}: the mark was never raised"
+        assert server.marks[-1][0] <= max(server.marks[-1][1], 1)
+    finally:
+        listener.close()
+        transport.abort()
+
+
+async def test_without_bytes_due_the_mark_stays_at_one() -> None:
+    listener, client, server = await pair(small_buffers=False)
+    try:
+        client.transport.write(pattern(1 << 20).tobytes())  # type: ignore[union-attr]
+        await server.until(1 << 20)
+        sock = server.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+    finally:
+        listener.close()
+        client.transport.abort()  # type: ignore[union-attr]
