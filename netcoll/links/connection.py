@@ -35,7 +35,7 @@ from ..limits import DEFAULT as DEFAULT_SETTINGS
 from ..mesh.certs import SHUTDOWN_TIMEOUT as TLS_SHUTDOWN_TIMEOUT
 from ..mesh.certs import TlsConfig, describe_failure
 from ..wire import Frame, Kind
-from . import sockettransport, tlstransport
+from . import dialer, sockettransport, tlstransport
 
 if TYPE_CHECKING:
     from ..mesh.server import Server
@@ -100,7 +100,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     def bytes_due(self) -> int:
         """Bytes surely coming next: the rest of the frame being read (the transport's
-        ``SO_RCVLOWAT``, :meth:`SocketTransport._wait_for`)."""
+        ``SO_RCVLOWAT``: :mod:`.readmark`)."""
         return self.decoder.payload_left
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -274,7 +274,7 @@ async def open_connection(
 ) -> FramedProtocol:
     """Connect to ``host:port``; with ``tls``, run the TLS handshake (within
     ``timeout``) before returning: ``AuthenticationError`` when it fails."""
-    _, proto = await sockettransport.connect(
+    _, proto = await dialer.connect(
         host, port, lambda: FramedProtocol(limits), local_host=local_host, reading=tls is None
     )
     assert isinstance(proto, FramedProtocol)

@@ -16,8 +16,9 @@ drop-in ``asyncio.Transport`` for a ``BufferedProtocol`` that instead
   "the caller may reuse the buffer at once" contract.
 
 It runs on any event loop with ``add_reader``/``add_writer`` (the selector
-loops, :mod:`netcoll.loop`, uvloop). :func:`connect` makes connected transports,
-:class:`~netcoll.links.listener.Listener` accepted ones.
+loops, :mod:`netcoll.loop`, uvloop). :func:`~netcoll.links.dialer.connect` makes connected transports,
+:class:`~netcoll.links.listener.Listener` accepted ones; :mod:`.readmark` decides how
+much a read waits for.
 """
 
 from __future__ import annotations
@@ -28,16 +29,11 @@ import errno
 import itertools
 import logging
 import socket
-from collections.abc import Callable
 from typing import Any, Final
 
-from . import delayline
+from . import delayline, readmark
 
 IOV_MAX = 64  # buffers per sendmsg call
-#: The most bytes a read waits for (``SO_RCVLOWAT``) while a frame's payload is due.
-LOWAT_MAX = 256 * 1024
-#: Payload remainders below this are read as they come (the low-water mark stays 1).
-LOWAT_MIN = 16 * 1024
 _RETRY = (BlockingIOError, InterruptedError)
 
 _log = logging.getLogger("netcoll.transport")
@@ -91,7 +87,7 @@ class SocketTransport(asyncio.Transport):
         self._closing = False
         self._eof_pending = False
         self._lost = False
-        self._lowat = 1  # the socket's SO_RCVLOWAT; 0: not settable here
+        self._mark = readmark.ReadMark(sock)  # how much a read waits for (SO_RCVLOWAT)
         #: an emulated network delay on what is read (NETCOLL_EMULATE_DELAY_US; benchmarks only;
         #: ``delay_line=False``: never, for a subclass whose socket is not read directly)
         self._line = delayline.line_for(loop, sock, self) if delay_line else None
@@ -137,7 +133,7 @@ class SocketTransport(asyncio.Transport):
             n = self._sock.recv_into(buf)
             if n:
                 self._protocol.buffer_updated(n)
-                self._wait_for(self._protocol)
+                self._mark.after_read(self._protocol)
         except _RETRY:
             return
         except (SystemExit, KeyboardInterrupt):
@@ -147,28 +143,6 @@ class SocketTransport(asyncio.Transport):
             return
         if not n:
             self.end_of_stream()
-
-    def _wait_for(self, protocol: Any) -> None:
-        """Let the kernel wake this reader only once ``min(due, LOWAT_MAX)`` bytes are
-        in (``SO_RCVLOWAT``), where ``due`` is what the protocol says is surely coming
-        (``bytes_due()``: the rest of a frame's payload). On a link slower than the
-        loop, a multi-MiB payload then costs a few wake-ups per 256 KiB, not one per
-        burst of packets. Never more than is due, so no read waits for bytes that
-        will not come (and Linux wakes a reader anyway when its window fills)."""
-        due_of = getattr(protocol, "bytes_due", None)
-        if due_of is None or not self._lowat:
-            return
-        due = due_of()
-        want = min(due, LOWAT_MAX) if due >= LOWAT_MIN else 1
-        if want >= 2 * self._lowat or self._lowat > max(due, 1):  # raise in steps, lower at once
-            self._set_lowat(want)
-
-    def _set_lowat(self, value: int) -> None:
-        try:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, value)
-        except OSError:  # not a TCP socket (e.g. a socketpair in a test): read as data comes
-            value = 0
-        self._lowat = value
 
     def feed(self, data: memoryview) -> int:
         """Hand ``data`` to the protocol as if just read (the delay line's release);
@@ -364,8 +338,7 @@ class SocketTransport(asyncio.Transport):
         Only with nothing queued: bytes written before TLS would be lost."""
         if self._queue or self._lost:
             raise RuntimeError("cannot hand over a socket with bytes queued, or a lost one")
-        if self._lowat > 1:
-            self._set_lowat(1)
+        self._mark.reset()
         self._drop()
         self._lost = True
         self._protocol = _GONE
@@ -434,53 +407,4 @@ class SocketTransport(asyncio.Transport):
             self._sock.close()
 
 
-async def connect(
-    host: str,
-    port: int,
-    protocol_factory: Callable[[], asyncio.BufferedProtocol],
-    *,
-    local_host: str | None = None,
-    reading: bool = True,
-) -> tuple[SocketTransport, asyncio.BufferedProtocol]:
-    """Connect to ``host:port`` (every address it resolves to, in turn) and
-    return the transport and its protocol (not reading yet unless ``reading``:
-    TLS reads nothing before its handshake)."""
-    loop = asyncio.get_running_loop()
-    infos = _numeric(host, port) or await loop.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-    )
-    if not infos:
-        raise OSError(f"cannot resolve {host!r}")
-    last: OSError | None = None
-    for family, kind, proto, _, addr in infos:
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setblocking(False)
-            if local_host:
-                sock.bind((local_host, 0))
-            await loop.sock_connect(sock, addr)
-        except OSError as exc:
-            sock.close()
-            last = exc
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        protocol = protocol_factory()
-        return SocketTransport(loop, sock, protocol, reading=reading), protocol
-    assert last is not None
-    raise last
-
-
-def _numeric(host: str, port: int) -> list[tuple[Any, ...]]:
-    """``getaddrinfo``'s answer for a numeric IP, without asking a resolver thread."""
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, host)
-        except OSError:
-            continue
-        return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
-    return []
-
-
-__all__ = ["SocketTransport", "connect", "IOV_MAX"]
+__all__ = ["SocketTransport", "IOV_MAX"]

@@ -68,12 +68,12 @@ async def delayed_pair(monkeypatch: pytest.MonkeyPatch, us: int = DELAY_US) -> t
         got.set()
         return accepted[-1]
 
-    from netcoll.links import sockettransport
+    from netcoll.links import dialer
     from netcoll.links.listener import Listener
 
     listener = Listener(factory)
     host, port = listener.start("127.0.0.1", 0)
-    _, client = await sockettransport.connect(host, port, Sink)
+    _, client = await dialer.connect(host, port, Sink)
     await asyncio.wait_for(got.wait(), 5)
     return listener, client, accepted[0]  # type: ignore[return-value]
 

@@ -10,7 +10,7 @@ import socket
 import numpy as np
 import pytest
 
-from netcoll.links import sockettransport
+from netcoll.links import dialer, readmark
 from netcoll.links.listener import Listener
 from netcoll.links.sockettransport import SocketTransport
 
@@ -74,7 +74,7 @@ async def pair(small_buffers: bool = True) -> tuple[Listener, Sink, Sink]:
 
     listener = Listener(factory)
     host, port = listener.start("127.0.0.1", 0)
-    transport, client = await sockettransport.connect(host, port, Sink)
+    transport, client = await dialer.connect(host, port, Sink)
     await asyncio.wait_for(got.wait(), 5)
     server = accepted[0]
     if small_buffers:
@@ -277,11 +277,11 @@ async def test_connect_refused_and_by_name() -> None:
     port = probe.getsockname()[1]
     probe.close()  # nobody listens here now
     with pytest.raises(OSError):
-        await sockettransport.connect("127.0.0.1", port, Sink)
+        await dialer.connect("127.0.0.1", port, Sink)
     listener = Listener(Sink)
     _, port = listener.start("127.0.0.1", 0)
     try:
-        transport, proto = await sockettransport.connect("localhost", port, Sink)
+        transport, proto = await dialer.connect("localhost", port, Sink)
         assert transport.get_extra_info("peername")[1] == port
         transport.abort()
         await asyncio.wait_for(proto.lost, 5)  # type: ignore[attr-defined]
@@ -337,7 +337,7 @@ async def test_a_reader_waits_for_what_is_due_but_never_for_more(seed: int) -> N
     dribbled in seeded pieces and pauses (the last ones far below the mark) still
     arrives whole."""
     rng = np.random.default_rng(seed)
-    total = int(rng.integers(1, 4) * sockettransport.LOWAT_MAX + rng.integers(0, 50_000))
+    total = int(rng.integers(1, 4) * readmark.MAX + rng.integers(0, 50_000))
     payload = pattern(total, seed)
     accepted: list[Due] = []
 
@@ -347,7 +347,7 @@ async def test_a_reader_waits_for_what_is_due_but_never_for_more(seed: int) -> N
 
     listener = Listener(factory)
     host, port = listener.start("127.0.0.1", 0)
-    transport, _ = await sockettransport.connect(host, port, Sink)
+    transport, _ = await dialer.connect(host, port, Sink)
     try:
         while not accepted or accepted[0].transport is None:
             await asyncio.sleep(0.001)
