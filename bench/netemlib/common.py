@@ -18,7 +18,7 @@ DEFAULT_ALGORITHMS = {
     "all_gather": ("ring", "doubling", "auto"),
     "broadcast": ("tree", "ring", "auto"),
 }
-DEFAULT_SEGMENT_BYTES = 4 << 20  # netcoll.algorithms._common.DEFAULT_SEGMENT_BYTES
+DEFAULT_SEGMENT_BYTES = 4 << 20  # netcoll.algorithms._scratch.DEFAULT_SEGMENT_BYTES
 COORD_PORT = 29400
 CLEANUP_RESERVE_S = 20.0  # of --limit, kept for stopping processes and deleting namespaces
 

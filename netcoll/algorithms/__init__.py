@@ -63,7 +63,7 @@ from . import (
     tree,
     weighted,
 )
-from ._common import DEFAULT_SEGMENT_BYTES
+from ._scratch import DEFAULT_SEGMENT_BYTES
 
 __all__ = [
     "ALGORITHMS",

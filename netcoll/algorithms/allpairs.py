@@ -21,12 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops import ReduceOp, reduce_into
-from ._common import (
-    DEFAULT_SEGMENT_BYTES,
-    num_segments,
-    reduction_args,
-    split,
-)
+from ._args import reduction_args
+from ._scratch import DEFAULT_SEGMENT_BYTES, num_segments, split
 
 if TYPE_CHECKING:
     from ..mesh.channel import Channel

@@ -72,8 +72,9 @@ from ..compression import FOLD, decode, encode, encoded_nbytes, fold
 from ..mesh.channel import Channel
 from ..ops import BFLOAT16, ReduceOp, reduce_into
 from . import _pieces, direct, ring
-from ._common import DEFAULT_SEGMENT_BYTES, SCRATCH_POOL, flat, split
+from ._args import flat
 from ._pieces import pieces
+from ._scratch import DEFAULT_SEGMENT_BYTES, SCRATCH_POOL, split
 
 __all__ = ["PHASE_STEP", "Schedule", "Shifted", "all_reduce", "pieces", "reduce", "reduce_scatter"]
 

@@ -46,19 +46,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import contiguous_copy
-from ._common import (
-    DEFAULT_SEGMENT_BYTES,
-    RELAY_WINDOW,
-    RecvWindow,
-    as_u8,
-    check_root,
-    check_segment_bytes,
-    gather_all,
-    num_segments,
-    relay,
-    send_each,
-    split,
-)
+from ._args import as_u8, check_root, check_segment_bytes
+from ._common import RELAY_WINDOW, RecvWindow, gather_all, send_each
+from ._relay import relay
+from ._scratch import DEFAULT_SEGMENT_BYTES, num_segments, split
 
 if TYPE_CHECKING:
     from ..mesh.channel import Channel

@@ -47,20 +47,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops import ReduceOp
-from ._common import (
-    DEFAULT_SEGMENT_BYTES,
-    EXCHANGE_DEPTH,
-    RecvWindow,
-    Reduction,
-    exchange,
-    fold_extra_ranks,
-    gather_args,
-    interleaved,
-    num_segments,
-    power_of_two_below,
-    reduction_args,
-    split,
-)
+from ._args import gather_args, reduction_args
+from ._common import EXCHANGE_DEPTH, RecvWindow, Reduction, exchange, fold_extra_ranks, interleaved, power_of_two_below
+from ._scratch import DEFAULT_SEGMENT_BYTES, num_segments, split
 
 if TYPE_CHECKING:
     from ..mesh.channel import Channel

@@ -39,16 +39,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops import ReduceOp, reduce_to
-from ._common import (
-    DEFAULT_SEGMENT_BYTES,
-    Reduction,
-    exchange,
-    fold_extra_ranks,
-    power_of_two_below,
-    reduce_scatter_args,
-    reduction_args,
-    scratch,
-)
+from ._args import reduce_scatter_args, reduction_args
+from ._common import Reduction, exchange, fold_extra_ranks, power_of_two_below
+from ._scratch import DEFAULT_SEGMENT_BYTES, scratch
 
 if TYPE_CHECKING:
     from ..mesh.channel import Channel

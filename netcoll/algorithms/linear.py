@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._common import DEFAULT_SEGMENT_BYTES, RecvWindow, all_to_all_args, send_each
+from ._args import all_to_all_args
+from ._common import RecvWindow, send_each
+from ._scratch import DEFAULT_SEGMENT_BYTES
 
 if TYPE_CHECKING:
     from ..mesh.channel import Channel
@@ -65,7 +67,7 @@ async def at_once(
     ch: Channel, src_buf: np.ndarray, dst_buf: np.ndarray, block: int, segs: list[tuple[int, int]]
 ) -> None:
     """Every receive posted, then every segment sent, the own block already copied
-    (:func:`~._common.all_to_all_args`). The block for ``r+k`` goes with step ``k``, as in
+    (:func:`~._args.all_to_all_args`). The block for ``r+k`` goes with step ``k``, as in
     :mod:`.pairwise`: the same messages."""
     P, r, S = ch.size, ch.rank, len(segs)
 

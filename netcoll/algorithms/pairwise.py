@@ -69,18 +69,9 @@ import numpy as np
 
 from ..arrays import contiguous_copy
 from ..ops import ReduceOp, check_op_dtype, parse_op, reduce_into
-from ._common import (
-    DEFAULT_SEGMENT_BYTES,
-    RecvWindow,
-    all_to_all_args,
-    as_u8,
-    check_segment_bytes,
-    drain,
-    flat,
-    num_segments,
-    scratch_depth,
-    split,
-)
+from ._args import all_to_all_args, as_u8, check_segment_bytes, flat
+from ._common import RecvWindow, drain
+from ._scratch import DEFAULT_SEGMENT_BYTES, num_segments, scratch_depth, split
 from .direct import recv_message, send_message
 from .linear import at_once
 

@@ -80,7 +80,8 @@ from .. import resultpool
 from ..errors import CollectiveError, PartialExcluded, PartialMismatch
 from ..operation import Reason
 from ..ops import ReduceOp, reduce_into
-from ._common import DEFAULT_SEGMENT_BYTES, num_segments, reduction_args, split
+from ._args import reduction_args
+from ._scratch import DEFAULT_SEGMENT_BYTES, num_segments, split
 
 if TYPE_CHECKING:
     from ..mesh.channel import Channel, Decide

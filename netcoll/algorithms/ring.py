@@ -56,23 +56,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_into, reduce_to
-from ._common import (
-    DEFAULT_SEGMENT_BYTES,
-    RELAY_WINDOW,
-    RecvWindow,
-    check_root,
-    check_segment_bytes,
-    flat,
-    gather_args,
-    num_segments,
-    own_input,
-    reduce_scatter_args,
-    reduction_args,
-    relay,
-    scratch,
-    slice_segments,
-    split,
-)
+from ._args import check_root, check_segment_bytes, flat, gather_args, own_input, reduce_scatter_args, reduction_args
+from ._common import RELAY_WINDOW, RecvWindow
+from ._relay import relay
+from ._scratch import DEFAULT_SEGMENT_BYTES, num_segments, scratch, slice_segments, split
 
 if TYPE_CHECKING:
     from ..mesh.channel import Channel

@@ -12,7 +12,7 @@ has in the tree and the one it has in the chain (two steps apart, so the two nev
 match each other's message, even when they are the same rank), takes whichever
 comes (one receive posted under both: :meth:`Channel.post_either`, as cheap as one),
 withdraws the other (:meth:`Channel.unpost`), and runs the rest of that
-algorithm (:func:`._common.relay`): it forwards to its children of the same shape,
+algorithm (:func:`._relay.relay`): it forwards to its children of the same shape,
 so every rank follows the root's choice and no rank ever hears from both parents.
 With one or two ranks the two shapes are the same, and this is the tree.
 
@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._common import DEFAULT_SEGMENT_BYTES, as_u8, check_root, num_segments, relay, split
+from ._args import as_u8, check_root
+from ._relay import relay
+from ._scratch import DEFAULT_SEGMENT_BYTES, num_segments, split
 from .ring import chain_links
 from .tree import links as tree_links
 

@@ -49,19 +49,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ops import Fold, ReduceOp, check_op_dtype, parse_op, reduce_into, reduce_to
-from ._common import (
-    DEFAULT_SEGMENT_BYTES,
-    RecvWindow,
-    check_root,
-    check_segment_bytes,
-    flat,
-    num_segments,
-    own_input,
-    relay,
-    scratch,
-    scratch_depth,
-    split,
-)
+from ._args import check_root, check_segment_bytes, flat, own_input
+from ._common import RecvWindow
+from ._relay import relay
+from ._scratch import DEFAULT_SEGMENT_BYTES, num_segments, scratch, scratch_depth, split
 
 if TYPE_CHECKING:
     from ..mesh.channel import Channel

@@ -51,16 +51,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ops import ReduceOp, reduce_into
-from ._common import (
-    DEFAULT_SEGMENT_BYTES,
-    SCRATCH_BUDGET_BYTES,
-    Plan,
-    RecvWindow,
-    drain,
-    own_input,
-    reduction_args,
-    scratch,
-)
+from ._args import own_input, reduction_args
+from ._common import Plan, RecvWindow, drain
+from ._scratch import DEFAULT_SEGMENT_BYTES, SCRATCH_BUDGET_BYTES, scratch
 from .shares import Grid
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ segments and many segments per chunk, so that nothing but the order in which
 receives are posted can make progress.
 
 Before the ring reductions ran in slices of a scratch's worth
-(``algorithms._common.slice_segments``), their next-step sends waited for receives
+(``algorithms._scratch.slice_segments``), their next-step sends waited for receives
 that the neighbour posted only after receiving more from the waiting rank: a
 cycle, seen as a 300 MiB all_reduce at 4 ranks hanging with the 64 MiB window.
 The same structure at a few MiB shows here with a 1 KiB window and 4 scratch
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from netcoll.algorithms import ALGORITHMS, _common
+from netcoll.algorithms import ALGORITHMS, _scratch
 from netcoll.comm import Communicator
 from netcoll.links.factory import MIN_WINDOW
 from netcoll.mesh.inprocess import MemoryHub
@@ -38,7 +38,7 @@ Check = Callable[[list[Any]], None]
 async def tiny_world(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     """``await tiny_world(n)``: ``n`` Communicators whose links have the smallest
     receive window netcoll allows, with a scratch budget of 4 segments."""
-    monkeypatch.setattr(_common, "SCRATCH_BUDGET_BYTES", SCRATCH)
+    monkeypatch.setattr(_scratch, "SCRATCH_BUDGET_BYTES", SCRATCH)
     closers: list[Callable[[], Awaitable[None]]] = []
 
     async def make(n: int) -> list[Communicator]:
@@ -135,7 +135,7 @@ async def test_every_algorithm_completes_with_the_smallest_window(
 def test_a_slice_covers_a_step_within_the_scratch_budget() -> None:
     """Slices of at most the budget less two segments; at least one; never more than the chunk."""
     seg = 4 << 20
-    assert _common.slice_segments(1, seg) == 1
-    assert _common.slice_segments(6, seg) == 6  # 6 + 2 segments of 4 MiB fit 32 MiB: one slice
-    assert _common.slice_segments(19, seg) == 6  # 75 MiB chunks (300 MiB at 4 ranks): 4 slices
-    assert _common.slice_segments(1000, 64 << 20) == 1  # segments over the budget: the 3-segment minimum
+    assert _scratch.slice_segments(1, seg) == 1
+    assert _scratch.slice_segments(6, seg) == 6  # 6 + 2 segments of 4 MiB fit 32 MiB: one slice
+    assert _scratch.slice_segments(19, seg) == 6  # 75 MiB chunks (300 MiB at 4 ranks): 4 slices
+    assert _scratch.slice_segments(1000, 64 << 20) == 1  # segments over the budget: the 3-segment minimum

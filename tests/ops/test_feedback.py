@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netcoll.algorithms._common import split
+from netcoll.algorithms._scratch import split
 from netcoll.compression import decode, encode
 from netcoll.feedback import ErrorFeedback, shards, transmitted
 from tests.support import run_world

@@ -220,7 +220,7 @@ def test_a_forked_child_can_use_the_pool_while_a_thread_held_its_lock(which: str
     (the result pool, and the algorithms' scratch pool)."""
     import os
 
-    from netcoll.algorithms._common import SCRATCH_POOL
+    from netcoll.algorithms._scratch import SCRATCH_POOL
 
     lock = (lambda: resultpool.RESULTS._lock) if which == "results" else (lambda: SCRATCH_POOL.lock)
     held, release = threading.Event(), threading.Event()
