@@ -158,12 +158,22 @@ class Net:
             h.ns(ns, "tc", "qdisc", "add", "dev", "eth0", "root", *tbf)  # the rank's uplink
             h.ns(self.sw, "tc", "qdisc", "add", "dev", f"p{i}", "root", *tbf)  # its downlink
 
+    def _netcoll_only(self) -> str:
+        """A directory holding only ``netcoll`` (a link to ``--netcoll-path``'s), so the ranks
+        import netcoll from there and everything else, ``bench`` included, from here (the
+        other checkout first on the path would also have put its own ``bench`` first)."""
+        only = os.path.join(self.tmp, "netcoll-only")
+        if not os.path.isdir(only):
+            os.mkdir(only)
+            os.symlink(os.path.join(os.path.abspath(self.args.netcoll_path), "netcoll"), os.path.join(only, "netcoll"))
+        return only
+
     def env(self, rank: int | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NETCOLL_", "GLOO_"))}
         env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NETCOLL_TOKEN=self.token)
         env.update(NETCOLL_TRANSPORT=self.args.link)  # namespaces do not separate /dev/shm: no shared memory
         env.update(self.pki)  # tls: the coordinator and every rank present the bench's certificate
-        path = machine.ROOT if not self.args.netcoll_path else os.pathsep.join([self.args.netcoll_path, machine.ROOT])
+        path = machine.ROOT if not self.args.netcoll_path else os.pathsep.join([self._netcoll_only(), machine.ROOT])
         env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if self.args.cost_model:
             env["NETCOLL_COST_MODEL"] = "1"
