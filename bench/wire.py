@@ -69,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         "module:function(ddp_model, group): registers a comm hook itself",
     )
     p.add_argument("--ddp-width", type=int, default=1536, help="MLP width: 9.5 width^2 parameters (22.4 M)")
-    p.add_argument("--ddp-steps", type=int, default=4, help="steps per DDP case and repetition, the first not timed")
+    p.add_argument("--ddp-steps", type=int, default=6, help="steps per DDP case and repetition")
+    p.add_argument(
+        "--ddp-warmup",
+        type=int,
+        default=2,
+        help="of which the first ones not timed (the first runs before DDP rebuilds its buckets, the second"
+        " is the first on the rebuilt ones)",
+    )
     p.add_argument(
         "--link",
         choices=("tcp", "tls"),
@@ -218,6 +225,7 @@ def measure(net: Net, deadline: float) -> list[list[dict[str, Any]]]:
         time.sleep(0.1)
     argv = ["-m", "bench.wire_worker", "--cases", json.dumps(cases(a)), "--size", str(a.size)]
     argv += ["--reps", str(a.reps), "--ddp-width", str(a.ddp_width), "--ddp-steps", str(a.ddp_steps)]
+    argv += ["--ddp-warmup", str(a.ddp_warmup)]
     if a.ddp:
         argv += ["--ddp", json.dumps(ddp_cases(a))]
     procs = [net.start(f"rank{i}", ns, argv, net.env(i)) for i, ns in enumerate(net.rns)]
@@ -268,7 +276,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0 <= args.ddp_warmup < args.ddp_steps:
+        parser.error(f"--ddp-warmup {args.ddp_warmup} must be at least 0 and below --ddp-steps {args.ddp_steps}")
     if args.render_docs:
         return wire_report.render_docs(args.render_docs)
     return run(args)

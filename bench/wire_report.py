@@ -121,7 +121,7 @@ def summarize(
             "mlp_width": args.ddp_width,
             "params": params,
             "batch": 32,
-            "timed_steps_per_rep": args.ddp_steps - 1,
+            "timed_steps_per_rep": args.ddp_steps - args.ddp_warmup,
         },
     }
 

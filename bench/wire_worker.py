@@ -42,7 +42,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ddp", default="", help="JSON list of DDP cases {label, impl, compression, hook}; empty: none")
     p.add_argument("--ddp-width", type=int, default=1536)
     p.add_argument("--ddp-batch", type=int, default=32)
-    p.add_argument("--ddp-steps", type=int, default=4)
+    p.add_argument("--ddp-steps", type=int, default=6)
+    p.add_argument("--ddp-warmup", type=int, default=2)
     return p.parse_args(argv)
 
 
@@ -128,7 +129,7 @@ def _hook(spec: str | None, codec: str) -> Callable[[Any, Any], None] | None:
 
 
 def ddp_cases(args: argparse.Namespace, gloo: Any) -> None:
-    """Per repetition, every DDP case trains ``--ddp-steps`` steps (the first not counted)
+    """Per repetition, every DDP case trains ``--ddp-steps`` steps (the first ``--ddp-warmup`` not counted)
     from the same initial parameters; one line per counted step."""
     import torch
     import torch.distributed as dist
@@ -159,7 +160,7 @@ def ddp_cases(args: argparse.Namespace, gloo: Any) -> None:
                 opt.step()
                 seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
                 cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime  # every thread of this rank
-                if step:
+                if step >= args.ddp_warmup:
                     emit(kind="ddp", case=case["label"], rep=rep, step=step, seconds=seconds, cpu=cpu, params=params)
             del net, opt
     os.environ["NETCOLL_COMPRESSION"] = "none"
