@@ -83,11 +83,12 @@ def reduce_scatter_args(
 
 
 def all_to_all_args(
-    ch: Channel, send: Any, recv: Any, segment_bytes: int
+    ch: Channel, send: Any, recv: Any, segment_bytes: int, own: bool = True
 ) -> tuple[np.ndarray, np.ndarray, int, list[tuple[int, int]]]:
     """The checks and setup every (even) all_to_all starts with: ``(uint8 view of
     send, uint8 view of recv, block bytes, the segments of one block)``, with this
-    rank's own block already copied from ``send`` to ``recv``."""
+    rank's own block already copied from ``send`` to ``recv`` (unless not ``own``: the
+    caller never reads it there, as the compressed exchange)."""
     check_segment_bytes(segment_bytes)
     src = as_u8(send, "send", writeable=False)
     dst = as_u8(recv, "recv")
@@ -100,7 +101,8 @@ def all_to_all_args(
     if np.may_share_memory(src, dst) and src.nbytes:
         raise ValueError("all_to_all: send and recv must not overlap")
     block = src.nbytes // P
-    dst[r * block : (r + 1) * block] = src[r * block : (r + 1) * block]
+    if own:
+        dst[r * block : (r + 1) * block] = src[r * block : (r + 1) * block]
     return src, dst, block, split(block, num_segments(block, segment_bytes))
 
 

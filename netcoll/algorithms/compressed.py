@@ -196,7 +196,7 @@ async def _exchange(
     slot = max(encoded_nbytes(codec, out.dtype, p.size) for p in parts)
     (mine, send), (theirs, recv) = _take(len(parts) * slot), _take(len(parts) * slot)
     _encode_into(codec, parts, slot, r, send)
-    await exchange(ch, send, recv, segment_bytes=segment_bytes)
+    await exchange(ch, send, recv, segment_bytes=segment_bytes, own=False)  # slot r is neither encoded nor read
     scratch = np.empty(min(FOLD, out.size), out.dtype)  # fold's
     for k in range(ch.size):
         _reduce_one(codec, op, parts, r, recv, slot, out, k, scratch)

@@ -49,7 +49,7 @@ __all__ = ["all_to_all", "at_once"]
 
 
 async def all_to_all(
-    ch: Channel, send: np.ndarray, recv: np.ndarray, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    ch: Channel, send: np.ndarray, recv: np.ndarray, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES, own: bool = True
 ) -> None:
     """Linear all_to_all: ``recv`` block ``j`` = rank ``j``'s ``send`` block ``ch.rank``.
 
@@ -57,8 +57,10 @@ async def all_to_all(
         send: C-contiguous array of ``P`` equal blocks (handled as bytes).
         recv: writeable C-contiguous array of the same byte size, not
             overlapping ``send``.
+        own: False leaves ``recv`` block ``ch.rank`` as it was (a caller that never
+            reads it there: the compressed exchange, whose own block is not encoded).
     """
-    src_buf, dst_buf, block, segs = all_to_all_args(ch, send, recv, segment_bytes)
+    src_buf, dst_buf, block, segs = all_to_all_args(ch, send, recv, segment_bytes, own)
     if ch.size > 1:
         await at_once(ch, src_buf, dst_buf, block, segs)
 

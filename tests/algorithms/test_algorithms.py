@@ -588,6 +588,28 @@ async def test_all_to_all(make_group: MakeGroup, P: int, count: int, algo: str) 
         assert got.tobytes() == np.stack([sends[j][r] for j in range(P)]).tobytes(), (P, count, r)
 
 
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["all_to_all"]))
+@pytest.mark.parametrize("P", [1, 3, 4])
+async def test_all_to_all_without_own_leaves_this_ranks_block_as_it_was(
+    make_group: MakeGroup, P: int, algo: str
+) -> None:
+    """``own=False`` (the compressed exchange, which never reads its own block there): the
+    other blocks arrive as always, this rank's block of ``recv`` is not written."""
+    group = await make_group(P)
+    count = 257
+    sends = [np.stack(blocks(P, count, seed=r)) for r in range(P)]
+
+    async def body(ch: Channel) -> np.ndarray:
+        recv = np.full((P, count), -7.0, dtype=np.float32)
+        await ALGORITHMS["all_to_all"][algo](ch, sends[ch.rank].copy(), recv, segment_bytes=400, own=False)
+        return recv
+
+    for r, got in enumerate(await group.run(body)):
+        want = np.stack([sends[j][r] for j in range(P)])
+        want[r] = -7.0
+        assert got.tobytes() == want.tobytes(), (algo, P, r)
+
+
 @pytest.mark.parametrize("P", [2, 3, 4, 5])
 async def test_all_to_all_linear_and_pairwise_send_the_same_messages(make_group: MakeGroup, P: int) -> None:
     """The two all_to_alls differ only in when they send: ranks running different ones
