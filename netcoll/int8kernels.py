@@ -12,17 +12,18 @@ does; a scale that is not positive (0 or NaN) zeroes the codes; a subnormal scal
 overflows gets its codes from ``rint(x / scale)`` in float64, clipped to 127 (``_tiny_rows``).
 float16 and bfloat16 stay on numpy's path (numba has no such arithmetic).
 
-Costs on this project's VM (2 cores, AVX-512; CPU time per element of 4 Mi float32, best of 5,
-load about 1; ``python3 -m netcoll.int8kernels``)::
+CPU time per element of 4 Mi float32 on this project's VM (2 cores, AVX-512; best of 7, load
+2 to 4, other processes running; ``python3 -m bench.int8kernels``)::
 
-    kernel            numba    torch (casts)   numpy
-    encode            0.41 ns  1.26 ns         2.9 ns
-    decode            0.22 ns  0.34 ns         1.3 ns
-    fold (SUM)        0.27 ns  0.65 ns         1.6 ns     (decode + add)
+    kernel        numba         torch (casts)   numpy
+    encode        0.31-0.32 ns  1.29-1.48 ns    1.38-1.71 ns
+    decode        0.20-0.21 ns  0.42-0.51 ns    0.49-0.56 ns
+    fold (SUM)    0.19-0.20 ns  0.57-0.69 ns    0.86-0.90 ns   (decode then add, a piece at a time)
 
-Used when numba can be imported and ``NETCOLL_NUMBA_KERNELS`` is not ``0``; numba is imported
-and the kernels compiled on the first int8 use (``cache=True``: compiled once per machine into
-numba's cache, about 2 s; later processes load them in about 0.3 s, most of it importing numba).
+Used when numba can be imported and ``NETCOLL_NUMBA_KERNELS`` is not ``0``. numba is imported
+and the kernels compiled on a process's first int8 use: ``cache=True`` compiles them once into
+numba's cache (``__pycache__`` beside this file, or numba's cache directory), about 2.2 s; later
+processes import numba (0.3-0.8 s) and load them (0.4-1.1 s) on that first call.
 Each function returns False when it did nothing (no numba, turned off, another dtype, an array
 that is not contiguous): the caller then runs numpy's or torch's path.
 """
@@ -30,6 +31,7 @@ that is not contiguous): the caller then runs numpy's or torch's path.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any, Final
 
 import numpy as np
@@ -46,6 +48,8 @@ _BITS: Final = {
     np.dtype(np.float32): (np.uint32, np.uint32(0x7FFFFFFF), np.uint32(0x7F800000)),
     np.dtype(np.float64): (np.uint64, np.uint64(0x7FFFFFFFFFFFFFFF), np.uint64(0x7FF0000000000000)),
 }
+
+log = logging.getLogger(__name__)
 
 _kernels: dict[str, Any] | None = None  # name -> compiled kernel, once loaded
 _failed = False  # numba is missing or did not compile: never try again in this process
@@ -125,6 +129,9 @@ def _get() -> dict[str, Any] | None:
             _kernels = _compile()
         except ImportError:
             _failed = True
+        except Exception:  # a numba that cannot build these kernels (logged, exc_info): numpy's path
+            _failed = True
+            log.warning("netcoll: numba's int8 kernels did not compile; the int8 codec runs numpy's", exc_info=True)
     return _kernels if _kernels is not None and settings.numba_kernels() else None
 
 

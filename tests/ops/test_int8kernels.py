@@ -143,3 +143,19 @@ def test_off_and_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not int8kernels.available()
     data = compression.encode("int8", x)  # numpy's path
     assert np.abs(compression.decode("int8", data, np.empty(x.size, np.float32)) - x).max() <= np.abs(x).max() / 254
+
+
+def test_a_numba_that_cannot_compile_falls_back(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> dict[str, object]:
+        raise RuntimeError("no LLVM here")
+
+    monkeypatch.setenv("NETCOLL_NUMBA_KERNELS", "1")
+    monkeypatch.setattr(int8kernels, "_kernels", None)
+    monkeypatch.setattr(int8kernels, "_failed", False)
+    monkeypatch.setattr(int8kernels, "_compile", broken)
+    x = np.arange(INT8_BLOCK + 3, dtype=np.float32)
+    data = compression.encode("int8", x)  # numpy's path, once the warning is logged
+    assert not int8kernels.available() and "did not compile" in caplog.text
+    assert np.array_equal(compression.decode("int8", data, np.empty(x.size, np.float32))[[0, -1]], [0, x[-1]])
