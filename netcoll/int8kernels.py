@@ -23,7 +23,8 @@ CPU time per element of 4 Mi float32 on this project's VM (2 cores, AVX-512; bes
 Used when numba can be imported and ``NETCOLL_NUMBA_KERNELS`` is not ``0``. numba is imported
 and the kernels compiled on a process's first int8 use: ``cache=True`` compiles them once into
 numba's cache (``__pycache__`` beside this file, or numba's cache directory), about 2.2 s; later
-processes import numba (0.3-0.8 s) and load them (0.4-1.1 s) on that first call.
+processes import numba (0.3-0.8 s) and load them (0.4-1.1 s) on that first call. The process's
+resident memory grows by about 130 MB then (numba and LLVM, most of it shared library pages).
 Each function returns False when it did nothing (no numba, turned off, another dtype, an array
 that is not contiguous): the caller then runs numpy's or torch's path.
 """
