@@ -41,8 +41,8 @@ from typing import Any, Final, Literal, NamedTuple, get_args
 
 import numpy as np
 
-from . import casts, half, settings
-from .ops import BFLOAT16, reduce_into
+from . import casts, half, int8kernels, settings
+from .ops import BFLOAT16, ReduceOp, reduce_into
 
 __all__ = [
     "CODECS",
@@ -137,6 +137,7 @@ def _wire_dtype(codec: str) -> np.dtype:
 
 
 def _scale_dtype(dtype: np.dtype) -> np.dtype:
+    """int8's scales and arithmetic: float64 for float64, else float32 (exact for float16, bfloat16)."""
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
@@ -231,10 +232,14 @@ def fold(codec: str, op: Any, out: np.ndarray, data: Any, scratch: np.ndarray) -
     """``out = out (op) decode(data)`` (``op`` a :class:`~netcoll.ops.ReduceOp`): the
     bits of :func:`decode` into a copy then :func:`~netcoll.ops.reduce_into`, but decoded
     :data:`FOLD` elements at a time into ``scratch`` (flat, ``out``'s dtype, at least
-    ``min(FOLD, out.size)`` elements), so each decoded piece is reduced from cache."""
+    ``min(FOLD, out.size)`` elements), so each decoded piece is reduced from cache (int8's
+    SUM of float32 or float64: numba's fused pass when it can, :mod:`netcoll.int8kernels`)."""
     raw, flat = _checked(codec, data, out), out.reshape(-1)
     n, step = flat.size, min(FOLD, flat.size) or 1  # an empty input: no piece
     nb = _blocks(n) * _scale_dtype(out.dtype).itemsize if codec == "int8" else 0
+    scales = raw[:nb].view(_scale_dtype(out.dtype))
+    if nb and op in (ReduceOp.SUM, ReduceOp.AVG) and int8kernels.fold_sum(scales, raw[nb:].view(np.int8), flat):
+        return  # numba's SUM fold in one pass (float32, float64)
     each = 1 if codec == "int8" else encoded_nbytes(codec, out.dtype, 1)
     fast = _fold_caster(codec, raw, nb, n, scratch[:step])
     whole = n // INT8_BLOCK * INT8_BLOCK if codec == "int8" else n
@@ -244,8 +249,7 @@ def fold(codec: str, op: Any, out: np.ndarray, data: Any, scratch: np.ndarray) -
         if fast is not None and j <= whole and codec == "int8":
             fast(i // INT8_BLOCK, j // INT8_BLOCK)  # torch's, over tensors made once (FOLD: whole blocks)
         elif codec == "int8":
-            scales = raw[:nb].view(_scale_dtype(out.dtype))[i // INT8_BLOCK : _blocks(j)]
-            _decode_int8(scales, raw[nb + i : nb + j].view(np.int8), part)
+            _decode_int8(scales[i // INT8_BLOCK : _blocks(j)], raw[nb + i : nb + j].view(np.int8), part)
         elif fast is not None:
             fast(i, j)  # torch's cast of fp16 or bf16, over tensors made once
         else:
@@ -268,12 +272,6 @@ def _fold_caster(codec: str, raw: np.ndarray, nb: int, n: int, scratch: np.ndarr
     return casts.int8_scaler(codes, raw[:nb].view(np.float32)[: whole // INT8_BLOCK], rows)
 
 
-def _work_dtype(dtype: np.dtype) -> type[np.floating[Any]]:
-    """The dtype the int8 codec computes in: float64 for float64, else float32 (exact for
-    float16 and bfloat16 values)."""
-    return np.float64 if dtype == np.float64 else np.float32
-
-
 #: Blocks the int8 codec handles at a time (512 KiB of float32: its scratch stays in cache).
 ROWS: Final = 256
 #: Blocks whose scales torch's int8 path computes at once (2 MiB of float32, :data:`TORCH_ROWS`
@@ -290,11 +288,10 @@ def _encode_int8(flat: np.ndarray, dst: np.ndarray) -> None:
     straight into the codes."""
     n, nb = flat.size, _blocks(flat.size)
     sdt = _scale_dtype(flat.dtype)
-    scales = dst[: nb * sdt.itemsize].view(sdt)
-    codes = dst[nb * sdt.itemsize :].view(np.int8)
-    if not n:
+    scales, codes = dst[: nb * sdt.itemsize].view(sdt), dst[nb * sdt.itemsize :].view(np.int8)
+    if not n or int8kernels.encode(flat, scales, codes):  # numba's fused kernel: float32, float64
         return
-    work = _work_dtype(flat.dtype)
+    work = sdt.type
     pad = nb * INT8_BLOCK - n
     blocks = (flat if not pad else np.concatenate([flat, np.zeros(pad, flat.dtype)])).reshape(nb, INT8_BLOCK)
     out = (codes if not pad else np.empty(nb * INT8_BLOCK, np.int8)).reshape(nb, INT8_BLOCK)
@@ -368,11 +365,10 @@ def _tiny_rows(rows: np.ndarray, scales: np.ndarray, inverse: np.ndarray, codes:
 def _decode_int8(scales: np.ndarray, codes: np.ndarray, out: np.ndarray) -> None:
     """``codes * scale`` per block (``scales`` one per block of ``codes``), cast into
     ``out`` in one pass."""
-    flat = out.reshape(-1)
-    n = flat.size
-    if not n:
+    flat, n = out.reshape(-1), out.size
+    if not n or int8kernels.decode(scales, codes, flat):  # numba's fused kernel: float32, float64
         return
-    work = _work_dtype(out.dtype)
+    work = _scale_dtype(out.dtype).type
     whole = n // INT8_BLOCK * INT8_BLOCK
     per = scales.astype(work)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -220,6 +220,14 @@ def torch_casts(environ: Environ = None) -> bool:
     return value != "0"
 
 
+def numba_kernels(environ: Environ = None) -> bool:
+    """``NETCOLL_NUMBA_KERNELS``: False for ``0``, True for ``1`` or unset; ConfigError otherwise."""
+    value = text(r.NUMBA_KERNELS.name, environ)
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"NETCOLL_NUMBA_KERNELS must be 0 or 1, got {value!r}")
+    return value != "0"
+
+
 def result_pool(environ: Environ = None) -> int | None:
     """``NETCOLL_RESULT_POOL`` in bytes, None when unset or blank; ValueError otherwise."""
     return _size(r.RESULT_POOL, environ, blank_is_unset=True)

@@ -197,6 +197,14 @@ TORCH_CASTS = _v(
     "0: the codecs cast with numpy only (1: through torch's kernels when torch is loaded)",
     choices=("0", "1"),
 )
+NUMBA_KERNELS = _v(
+    "NUMBA_KERNELS",
+    "choice",
+    "1",
+    (RANKS,),
+    "0: the int8 codec runs numpy's or torch's kernels (1: numba's fused ones when numba is installed)",
+    choices=("0", "1"),
+)
 RESULT_POOL = _v("RESULT_POOL", "size", "256MiB", (RANKS,), "free memory kept for large results (0: none)")
 SLOW_OP_S = _v("SLOW_OP_S", "float", "5", (RANKS,), "an operation running longer is logged at WARNING (0: never)")
 LIMIT = _v(
@@ -237,7 +245,7 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     HOST, PORT, HTTP_PORT, HTTP_HOST, RANK_HINT, ADVERTISE_HOST, LOG_LEVEL, STATE_DIR, KEEP_JOBS,
     WORLD_SIZE, RANK, LOCAL_HOST, LOOP, SPIN_US,
     TRANSPORT, RECV_WINDOW, SHM_BYTES, SHM_LANE, SHM_CMA, EMULATE_DELAY_US,
-    COST_MODEL, ALGO, COMPRESSION, TORCH_CASTS, RESULT_POOL, SLOW_OP_S, LIMIT,
+    COST_MODEL, ALGO, COMPRESSION, TORCH_CASTS, NUMBA_KERNELS, RESULT_POOL, SLOW_OP_S, LIMIT,
     RESTART_COUNT, ERROR_FILE, TRACEBACK, LOG_FORMAT, DEBUG,
 )  # fmt: skip
 

@@ -22,6 +22,7 @@ assert torch  # loaded: casts use it
 @pytest.fixture
 def numpy_only(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.setenv("NETCOLL_TORCH_CASTS", "0")
+    monkeypatch.setenv("NETCOLL_NUMBA_KERNELS", "0")  # int8: torch's kernels against numpy's, not numba's
     return monkeypatch
 
 
