@@ -38,6 +38,7 @@ from typing import Any, Final
 import numpy as np
 
 from . import settings
+from .observe import TRACE, now
 
 __all__ = ["available", "decode", "encode", "fold_sum"]
 
@@ -178,8 +179,12 @@ def decode(scales: np.ndarray, codes: np.ndarray, out: np.ndarray) -> bool:
 
 def fold_sum(scales: np.ndarray, codes: np.ndarray, out: np.ndarray) -> bool:
     """``out += codes * scale`` per block (the product rounded, then the sum: the bits of
-    :func:`decode` then numpy's add); False when not done."""
+    :func:`decode` then numpy's add), traced as ops' reductions are; False when not done."""
     kernels = _decodable(scales, codes, out)
     if kernels is not None:
+        trace = TRACE.get()
+        start = 0.0 if trace is None else now()
         kernels["fold_sum"](scales, codes, out)
+        if trace is not None:
+            trace.add("reduce", "reduce", start, now(), {"bytes": out.nbytes, "op": "sum"})
     return kernels is not None

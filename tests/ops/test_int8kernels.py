@@ -159,3 +159,19 @@ def test_a_numba_that_cannot_compile_falls_back(
     data = compression.encode("int8", x)  # numpy's path, once the warning is logged
     assert not int8kernels.available() and "did not compile" in caplog.text
     assert np.array_equal(compression.decode("int8", data, np.empty(x.size, np.float32))[[0, -1]], [0, x[-1]])
+
+
+def test_the_fused_fold_records_its_reduction_span_when_traced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A traced job sees numba's fold as the ``reduce`` span ops' reductions record."""
+    from netcoll.observe import TRACE, Recorder
+
+    _by("numba", monkeypatch)
+    x = np.random.default_rng(1).standard_normal(4 * INT8_BLOCK).astype(np.float32)
+    acc, data = np.ones_like(x), compression.encode("int8", x)
+    recorder = Recorder()
+    token = TRACE.set(recorder)
+    try:
+        compression.fold("int8", ReduceOp.SUM, acc, data, np.empty(FOLD, np.float32))
+    finally:
+        TRACE.reset(token)
+    assert [(name, args) for name, _, _, _, args in recorder.spans] == [("reduce", {"bytes": acc.nbytes, "op": "sum"})]
